@@ -1,0 +1,25 @@
+"""The public home of the project's error hierarchy (defined in :mod:`transports.errors`)."""
+
+from transports.errors import (
+    ConfigurationError,
+    IncompatibleCombinationError,
+    LayoutError,
+    NotImplementedYetError,
+    PeerFailureError,
+    RemoteError,
+    ServiceError,
+    ServiceTimeoutError,
+    TransportError,
+)
+
+__all__ = [
+    "ConfigurationError",
+    "IncompatibleCombinationError",
+    "LayoutError",
+    "NotImplementedYetError",
+    "PeerFailureError",
+    "RemoteError",
+    "ServiceError",
+    "ServiceTimeoutError",
+    "TransportError",
+]

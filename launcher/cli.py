@@ -1,0 +1,95 @@
+"""``python -m launcher``: compose (Hydra) -> plan -> dry run or run.
+
+A configuration mistake exits with status 2 and a short message (component, placement, transport, config
+path, supported alternatives), never a long traceback; Ctrl-C tears every service down and exits 130.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from transports.errors import ConfigurationError
+
+from . import schema
+
+log = logging.getLogger("launcher")
+schema.register()
+
+EXIT_CONFIG = 2
+EXIT_INTERRUPTED = 130
+
+
+def launch(cfg: DictConfig, run_dir: str) -> dict | None:
+    """Plan, then print (dry run) or execute. Returns the recipe's result (``None`` for a dry run)."""
+    from .plan import build_plan
+
+    plan = build_plan(cfg)
+    if cfg.launcher.dry_run:
+        print(plan.render())
+        return None
+
+    import torch
+
+    from .report import plot_learning_curve, summary_line
+    from .run import execute
+
+    torch.set_num_threads(int(cfg.launcher.torch_threads))
+    torch.manual_seed(int(cfg.seed))
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "resolved_config.yaml"), "w") as f:
+        f.write(OmegaConf.to_yaml(cfg, resolve=True))
+    with open(os.path.join(run_dir, "plan.txt"), "w") as f:
+        f.write(plan.render() + "\n")
+    with open(os.path.join(run_dir, "plan.json"), "w") as f:
+        json.dump(plan.to_dict(), f, indent=2)
+    log.info("plan:\n%s", plan.render())
+
+    result = execute(plan, cfg, run_dir)
+
+    target = getattr(OmegaConf.to_object(cfg.recipe), "target_return", None)
+    if cfg.launcher.plot:
+        png = plot_learning_curve(result.get("curve", []), os.path.join(run_dir, "learning_curve.png"),
+                                  title=f"{plan.recipe} on {plan.env_id} (seed {plan.seed})", target=target)
+        result["learning_curve"] = png
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump({k: v for k, v in result.items() if k != "curve"}, f, indent=2)
+    line = summary_line(plan.recipe, plan.env_id, result, run_dir)
+    log.info(line)
+    print(line, flush=True)
+    return result
+
+
+@hydra.main(version_base=None, config_path="pkg://conf", config_name="config")
+def _hydra_main(cfg: DictConfig) -> None:
+    run_dir = HydraConfig.get().runtime.output_dir
+    try:
+        launch(cfg, run_dir)
+    except ConfigurationError as exc:
+        print(f"configuration error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG)
+    except KeyboardInterrupt:
+        print("interrupted: every service was shut down", file=sys.stderr, flush=True)
+        sys.exit(EXIT_INTERRUPTED)
+
+
+def normalize_argv(argv: list[str]) -> list[str]:
+    """Accept ``+recipe=ppo`` as well as ``recipe=ppo`` (the defaults list already holds ``recipe: null``)."""
+    out = []
+    for arg in argv:
+        if arg.startswith("+recipe=") or arg.startswith("++recipe="):
+            arg = arg.lstrip("+")
+        out.append(arg)
+    return out
+
+
+def main() -> None:
+    """Entry point of ``python -m launcher``."""
+    sys.argv = [sys.argv[0], *normalize_argv(sys.argv[1:])]
+    _hydra_main()

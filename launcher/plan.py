@@ -1,0 +1,255 @@
+"""compose -> **plan** -> run. The plan is pure data, built without side effects.
+
+``build_plan`` resolves every component's placement and transport (explicit value > ``service`` /
+``transport`` default > component default; ``auto`` explained), validates each against the compatibility
+table and each dependency edge for reachability, derives wire layouts from the env's specs and the policy,
+and orders owners by their dependencies. A :class:`LaunchPlan` prints as a table (the dry run) and is saved
+with every run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from omegaconf import DictConfig, OmegaConf
+
+from components import compat
+from components.scope import choose_placement, choose_transport, service_backend, transport_backend
+from recipes import RECIPES, Recipe, get_recipe
+from transports.config import TransportConfig
+from transports.errors import ConfigurationError, IncompatibleCombinationError
+from transports.kinds import reaches
+from transports.resolver import TransportContext
+
+# Who calls whom: a dependant is started after, and stopped before, what it depends on. The logger comes
+# first so it outlives everything and can record teardown metrics.
+DEPENDENCIES: Mapping[str, tuple[str, ...]] = {
+    "logger": (),
+    "weight_sync": ("logger",),
+    "replay": ("logger",),
+    "inference": ("logger", "weight_sync"),
+    "collector": ("logger", "inference", "replay"),
+}
+# Cross-owner traffic: (carrier, far end): the carrier's transport must reach the far end's placement.
+# Collectors call the inference server from where they run; weight sync pushes into the inference owner.
+EDGES: tuple[tuple[str, str], ...] = (("inference", "collector"), ("weight_sync", "inference"))
+
+
+@dataclass(frozen=True)
+class ComponentPlan:
+    """One owner of the plan."""
+
+    name: str
+    placement: str
+    placement_from: str
+    transport: str
+    transport_reason: str
+    status: str
+    depends_on: tuple[str, ...]
+    resources: Mapping[str, Any]
+    options: Mapping[str, Any]
+    layouts: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def built(self) -> bool:
+        return self.status == compat.SUPPORTED
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The whole topology of a run, in start order."""
+
+    recipe: str
+    env_id: str
+    seed: int
+    components: tuple[ComponentPlan, ...]
+
+    def __getitem__(self, name: str) -> ComponentPlan:
+        for c in self.components:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    @property
+    def start_order(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.components)
+
+    @property
+    def not_built(self) -> tuple[ComponentPlan, ...]:
+        return tuple(c for c in self.components if not c.built)
+
+    def to_dict(self) -> dict:
+        return json.loads(json.dumps(asdict(self), default=str))
+
+    def render(self) -> str:
+        """The plan as a text table (what the dry run prints)."""
+        head = ("#", "component", "placement", "transport", "status", "depends on", "why")
+        rows = [
+            (
+                str(i + 1),
+                c.name,
+                f"{c.placement} ({c.placement_from})",
+                c.transport,
+                "ok" if c.built else "NOT IMPLEMENTED YET",
+                ", ".join(c.depends_on) or "-",
+                c.transport_reason,
+            )
+            for i, c in enumerate(self.components)
+        ]
+        widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
+        fmt = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + "  {}"
+        lines = [f"plan: recipe={self.recipe} env={self.env_id} seed={self.seed}", fmt.format(*head)]
+        lines += [fmt.format(*r) for r in rows]
+        details = []
+        for c in self.components:
+            for key, text in c.layouts.items():
+                details.append(f"  {c.name}.{key}: {text}")
+            res = {k: v for k, v in c.resources.items() if v not in (None, 0, 0.0, {}, 1) or k == "num_cpus" and v}
+            if res:
+                details.append(f"  {c.name}.resources: {res}")
+        if details:
+            lines += ["layouts and resources:", *details]
+        if self.not_built:
+            lines.append(
+                "cells marked NOT IMPLEMENTED YET are part of the target table but not built: this plan cannot run yet"
+            )
+        return "\n".join(lines)
+
+
+def _container(node) -> dict:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
+
+
+def recipe_of(cfg: DictConfig) -> tuple[Recipe, Any]:
+    """The selected :class:`Recipe` and its config object.
+
+    Raises:
+        ConfigurationError: no recipe was selected.
+    """
+    if cfg.get("recipe") is None:
+        raise ConfigurationError("no recipe selected: add one on the command line, e.g. +recipe=ppo",
+                                 path="recipe", alternatives=RECIPES)
+    recipe_cfg = OmegaConf.to_object(cfg.recipe)
+    name = type(recipe_cfg).__name__
+    for candidate in RECIPES:
+        recipe = get_recipe(candidate)
+        if isinstance(recipe_cfg, recipe.config):
+            return recipe, recipe_cfg
+    raise ConfigurationError(f"no recipe takes a config of type {name}", path="recipe", alternatives=RECIPES)
+
+
+def resolve_components(cfg: DictConfig, needs: tuple[str, ...], *, layouts_known: bool = True) -> dict[str, tuple]:
+    """Resolve placement and transport of each needed component; validate against the table.
+
+    Returns:
+        ``{name: (placement Choice, placement path, Resolution)}``.
+
+    Raises:
+        IncompatibleCombinationError: a component, placement or transport outside the table.
+    """
+    service, transport = cfg.service.name, cfg.transport.name
+    out = {}
+    with service_backend(service, origin=f"service={service}"), transport_backend(transport, origin=f"transport={transport}"):
+        for name in needs:
+            node = cfg.components[name]
+            p_path = f"components.{name}.placement" if node.placement is not None else "service"
+            placement = choose_placement(node.placement, "direct", path=p_path)
+            compat.get_cell(name, placement.value, path=p_path, origin=None if node.placement is not None else placement.origin)
+            t_explicit = node.transport is not None
+            t_path = f"components.{name}.transport" if t_explicit else "transport"
+            choice = choose_transport(node.transport, path=t_path)
+            options = {**(_container(cfg.transport.options) if not t_explicit else {}), **_container(node.transport_options)}
+            resolution = compat.resolve(
+                name,
+                TransportConfig(choice.value, options),
+                TransportContext(placement.value, layouts_known=layouts_known, path=t_path,
+                                 origin=None if t_explicit else choice.origin),
+                strict=t_explicit,
+            )
+            out[name] = (placement, p_path, resolution)
+    return out
+
+
+def _check_edges(resolved: dict[str, tuple]) -> None:
+    for carrier, far in EDGES:
+        if carrier not in resolved or far not in resolved:
+            continue
+        kind, where = resolved[carrier][2].kind, resolved[far][0].value
+        if not reaches(kind, where):
+            here = resolved[carrier][0].value
+            raise IncompatibleCombinationError(
+                f"{carrier} ({here!r}) over transport {kind!r} cannot reach the {far} placed on {where!r}: "
+                f"a {kind!r} client only works close to its owner",
+                path=f"components.{carrier}.transport",
+                alternatives=tuple(k for k in compat.TABLE[(carrier, here)].transports if reaches(k, where)),
+            )
+
+
+def _layouts(recipe: Recipe, recipe_cfg: Any, spec, num_envs: int) -> dict[str, dict[str, str]]:
+    import torch
+    from transports.layout import Layout
+
+    request = spec.request_layout(num_envs)
+    with torch.no_grad():
+        policy = recipe.make_policy(recipe_cfg, spec)
+        out = policy(request.zeros())
+    out.set("policy_version", torch.zeros(out.batch_size, dtype=torch.long))
+    response = Layout.from_tensordict(out.exclude(*request.keys))
+    return {"inference": {"request": request.describe(), "response": response.describe()},
+            "replay": {"extend": "bound by the first write"}}
+
+
+def _topological(names: tuple[str, ...]) -> tuple[str, ...]:
+    canonical = tuple(DEPENDENCIES)
+    order: list[str] = []
+    pending = [n for n in canonical if n in names]
+    while pending:
+        for n in pending:
+            if all(d in order or d not in names for d in DEPENDENCIES[n]):
+                order.append(n)
+                pending.remove(n)
+                break
+        else:  # pragma: no cover - DEPENDENCIES is acyclic
+            raise RuntimeError(f"dependency cycle among {pending}")
+    return tuple(order)
+
+
+def build_plan(cfg: DictConfig) -> LaunchPlan:
+    """Build the :class:`LaunchPlan` for a composed config. Starts nothing.
+
+    Raises:
+        ConfigurationError: any configuration mistake, before anything starts.
+    """
+    recipe, recipe_cfg = recipe_of(cfg)
+    resolved = resolve_components(cfg, recipe.needs)
+    _check_edges(resolved)
+    from components.envs import spec_of  # gymnasium and tensordict: only once the combination is valid
+
+    spec = spec_of(cfg.env.id, **_container(cfg.env.kwargs))
+    try:
+        services = recipe.services(recipe_cfg, spec)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc), path="recipe") from exc
+    layouts = _layouts(recipe, recipe_cfg, spec, services.get("collector", {}).get("num_envs", 1))
+    plans = []
+    for name in _topological(recipe.needs):
+        placement, p_path, resolution = resolved[name]
+        node = cfg.components[name]
+        plans.append(
+            ComponentPlan(
+                name=name,
+                placement=placement.value,
+                placement_from=p_path if p_path != "service" else placement.origin,
+                transport=resolution.kind,
+                transport_reason=resolution.reason,
+                status=compat.status(name, placement.value, resolution.kind),
+                depends_on=tuple(d for d in DEPENDENCIES[name] if d in recipe.needs),
+                resources=_container(node.resources),
+                options={**{k: v for k, v in _container(node).items() if k not in ("placement", "transport", "resources")},
+                         **services.get(name, {}), "transport_options": dict(resolution.options)},
+                layouts=layouts.get(name, {}),
+            )
+        )
+    return LaunchPlan(recipe=recipe.name, env_id=spec.env_id, seed=int(cfg.seed), components=tuple(plans))

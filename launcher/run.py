@@ -1,0 +1,125 @@
+"""compose -> plan -> **run**: start owners in plan order on an ExitStack, hand clients to the recipe,
+tear everything down in reverse (on success, on error and on Ctrl-C)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import ExitStack
+from functools import partial
+from typing import Any, Callable, Mapping
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from components import compat
+from components.collector import Collector
+from components.envs import make_vector_env, spec_of
+from components.inference import InferenceDeviceConfig, InferenceServer, InferenceServerConfig
+from components.replay import ReplayBuffer
+from components.weight_sync import WeightSync
+from recipes import Clients
+from transports.config import TransportConfig
+
+from .plan import ComponentPlan, LaunchPlan, recipe_of
+from .report import ProgressLine
+
+log = logging.getLogger(__name__)
+
+
+def ensure_runnable(plan: LaunchPlan) -> None:
+    """Raise :class:`NotImplementedYetError` for the first cell that is not built, before anything starts."""
+    for c in plan.components:
+        compat.ensure_built(c.name, c.placement, c.transport)
+
+
+def _transport(c: ComponentPlan) -> TransportConfig:
+    return TransportConfig(c.transport, dict(c.options.get("transport_options", {})))
+
+
+# One builder per component: (component plan, composed config, recipe, recipe config, env spec, clients of
+# dependencies, run dir) -> an owner that is not started yet.
+def _logger(c, cfg, recipe, rcfg, spec, deps, run_dir):
+    log_dir = os.path.join(run_dir, cfg.logger.log_dir)
+    factory = hydra.utils.instantiate(cfg.logger, log_dir=log_dir, _partial_=True)
+    return factory(placement=c.placement, transport=_transport(c))
+
+
+def _weight_sync(c, cfg, recipe, rcfg, spec, deps, run_dir):
+    return WeightSync(placement=c.placement, transport=_transport(c))
+
+
+def _replay(c, cfg, recipe, rcfg, spec, deps, run_dir):
+    o = c.options
+    return ReplayBuffer(o["capacity"], o["sampler"], o["batch_size"], placement=c.placement,
+                        transport=_transport(c), seed=int(cfg.seed))
+
+
+def _inference(c, cfg, recipe, rcfg, spec, deps, run_dir):
+    o = c.options
+    server_cfg = InferenceServerConfig(
+        placement=c.placement, max_batch_size=o["max_batch_size"], min_batch_size=o["min_batch_size"],
+        timeout=o["timeout"], collect_stats=o["collect_stats"], stats_window=o["stats_window"],
+    )
+    devices = InferenceDeviceConfig(policy_device=o["policy_device"], output_device=o["output_device"])
+    return InferenceServer(
+        policy_factory=partial(recipe.make_policy, rcfg, spec), config=server_cfg, device_config=devices,
+        transport=_transport(c), weight_sync=deps.get("weight_sync"),
+    )
+
+
+def _collector(c, cfg, recipe, rcfg, spec, deps, run_dir):
+    o = c.options
+    env_kwargs = OmegaConf.to_container(cfg.env.kwargs, resolve=True)
+    return Collector(
+        partial(make_vector_env, cfg.env.id, o["num_envs"], **env_kwargs), deps["inference"],
+        o["frames_per_batch"], o["total_frames"], placement=c.placement, seed=int(cfg.seed),
+    )
+
+
+BUILDERS: Mapping[str, Callable[..., Any]] = {
+    "logger": _logger,
+    "weight_sync": _weight_sync,
+    "replay": _replay,
+    "inference": _inference,
+    "collector": _collector,
+}
+
+
+def execute(plan: LaunchPlan, cfg: DictConfig, run_dir: str, *, on_started: Callable[[dict], None] | None = None) -> dict:
+    """Run the plan: start owners in order, run the recipe with their clients, tear down in reverse.
+
+    Raises:
+        NotImplementedYetError: the plan holds a cell that is not built (raised before anything starts).
+    """
+    ensure_runnable(plan)
+    recipe, rcfg = recipe_of(cfg)
+    spec = spec_of(cfg.env.id, **OmegaConf.to_container(cfg.env.kwargs, resolve=True))
+    owners: dict[str, Any] = {}
+    clients: dict[str, Any] = {}
+    progress = ProgressLine(getattr(rcfg, "total_frames", 0), enabled=bool(cfg.launcher.progress))
+    with ExitStack() as stack:
+        stack.callback(progress.close)
+        for c in plan.components:
+            owner = BUILDERS[c.name](c, cfg, recipe, rcfg, spec, {d: clients[d] for d in c.depends_on}, run_dir)
+            stack.callback(_shutdown, c.name, owner)  # registered first: a failed start is torn down too
+            log.info("starting %s (%s, %s)", c.name, c.placement, c.transport)
+            owner.start()
+            owners[c.name] = owner
+            clients[c.name] = owner.client()
+        if on_started is not None:
+            on_started(owners)
+        result = recipe.run(
+            rcfg,
+            Clients(
+                policy=clients["inference"], collector=clients["collector"], replay=clients["replay"],
+                logger=clients["logger"], weight_sync=clients["weight_sync"], env_spec=spec, progress=progress,
+                seed=int(cfg.seed),
+            ),
+        )
+    return dict(result)
+
+
+def _shutdown(name: str, owner: Any) -> None:
+    log.info("stopping %s", name)
+    owner.shutdown()

@@ -1,0 +1,273 @@
+"""Proximal Policy Optimization (clipped objective, GAE), written against service clients only.
+
+Reads top to bottom: the config, the networks, advantage estimation, then ``run``: collect a batch through
+the collector (which calls the inference client), estimate advantages, write the batch to the replay buffer,
+optimise on minibatches sampled without replacement, push the new weights to the inference server.
+Nothing here knows where those services live.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.distributions import Categorical, Normal
+
+from .base import Clients, Recipe
+
+
+@dataclass
+class PPOConfig:
+    """PPO hyperparameters.
+
+    Attributes:
+        num_envs: parallel environments in the collector's vector env.
+        num_steps: steps per environment per batch (a batch holds ``num_envs * num_steps`` frames).
+        total_frames: frame budget; training stops earlier once ``target_return`` is reached.
+        target_return: stop when the mean return of the last ``window`` episodes reaches this (``None``: never).
+        window: how many recent episodes the mean return covers.
+        lr: Adam learning rate.
+        anneal_lr: decay the learning rate linearly to 0 over ``total_frames``.
+        gamma: discount factor.
+        gae_lambda: GAE lambda.
+        num_minibatches: minibatches per epoch.
+        update_epochs: passes over each batch.
+        clip_coef: PPO ratio clipping.
+        ent_coef: entropy bonus coefficient.
+        vf_coef: value loss coefficient.
+        max_grad_norm: gradient norm clipping.
+        hidden: width of the two hidden layers of actor and critic.
+        norm_adv: normalise advantages within each minibatch.
+        reward_scale: rewards are multiplied by this before advantage estimation.
+        init_log_std: initial log standard deviation of continuous actions.
+    """
+
+    num_envs: int = 16
+    num_steps: int = 64
+    total_frames: int = 500_000
+    target_return: Optional[float] = 475.0
+    window: int = 20
+    lr: float = 2.5e-3
+    anneal_lr: bool = True
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    num_minibatches: int = 4
+    update_epochs: int = 4
+    clip_coef: float = 0.2
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    hidden: int = 64
+    norm_adv: bool = True
+    reward_scale: float = 1.0
+    init_log_std: float = 0.0
+
+    @property
+    def frames_per_batch(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.frames_per_batch // self.num_minibatches
+
+
+# ============================================================================ networks
+
+
+def _layer(inp: int, out: int, std: float = math.sqrt(2)) -> nn.Linear:
+    layer = nn.Linear(inp, out)
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def _mlp(inp: int, out: int, hidden: int, out_std: float) -> nn.Sequential:
+    return nn.Sequential(_layer(inp, hidden), nn.Tanh(), _layer(hidden, hidden), nn.Tanh(), _layer(hidden, out, out_std))
+
+
+class Actor(nn.Module):
+    """The stochastic policy: logits for discrete actions, a Gaussian for continuous ones."""
+
+    def __init__(self, cfg: PPOConfig, spec):
+        super().__init__()
+        obs_dim = math.prod(spec.observation_shape)
+        self.discrete = spec.discrete
+        if self.discrete:
+            self.net = _mlp(obs_dim, spec.n_actions, cfg.hidden, 0.01)
+        else:
+            act_dim = math.prod(spec.action_shape)
+            self.net = _mlp(obs_dim, act_dim, cfg.hidden, 0.01)
+            self.log_std = nn.Parameter(torch.full((act_dim,), cfg.init_log_std))
+
+    def dist(self, obs: torch.Tensor):
+        out = self.net(obs)
+        if self.discrete:
+            return Categorical(logits=out)
+        return Normal(out, self.log_std.exp().expand_as(out))
+
+    def log_prob(self, dist, action: torch.Tensor) -> torch.Tensor:
+        lp = dist.log_prob(action)
+        return lp if self.discrete else lp.sum(-1)
+
+    def entropy(self, dist) -> torch.Tensor:
+        ent = dist.entropy()
+        return ent if self.discrete else ent.sum(-1)
+
+
+class BehaviourPolicy(nn.Module):
+    """The TensorDict policy the inference server owns: ``observation`` -> ``action``, ``sample_log_prob``."""
+
+    def __init__(self, actor: Actor):
+        super().__init__()
+        self.actor = actor
+
+    def forward(self, td):
+        dist = self.actor.dist(td.get("observation"))
+        action = dist.sample()
+        td.set("action", action)
+        td.set("sample_log_prob", self.actor.log_prob(dist, action))
+        return td
+
+
+def make_policy(cfg: PPOConfig, spec) -> BehaviourPolicy:
+    """The behaviour policy for the inference server (same structure as the learner's ``policy``)."""
+    return BehaviourPolicy(Actor(cfg, spec))
+
+
+class Learner(nn.Module):
+    """Actor (shared structure with the behaviour policy) and critic, trained together."""
+
+    def __init__(self, cfg: PPOConfig, spec):
+        super().__init__()
+        self.policy = make_policy(cfg, spec)
+        self.critic = _mlp(math.prod(spec.observation_shape), 1, cfg.hidden, 1.0)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(obs).squeeze(-1)
+
+
+# ============================================================================ advantages
+
+
+@torch.no_grad()
+def estimate_advantages(batch, learner: Learner, cfg: PPOConfig):
+    """GAE over a ``[time, env]`` batch; bootstraps from the final observation on truncation, not on termination."""
+    obs, nxt = batch["observation"], batch["next"]
+    values = learner.value(obs)
+    next_values = learner.value(nxt["observation"])
+    reward = nxt["reward"] * cfg.reward_scale
+    not_terminated = (~nxt["terminated"]).float()
+    not_done = (~nxt["done"]).float()
+    deltas = reward + cfg.gamma * next_values * not_terminated - values
+    advantages = torch.zeros_like(deltas)
+    running = torch.zeros_like(deltas[0])
+    for t in reversed(range(deltas.shape[0])):
+        running = deltas[t] + cfg.gamma * cfg.gae_lambda * not_done[t] * running
+        advantages[t] = running
+    out = batch.select("observation", "action", "sample_log_prob")
+    out.set("advantage", advantages)
+    out.set("value_target", advantages + values)
+    return out
+
+
+def ppo_loss(mb, learner: Learner, cfg: PPOConfig) -> tuple[torch.Tensor, dict]:
+    """Clipped surrogate + value loss - entropy bonus on one minibatch."""
+    actor = learner.policy.actor
+    dist = actor.dist(mb["observation"])
+    log_prob = actor.log_prob(dist, mb["action"])
+    ratio = (log_prob - mb["sample_log_prob"]).exp()
+    adv = mb["advantage"]
+    if cfg.norm_adv:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
+    v_loss = 0.5 * (learner.value(mb["observation"]) - mb["value_target"]).pow(2).mean()
+    entropy = actor.entropy(dist).mean()
+    loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy
+    return loss, {"loss/policy": pg_loss.item(), "loss/value": v_loss.item(), "loss/entropy": entropy.item()}
+
+
+# ============================================================================ training loop
+
+
+def run(cfg: PPOConfig, clients: Clients) -> dict:
+    """Train until ``target_return`` or ``total_frames``; return the result and learning curve."""
+    torch.manual_seed(clients.seed)
+    learner = Learner(cfg, clients.env_spec)
+    optimizer = torch.optim.Adam(learner.parameters(), lr=cfg.lr, eps=1e-5)
+    clients.weight_sync.push(learner.policy)  # the server starts from the learner's initial weights
+    clients.logger.log_hparams({k: getattr(cfg, k) for k in cfg.__dataclass_fields__})
+
+    returns: deque[float] = deque(maxlen=cfg.window)
+    curve: list[tuple[int, float]] = []
+    frames, episodes, solved_at = 0, 0, None
+    start = time.perf_counter()
+
+    for batch in clients.collector:
+        frames += batch.numel()
+        # ---- bookkeeping: finished episodes
+        done = batch["next", "done"]
+        finished = batch["next", "episode_return"][done].tolist()
+        returns.extend(finished)
+        episodes += len(finished)
+        mean_return = sum(returns) / len(returns) if returns else float("nan")
+        if returns:
+            curve.append((frames, mean_return))
+
+        # ---- learn
+        if cfg.anneal_lr:
+            optimizer.param_groups[0]["lr"] = cfg.lr * max(0.0, 1.0 - frames / cfg.total_frames)
+        clients.replay.extend(estimate_advantages(batch, learner, cfg).reshape(-1))
+        stats = {}
+        for _ in range(cfg.update_epochs * cfg.num_minibatches):
+            loss, stats = ppo_loss(clients.replay.sample(cfg.minibatch_size), learner, cfg)
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(learner.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+        version = clients.weight_sync.push(learner.policy)
+
+        # ---- report
+        elapsed = time.perf_counter() - start
+        clients.logger.log_metrics(
+            {**stats, "train/mean_return": mean_return, "train/fps": frames / elapsed, "train/policy_version": version},
+            step=frames,
+        )
+        clients.progress.update(frames, mean_return=mean_return)
+        if cfg.target_return is not None and len(returns) >= cfg.window and mean_return >= cfg.target_return:
+            solved_at = frames
+            break
+        if frames >= cfg.total_frames:
+            break
+
+    elapsed = time.perf_counter() - start
+    return {
+        "frames": frames,
+        "wall_seconds": elapsed,
+        "fps": frames / elapsed if elapsed else 0.0,
+        "episodes": episodes,
+        "final_mean_return": sum(returns) / len(returns) if returns else float("nan"),
+        "solved": solved_at is not None,
+        "solved_at_frames": solved_at,
+        "curve": curve,
+    }
+
+
+def services(cfg: PPOConfig, spec) -> dict:
+    """PPO's needs: a collector batch of ``num_envs * num_steps`` frames, and a replay buffer holding exactly
+    one batch, sampled in minibatches without replacement."""
+    if cfg.frames_per_batch % cfg.num_minibatches:
+        raise ValueError(
+            f"num_envs * num_steps = {cfg.frames_per_batch} must be divisible by num_minibatches={cfg.num_minibatches}"
+        )
+    return {
+        "collector": {"num_envs": cfg.num_envs, "frames_per_batch": cfg.frames_per_batch, "total_frames": cfg.total_frames},
+        "replay": {"capacity": cfg.frames_per_batch, "sampler": "without_replacement", "batch_size": cfg.minibatch_size},
+    }
+
+
+RECIPE = Recipe(name="ppo", config=PPOConfig, make_policy=make_policy, services=services, run=run)

@@ -1,0 +1,62 @@
+"""Payload transports: how TensorDicts and commands move between clients and owners.
+
+This package knows no domain (no inference, replay or logging): it holds the vocabulary of kinds, the
+``TransportConfig`` value, the per-domain resolver registry, wire ``Layout`` s, the error hierarchy, and one
+module per transport over :class:`transports.base.Transport`.
+"""
+
+from .config import TransportConfig, as_transport_config
+from .errors import (
+    ConfigurationError,
+    IncompatibleCombinationError,
+    LayoutError,
+    NotImplementedYetError,
+    PeerFailureError,
+    RemoteError,
+    ServiceError,
+    ServiceTimeoutError,
+    TransportError,
+)
+from .kinds import PLACEMENTS, TRANSPORT_KINDS, normalize_placement, normalize_transport_kind
+from .resolver import Resolution, TransportContext, register_transport_resolver, resolve_transport
+
+
+def __getattr__(name: str):
+    # Layouts and transport classes need torch and tensordict; import them on first use so that
+    # configuration checks (and their error messages) stay fast.
+    if name in ("Layout", "LeafSpec"):
+        from . import layout
+
+        return getattr(layout, name)
+    if name in ("Transport", "DirectTransport"):
+        from . import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "ConfigurationError",
+    "DirectTransport",
+    "IncompatibleCombinationError",
+    "Layout",
+    "LayoutError",
+    "LeafSpec",
+    "NotImplementedYetError",
+    "PLACEMENTS",
+    "PeerFailureError",
+    "RemoteError",
+    "Resolution",
+    "ServiceError",
+    "ServiceTimeoutError",
+    "TRANSPORT_KINDS",
+    "Transport",
+    "TransportConfig",
+    "TransportContext",
+    "TransportError",
+    "as_transport_config",
+    "normalize_placement",
+    "normalize_transport_kind",
+    "register_transport_resolver",
+    "resolve_transport",
+]
