@@ -173,6 +173,7 @@ def resolve(
     context: TransportContext,
     *,
     strict: bool = True,
+    lenient: bool = False,
 ) -> Resolution:
     """Resolve the transport of ``component`` at ``context.placement``.
 
@@ -183,6 +184,8 @@ def resolve(
         strict: an explicit choice must be valid. With ``strict=False`` (a broad default such as
             ``transport=shared_memory`` for the whole plan), a kind the component never takes falls back to
             ``auto`` and the reason says so; a kind it takes elsewhere but not here is still an error.
+        lenient: with ``strict=False``, fall back to ``auto`` for any kind this cell does not take (used when
+            the component's placement was set explicitly, so a plan-wide transport must not break it).
 
     Raises:
         IncompatibleCombinationError: the combination is outside the table.
@@ -205,6 +208,9 @@ def resolve(
         if not strict and config.kind not in transports_of(component):
             kind, reason = cell.auto(context)
             return Resolution(kind, {}, f"auto ({component} never uses {config.kind!r}): {reason}")
+        if not strict and lenient:
+            kind, reason = cell.auto(context)
+            return Resolution(kind, {}, f"auto ({config.kind!r} does not apply on {context.placement!r}): {reason}")
         raise IncompatibleCombinationError(
             f"{component} placed on {context.placement!r} does not support transport {config.kind!r}"
             f"{_from(context.origin)}",

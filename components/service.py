@@ -176,11 +176,13 @@ class Owner(Generic[ClientT]):
         if self._state != "running":
             raise RuntimeError(f"{type(self).__name__} is not running (state: {self._state}); call start() first")
 
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state.pop("_state_lock", None)
-        return state
-
-    def __setstate__(self, state):
-        self.__dict__.update(state)
-        self._state_lock = threading.Lock()
+    def __reduce_ex__(self, protocol):
+        # Owners hold the resource and its lifecycle: they stay where they were created. A direct owner is
+        # its own client, so this is also what pickling a direct client says.
+        hint = (
+            "a 'direct' owner is its own client and works only inside its process; place it on 'thread', "
+            "'process' or 'ray' to share it across processes"
+            if self.placement == "direct"
+            else "pass owner.client() to workers instead"
+        )
+        raise TypeError(f"cannot pickle {type(self).__name__} (placement {self.placement!r}): {hint}")

@@ -38,8 +38,9 @@ def launch(cfg: DictConfig, run_dir: str) -> dict | None:
     import torch
 
     from .report import plot_learning_curve, summary_line
-    from .run import execute
+    from .run import ensure_runnable, execute
 
+    ensure_runnable(plan)
     torch.set_num_threads(int(cfg.launcher.torch_threads))
     torch.manual_seed(int(cfg.seed))
     os.makedirs(run_dir, exist_ok=True)

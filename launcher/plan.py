@@ -167,6 +167,7 @@ def resolve_components(cfg: DictConfig, needs: tuple[str, ...], *, layouts_known
                 TransportContext(placement.value, layouts_known=layouts_known, path=t_path,
                                  origin=None if t_explicit else choice.origin),
                 strict=t_explicit,
+                lenient=node.placement is not None,
             )
             out[name] = (placement, p_path, resolution)
     return out

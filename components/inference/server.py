@@ -116,7 +116,9 @@ class InferenceServer(Owner["InferenceServer"]):
             The new ``policy_version``.
         """
         self._require_running()
-        state = weights.state_dict() if isinstance(weights, nn.Module) else weights
+        return self._apply_weights(weights.state_dict() if isinstance(weights, nn.Module) else weights, version)
+
+    def _apply_weights(self, state: Mapping[str, torch.Tensor], version: int | None) -> int:
         with self._lock, torch.no_grad():
             own = self._policy.state_dict()
             missing = set(own) - set(state)
@@ -129,4 +131,5 @@ class InferenceServer(Owner["InferenceServer"]):
 
     # weight-sync receiver protocol
     def load_weights(self, state: Mapping[str, torch.Tensor], version: int) -> None:
-        self.update_weights(state, version)
+        """Apply a pushed version (called by weight sync, also while the server is starting)."""
+        self._apply_weights(state, version)

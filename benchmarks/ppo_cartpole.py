@@ -1,0 +1,110 @@
+"""Frames/s and wall seconds to solve CartPole-v1 with the PPO recipe, per placement, medians over seeds.
+
+Each run is a real ``python -m launcher +recipe=ppo`` subprocess (so start-up is counted in "process s").
+"Train s" is the recipe's own wall time from the first batch to solving.
+
+    python benchmarks/ppo_cartpole.py --seeds 0 1 2
+    python benchmarks/ppo_cartpole.py --services direct --seeds 0 1 2 3 4
+    python benchmarks/ppo_cartpole.py --peer "python path/to/cleanrl/ppo.py --total-timesteps 500000"
+
+``--peer`` runs another command once per seed in the same session and reports its wall seconds beside ours
+(for a peer such as CleanRL's ppo.py installed in its own environment). Without one, the reference figures
+measured for CleanRL's ppo.py on these machines are printed for context, marked as not measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from components import compat
+
+# (label, overrides): every combination the table says is built today.
+CANDIDATES = [
+    ("direct", ["service=direct"]),
+    ("thread", ["service=thread"]),
+    ("process/queue", ["service=process", "transport=queue"]),
+    ("process/shared_memory", ["service=process", "transport=shared_memory"]),
+    ("process/process_slot", ["service=process", "transport=process_slot"]),
+]
+REFERENCE = "CleanRL ppo.py (reference figures, not measured in this run): 2.2-3.3k frames/s, solves after 113-173k frames in 2.5-4 min"
+
+
+def runnable(overrides: list[str]) -> bool:
+    service = next(o.split("=", 1)[1] for o in overrides if o.startswith("service="))
+    return all(compat.TABLE[(c, service)].built for c in compat.COMPONENTS if (c, service) in compat.TABLE)
+
+
+def run_once(overrides: list[str], seed: int, timeout: float) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, "-m", "launcher", "+recipe=ppo", f"seed={seed}", "launcher.progress=false",
+             "launcher.plot=false", f"hydra.run.dir={tmp}", *overrides],
+            capture_output=True, text=True, timeout=timeout,
+        )
+        elapsed = time.perf_counter() - start
+        if proc.returncode != 0:
+            raise RuntimeError(f"run failed ({' '.join(overrides)} seed={seed}):\n{proc.stderr[-2000:]}")
+        with open(os.path.join(tmp, "summary.json")) as f:
+            summary = json.load(f)
+    summary["process_seconds"] = elapsed
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--services", nargs="+", default=None, help="labels to run (default: every built one)")
+    parser.add_argument("--peer", default=None, help="a peer command to time once per seed ({seed} is substituted)")
+    parser.add_argument("--timeout", type=float, default=600)
+    args = parser.parse_args()
+
+    rows = []
+    for label, overrides in CANDIDATES:
+        if args.services and label not in args.services:
+            continue
+        if not runnable(overrides):
+            print(f"skip {label}: not built yet (see python -m launcher.matrix)", file=sys.stderr)
+            continue
+        results = []
+        for seed in args.seeds:
+            r = run_once(overrides, seed, args.timeout)
+            results.append(r)
+            print(f"{label:>22} seed={seed}: {'solved' if r['solved'] else 'NOT solved'} after {r['frames']:,} frames, "
+                  f"{r['wall_seconds']:.1f} s train, {r['process_seconds']:.1f} s process, {r['fps']:,.0f} frames/s",
+                  file=sys.stderr, flush=True)
+        rows.append((label, results))
+
+    peer = []
+    if args.peer:
+        for seed in args.seeds:
+            start = time.perf_counter()
+            subprocess.run(shlex.split(args.peer.format(seed=seed)), check=True, capture_output=True, timeout=args.timeout)
+            peer.append(time.perf_counter() - start)
+
+    print(f"\nPPO on CartPole-v1, {len(args.seeds)} seeds {args.seeds}, medians (target: mean return of the last 20 episodes >= 475)")
+    head = f"| {'placement':<22} | solved | frames to solve | train s | process s | frames/s |"
+    print(head)
+    print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
+    med = statistics.median
+    for label, results in rows:
+        solved = sum(r["solved"] for r in results)
+        print(f"| {label:<22} | {solved}/{len(results):<4} | {med(r['frames'] for r in results):>15,.0f} | "
+              f"{med(r['wall_seconds'] for r in results):>7.1f} | {med(r['process_seconds'] for r in results):>9.1f} | "
+              f"{med(r['fps'] for r in results):>8,.0f} |")
+    if peer:
+        print(f"| {'peer: ' + args.peer[:16]:<22} | {'?':<6} | {'?':>15} | {'?':>7} | {med(peer):>9.1f} | {'?':>8} |")
+    else:
+        print(REFERENCE)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""Shared fixtures: composing the real config tree, a small policy, and leak checks."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+
+import launcher.schema
+from launcher.cli import normalize_argv
+
+launcher.schema.register()
+torch.set_num_threads(1)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def compose_cfg():
+    """compose_cfg(*overrides) -> the composed DictConfig, exactly as ``python -m launcher`` builds it."""
+
+    def _compose(*overrides: str):
+        with initialize_config_module(config_module="conf", version_base=None):
+            return compose(config_name="config", overrides=normalize_argv(list(overrides)))
+
+    return _compose
+
+
+def run_cli(*args: str, cwd: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m launcher`` in a subprocess (bounded in time) and capture its output."""
+    return subprocess.run(
+        [sys.executable, "-m", "launcher", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads():
+    """Every test leaves no thread of ours behind."""
+    before = set(threading.enumerate())
+    yield
+    leaked = [t for t in threading.enumerate() if t not in before and t.is_alive() and not t.daemon]
+    assert not leaked, f"threads left running: {leaked}"

@@ -1,0 +1,56 @@
+"""Small, real building blocks the tests share: a policy, env factories and one owner per component."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from torch import nn
+
+from components.collector import Collector
+from components.envs import make_vector_env
+from components.inference import InferenceServer, InferenceServerConfig
+from components.logger import CSVLogger, TensorBoardLogger
+from components.replay import ReplayBuffer
+from components.weight_sync import WeightSync
+
+
+class CartPolePolicy(nn.Module):
+    """A real (tiny) CartPole policy: ``observation`` -> ``action`` (sampled), ``logits``."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.net = nn.Linear(4, 2)
+
+    def forward(self, td):
+        logits = self.net(td["observation"])
+        td["logits"] = logits
+        td["action"] = torch.distributions.Categorical(logits=logits).sample()
+        return td
+
+
+def cartpole_envs(num_envs: int = 4):
+    return partial(make_vector_env, "CartPole-v1", num_envs)
+
+
+def owner_factories(tmp_path, placement: str = "direct") -> dict:
+    """One not-yet-started owner factory per component, all at ``placement``."""
+    return {
+        "inference": lambda: InferenceServer(policy_factory=CartPolePolicy, config=InferenceServerConfig(placement=placement)),
+        "replay": lambda: ReplayBuffer(capacity=64, batch_size=8, placement=placement),
+        "logger/csv": lambda: CSVLogger(str(tmp_path / "csv"), placement=placement),
+        "logger/tensorboard": lambda: TensorBoardLogger(str(tmp_path / "tb"), placement=placement),
+        "weight_sync": lambda: WeightSync(placement=placement),
+        "collector": lambda: Collector(cartpole_envs(2), _direct_policy(), 8, 16, placement=placement),
+    }
+
+
+def _direct_policy():
+    policy = CartPolePolicy()
+
+    @torch.no_grad()
+    def call(td):
+        return policy(td)
+
+    return call

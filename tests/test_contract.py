@@ -1,0 +1,103 @@
+"""The owner/client contract, run against every component in every placement built so far.
+
+Later placements add their factories to ``PLACEMENTS``; the assertions stay the same.
+"""
+
+import pickle
+
+import pytest
+
+from components.service import LIFECYCLE_METHODS, Service
+
+from .factories import owner_factories
+
+PLACEMENTS = ["direct"]
+COMPONENTS = list(owner_factories("/tmp").keys())
+CASES = [(p, c) for p in PLACEMENTS for c in COMPONENTS]
+
+
+@pytest.fixture(params=CASES, ids=[f"{p}-{c}" for p, c in CASES])
+def owner_factory(request, tmp_path):
+    placement, component = request.param
+    return placement, owner_factories(tmp_path, placement)[component]
+
+
+def test_start_returns_self_ready_and_alive(owner_factory):
+    placement, factory = owner_factory
+    owner = factory()
+    assert isinstance(owner, Service)
+    assert not owner.is_alive
+    try:
+        assert owner.start() is owner
+        assert owner.is_alive
+        assert owner.placement == placement
+    finally:
+        owner.shutdown()
+    assert not owner.is_alive
+
+
+def test_start_twice_raises(owner_factory):
+    _, factory = owner_factory
+    owner = factory().start()
+    try:
+        with pytest.raises(RuntimeError, match="start\\(\\) called twice"):
+            owner.start()
+    finally:
+        owner.shutdown()
+    with pytest.raises(RuntimeError):
+        owner.start()  # a stopped owner does not restart either
+
+
+def test_shutdown_is_idempotent_and_safe_before_start(owner_factory):
+    _, factory = owner_factory
+    never_started = factory()
+    never_started.shutdown()
+    never_started.shutdown()
+    owner = factory().start()
+    owner.shutdown()
+    owner.shutdown(timeout=1.0)
+    assert not owner.is_alive
+
+
+def test_client_needs_a_running_owner(owner_factory):
+    _, factory = owner_factory
+    owner = factory()
+    with pytest.raises(RuntimeError, match="needs a started owner"):
+        owner.client()
+
+
+def test_client_is_picklable_and_restricted(owner_factory):
+    placement, factory = owner_factory
+    with factory() as owner:
+        client = owner.client()
+        if placement == "direct":
+            assert client is owner  # no proxy in one process
+            with pytest.raises(TypeError, match="'direct' owner is its own client and works only inside its process"):
+                pickle.dumps(client)
+            return
+        for name in LIFECYCLE_METHODS:
+            assert not hasattr(client, name), f"client exposes lifecycle method {name!r}"
+        clone = pickle.loads(pickle.dumps(client))
+        assert type(clone) is type(client)
+
+
+def test_owners_stay_where_they_were_created(owner_factory):
+    _, factory = owner_factory
+    owner = factory()
+    with pytest.raises(TypeError, match="cannot pickle"):
+        pickle.dumps(owner)
+
+
+def test_context_manager_starts_and_stops(owner_factory):
+    _, factory = owner_factory
+    with factory() as owner:
+        assert owner.is_alive
+    assert not owner.is_alive
+
+
+def test_operations_after_shutdown_raise(owner_factory):
+    _, factory = owner_factory
+    owner = factory().start()
+    owner.shutdown()
+    with pytest.raises(RuntimeError):
+        owner.client()

@@ -1,0 +1,114 @@
+"""The plan: pure data from the composed config; every service x transport pair plans or is rejected."""
+
+import itertools
+
+import pytest
+
+from components import compat
+from components.errors import ConfigurationError, IncompatibleCombinationError, NotImplementedYetError
+from launcher.plan import build_plan
+from launcher.run import ensure_runnable
+
+SERVICES = ["direct", "thread", "process", "ray", "distributed"]
+TRANSPORTS = ["auto", "direct", "thread", "queue", "shared_memory", "process_slot", "ray", "distributed"]
+
+
+@pytest.mark.parametrize("service, transport", list(itertools.product(SERVICES, TRANSPORTS)))
+def test_every_service_transport_pair_plans_or_is_rejected(compose_cfg, service, transport):
+    cfg = compose_cfg("+recipe=ppo", f"service={service}", f"transport={transport}")
+    try:
+        plan = build_plan(cfg)
+    except IncompatibleCombinationError as exc:
+        message = str(exc)
+        assert f"transport {transport!r}" in message and f"{service!r}" in message
+        assert "full_key: transport" in message and "supported: auto" in message
+        assert f"(the value came from transport={transport})" in message
+        return
+    assert plan.start_order == ("logger", "weight_sync", "replay", "inference", "collector")
+    for c in plan.components:
+        assert c.placement == service
+        cell = compat.TABLE[(c.name, c.placement)]
+        if cell.takes_transport:
+            assert c.transport in cell.transports
+            # the broad default applies wherever the component takes that kind at all
+            if transport != "auto" and transport in compat.transports_of(c.name):
+                assert c.transport == transport
+        assert c.status in (compat.SUPPORTED, compat.NOT_YET)
+    rendered = plan.render()
+    assert all(c.name in rendered for c in plan.components)
+    if plan.not_built:
+        assert "NOT IMPLEMENTED YET" in rendered
+        with pytest.raises(NotImplementedYetError, match="is not implemented yet"):
+            ensure_runnable(plan)
+    else:
+        ensure_runnable(plan)
+
+
+def test_pinned_pairs(compose_cfg):
+    plan = build_plan(compose_cfg("+recipe=ppo"))
+    assert all(c.built for c in plan.components) and plan["inference"].transport == "direct"
+    with pytest.raises(IncompatibleCombinationError, match="does not support transport 'shared_memory'"):
+        build_plan(compose_cfg("+recipe=ppo", "service=ray", "transport=shared_memory"))
+    plan = build_plan(compose_cfg("+recipe=ppo", "service=process", "transport=shared_memory"))
+    assert plan["inference"].transport == "shared_memory" and not plan["inference"].built
+    assert plan["logger"].transport == "queue" and "never uses 'shared_memory'" in plan["logger"].transport_reason
+    plan = build_plan(compose_cfg("+recipe=ppo", "service=process"))
+    assert plan["inference"].transport == "shared_memory"
+    assert plan["inference"].transport_reason.startswith("auto: process owner with known layouts")
+
+
+def test_per_component_overrides_win_over_service_and_transport(compose_cfg):
+    plan = build_plan(
+        compose_cfg(
+            "+recipe=ppo", "service=process", "transport=shared_memory",
+            "components.replay.placement=direct", "components.inference.transport=queue",
+            "components.collector.resources.num_cpus=2",
+        )
+    )
+    assert plan["replay"].placement == "direct" and plan["replay"].placement_from == "components.replay.placement"
+    assert plan["replay"].transport == "direct"  # shared_memory does not apply to a direct replay buffer
+    assert plan["inference"].transport == "queue" and plan["inference"].transport_reason == "explicit"
+    assert plan["collector"].resources["num_cpus"] == 2
+
+
+def test_explicit_component_mistakes_name_their_path(compose_cfg):
+    with pytest.raises(IncompatibleCombinationError) as info:
+        build_plan(compose_cfg("+recipe=ppo", "components.replay.transport=process_slot"))
+    assert "full_key: components.replay.transport" in str(info.value)
+    with pytest.raises(IncompatibleCombinationError) as info:
+        build_plan(compose_cfg("+recipe=ppo", "components.logger.placement=submitit"))
+    assert "full_key: components.logger.placement" in str(info.value)
+    with pytest.raises(IncompatibleCombinationError, match="takes no transport"):
+        build_plan(compose_cfg("+recipe=ppo", "components.collector.transport=queue"))
+    with pytest.raises(ConfigurationError, match="unknown placement 'cloud'"):
+        build_plan(compose_cfg("+recipe=ppo", "components.replay.placement=cloud"))
+
+
+def test_unreachable_dependencies_are_rejected(compose_cfg):
+    # a process collector cannot call an inference server that lives in the driver with direct calls
+    with pytest.raises(IncompatibleCombinationError) as info:
+        build_plan(compose_cfg("+recipe=ppo", "components.collector.placement=process"))
+    message = str(info.value)
+    assert "cannot reach the collector placed on 'process'" in message
+    assert "full_key: components.inference.transport" in message
+    # weight sync in the driver cannot push into a process-owned server over direct copies
+    with pytest.raises(IncompatibleCombinationError, match="cannot reach the inference placed on 'process'"):
+        build_plan(compose_cfg("+recipe=ppo", "components.inference.placement=process"))
+
+
+def test_no_recipe_is_a_clear_error(compose_cfg):
+    with pytest.raises(ConfigurationError, match=r"no recipe selected: add one on the command line, e\.g\. \+recipe=ppo"):
+        build_plan(compose_cfg())
+
+
+def test_layouts_come_from_env_specs_and_the_policy(compose_cfg):
+    plan = build_plan(compose_cfg("+recipe=ppo", "recipe.num_envs=8", "env=pendulum"))
+    layouts = plan["inference"].layouts
+    assert layouts["request"] == "observation [8, 3] float32"
+    assert layouts["response"] == "action [8, 1] float32; policy_version [8] int64; sample_log_prob [8] float32"
+    assert plan.to_dict()["components"][3]["layouts"] == layouts
+
+
+def test_recipe_constraints_fail_before_anything_starts(compose_cfg):
+    with pytest.raises(ConfigurationError, match="must be divisible by num_minibatches=3"):
+        build_plan(compose_cfg("+recipe=ppo", "recipe.num_minibatches=3"))

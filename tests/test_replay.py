@@ -1,0 +1,87 @@
+"""The direct replay buffer: lazily shaped storage, circular writes, the two samplers, layout errors."""
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from components.errors import ConfigurationError, LayoutError
+from components.replay import ReplayBuffer
+
+
+def _batch(n, start=0):
+    return TensorDict(
+        {"observation": torch.arange(start, start + n, dtype=torch.float32).unsqueeze(-1).expand(n, 4).clone(),
+         "action": torch.arange(start, start + n)},
+        batch_size=[n],
+    )
+
+
+def test_extend_then_sample_uniform():
+    with ReplayBuffer(capacity=100, batch_size=16, seed=0) as rb:
+        assert rb.extend(_batch(40)) == 40
+        assert len(rb) == 40
+        sample = rb.sample()
+        assert sample.batch_size == torch.Size([16])
+        assert sample["observation"].shape == (16, 4)
+        # every sampled row is one that was written, with its fields kept together
+        assert torch.equal(sample["observation"][:, 0].long(), sample["action"])
+        assert int(sample["action"].max()) < 40
+
+
+def test_capacity_wraps_overwriting_the_oldest():
+    with ReplayBuffer(capacity=10, batch_size=10, sampler="without_replacement", seed=0) as rb:
+        rb.extend(_batch(8))
+        rb.extend(_batch(5, start=100))
+        assert len(rb) == 10
+        stored = set(rb.sample()["action"].tolist())
+        assert stored == {3, 4, 5, 6, 7, 100, 101, 102, 103, 104}
+
+
+def test_without_replacement_visits_every_item_once_per_epoch():
+    with ReplayBuffer(capacity=64, sampler="without_replacement", batch_size=16, seed=1) as rb:
+        rb.extend(_batch(64))
+        for _ in range(3):  # three epochs
+            seen = torch.cat([rb.sample()["action"] for _ in range(4)])
+            assert sorted(seen.tolist()) == list(range(64))
+
+
+def test_a_write_starts_a_new_epoch():
+    with ReplayBuffer(capacity=32, sampler="without_replacement", batch_size=8, seed=2) as rb:
+        rb.extend(_batch(32))
+        rb.sample()
+        rb.extend(_batch(32, start=1000))  # PPO: a fresh batch replaces the old one
+        seen = torch.cat([rb.sample()["action"] for _ in range(4)])
+        assert sorted(seen.tolist()) == list(range(1000, 1032))
+
+
+def test_add_writes_one_item_and_empty_forgets():
+    with ReplayBuffer(capacity=8, batch_size=1) as rb:
+        rb.add(_batch(1)[0])
+        assert len(rb) == 1
+        rb.empty()
+        assert len(rb) == 0
+        with pytest.raises(RuntimeError, match="empty replay buffer"):
+            rb.sample()
+
+
+def test_a_wrong_payload_fails_at_the_call_site_and_the_buffer_keeps_serving():
+    with ReplayBuffer(capacity=16, batch_size=4) as rb:
+        rb.extend(_batch(8))
+        bad = TensorDict({"observation": torch.zeros(2, 5), "action": torch.zeros(2, dtype=torch.long)}, [2])
+        with pytest.raises(LayoutError) as info:
+            rb.extend(bad)
+        assert info.value.key == ("observation",)
+        with pytest.raises(LayoutError, match="a missing key"):
+            rb.extend(TensorDict({"observation": torch.zeros(2, 4)}, [2]))
+        assert len(rb) == 8
+        assert rb.sample()["observation"].shape == (4, 4)
+
+
+def test_bad_settings_are_configuration_errors():
+    with pytest.raises(ConfigurationError, match="unknown sampler 'fifo'"):
+        ReplayBuffer(sampler="fifo")
+    with pytest.raises(ConfigurationError, match="capacity must be >= 1"):
+        ReplayBuffer(capacity=0)
+    with ReplayBuffer(capacity=4) as rb:
+        with pytest.raises(ConfigurationError, match="has no priorities"):
+            rb.update_priority(0, 1.0)

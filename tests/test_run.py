@@ -1,0 +1,72 @@
+"""Running a plan: owners start in dependency order, stop in reverse, on success and on error."""
+
+import dataclasses
+
+import pytest
+
+import recipes.ppo
+from components.service import Owner
+from launcher.plan import build_plan
+from launcher.run import execute
+
+TINY = ("+recipe=ppo", "recipe.num_envs=4", "recipe.num_steps=16", "recipe.total_frames=128",
+        "recipe.target_return=null", "launcher.progress=false")
+
+
+@pytest.fixture
+def lifecycle_log(monkeypatch):
+    events = []
+    real_start, real_shutdown = Owner.start, Owner.shutdown
+
+    def start(self):
+        events.append(("start", self.component))
+        return real_start(self)
+
+    def shutdown(self, timeout=None):
+        events.append(("stop", self.component))
+        return real_shutdown(self, timeout)
+
+    monkeypatch.setattr(Owner, "start", start)
+    monkeypatch.setattr(Owner, "shutdown", shutdown)
+    return events
+
+
+def test_start_in_dependency_order_and_stop_in_reverse(compose_cfg, lifecycle_log, tmp_path):
+    cfg = compose_cfg(*TINY)
+    plan = build_plan(cfg)
+    owners = {}
+    result = execute(plan, cfg, str(tmp_path), on_started=owners.update)
+    assert result["frames"] == 128
+    started = [c for e, c in lifecycle_log if e == "start"]
+    stopped = [c for e, c in lifecycle_log if e == "stop"]
+    assert started == ["logger", "weight_sync", "replay", "inference", "collector"]
+    assert stopped == list(reversed(started))
+    assert all(not o.is_alive for o in owners.values())
+
+
+def test_teardown_runs_when_the_recipe_raises(compose_cfg, lifecycle_log, tmp_path, monkeypatch):
+    def broken(cfg, clients):
+        clients.logger.log_scalar("before_failure", 1.0, step=0)
+        raise RuntimeError("recipe failed")
+
+    monkeypatch.setattr(recipes.ppo, "RECIPE", dataclasses.replace(recipes.ppo.RECIPE, run=broken))
+    cfg = compose_cfg(*TINY)
+    owners = {}
+    with pytest.raises(RuntimeError, match="recipe failed"):
+        execute(build_plan(cfg), cfg, str(tmp_path), on_started=owners.update)
+    assert [c for e, c in lifecycle_log if e == "stop"] == ["collector", "inference", "replay", "weight_sync", "logger"]
+    assert all(not o.is_alive for o in owners.values())
+    assert "before_failure" in (tmp_path / "metrics.csv").read_text()  # the logger flushed on the error path
+
+
+def test_a_failed_start_tears_down_what_started(compose_cfg, lifecycle_log, tmp_path, monkeypatch):
+    from components.collector import Collector
+
+    def failing_start(self):
+        raise OSError("env creation failed")
+
+    monkeypatch.setattr(Collector, "_start", failing_start)
+    cfg = compose_cfg(*TINY)
+    with pytest.raises(OSError, match="env creation failed"):
+        execute(build_plan(cfg), cfg, str(tmp_path))
+    assert [c for e, c in lifecycle_log if e == "stop"] == ["collector", "inference", "replay", "weight_sync", "logger"]
