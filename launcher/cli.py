@@ -50,6 +50,7 @@ def launch(cfg: DictConfig, run_dir: str) -> dict | None:
         f.write(plan.render() + "\n")
     with open(os.path.join(run_dir, "plan.json"), "w") as f:
         json.dump(plan.to_dict(), f, indent=2)
+    print(plan.render(), flush=True)
     log.info("plan:\n%s", plan.render())
 
     result = execute(plan, cfg, run_dir)
