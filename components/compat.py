@@ -82,11 +82,11 @@ def _cells() -> dict[tuple[str, str], Cell]:
     rows = [
         # inference: batched request/reply
         Cell("inference", "direct", {"direct": S}, _DIRECT),
-        Cell("inference", "thread", {"thread": N, "direct": N}, _THREAD),
+        Cell("inference", "thread", {"thread": S, "direct": S}, _THREAD),
         Cell(
             "inference",
             "process",
-            {"queue": N, "shared_memory": N, "process_slot": N, "distributed": N},
+            {"queue": S, "shared_memory": S, "process_slot": S, "distributed": N},
             _process_payloads,
         ),
         Cell("inference", "ray", {"ray": N, "distributed": N}, _RAY),
@@ -112,11 +112,11 @@ def _cells() -> dict[tuple[str, str], Cell]:
         Cell("collector", "submitit", {}, None, N),
         # weight sync: versioned state from the learner to inference owners and collectors
         Cell("weight_sync", "direct", {"direct": S}, _fixed("direct", "same process: in-place copies, no serialization")),
-        Cell("weight_sync", "thread", {"direct": N}, _fixed("direct", "same process: in-place copies under a lock")),
+        Cell("weight_sync", "thread", {"direct": S}, _fixed("direct", "same process: snapshots, copied in place by receivers")),
         Cell(
             "weight_sync",
             "process",
-            {"shared_memory": N},
+            {"shared_memory": S},
             _fixed("shared_memory", "a shared-memory state dict and a version counter"),
         ),
         Cell("weight_sync", "ray", {"ray": N, "distributed": N}, _fixed("ray", "versions through the Ray object store")),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
+from transports.config import TransportConfig
 from transports.resolver import Resolution, TransportContext
 
 from . import compat
@@ -59,8 +60,12 @@ class Owner(Generic[ClientT]):
 
     def __init__(self, *, placement: str | None = None, transport: Any = None, layouts_known: bool = False):
         self._placement_choice: Choice = choose_placement(placement, self.default_placement)
-        requested = transport if transport is None or isinstance(transport, str) else getattr(transport, "kind", transport)
-        t_choice = choose_transport(requested)
+        if transport is None or isinstance(transport, str):
+            requested = None
+            t_choice = choose_transport(transport)
+        else:  # a TransportConfig, or a transport instance: validated against the placement like a name
+            requested = transport if isinstance(transport, TransportConfig) else TransportConfig(transport.kind)
+            t_choice = choose_transport(requested.kind)
         context = TransportContext(
             self._placement_choice.value,
             layouts_known=layouts_known,
@@ -69,7 +74,7 @@ class Owner(Generic[ClientT]):
         compat.get_cell(self.component, context.placement, origin=self._placement_choice.origin)
         self._resolution: Resolution = compat.resolve(
             self.component,
-            transport if transport is not None and not isinstance(transport, str) else t_choice.value,
+            requested if requested is not None else t_choice.value,
             context,
             strict=not t_choice.from_context,
         )

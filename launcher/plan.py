@@ -32,6 +32,10 @@ DEPENDENCIES: Mapping[str, tuple[str, ...]] = {
     "inference": ("logger", "weight_sync"),
     "collector": ("logger", "inference", "replay"),
 }
+# Components whose clients keep one request in flight per worker (collectors step synchronously), which
+# lets `auto` give each worker its own slot.
+ONE_REQUEST_AT_A_TIME: frozenset = frozenset({"inference"})
+
 # Cross-owner traffic: (carrier, far end): the carrier's transport must reach the far end's placement.
 # Collectors call the inference server from where they run; weight sync pushes into the inference owner.
 EDGES: tuple[tuple[str, str], ...] = (("inference", "collector"), ("weight_sync", "inference"))
@@ -104,8 +108,8 @@ class LaunchPlan:
         lines += [fmt.format(*r) for r in rows]
         details = []
         for c in self.components:
-            for key, text in c.layouts.items():
-                details.append(f"  {c.name}.{key}: {text}")
+            for key, layout in c.layouts.items():
+                details.append(f"  {c.name}.{key}: {layout.describe() if hasattr(layout, 'describe') else layout}")
             res = {k: v for k, v in c.resources.items() if v not in (None, 0, 0.0, {}, 1) or k == "num_cpus" and v}
             if res:
                 details.append(f"  {c.name}.resources: {res}")
@@ -165,7 +169,8 @@ def resolve_components(cfg: DictConfig, needs: tuple[str, ...], *, layouts_known
                 name,
                 TransportConfig(choice.value, options),
                 TransportContext(placement.value, layouts_known=layouts_known, path=t_path,
-                                 origin=None if t_explicit else choice.origin),
+                                 origin=None if t_explicit else choice.origin,
+                                 one_request_per_worker=name in ONE_REQUEST_AT_A_TIME),
                 strict=t_explicit,
                 lenient=node.placement is not None,
             )
@@ -198,8 +203,7 @@ def _layouts(recipe: Recipe, recipe_cfg: Any, spec, num_envs: int) -> dict[str, 
         out = policy(request.zeros())
     out.set("policy_version", torch.zeros(out.batch_size, dtype=torch.long))
     response = Layout.from_tensordict(out.exclude(*request.keys))
-    return {"inference": {"request": request.describe(), "response": response.describe()},
-            "replay": {"extend": "bound by the first write"}}
+    return {"inference": {"request": request, "response": response}}
 
 
 def _topological(names: tuple[str, ...]) -> tuple[str, ...]:

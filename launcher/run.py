@@ -46,7 +46,8 @@ def _logger(c, cfg, recipe, rcfg, spec, deps, run_dir):
 
 
 def _weight_sync(c, cfg, recipe, rcfg, spec, deps, run_dir):
-    return WeightSync(placement=c.placement, transport=_transport(c))
+    template = recipe.make_policy(rcfg, spec) if c.placement == "process" else None
+    return WeightSync(template, placement=c.placement, transport=_transport(c))
 
 
 def _replay(c, cfg, recipe, rcfg, spec, deps, run_dir):
@@ -65,6 +66,7 @@ def _inference(c, cfg, recipe, rcfg, spec, deps, run_dir):
     return InferenceServer(
         policy_factory=partial(recipe.make_policy, rcfg, spec), config=server_cfg, device_config=devices,
         transport=_transport(c), weight_sync=deps.get("weight_sync"),
+        request_layout=c.layouts.get("request"), response_layout=c.layouts.get("response"),
     )
 
 

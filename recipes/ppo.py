@@ -48,11 +48,11 @@ class PPOConfig:
     """
 
     num_envs: int = 16
-    num_steps: int = 64
-    total_frames: int = 500_000
+    num_steps: int = 32
+    total_frames: int = 200_000
     target_return: Optional[float] = 475.0
     window: int = 20
-    lr: float = 2.5e-3
+    lr: float = 5e-3
     anneal_lr: bool = True
     gamma: float = 0.99
     gae_lambda: float = 0.95
@@ -198,7 +198,7 @@ def run(cfg: PPOConfig, clients: Clients) -> dict:
     """Train until ``target_return`` or ``total_frames``; return the result and learning curve."""
     torch.manual_seed(clients.seed)
     learner = Learner(cfg, clients.env_spec)
-    optimizer = torch.optim.Adam(learner.parameters(), lr=cfg.lr, eps=1e-5)
+    optimizer = torch.optim.Adam(learner.parameters(), lr=cfg.lr, eps=1e-5, fused=True)
     clients.weight_sync.push(learner.policy)  # the server starts from the learner's initial weights
     clients.logger.log_hparams({k: getattr(cfg, k) for k in cfg.__dataclass_fields__})
 

@@ -54,3 +54,40 @@ def _direct_policy():
         return policy(td)
 
     return call
+
+
+class EchoPolicy(nn.Module):
+    """A real policy for server tests: ``action = 2 * observation``; records which pass served each request.
+
+    Markers in the observation: a value below -1000 raises ``ValueError`` (a failing batch); a value above
+    1e6 blocks for 30 s (a hung server, to be killed); ``delay`` slows every pass down (to force batching).
+    """
+
+    def __init__(self, delay: float = 0.0):
+        super().__init__()
+        self.delay = delay
+        self.scale = nn.Parameter(torch.tensor(2.0))
+        self.calls = 0
+
+    def forward(self, td):
+        import time
+
+        obs = td["observation"]
+        if (obs < -1000).any():
+            raise ValueError("negative marker in the batch")
+        if (obs > 1e6).any():
+            time.sleep(30)
+        if self.delay:
+            time.sleep(self.delay)
+        self.calls += 1
+        td["action"] = obs * self.scale
+        td["served"] = torch.full(td.batch_size, self.calls, dtype=torch.long)
+        return td
+
+
+def echo_factory(delay: float = 0.0):
+    return EchoPolicy(delay)
+
+
+def failing_factory():
+    raise RuntimeError("cannot build this policy here")

@@ -24,16 +24,17 @@ def test_inference_stamps_policy_version_and_applies_weight_updates():
         assert torch.allclose(out["logits"], learner.net(obs))
 
 
-def test_weight_sync_pushes_versions_into_the_server():
-    with WeightSync() as sync, InferenceServer(policy_factory=CartPolePolicy, weight_sync=sync) as server:
+def test_weight_sync_versions_reach_the_server_between_calls():
+    with WeightSync() as sync, InferenceServer(policy_factory=CartPolePolicy, weight_sync=sync.client()) as server:
         learner = CartPolePolicy(seed=7)
         assert sync.push(learner) == 1
         assert sync.push(learner) == 2
-        assert server.policy_version == 2 and sync.version == 2
+        assert sync.version == 2
         version, state = sync.pull()
         assert version == 2 and torch.equal(state["net.weight"], learner.net.weight)
         obs = torch.randn(3, 4)
         out = server(TensorDict({"observation": obs}, [3]))
+        assert out["policy_version"].tolist() == [2, 2, 2] and server.policy_version == 2
         assert torch.allclose(out["logits"], learner.net(obs))
 
 
@@ -41,7 +42,8 @@ def test_a_late_receiver_gets_the_latest_version():
     with WeightSync() as sync:
         sync.push(CartPolePolicy(seed=3))
         with InferenceServer(policy_factory=CartPolePolicy, weight_sync=sync) as server:
-            assert server.policy_version == 1
+            out = server(TensorDict({"observation": torch.zeros(1, 4)}, [1]))
+            assert out["policy_version"].tolist() == [1]
 
 
 def test_collector_yields_time_by_env_batches_with_specs():

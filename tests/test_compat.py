@@ -88,8 +88,8 @@ def test_pinned_messages():
         "    full_key: components.logger.placement"
     )
     with pytest.raises(NotImplementedYetError) as info:
-        compat.ensure_built("inference", "process", "shared_memory")
-    assert str(info.value) == "inference placed on 'process' over transport 'shared_memory' is not implemented yet"
+        compat.ensure_built("inference", "ray", "distributed")
+    assert str(info.value) == "inference placed on 'ray' over transport 'distributed' is not implemented yet"
 
 
 def test_registry_resolves_each_domain_through_the_table():

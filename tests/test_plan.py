@@ -50,11 +50,12 @@ def test_pinned_pairs(compose_cfg):
     with pytest.raises(IncompatibleCombinationError, match="does not support transport 'shared_memory'"):
         build_plan(compose_cfg("+recipe=ppo", "service=ray", "transport=shared_memory"))
     plan = build_plan(compose_cfg("+recipe=ppo", "service=process", "transport=shared_memory"))
-    assert plan["inference"].transport == "shared_memory" and not plan["inference"].built
+    assert plan["inference"].transport == "shared_memory" and plan["inference"].built
+    assert not plan["collector"].built and plan.not_built
     assert plan["logger"].transport == "queue" and "never uses 'shared_memory'" in plan["logger"].transport_reason
     plan = build_plan(compose_cfg("+recipe=ppo", "service=process"))
-    assert plan["inference"].transport == "shared_memory"
-    assert plan["inference"].transport_reason.startswith("auto: process owner with known layouts")
+    assert plan["inference"].transport == "process_slot"  # collectors keep one request in flight per worker
+    assert plan["inference"].transport_reason.startswith("auto: process owner, known layouts, one request in flight")
 
 
 def test_per_component_overrides_win_over_service_and_transport(compose_cfg):
@@ -103,10 +104,11 @@ def test_no_recipe_is_a_clear_error(compose_cfg):
 
 def test_layouts_come_from_env_specs_and_the_policy(compose_cfg):
     plan = build_plan(compose_cfg("+recipe=ppo", "recipe.num_envs=8", "env=pendulum"))
-    layouts = plan["inference"].layouts
+    layouts = {k: v.describe() for k, v in plan["inference"].layouts.items()}
     assert layouts["request"] == "observation [8, 3] float32"
     assert layouts["response"] == "action [8, 1] float32; policy_version [8] int64; sample_log_prob [8] float32"
-    assert plan.to_dict()["components"][3]["layouts"] == layouts
+    saved = plan.to_dict()["components"][3]["layouts"]["request"]["leaves"][0]
+    assert saved == {"key": ["observation"], "shape": [8, 3], "dtype": "torch.float32", "device": "cpu"}
 
 
 def test_recipe_constraints_fail_before_anything_starts(compose_cfg):

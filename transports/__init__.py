@@ -28,7 +28,7 @@ def __getattr__(name: str):
         from . import layout
 
         return getattr(layout, name)
-    if name in ("Transport", "DirectTransport"):
+    if name in ("Transport", "RequestReplyTransport"):
         from . import base
 
         return getattr(base, name)
@@ -37,7 +37,6 @@ def __getattr__(name: str):
 
 __all__ = [
     "ConfigurationError",
-    "DirectTransport",
     "IncompatibleCombinationError",
     "Layout",
     "LayoutError",
@@ -46,6 +45,7 @@ __all__ = [
     "PLACEMENTS",
     "PeerFailureError",
     "RemoteError",
+    "RequestReplyTransport",
     "Resolution",
     "ServiceError",
     "ServiceTimeoutError",

@@ -1,18 +1,24 @@
-"""The small base every payload transport implements.
+"""The small bases every payload transport implements.
 
-A transport connects clients to one owner. It is created by the owner side, hands out picklable client
-endpoints with :meth:`Transport.client`, and releases what it holds with :meth:`Transport.close`
-(idempotent). What travels, and how requests are answered, is the concern of the domain (inference,
-replay, ...) built on top; this base only fixes the lifecycle vocabulary and the introspection that plans
-and error messages use.
+A transport connects clients to one owner. It is created on the owner side, hands out client endpoints
+with :meth:`Transport.client`, and releases what it holds with :meth:`Transport.close` (idempotent).
+
+:class:`RequestReplyTransport` is the shape inference uses (and replay's commands later): clients
+``submit`` TensorDicts and get futures; the serving side, wherever it runs, ``collect`` s a batch of requests,
+then ``reply`` s with one output row per request or ``fail`` s the whole batch. The transport knows nothing
+of policies; batching policy (sizes, timeouts) belongs to the caller of ``collect``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from tensordict import TensorDictBase
+
 from .config import TransportConfig
+from .layout import Layout
 
 
 class Transport(ABC):
@@ -29,7 +35,7 @@ class Transport(ABC):
 
     @abstractmethod
     def client(self) -> Any:
-        """Return a new picklable client endpoint."""
+        """Return a new client endpoint."""
 
     def close(self) -> None:
         """Release every resource of the transport. Safe to call more than once."""
@@ -57,26 +63,85 @@ class Transport(ABC):
         self.close()
 
 
-class DirectTransport(Transport):
-    """In-process calls with no serialization boundary: the client is the owner's own callable.
+@dataclass
+class Batch:
+    """Requests collected for one serving pass.
 
-    Rules: the client must stay in the owner's process (pickling it copies the owner's state).
+    Attributes:
+        handles: opaque per-request handles, in collection order (each producer's requests keep their order).
+        requests: the request TensorDicts (dynamic-layout transports), or ``None``.
+        stacked: the requests already gathered into one TensorDict with a leading request dimension
+            (fixed-layout transports), or ``None``.
+        enqueued: ``time.monotonic()`` of each submission (for queue-wait statistics).
     """
 
-    kind = "direct"
+    handles: list
+    requests: list | None = None
+    stacked: TensorDictBase | None = None
+    enqueued: list = field(default_factory=list)
 
-    def __init__(self, target: Any = None) -> None:
-        super().__init__()
-        self._target = target
+    def __len__(self) -> int:
+        return len(self.handles)
 
-    def bind(self, target: Any) -> "DirectTransport":
-        self._target = target
-        return self
 
-    def client(self) -> Any:
-        if self._target is None:
-            raise RuntimeError("DirectTransport.client() called before the transport was bound to an owner")
-        return self._target
+class ServerEndpoint(ABC):
+    """The serving side of a request/reply transport; used in the process (and thread) that serves."""
 
-    def _close(self) -> None:
-        self._target = None
+    @abstractmethod
+    def collect(self, max_n: int, min_n: int, timeout: float, poll: float) -> Batch | None:
+        """Wait up to ``poll`` seconds for a first request, then gather up to ``max_n``; once one is there, wait
+        up to ``timeout`` seconds for ``min_n``. ``None`` when nothing came."""
+
+    @abstractmethod
+    def reply(self, batch: Batch, out: TensorDictBase) -> None:
+        """Answer every request of ``batch``; ``out[i]`` is the answer to request ``i``."""
+
+    @abstractmethod
+    def fail(self, batch: Batch, error: BaseException) -> None:
+        """Answer every request of ``batch`` with ``error`` (raised again at each call site)."""
+
+    def close(self, reason: str = "the server was shut down") -> None:
+        """Fail what is still pending with :class:`~transports.errors.PeerFailureError`; stop accepting."""
+
+
+class ResponseFuture(ABC):
+    """The answer to one submitted request. ``result()`` waits; a dead server raises
+    :class:`~transports.errors.PeerFailureError`, a deadline :class:`~transports.errors.ServiceTimeoutError`."""
+
+    @abstractmethod
+    def result(self, timeout: float | None = None) -> TensorDictBase: ...
+
+    @abstractmethod
+    def done(self) -> bool: ...
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        try:
+            self.result(timeout)
+        except BaseException as exc:  # noqa: BLE001 - reported, not handled
+            return exc
+        return None
+
+
+class RequestReplyTransport(Transport):
+    """A transport that carries TensorDict requests to one server and answers back.
+
+    Attributes:
+        fixed_layout: whether requests and responses must match layouts bound at construction.
+        cross_process: whether the server may live in another process than the clients.
+    """
+
+    fixed_layout: ClassVar[bool] = False
+    cross_process: ClassVar[bool] = False
+    request_layout: Layout | None = None
+    response_layout: Layout | None = None
+
+    @abstractmethod
+    def server(self) -> ServerEndpoint:
+        """The serving endpoint; call it where the server runs (after the transport reached that process)."""
+
+    def mark_serving(self, pid: int) -> None:
+        """Tell clients a server (in process ``pid``) is answering."""
+
+    def mark_dead(self, *, stopped: bool) -> None:
+        """Tell clients nothing will answer any more (``stopped``: an orderly shutdown)."""
+

@@ -133,6 +133,22 @@ class Layout:
             result.set(key, value)
         return result
 
+    def validate_stacked(self, td: TensorDictBase, n: int) -> TensorDictBase:
+        """Like :meth:`validate` for ``n`` payloads stacked along a new leading dimension."""
+        if not isinstance(td, TensorDictBase):
+            raise LayoutError((), "a TensorDict", type(td).__name__)
+        out = TensorDict(batch_size=(n, *self.batch_size))
+        for leaf in self.leaves:
+            value = td.get(leaf.key, None)
+            if value is None:
+                raise LayoutError(leaf.key, leaf.describe(), "a missing key")
+            if not isinstance(value, torch.Tensor) or tuple(value.shape) != (n, *leaf.shape) or value.dtype != leaf.dtype:
+                got = (f"shape {list(value.shape)[1:]} dtype {_dtype_name(value.dtype)}"
+                       if isinstance(value, torch.Tensor) else type(value).__name__)
+                raise LayoutError(leaf.key, f"shape {list(leaf.shape)} dtype {_dtype_name(leaf.dtype)}", got)
+            out.set(leaf.key, value)
+        return out
+
     def zeros(self, *leading: int) -> TensorDict:
         """A zero TensorDict of this layout, with optional extra leading dimensions (a slot bank)."""
         td = TensorDict(batch_size=tuple(leading) + self.batch_size)

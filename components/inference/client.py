@@ -1,0 +1,97 @@
+"""Inference clients: ``InferenceClient`` (a callable TensorDict policy with ``submit``) and
+``PolicyClientModule`` (a TensorDict module over an owner, a transport or a client)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Sequence
+
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
+
+
+class InferenceClient:
+    """The restricted client of an inference server: ``client(td)`` and ``client.submit(td)``.
+
+    Picklable along the rules of its transport (``thread``/``direct``: within the owner's process; process
+    transports: as a ``Process`` argument). It has no lifecycle methods.
+
+    Args:
+        endpoint: a transport client endpoint.
+    """
+
+    def __init__(self, endpoint: Any):
+        self._endpoint = endpoint
+
+    def submit(self, td: TensorDictBase):
+        """Submit ``td``; returns a future whose ``result(timeout)`` is the response (outputs and ``policy_version``).
+
+        Raises:
+            LayoutError: a fixed-layout transport and ``td`` does not match (raised here, nothing is sent).
+            PeerFailureError: the server is not running.
+        """
+        return self._endpoint.submit(td)
+
+    def __call__(self, td: TensorDictBase, timeout: float | None = None) -> TensorDictBase:
+        """Run the policy on ``td`` and return ``td`` with the outputs and ``policy_version`` written in."""
+        response = self._endpoint.submit(td).result(timeout)
+        td.update(response)
+        return td
+
+
+class PolicyClientModule(TensorDictModuleBase):
+    """A TensorDict module that serves ``in_keys`` -> ``out_keys`` through an inference server.
+
+    Args:
+        source: an inference owner, a transport, or a client: owners and transports are reduced to their
+            restricted client here, so pickling the module never carries lifecycle.
+        in_keys: keys sent to the server.
+        out_keys: keys written back (``policy_version`` is a good one to keep).
+        max_inflight: most requests this module keeps in flight at once (``None``: unbounded).
+
+    Example:
+        >>> policy = PolicyClientModule(server, in_keys=["observation"], out_keys=["action", "policy_version"])
+        >>> td = policy(TensorDict({"observation": obs}, [8]))
+    """
+
+    def __init__(self, source: Any, in_keys: Sequence = ("observation",), out_keys: Sequence = ("action",),
+                 max_inflight: int | None = None):
+        super().__init__()
+        self.in_keys = list(in_keys)
+        self.out_keys = list(out_keys)
+        self.client = _reduce_to_client(source)
+        self.max_inflight = max_inflight
+        self._slots = threading.BoundedSemaphore(max_inflight) if max_inflight else None
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_slots"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._slots = threading.BoundedSemaphore(self.max_inflight) if self.max_inflight else None
+
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
+        request = td.select(*self.in_keys)
+        if self._slots is not None:
+            with self._slots:
+                response = self.client.submit(request).result()
+        else:
+            response = self.client.submit(request).result()
+        td.update(response.select(*self.out_keys, strict=False))
+        return td
+
+
+def _reduce_to_client(source: Any) -> Any:
+    from transports.base import Transport
+
+    from ..service import Owner
+
+    if isinstance(source, Owner):
+        return source.client()
+    if isinstance(source, Transport):
+        return InferenceClient(source.client())
+    if hasattr(source, "submit"):
+        return source
+    raise TypeError(f"PolicyClientModule needs an inference owner, transport or client, got {type(source).__name__}")

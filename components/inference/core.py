@@ -1,0 +1,187 @@
+"""The serving loop: drain, top up, collate, one forward, stamp ``policy_version``, split, answer.
+
+One ``ServingCore`` runs wherever the server lives (a thread of the owner's process, or the main thread of a
+child process) over any request/reply transport's server endpoint. A batch that fails fails only its own
+callers (with the remote error); weight updates are applied between batches.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any, Callable, Mapping
+
+import torch
+from tensordict import TensorDictBase
+
+from transports.base import Batch, ServerEndpoint
+from transports.errors import RemoteError
+
+from .config import InferenceDeviceConfig, InferenceServerConfig
+
+POLL = 0.05
+"""Seconds the loop waits for a first request before it checks for stop and weight updates."""
+
+
+def default_collate(requests: list[TensorDictBase]) -> TensorDictBase:
+    return torch.stack(requests, dim=0)
+
+
+def copy_weights(policy: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy ``state`` into ``policy`` in place (storage kept, so views and captured graphs stay valid)."""
+    with torch.no_grad():
+        own = policy.state_dict()
+        missing = set(own) - set(state)
+        if missing:
+            raise ValueError(f"weight update lacks parameters {sorted(missing)!r}")
+        for name, tensor in own.items():
+            tensor.copy_(state[name])
+
+
+class Stats:
+    """Batch sizes, queue waits and forward times over the last ``window`` batches."""
+
+    def __init__(self, window: int):
+        self.sizes: collections.deque = collections.deque(maxlen=window)
+        self.waits: collections.deque = collections.deque(maxlen=window * 4)
+        self.forwards: collections.deque = collections.deque(maxlen=window)
+        self.batches = 0
+        self.requests = 0
+        self.lock = threading.Lock()
+
+    def record(self, batch: Batch, started: float, forward: float) -> None:
+        with self.lock:
+            self.batches += 1
+            self.requests += len(batch)
+            self.sizes.append(len(batch))
+            self.waits.extend(max(0.0, started - t) for t in batch.enqueued)
+            self.forwards.append(forward)
+
+    def snapshot(self) -> dict:
+        with self.lock:
+            sizes, waits, forwards = list(self.sizes), list(self.waits), list(self.forwards)
+            batches, requests = self.batches, self.requests
+        return {
+            "batches": batches,
+            "requests": requests,
+            "mean_batch_size": sum(sizes) / len(sizes) if sizes else 0.0,
+            "batch_size_histogram": dict(sorted(collections.Counter(sizes).items())),
+            "queue_wait_p50": _quantile(waits, 0.5),
+            "queue_wait_p95": _quantile(waits, 0.95),
+            "forward_p50": _quantile(forwards, 0.5),
+            "forward_p95": _quantile(forwards, 0.95),
+        }
+
+
+def _quantile(values: list, q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class ServingCore:
+    """Serves one policy over one server endpoint until ``stop`` is set.
+
+    Args:
+        policy: the TensorDict policy (already on ``device_config.policy_device``).
+        endpoint: the transport's server endpoint.
+        config: batching settings.
+        device_config: devices.
+        weight_sync: a weight-sync client polled between batches (or ``None``).
+        collate_fn: combines request TensorDicts into one batch (default: stack along a new dimension).
+    """
+
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        endpoint: ServerEndpoint,
+        config: InferenceServerConfig,
+        device_config: InferenceDeviceConfig,
+        weight_sync: Any = None,
+        collate_fn: Callable[[list], TensorDictBase] | None = None,
+    ):
+        self.policy = policy
+        self.endpoint = endpoint
+        self.config = config
+        self.device = torch.device(device_config.policy_device)
+        self.output_device = torch.device(device_config.output_device or "cpu")
+        self.weight_sync = weight_sync
+        self.collate = collate_fn or default_collate
+        self.version = 0
+        self.stats = Stats(config.stats_window)
+        self._updates: queue.SimpleQueue = queue.SimpleQueue()
+
+    # ------------------------------------------------------------------ weights
+    def request_update(self, state: Mapping[str, torch.Tensor], version: int | None) -> Future:
+        """Queue an update for the loop to apply between batches; the future holds the new version."""
+        done: Future = Future()
+        self._updates.put((state, version, done))
+        return done
+
+    def _apply_updates(self) -> None:
+        while True:
+            try:
+                state, version, done = self._updates.get_nowait()
+            except queue.Empty:
+                break
+            try:
+                copy_weights(self.policy, state)
+            except Exception as exc:  # noqa: BLE001 - raised again in the caller of update_weights
+                done.set_exception(exc)
+                continue
+            self.version = self.version + 1 if version is None else int(version)
+            done.set_result(self.version)
+        if self.weight_sync is not None:
+            update = self.weight_sync.poll(self.version, into=self.policy)
+            if update is not None:
+                self.version = update
+
+    # ------------------------------------------------------------------ serving
+    def run(self, stop: threading.Event) -> None:
+        cfg = self.config
+        try:
+            while not stop.is_set():
+                self._apply_updates()
+                batch = self.endpoint.collect(cfg.max_batch_size, cfg.min_batch_size, cfg.timeout, POLL)
+                if batch is not None:
+                    self.serve(batch)
+        finally:
+            self._apply_updates()  # release anyone waiting on an update
+            self.endpoint.close("the server was shut down")
+
+    def serve(self, batch: Batch) -> None:
+        started = time.monotonic()
+        if batch.stacked is not None:
+            self._forward(batch, batch.stacked)
+        else:
+            try:
+                td = self.collate(batch.requests)
+            except Exception:  # mismatched requests: serve each alone so only the bad ones fail
+                for i in range(len(batch)):
+                    single = Batch([batch.handles[i]], [batch.requests[i]], enqueued=[batch.enqueued[i]])
+                    try:
+                        self._forward(single, self.collate(single.requests))
+                    except Exception as exc:  # noqa: BLE001 - the caller gets it
+                        self.endpoint.fail(single, RemoteError.from_exception(exc))
+                return
+            self._forward(batch, td)
+        if self.config.collect_stats:
+            self.stats.record(batch, started, time.monotonic() - started)
+
+    @torch.no_grad()
+    def _forward(self, batch: Batch, td: TensorDictBase) -> None:
+        try:
+            keys_in = set(td.keys(True, True))
+            out = self.policy(td.to(self.device) if td.device != self.device else td)
+            out = out.exclude(*keys_in) if keys_in else out
+            out.set("policy_version", torch.full(out.batch_size, self.version, dtype=torch.long, device=out.device))
+            if out.device != self.output_device:
+                out = out.to(self.output_device)
+        except Exception as exc:  # noqa: BLE001 - a failing batch fails only its callers
+            self.endpoint.fail(batch, RemoteError.from_exception(exc))
+            return
+        self.endpoint.reply(batch, out)

@@ -1,0 +1,62 @@
+"""Pieces shared by the in-process transports (``thread``, ``direct``): a process-local registry so their
+clients survive pickling inside the owner's process, a status flag, and a future over
+:class:`concurrent.futures.Future`."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import os
+import threading
+import weakref
+
+from .base import ResponseFuture
+from .errors import PeerFailureError, ServiceTimeoutError
+
+_REGISTRY: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
+_tokens = itertools.count(1)
+
+
+def register(transport) -> tuple[int, int]:
+    """Register an in-process transport; returns the (pid, token) its clients pickle as."""
+    token = next(_tokens)
+    _REGISTRY[token] = transport
+    return os.getpid(), token
+
+
+def lookup(pid: int, token: int, kind: str):
+    """The transport a client was pickled from; raises if it is gone or in another process."""
+    transport = _REGISTRY.get(token) if pid == os.getpid() else None
+    if transport is None:
+        raise PeerFailureError(
+            f"a {kind!r} transport client works only inside the process of its owner (pid {pid}) while the owner "
+            "runs; use a process transport (queue, shared_memory, process_slot) to reach it from elsewhere"
+        )
+    return transport
+
+
+class LocalStatus:
+    """Whether the in-process server accepts requests, and why not."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.reason: str | None = "the server has not started"
+
+    def problem(self) -> str | None:
+        return self.reason
+
+
+class LocalFuture(ResponseFuture):
+    """A :class:`concurrent.futures.Future` with our timeout and failure types."""
+
+    def __init__(self) -> None:
+        self.future: concurrent.futures.Future = concurrent.futures.Future()
+
+    def result(self, timeout: float | None = None):
+        try:
+            return self.future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise ServiceTimeoutError(f"no answer within {timeout} s (the server is alive)") from None
+
+    def done(self) -> bool:
+        return self.future.done()

@@ -1,0 +1,297 @@
+"""Slot banks in shared memory with semaphore doorbells: the mechanism under ``shared_memory`` and
+``process_slot``.
+
+Requests and responses live in two :class:`~transports._shared.SlotBank` s (fixed layouts, tensors only);
+only slot states and semaphore posts move between processes. A control block holds per slot its state,
+its submission time and room for an error text (errors travel as text, never pickled).
+
+Slot states: FREE -> CLAIMED (a client holds it) -> READY (request written, server notified) -> SERVING
+(gathered into a batch) -> ANSWERED / FAILED (response written, client notified) -> FREE.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import time
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+
+from ._shared import PeerStatus, Segment, SlotBank, wait_for
+from .base import Batch, RequestReplyTransport, ResponseFuture, ServerEndpoint
+from .config import TransportConfig
+from .errors import ConfigurationError, LayoutError, PeerFailureError, RemoteError
+from .layout import Layout
+
+FREE, CLAIMED, READY, SERVING, ANSWERED, FAILED = range(6)
+ERROR_BYTES = 8192
+
+
+class _Control:
+    """Per-slot state (int64), submission time (float64) and error text, in one shared segment."""
+
+    def __init__(self, num_slots: int, segment: Segment | None = None):
+        self.num_slots = num_slots
+        self.segment = segment or Segment(num_slots * (16 + ERROR_BYTES))
+        buf = self.segment.buf
+        self.state = np.frombuffer(buf, dtype=np.int64, count=num_slots)
+        self.enqueued = np.frombuffer(buf, dtype=np.float64, count=num_slots, offset=8 * num_slots)
+        self.errors = np.frombuffer(buf, dtype=np.uint8, count=num_slots * ERROR_BYTES, offset=16 * num_slots).reshape(
+            num_slots, ERROR_BYTES
+        )
+
+    def __reduce__(self):
+        return (_Control, (self.num_slots, self.segment))
+
+    def write_error(self, slot: int, error: BaseException) -> None:
+        if isinstance(error, LayoutError):
+            record = {"layout": [list(error.key), error.expected, error.got]}
+        elif isinstance(error, PeerFailureError):
+            record = {"peer": str(error)}
+        else:
+            remote = error if isinstance(error, RemoteError) else RemoteError.from_exception(error)
+            record = {"remote": [remote.remote_type, remote.remote_message, remote.remote_traceback]}
+        data = json.dumps(record).encode()
+        if len(data) > ERROR_BYTES - 8:  # keep the head of a huge traceback, and valid JSON
+            remote = record.get("remote")
+            if remote:
+                remote[2] = remote[2][-(ERROR_BYTES // 2) :]
+            data = json.dumps(record).encode()[: ERROR_BYTES - 8]
+        self.errors[slot, :8] = np.frombuffer(len(data).to_bytes(8, "little"), dtype=np.uint8)
+        self.errors[slot, 8 : 8 + len(data)] = np.frombuffer(data, dtype=np.uint8)
+
+    def read_error(self, slot: int) -> BaseException:
+        n = int.from_bytes(self.errors[slot, :8].tobytes(), "little")
+        try:
+            record = json.loads(self.errors[slot, 8 : 8 + n].tobytes())
+        except ValueError:
+            return RemoteError("unknown", "the server's error text was cut off")
+        if "layout" in record:
+            key, expected, got = record["layout"]
+            return LayoutError(tuple(key), expected, got)
+        if "peer" in record:
+            return PeerFailureError(record["peer"])
+        return RemoteError(*record["remote"])
+
+    def close(self) -> None:
+        self.state = self.enqueued = self.errors = None
+        self.segment.close()
+
+
+class SlotTransport(RequestReplyTransport):
+    """Base of the fixed-layout slot transports.
+
+    Args:
+        request_layout: layout of one request (a :class:`Layout` or a representative TensorDict).
+        response_layout: layout of one response.
+        num_slots: requests in flight at most.
+        context: multiprocessing start method of the processes involved.
+    """
+
+    fixed_layout = True
+    cross_process = True
+
+    def __init__(self, request_layout, response_layout, num_slots: int, context: str = "spawn"):
+        super().__init__()
+        if request_layout is None or response_layout is None:
+            raise ConfigurationError(
+                f"transport {self.kind!r} needs request and response layouts before the server starts",
+                path="transport_options",
+            )
+        if num_slots < 1:
+            raise ConfigurationError(f"num_slots must be >= 1, got {num_slots!r}", path="transport_options.num_slots")
+        self.request_layout = _as_layout(request_layout)
+        self.response_layout = _as_layout(response_layout)
+        _cpu_only(self.request_layout, "request")
+        _cpu_only(self.response_layout, "response")
+        ctx = mp.get_context(context)
+        self.num_slots, self.context = num_slots, context
+        self.requests = SlotBank(self.request_layout, num_slots)
+        self.responses = SlotBank(self.response_layout, num_slots)
+        self.control = _Control(num_slots)
+        self.doorbell = ctx.Semaphore(0)
+        self.answered = [ctx.Semaphore(0) for _ in range(num_slots)]
+        self.status = PeerStatus()
+
+    @property
+    def config(self) -> TransportConfig:
+        return TransportConfig(self.kind, {"num_slots": self.num_slots})
+
+    def server(self) -> "SlotServer":
+        return SlotServer(self)
+
+    def mark_serving(self, pid: int) -> None:
+        self.status.set_serving(pid)
+
+    def mark_dead(self, *, stopped: bool) -> None:
+        self.status.set_dead(stopped)
+        for sem in self.answered:  # wake every waiting client now; each then sees the status
+            sem.release()
+
+    def _close(self) -> None:
+        self.status.set_dead(stopped=True)
+        for part in (self.requests, self.responses, self.control, self.status):
+            part.close()
+
+    def _shared(self) -> dict:
+        return {
+            "request_layout": self.request_layout,
+            "requests": self.requests,
+            "responses": self.responses,
+            "control": self.control,
+            "doorbell": self.doorbell,
+            "answered": self.answered,
+            "status": self.status,
+        }
+
+
+def _as_layout(value) -> Layout:
+    return value if isinstance(value, Layout) else Layout.from_tensordict(value)
+
+
+def _cpu_only(layout: Layout, what: str) -> None:
+    for leaf in layout:
+        if leaf.device != "cpu":
+            raise ConfigurationError(
+                f"{what} layout key {'.'.join(leaf.key)!r} is on {leaf.device}: slot transports carry CPU tensors "
+                "(the server moves batches to the policy device)",
+                path="transport_options",
+            )
+
+
+class SlotClientBase:
+    """Shared client logic: write a request into a slot, ring the doorbell, wait for the slot's answer."""
+
+    def __init__(self, shared: dict):
+        self._shared = shared
+        self.request_layout: Layout = shared["request_layout"]
+        self.requests: SlotBank = shared["requests"]
+        self.responses: SlotBank = shared["responses"]
+        self.control: _Control = shared["control"]
+        self.doorbell = shared["doorbell"]
+        self.answered = shared["answered"]
+        self.status: PeerStatus = shared["status"]
+        self._req_views = [(leaf.key, self.requests.slots.get(leaf.key)) for leaf in self.request_layout]
+
+    def __getstate__(self):
+        return self._shared
+
+    def __setstate__(self, shared):
+        self.__init__(shared)
+
+    def _write(self, slot: int, td: TensorDictBase) -> None:
+        for key, bank in self._req_views:
+            bank[slot].copy_(td.get(key))
+        self.control.enqueued[slot] = time.monotonic()
+        self.control.state[slot] = READY
+        self.doorbell.release()
+
+    def _validate(self, td: TensorDictBase) -> TensorDictBase:
+        problem = self.status.problem()
+        if problem is not None:
+            raise PeerFailureError(problem)
+        return self.request_layout.validate(td)
+
+    def _release(self, slot: int) -> None:
+        """Give the slot back once its answer was read."""
+
+
+class SlotFuture(ResponseFuture):
+    def __init__(self, client: SlotClientBase, slot: int):
+        self.client, self.slot = client, slot
+        self._outcome = None
+
+    def _poll(self, step: float) -> bool:
+        if self._outcome is not None:
+            return True
+        c, slot = self.client, self.slot
+        woken = c.answered[slot].acquire(timeout=step) if step > 0 else c.answered[slot].acquire(False)
+        if not woken:
+            return False
+        state = c.control.state[slot]
+        if state == ANSWERED:
+            self._outcome = (True, c.responses.slots[slot].clone())
+        elif state == FAILED:
+            self._outcome = (False, c.control.read_error(slot))
+        else:  # woken by mark_dead: the status check in wait_for reports it
+            return False
+        c._release(slot)
+        return True
+
+    def done(self) -> bool:
+        return self._poll(0.0)
+
+    def result(self, timeout: float | None = None):
+        wait_for(self._poll, self.client.status, timeout, "request")
+        ok, value = self._outcome
+        if ok:
+            return value
+        raise value
+
+
+class SlotServer(ServerEndpoint):
+    """Sweeps READY slots in submission order; gathers them in one pass and scatters answers in one pass."""
+
+    def __init__(self, transport: SlotTransport):
+        shared = transport._shared() if isinstance(transport, SlotTransport) else transport
+        self.requests: SlotBank = shared["requests"]
+        self.responses: SlotBank = shared["responses"]
+        self.control: _Control = shared["control"]
+        self.doorbell = shared["doorbell"]
+        self.answered = shared["answered"]
+        self.response_layout: Layout = self.responses.layout
+
+    def _ready(self) -> np.ndarray:
+        ready = np.flatnonzero(self.control.state == READY)
+        if len(ready) > 1:
+            ready = ready[np.argsort(self.control.enqueued[ready], kind="stable")]
+        return ready
+
+    def collect(self, max_n: int, min_n: int, timeout: float, poll: float) -> Batch | None:
+        if not self.doorbell.acquire(timeout=poll):
+            return None
+        while self.doorbell.acquire(False):  # one sweep answers every ring so far
+            pass
+        ready = self._ready()
+        if len(ready) < min_n:
+            deadline = time.monotonic() + timeout
+            while len(ready) < min_n and self.doorbell.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                ready = self._ready()
+        if len(ready) == 0:
+            return None
+        ready = ready[:max_n]
+        if len(ready) < len(self._ready()):
+            self.doorbell.release()  # more are waiting: come straight back
+        self.control.state[ready] = SERVING
+        index = torch.from_numpy(ready)
+        stacked = self.requests.slots[index]
+        return Batch(handles=ready.tolist(), stacked=stacked, enqueued=self.control.enqueued[ready].tolist())
+
+    def reply(self, batch: Batch, out: TensorDictBase) -> None:
+        try:
+            out = self.response_layout.validate_stacked(out, len(batch))
+        except LayoutError as exc:
+            self.fail(batch, exc)
+            return
+        index = torch.as_tensor(batch.handles)
+        for leaf in self.response_layout:
+            self.responses.slots.get(leaf.key).index_copy_(0, index, out.get(leaf.key))
+        self.control.state[batch.handles] = ANSWERED
+        for slot in batch.handles:
+            self.answered[slot].release()
+
+    def fail(self, batch: Batch, error: BaseException) -> None:
+        for slot in batch.handles:
+            self.control.write_error(slot, error)
+        self.control.state[batch.handles] = FAILED
+        for slot in batch.handles:
+            self.answered[slot].release()
+
+    def close(self, reason: str = "the server was shut down") -> None:
+        waiting = np.flatnonzero((self.control.state == READY) | (self.control.state == SERVING))
+        if len(waiting):
+            self.fail(Batch(handles=waiting.tolist()), PeerFailureError(reason))
+
+

@@ -1,0 +1,63 @@
+"""``process_slot``: one fixed shared-memory slot per worker process, a doorbell, batched sweeps.
+
+Rules: fixed layouts (CPU tensors only); each client endpoint owns one slot and carries one request at a
+time (read the answer before submitting again), which fits one synchronous acting loop per environment
+worker. Create one client per worker in the owner's process and pass it as a ``Process`` argument. The
+server gathers every ready slot in one pass and scatters the answers in one pass.
+"""
+
+from __future__ import annotations
+
+from tensordict import TensorDictBase
+
+from ._slots import FREE, SlotClientBase, SlotFuture, SlotTransport
+from .errors import TransportError
+
+
+class ProcessSlotTransport(SlotTransport):
+    """Fixed-layout request/reply with a dedicated slot per client.
+
+    Args:
+        request_layout: layout of one request (a :class:`~transports.layout.Layout` or a representative TensorDict).
+        response_layout: layout of one response.
+        num_slots: client endpoints (workers) this transport can hand out.
+        context: multiprocessing start method of the processes involved.
+    """
+
+    kind = "process_slot"
+
+    def __init__(self, request_layout, response_layout, num_slots: int = 64, context: str = "spawn"):
+        super().__init__(request_layout, response_layout, num_slots, context)
+        self._next = 0
+
+    def client(self) -> "ProcessSlotClient":
+        if self._next >= self.num_slots:
+            raise TransportError(f"all {self.num_slots} process slots are taken; raise num_slots")
+        slot, self._next = self._next, self._next + 1
+        return ProcessSlotClient(self._shared(), slot)
+
+
+class ProcessSlotClient(SlotClientBase):
+    """Owns slot ``slot``: one request in flight at a time."""
+
+    def __init__(self, shared: dict, slot: int):
+        super().__init__(shared)
+        self.slot = slot
+
+    def __getstate__(self):
+        return (self._shared, self.slot)
+
+    def __setstate__(self, state):
+        self.__init__(*state)
+
+    def submit(self, td: TensorDictBase) -> SlotFuture:
+        td = self._validate(td)
+        if self.control.state[self.slot] != FREE:
+            raise TransportError(
+                f"process slot {self.slot} still holds a request: read the previous answer before submitting again"
+            )
+        self._write(self.slot, td)
+        return SlotFuture(self, self.slot)
+
+    def _release(self, slot: int) -> None:
+        self.control.state[slot] = FREE

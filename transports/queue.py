@@ -1,0 +1,220 @@
+"""``queue``: pickled TensorDicts over multiprocessing: one bounded request queue, one pipe back per client.
+
+Rules: create clients in the owner's process, before spawning the processes that use them, and hand them
+over as ``Process`` arguments (multiprocessing shares queues and pipes by inheritance only). Any picklable
+value may travel, non-tensor leaves included; layouts may change between calls. ``max_clients`` response
+pipes are made up front so clients can be created after the server started. ``max_queue_size`` bounds
+pending requests: producers block when it is full.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import pickle
+import queue as std_queue
+import threading
+import time
+
+from tensordict import TensorDictBase
+
+from ._shared import PeerStatus, wait_for
+from .base import Batch, RequestReplyTransport, ResponseFuture, ServerEndpoint
+from .config import TransportConfig
+from .errors import PeerFailureError, RemoteError, TransportError
+
+_OK, _ERR = 0, 1
+
+
+def compact(td: TensorDictBase) -> TensorDictBase:
+    """Copy only the leaves that view a larger storage: pickling a view would send the whole storage."""
+    if any(t.untyped_storage().nbytes() > t.nbytes for t in td.values(True, True) if hasattr(t, "untyped_storage")):
+        return td.clone()
+    return td
+
+
+class QueueTransport(RequestReplyTransport):
+    """Request/reply across processes with pickled payloads.
+
+    Args:
+        max_clients: client endpoints this transport can hand out.
+        max_queue_size: most pending requests before producers block.
+        context: multiprocessing start method of the processes involved.
+
+    Example:
+        >>> transport = QueueTransport(max_clients=8)
+        >>> clients = [transport.client() for _ in range(4)]   # before spawning workers
+    """
+
+    kind = "queue"
+    cross_process = True
+
+    def __init__(self, max_clients: int = 32, max_queue_size: int = 1024, context: str = "spawn"):
+        super().__init__()
+        ctx = mp.get_context(context)
+        self.max_clients, self.max_queue_size, self.context = max_clients, max_queue_size, context
+        self.requests = ctx.Queue(max_queue_size)
+        self.pipes = [ctx.Pipe(duplex=False) for _ in range(max_clients)]
+        self.status = PeerStatus()
+        self._next = 0
+
+    @property
+    def config(self) -> TransportConfig:
+        return TransportConfig(self.kind, {"max_clients": self.max_clients, "max_queue_size": self.max_queue_size})
+
+    def client(self) -> "QueueClient":
+        if self._next >= self.max_clients:
+            raise TransportError(f"all {self.max_clients} client endpoints are in use; raise max_clients")
+        index, self._next = self._next, self._next + 1
+        return QueueClient(index, self.requests, self.pipes[index][0], self.status)
+
+    def server(self) -> "QueueServer":
+        return QueueServer(self.requests, [w for _, w in self.pipes])
+
+    def mark_serving(self, pid: int) -> None:
+        self.status.set_serving(pid)
+
+    def mark_dead(self, *, stopped: bool) -> None:
+        self.status.set_dead(stopped)
+
+    def _close(self) -> None:
+        self.status.set_dead(stopped=True)
+        self.requests.close()
+        self.requests.cancel_join_thread()
+        for r, w in self.pipes:
+            r.close()
+            w.close()
+        self.status.close()
+
+
+class _QueueFuture(ResponseFuture):
+    def __init__(self, client: "QueueClient", request_id: int):
+        self.client, self.request_id = client, request_id
+
+    def done(self) -> bool:
+        return self.request_id in self.client._answers or self.client._receive(0.0, self.request_id)
+
+    def result(self, timeout: float | None = None):
+        c = self.client
+        wait_for(lambda step: c._receive(step, self.request_id), c.status, timeout, "inference request")
+        status, payload = c._answers.pop(self.request_id)
+        if status == _ERR:
+            raise payload
+        return payload
+
+
+class QueueClient:
+    """The client of a :class:`QueueTransport`: ``submit(td)`` returns a future; threads may share it."""
+
+    def __init__(self, index: int, requests, reader, status: PeerStatus):
+        self.index, self.requests, self.reader, self.status = index, requests, reader, status
+        self._ids = itertools.count()
+        self._answers: dict[int, tuple] = {}
+        self._cond = threading.Condition()
+        self._receiving = False
+
+    def __getstate__(self):
+        return {"index": self.index, "requests": self.requests, "reader": self.reader, "status": self.status}
+
+    def __setstate__(self, state):
+        self.__init__(**state)
+
+    def submit(self, td: TensorDictBase) -> _QueueFuture:
+        problem = self.status.problem()
+        if problem is not None:
+            raise PeerFailureError(problem)
+        request_id = next(self._ids)
+        payload = pickle.dumps(compact(td), protocol=pickle.HIGHEST_PROTOCOL)
+        item = (self.index, request_id, time.monotonic(), payload)
+        while True:
+            try:
+                self.requests.put(item, timeout=0.1)
+                break
+            except std_queue.Full:  # backpressure; but never wait on a dead server
+                problem = self.status.problem()
+                if problem is not None:
+                    raise PeerFailureError(problem) from None
+        return _QueueFuture(self, request_id)
+
+    def _receive(self, step: float, request_id: int) -> bool:
+        """Wait up to ``step`` s for answers (one thread reads the pipe at a time); True once ours is there."""
+        with self._cond:
+            if request_id in self._answers:
+                return True
+            if self._receiving:
+                self._cond.wait(step)
+                return request_id in self._answers
+            self._receiving = True
+        try:
+            if self.reader.poll(step):
+                while True:
+                    rid, status, payload = pickle.loads(self.reader.recv_bytes())
+                    with self._cond:
+                        self._answers[rid] = (status, payload)
+                    if not self.reader.poll(0):
+                        break
+        except (EOFError, OSError):
+            pass  # the peer check in wait_for turns this into a peer failure
+        finally:
+            with self._cond:
+                self._receiving = False
+                self._cond.notify_all()
+        return request_id in self._answers
+
+
+class QueueServer(ServerEndpoint):
+    def __init__(self, requests, writers):
+        self.requests, self.writers = requests, writers
+
+    def collect(self, max_n: int, min_n: int, timeout: float, poll: float) -> Batch | None:
+        try:
+            items = [self.requests.get(timeout=poll)]
+        except std_queue.Empty:
+            return None
+        deadline = time.monotonic() + timeout
+        while len(items) < max_n:
+            try:
+                items.append(self.requests.get_nowait())
+                continue
+            except std_queue.Empty:
+                pass
+            remaining = deadline - time.monotonic()
+            if len(items) >= min_n or remaining <= 0:
+                break
+            try:
+                items.append(self.requests.get(timeout=remaining))
+            except std_queue.Empty:
+                break
+        handles, requests, enqueued = [], [], []
+        for client, rid, t, payload in items:
+            handles.append((client, rid))
+            requests.append(pickle.loads(payload))
+            enqueued.append(t)
+        return Batch(handles=handles, requests=requests, enqueued=enqueued)
+
+    def _send(self, client: int, message: tuple) -> None:
+        try:
+            self.writers[client].send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        except (BrokenPipeError, OSError):
+            pass  # the client process is gone; nobody waits for this answer
+
+    def reply(self, batch: Batch, out: TensorDictBase) -> None:
+        for i, (client, rid) in enumerate(batch.handles):
+            self._send(client, (rid, _OK, compact(out[i])))
+
+    def fail(self, batch: Batch, error: BaseException) -> None:
+        if not isinstance(error, (RemoteError, TransportError)):
+            error = RemoteError.from_exception(error)
+        for client, rid in batch.handles:
+            self._send(client, (rid, _ERR, error))
+
+    def close(self, reason: str = "the server was shut down") -> None:
+        # Requests still queued get a clear answer instead of waiting for the peer check.
+        while True:
+            try:
+                client, rid, _, _ = self.requests.get_nowait()
+            except (std_queue.Empty, OSError, ValueError):
+                return
+            self._send(client, (rid, _ERR, PeerFailureError(reason)))
+
+

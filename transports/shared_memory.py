@@ -1,0 +1,61 @@
+"""``shared_memory``: preallocated request/response slots in shared memory; only slot states move.
+
+Rules: fixed layouts (CPU tensors only, declared up front; extra keys are not sent, a missing key or a wrong
+shape or dtype raises :class:`~transports.errors.LayoutError` in the caller). Any client may use any free
+slot; ``num_slots`` bounds the requests in flight and so gives backpressure. Clients travel to worker
+processes as ``Process`` arguments (they hold multiprocessing semaphores). Read every future you submit:
+its slot is free again only once its answer is read.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import numpy as np
+from tensordict import TensorDictBase
+
+from ._shared import wait_for
+from ._slots import CLAIMED, FREE, SlotClientBase, SlotFuture, SlotTransport
+
+
+class SharedMemoryTransport(SlotTransport):
+    """Fixed-layout request/reply over a shared-memory slot bank.
+
+    Args:
+        request_layout: layout of one request (a :class:`~transports.layout.Layout` or a representative TensorDict).
+        response_layout: layout of one response.
+        num_slots: requests in flight at most, over all clients.
+        context: multiprocessing start method of the processes involved.
+    """
+
+    kind = "shared_memory"
+
+    def __init__(self, request_layout, response_layout, num_slots: int = 64, context: str = "spawn"):
+        super().__init__(request_layout, response_layout, num_slots, context)
+        ctx = mp.get_context(context)
+        self.free = ctx.Semaphore(num_slots)
+        self.claim_lock = ctx.Lock()
+
+    def client(self) -> "SharedMemoryClient":
+        return SharedMemoryClient({**self._shared(), "free": self.free, "claim_lock": self.claim_lock})
+
+
+class SharedMemoryClient(SlotClientBase):
+    """Claims a free slot per request; many requests may be in flight."""
+
+    def __init__(self, shared: dict):
+        super().__init__(shared)
+        self.free, self.claim_lock = shared["free"], shared["claim_lock"]
+
+    def submit(self, td: TensorDictBase) -> SlotFuture:
+        td = self._validate(td)
+        wait_for(lambda step: self.free.acquire(timeout=step), self.status, None, "waiting for a free slot")
+        with self.claim_lock:
+            slot = int(np.flatnonzero(self.control.state == FREE)[0])
+            self.control.state[slot] = CLAIMED
+        self._write(slot, td)
+        return SlotFuture(self, slot)
+
+    def _release(self, slot: int) -> None:
+        self.control.state[slot] = FREE
+        self.free.release()
