@@ -93,14 +93,14 @@ def _cells() -> dict[tuple[str, str], Cell]:
         Cell("inference", "distributed", {"distributed": N}, _DIST),
         # replay: extend / sample / priority updates
         Cell("replay", "direct", {"direct": S}, _DIRECT),
-        Cell("replay", "thread", {"thread": N}, _THREAD),
-        Cell("replay", "process", {"queue": N, "shared_memory": N, "distributed": N}, _process_replay),
+        Cell("replay", "thread", {"thread": S}, _THREAD),
+        Cell("replay", "process", {"queue": S, "shared_memory": S, "distributed": N}, _process_replay),
         Cell("replay", "ray", {"ray": N, "distributed": N}, _RAY),
         Cell("replay", "distributed", {"distributed": N}, _DIST),
         # logger: acknowledged commands, possibly carrying videos
         Cell("logger", "direct", {"direct": S}, _DIRECT),
-        Cell("logger", "thread", {"thread": N}, _THREAD),
-        Cell("logger", "process", {"queue": N}, _fixed("queue", "commands and videos of any shape: pickled over queues")),
+        Cell("logger", "thread", {"thread": S}, _THREAD),
+        Cell("logger", "process", {"queue": S}, _fixed("queue", "commands and videos of any shape: pickled over queues")),
         Cell("logger", "ray", {"ray": N}, _RAY),
         Cell("logger", "distributed", {"distributed": N}, _fixed("distributed", "rank-0 logger; commands as text over gloo")),
         # collectors take no transport: policy calls and replay writes use those endpoints' transports

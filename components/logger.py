@@ -1,13 +1,15 @@
-"""The logger service: scalars, metric dicts and hyperparameters, acknowledged.
+"""The logger service: scalars, metric dicts, hyperparameters and videos, acknowledged.
 
 ``Logger`` is the owner base; concrete loggers build their SDK in :meth:`Logger._open` (called where the
-owner lives) and implement ``_write_scalar``. Every call returns after the concrete method ran and raises
-its exception at the call site. Shutdown flushes and closes, also on error paths.
+owner lives: this process for ``direct``, a thread for ``thread``, a child process for ``process``) and
+implement ``_write_scalar``. Every call returns after the concrete method ran, returns its value, and raises
+its exception at the call site. Shutdown flushes and closes, also on error paths and after Ctrl-C.
 """
 
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 import os
@@ -15,9 +17,14 @@ import threading
 import time
 from typing import Any, Mapping
 
+import torch
+
 from transports.errors import ConfigurationError
 
+from .hosting import Allowed, CommandClient, Host
 from .service import Owner
+
+CLIENT_OPERATIONS = frozenset({"log_scalar", "log_metrics", "log_hparams", "log_video", "flush"})
 
 
 def _as_float(name: str, value: Any) -> float:
@@ -25,6 +32,51 @@ def _as_float(name: str, value: Any) -> float:
         return float(value.item() if hasattr(value, "item") else value)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"log value for {name!r} must be a number or a one-element tensor, got {value!r}") from exc
+
+
+def hosted(method):
+    """Route a logging call on a thread- or process-placed owner through the owner's own client."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if self._remote is not None:
+            return getattr(self._remote, name)(*args, **kwargs)
+        return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+def video_frames(video: torch.Tensor) -> torch.Tensor:
+    """Check a uint8 ``T x C x H x W`` video (or ``N x T x C x H x W``, laid out as a grid); return ``T x H x W x C``.
+
+    Raises:
+        TypeError: not a uint8 tensor of 4 or 5 dimensions.
+    """
+    if not isinstance(video, torch.Tensor) or video.dtype != torch.uint8 or video.dim() not in (4, 5):
+        got = f"{video.dtype} {list(video.shape)}" if isinstance(video, torch.Tensor) else type(video).__name__
+        raise TypeError(f"log_video needs a uint8 tensor T x C x H x W or N x T x C x H x W, got {got}")
+    video = video.detach().cpu()
+    if video.dim() == 5:  # N videos side by side: a grid with ceil(sqrt(N)) columns
+        n, t, c, h, w = video.shape
+        cols = math.ceil(math.sqrt(n))
+        rows = math.ceil(n / cols)
+        grid = torch.zeros((t, c, rows * h, cols * w), dtype=torch.uint8)
+        for i in range(n):
+            r, q = divmod(i, cols)
+            grid[:, :, r * h : (r + 1) * h, q * w : (q + 1) * w] = video[i]
+        video = grid
+    return video.permute(0, 2, 3, 1).contiguous()
+
+
+def write_gif(frames: torch.Tensor, path: str, fps: int) -> str:
+    """Write ``T x H x W x C`` uint8 frames (C = 1 or 3) as an animated GIF; return the path."""
+    from PIL import Image
+
+    images = [Image.fromarray(f.squeeze(-1).numpy() if f.shape[-1] == 1 else f.numpy()) for f in frames]
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    images[0].save(path, save_all=True, append_images=images[1:], duration=max(1, int(1000 / fps)), loop=0)
+    return path
 
 
 class Logger(Owner["Logger"]):
@@ -38,19 +90,40 @@ class Logger(Owner["Logger"]):
 
     component = "logger"
 
-    def __init__(self, log_dir: str = ".", *, placement: str | None = None, transport=None):
+    def __init__(self, log_dir: str = ".", *, placement: str | None = None, transport=None, **options: Any):
         super().__init__(placement=placement, transport=transport)
         self.log_dir = log_dir
+        self._options = {"log_dir": log_dir, **options}
         self._lock = threading.Lock()
+        self._remote = None
+        self._host: Host | None = None
 
     def _start(self) -> None:
+        if self.placement != "direct":
+            twin = functools.partial(type(self), **self._options, placement="direct", transport="direct")
+            self._host = Host("logger", twin, self.placement, Allowed(CLIENT_OPERATIONS, prefixes=("log_",)))
+            self._host.start()
+            self._remote = self._client()
+            return
         os.makedirs(self.log_dir, exist_ok=True)
         self._open()
 
     def _shutdown(self, timeout: float | None) -> None:
+        if self._host is not None:
+            self._host.stop(timeout)  # the twin flushes and closes in its own shutdown
+            self._host = None
+            self._remote = None
+            return
         self._close()
 
+    def _alive(self) -> bool:
+        return self._host is None or self._host.is_alive
+
+    def _client(self) -> "LoggerClient":
+        return LoggerClient(self._host.endpoint())
+
     # ------------------------------------------------------------------ domain operations
+    @hosted
     def log_scalar(self, name: str, value: Any, step: int | None = None) -> None:
         """Log one scalar; returns once it is written."""
         self._require_running()
@@ -58,6 +131,7 @@ class Logger(Owner["Logger"]):
         with self._lock:
             self._write_scalar(name, v, step)
 
+    @hosted
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         """Log several scalars at one step."""
         self._require_running()
@@ -66,6 +140,7 @@ class Logger(Owner["Logger"]):
             for k, v in values.items():
                 self._write_scalar(k, v, step)
 
+    @hosted
     def log_hparams(self, hparams: Mapping[str, Any]) -> None:
         """Record hyperparameters (numbers, strings and booleans; other values as their ``repr``)."""
         self._require_running()
@@ -73,6 +148,18 @@ class Logger(Owner["Logger"]):
         with self._lock:
             self._write_hparams(clean)
 
+    @hosted
+    def log_video(self, name: str, video: torch.Tensor, step: int | None = None, fps: int = 30) -> str:
+        """Write a uint8 ``T x C x H x W`` video (``N x T x C x H x W``: a grid); returns the artifact's path
+        once it is written. CUDA tensors are moved to CPU."""
+        self._require_running()
+        frames = video_frames(video)
+        safe = name.replace("/", "_")
+        path = os.path.join(self.log_dir, "videos", f"{safe}_{0 if step is None else int(step)}.gif")
+        with self._lock:
+            return write_gif(frames, path, fps)
+
+    @hosted
     def flush(self) -> None:
         """Push buffered values to disk."""
         self._require_running()
@@ -96,8 +183,41 @@ class Logger(Owner["Logger"]):
         pass
 
 
+class LoggerClient(CommandClient):
+    """The client of a thread- or process-placed logger: every ``log_*`` method of the concrete logger,
+    acknowledged, with its return value."""
+
+    def log_scalar(self, name: str, value: Any, step: int | None = None) -> None:
+        return self._call("log_scalar", name, _as_float(name, value), step)
+
+    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        return self._call("log_metrics", {k: _as_float(k, v) for k, v in metrics.items()}, step)
+
+    def log_hparams(self, hparams: Mapping[str, Any]) -> None:
+        return self._call("log_hparams", dict(hparams))
+
+    def log_video(self, name: str, video: torch.Tensor, step: int | None = None, fps: int = 30) -> str:
+        video_frames(video)  # a wrong video fails here, before it travels
+        return self._call("log_video", name, video.detach().cpu(), step, fps)
+
+    def flush(self) -> None:
+        return self._call("flush")
+
+    def __getattr__(self, name: str):
+        if name.startswith("log_"):
+            return functools.partial(self._call, name)
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+    def __getstate__(self):
+        return {"_endpoint": self._endpoint}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+
 class CSVLogger(Logger):
-    """Scalars to ``<log_dir>/metrics.csv`` (columns: tag, step, value, wall_time), hparams to ``hparams.json``.
+    """Scalars to ``<log_dir>/metrics.csv`` (columns: tag, step, value, wall_time), hparams to ``hparams.json``,
+    videos to ``<log_dir>/videos/*.gif``.
 
     Args:
         log_dir: output directory.
@@ -109,7 +229,7 @@ class CSVLogger(Logger):
     def __init__(self, log_dir: str = ".", flush_every: int = 100, *, placement: str | None = None, transport=None):
         if flush_every < 1:
             raise ConfigurationError(f"flush_every must be >= 1, got {flush_every!r}", path="logger.flush_every")
-        super().__init__(log_dir, placement=placement, transport=transport)
+        super().__init__(log_dir, placement=placement, transport=transport, flush_every=flush_every)
         self.flush_every = flush_every
         self._file = None
         self._writer = None
@@ -133,7 +253,8 @@ class CSVLogger(Logger):
             self._file = None
 
     def _write_scalar(self, name: str, value: float, step: int | None) -> None:
-        self._writer.writerow([name, "" if step is None else int(step), repr(value) if math.isfinite(value) else str(value), f"{time.time():.3f}"])
+        self._writer.writerow([name, "" if step is None else int(step), repr(value) if math.isfinite(value) else str(value),
+                               f"{time.time():.3f}"])
         self._pending += 1
         if self._pending >= self.flush_every:
             self._flush()
@@ -149,7 +270,8 @@ class CSVLogger(Logger):
 
 
 class TensorBoardLogger(Logger):
-    """Scalars and hparams to TensorBoard event files in ``log_dir`` (needs the ``tensorboard`` extra).
+    """Scalars and hparams to TensorBoard event files in ``log_dir`` (needs the ``tensorboard`` extra);
+    videos to ``<log_dir>/videos/*.gif``.
 
     Args:
         log_dir: output directory of the event files.
@@ -186,3 +308,38 @@ class TensorBoardLogger(Logger):
 
     def _flush(self) -> None:
         self._writer.flush()
+
+
+class VideoRecorder:
+    """Collects environment frames and logs them as one video.
+
+    Args:
+        logger: a logger owner (its client is used) or a logger client.
+        tag: the video's name.
+        fps: frames per second of the written video.
+
+    Example:
+        >>> recorder = VideoRecorder(logger_owner, tag="eval/video", fps=30)
+        >>> recorder.record(env.render())          # H x W x C uint8, or N x H x W x C for vector envs
+        >>> path = recorder.flush(step=1000)
+    """
+
+    def __init__(self, logger: Any, tag: str, fps: int = 30):
+        self.logger = logger.client() if isinstance(logger, Owner) else logger
+        self.tag, self.fps = tag, fps
+        self.frames: list[torch.Tensor] = []
+
+    def record(self, frame) -> None:
+        frame = torch.as_tensor(frame)
+        if frame.dtype != torch.uint8 or frame.dim() not in (3, 4):
+            raise TypeError(f"frames must be uint8 H x W x C (or N x H x W x C), got {frame.dtype} {list(frame.shape)}")
+        self.frames.append(frame)
+
+    def flush(self, step: int | None = None) -> str | None:
+        """Log the recorded frames as a video (a grid for vector envs) and start afresh; returns the artifact path."""
+        if not self.frames:
+            return None
+        video = torch.stack(self.frames)  # T x H x W x C or T x N x H x W x C
+        video = video.permute(0, 3, 1, 2) if video.dim() == 4 else video.permute(1, 0, 4, 2, 3)
+        self.frames = []
+        return self.logger.log_video(self.tag, video.contiguous(), step=step, fps=self.fps)

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from transports import _local
 from transports.errors import ConfigurationError, LayoutError
 
 from .service import Owner
@@ -69,6 +70,7 @@ class WeightSync(Owner["WeightSync"]):
         self._latest: dict[str, torch.Tensor] | None = None
         self._lock = threading.Lock()
         self._shared: SharedWeights | None = None
+        self._local_id = _local.register(self)
 
     def _start(self) -> None:
         if self.placement == "process":
@@ -78,10 +80,12 @@ class WeightSync(Owner["WeightSync"]):
         with self._lock:
             self._latest = None
         if self._shared is not None:
-            self._shared.close()
+            self._shared._release()
 
-    def _client(self) -> "SharedWeights":
-        return self._shared.attached()
+    def _client(self):
+        if self._shared is not None:
+            return self._shared.attached()
+        return LocalWeights(self._local_id)
 
     # ------------------------------------------------------------------ domain operations (direct, thread)
     @property
@@ -119,6 +123,33 @@ class WeightSync(Owner["WeightSync"]):
             return self._shared.pull()
         with self._lock:
             return self._version, self._latest
+
+
+class LocalWeights:
+    """The client of a ``thread`` weight sync: ``push``, ``poll``, ``pull`` and ``version`` on the owner's board.
+
+    Picklable inside the owner's process only (like the ``thread`` transport's clients).
+    """
+
+    def __init__(self, owner_id: tuple[int, int]):
+        self._id = owner_id
+        self._owner = _local.lookup(*owner_id, "thread")
+
+    def __reduce__(self):
+        return (LocalWeights, (self._id,))
+
+    @property
+    def version(self) -> int:
+        return self._owner.version
+
+    def push(self, weights: nn.Module | StateDict) -> int:
+        return self._owner.push(weights)
+
+    def poll(self, since: int, into: nn.Module) -> int | None:
+        return self._owner.poll(since, into)
+
+    def pull(self) -> tuple[int, StateDict | None]:
+        return self._owner.pull()
 
 
 class SharedWeights:
@@ -199,7 +230,8 @@ class SharedWeights:
         version = self._read(lambda: out.update({k: v.clone() for k, v in self._views.items()}))
         return version, out
 
-    def close(self) -> None:
+    def _release(self) -> None:
+        """Detach (the owner's copy also unlinks the segments). Not a client operation: the owner calls it."""
         self._views = {}
         self._counters = None
         self._header.close()

@@ -41,7 +41,7 @@ def owner_factories(tmp_path, placement: str = "direct") -> dict:
         "replay": lambda: ReplayBuffer(capacity=64, batch_size=8, placement=placement),
         "logger/csv": lambda: CSVLogger(str(tmp_path / "csv"), placement=placement),
         "logger/tensorboard": lambda: TensorBoardLogger(str(tmp_path / "tb"), placement=placement),
-        "weight_sync": lambda: WeightSync(placement=placement),
+        "weight_sync": lambda: WeightSync(CartPolePolicy(), placement=placement),
         "collector": lambda: Collector(cartpole_envs(2), _direct_policy(), 8, 16, placement=placement),
     }
 

@@ -3,17 +3,20 @@
 Later placements add their factories to ``PLACEMENTS``; the assertions stay the same.
 """
 
+import multiprocessing as mp
 import pickle
 
 import pytest
 
+from components import compat
 from components.service import LIFECYCLE_METHODS, Service
 
 from .factories import owner_factories
 
-PLACEMENTS = ["direct"]
+PLACEMENTS = ["direct", "thread", "process"]
 COMPONENTS = list(owner_factories("/tmp").keys())
-CASES = [(p, c) for p in PLACEMENTS for c in COMPONENTS]
+# every (placement, component) the table says is built; nothing is skipped
+CASES = [(p, c) for p in PLACEMENTS for c in COMPONENTS if compat.TABLE[(c.split("/")[0], p)].built]
 
 
 @pytest.fixture(params=CASES, ids=[f"{p}-{c}" for p, c in CASES])
@@ -77,8 +80,37 @@ def test_client_is_picklable_and_restricted(owner_factory):
             return
         for name in LIFECYCLE_METHODS:
             assert not hasattr(client, name), f"client exposes lifecycle method {name!r}"
-        clone = pickle.loads(pickle.dumps(client))
+        if placement == "thread" or not _needs_inheritance(client):
+            clone = pickle.loads(pickle.dumps(client))
+        else:  # multiprocessing queues and semaphores travel to worker processes as Process arguments
+            clone = _through_a_child(client)
         assert type(clone) is type(client)
+
+
+def _needs_inheritance(client) -> bool:
+    try:
+        pickle.dumps(client)
+    except RuntimeError as exc:
+        assert "inheritance" in str(exc)
+        return True
+    return False
+
+
+def _echo_type(client, queue):
+    queue.put(type(client).__name__)
+
+
+def _through_a_child(client):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_echo_type, args=(client, queue))
+    child.start()
+    name = queue.get(timeout=60)
+    child.join(timeout=30)
+    queue.close()
+    queue.join_thread()
+    assert child.exitcode == 0 and name == type(client).__name__
+    return client
 
 
 def test_owners_stay_where_they_were_created(owner_factory):

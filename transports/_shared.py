@@ -173,3 +173,18 @@ class SlotBank:
     def close(self) -> None:
         self.slots = None
         self.segment.close()
+
+
+def remove_segments_of(pid: int) -> list[str]:
+    """Unlink every segment a (dead) process created; returns their names. Used after a child was killed."""
+    removed = []
+    prefix = f"{SHM_PREFIX}{pid}_"
+    for name in os.listdir(_SHM_DIR):
+        if name.startswith(prefix):
+            try:
+                os.unlink(os.path.join(_SHM_DIR, name))
+            except FileNotFoundError:
+                continue
+            resource_tracker.unregister("/" + name, "shared_memory")
+            removed.append(name)
+    return removed

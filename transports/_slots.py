@@ -122,6 +122,9 @@ class SlotTransport(RequestReplyTransport):
     def server(self) -> "SlotServer":
         return SlotServer(self)
 
+    def server_side(self) -> "SlotServerSide":
+        return SlotServerSide(self._shared())
+
     def mark_serving(self, pid: int) -> None:
         self.status.set_serving(pid)
 
@@ -173,7 +176,13 @@ class SlotClientBase:
         self.doorbell = shared["doorbell"]
         self.answered = shared["answered"]
         self.status: PeerStatus = shared["status"]
-        self._req_views = [(leaf.key, self.requests.slots.get(leaf.key)) for leaf in self.request_layout]
+        # Hot-path state, built once: the checks of each request leaf, and per slot the request leaf views and
+        # the response TensorDict view (indexing a TensorDict costs more than the whole copy of a small payload).
+        self._checks = [(leaf.key, torch.Size(leaf.shape), leaf.dtype, torch.device(leaf.device))
+                        for leaf in self.request_layout]
+        banks = [self.requests.slots.get(leaf.key) for leaf in self.request_layout]
+        self._req_rows = [[bank[slot] for bank in banks] for slot in range(self.requests.num_slots)]
+        self._resp_rows = [self.responses.slots[slot] for slot in range(self.responses.num_slots)]
 
     def __getstate__(self):
         return self._shared
@@ -181,18 +190,31 @@ class SlotClientBase:
     def __setstate__(self, shared):
         self.__init__(shared)
 
-    def _write(self, slot: int, td: TensorDictBase) -> None:
-        for key, bank in self._req_views:
-            bank[slot].copy_(td.get(key))
+    def _write(self, slot: int, values: list) -> None:
+        for row, value in zip(self._req_rows[slot], values):
+            row.copy_(value)
         self.control.enqueued[slot] = time.monotonic()
         self.control.state[slot] = READY
         self.doorbell.release()
 
-    def _validate(self, td: TensorDictBase) -> TensorDictBase:
+    def _validate(self, td: TensorDictBase) -> list:
+        """The request's leaf tensors in layout order, checked as :meth:`Layout.validate` checks them."""
         problem = self.status.problem()
         if problem is not None:
             raise PeerFailureError(problem)
-        return self.request_layout.validate(td)
+        if isinstance(td, TensorDictBase):
+            values = []
+            for key, shape, dtype, device in self._checks:
+                value = td.get(key, None)
+                if not (isinstance(value, torch.Tensor) and value.shape == shape and value.dtype == dtype
+                        and value.device == device):
+                    break
+                values.append(value)
+            else:
+                return values
+        # Something does not match: the layout's own validation raises the precise LayoutError.
+        checked = self.request_layout.validate(td)
+        return [checked.get(key) for key, *_ in self._checks]
 
     def _release(self, slot: int) -> None:
         """Give the slot back once its answer was read."""
@@ -212,7 +234,7 @@ class SlotFuture(ResponseFuture):
             return False
         state = c.control.state[slot]
         if state == ANSWERED:
-            self._outcome = (True, c.responses.slots[slot].clone())
+            self._outcome = (True, c._resp_rows[slot].clone())
         elif state == FAILED:
             self._outcome = (False, c.control.read_error(slot))
         else:  # woken by mark_dead: the status check in wait_for reports it
@@ -231,6 +253,16 @@ class SlotFuture(ResponseFuture):
         raise value
 
 
+class SlotServerSide:
+    """The shared pieces a serving process needs, picklable for the trip there."""
+
+    def __init__(self, shared: dict):
+        self.shared = shared
+
+    def server(self) -> "SlotServer":
+        return SlotServer(self.shared)
+
+
 class SlotServer(ServerEndpoint):
     """Sweeps READY slots in submission order; gathers them in one pass and scatters answers in one pass."""
 
@@ -242,6 +274,15 @@ class SlotServer(ServerEndpoint):
         self.doorbell = shared["doorbell"]
         self.answered = shared["answered"]
         self.response_layout: Layout = self.responses.layout
+        # Built once (see SlotClientBase): one-slot request views for single-request batches, the response
+        # leaf banks with the shapes a stacked answer must have, and per slot the response leaf views.
+        # Batches carry device "cpu" (every slot leaf is a CPU tensor, see _cpu_only): the serving loop moves a
+        # batch whose device differs to the policy device, and for a CPU policy that move would be a no-op
+        # costing more than the rest of a small round trip. ``to`` keeps the shared-memory views (no copy).
+        self._req_all = self.requests.slots.to("cpu")
+        self._req_one = [self._req_all[slot : slot + 1] for slot in range(self.requests.num_slots)]
+        self._resp_banks = [(leaf.key, torch.Size(leaf.shape), leaf.dtype, self.responses.slots.get(leaf.key))
+                            for leaf in self.response_layout]
 
     def _ready(self) -> np.ndarray:
         ready = np.flatnonzero(self.control.state == READY)
@@ -261,24 +302,49 @@ class SlotServer(ServerEndpoint):
                 ready = self._ready()
         if len(ready) == 0:
             return None
-        ready = ready[:max_n]
-        if len(ready) < len(self._ready()):
-            self.doorbell.release()  # more are waiting: come straight back
+        if len(ready) > max_n:
+            # Their rings were drained above (later arrivals ring again themselves): come straight back.
+            self.doorbell.release()
+            ready = ready[:max_n]
         self.control.state[ready] = SERVING
-        index = torch.from_numpy(ready)
-        stacked = self.requests.slots[index]
+        if len(ready) == 1:  # the common case at low load: a slice copy, no TensorDict gather
+            stacked = self._req_one[ready[0]].clone()
+        else:
+            stacked = self._req_all[torch.from_numpy(ready)]
         return Batch(handles=ready.tolist(), stacked=stacked, enqueued=self.control.enqueued[ready].tolist())
 
+    def _answers(self, out: TensorDictBase, n: int) -> list | None:
+        """The answer leaves in layout order if ``out`` matches the response layout for ``n`` requests."""
+        if not isinstance(out, TensorDictBase):
+            return None
+        values = []
+        for key, shape, dtype, _ in self._resp_banks:
+            value = out.get(key, None)
+            if not (isinstance(value, torch.Tensor) and value.dtype == dtype and value.dim() == len(shape) + 1
+                    and value.shape[0] == n and value.shape[1:] == shape):
+                return None
+            values.append(value)
+        return values
+
     def reply(self, batch: Batch, out: TensorDictBase) -> None:
-        try:
-            out = self.response_layout.validate_stacked(out, len(batch))
-        except LayoutError as exc:
-            self.fail(batch, exc)
-            return
-        index = torch.as_tensor(batch.handles)
-        for leaf in self.response_layout:
-            self.responses.slots.get(leaf.key).index_copy_(0, index, out.get(leaf.key))
-        self.control.state[batch.handles] = ANSWERED
+        values = self._answers(out, len(batch))
+        if values is None:  # the layout's own validation names what is wrong
+            try:
+                out = self.response_layout.validate_stacked(out, len(batch))
+            except LayoutError as exc:
+                self.fail(batch, exc)
+                return
+            values = [out.get(key) for key, *_ in self._resp_banks]
+        if len(batch) == 1:
+            slot = batch.handles[0]
+            for (_, _, _, bank), value in zip(self._resp_banks, values):
+                bank[slot].copy_(value[0])
+            self.control.state[slot] = ANSWERED
+        else:
+            index = torch.as_tensor(batch.handles)
+            for (_, _, _, bank), value in zip(self._resp_banks, values):
+                bank.index_copy_(0, index, value)
+            self.control.state[batch.handles] = ANSWERED
         for slot in batch.handles:
             self.answered[slot].release()
 

@@ -139,6 +139,11 @@ class RequestReplyTransport(Transport):
     def server(self) -> ServerEndpoint:
         """The serving endpoint; call it where the server runs (after the transport reached that process)."""
 
+    def server_side(self) -> Any:
+        """What the serving process needs (an object with ``server()``), without the clients' ends: this is
+        what travels to a server process."""
+        return self
+
     def mark_serving(self, pid: int) -> None:
         """Tell clients a server (in process ``pid``) is answering."""
 

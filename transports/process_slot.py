@@ -51,12 +51,12 @@ class ProcessSlotClient(SlotClientBase):
         self.__init__(*state)
 
     def submit(self, td: TensorDictBase) -> SlotFuture:
-        td = self._validate(td)
+        values = self._validate(td)
         if self.control.state[self.slot] != FREE:
             raise TransportError(
                 f"process slot {self.slot} still holds a request: read the previous answer before submitting again"
             )
-        self._write(self.slot, td)
+        self._write(self.slot, values)
         return SlotFuture(self, self.slot)
 
     def _release(self, slot: int) -> None:

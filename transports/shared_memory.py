@@ -48,12 +48,13 @@ class SharedMemoryClient(SlotClientBase):
         self.free, self.claim_lock = shared["free"], shared["claim_lock"]
 
     def submit(self, td: TensorDictBase) -> SlotFuture:
-        td = self._validate(td)
-        wait_for(lambda step: self.free.acquire(timeout=step), self.status, None, "waiting for a free slot")
+        values = self._validate(td)
+        if not self.free.acquire(False):  # a free slot is the common case: skip the waiting loop's set-up
+            wait_for(lambda step: self.free.acquire(timeout=step), self.status, None, "waiting for a free slot")
         with self.claim_lock:
             slot = int(np.flatnonzero(self.control.state == FREE)[0])
             self.control.state[slot] = CLAIMED
-        self._write(slot, td)
+        self._write(slot, values)
         return SlotFuture(self, slot)
 
     def _release(self, slot: int) -> None:

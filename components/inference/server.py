@@ -142,7 +142,8 @@ class InferenceServer(Owner["InferenceServer"]):
         self._child = ChildProcess(
             "inference-server",
             _serve_in_child,
-            (self._policy_factory, self._transport, self.config, self.device_config, self._weight_sync, self._collate),
+            (self._policy_factory, self._transport.server_side(), self.config, self.device_config, self._weight_sync,
+             self._collate),
             on_death=lambda reason: self._transport.mark_dead(stopped=False),
         )
         pid = self._child.start()

@@ -1,0 +1,411 @@
+"""Inference round trips per transport, beside the floors of the mechanisms under them; medians.
+
+For every inference cell built today (placement ``thread`` with transports ``thread`` and ``direct``;
+placement ``process`` with ``queue``, ``shared_memory`` and ``process_slot``), for 1, 4 and 16 concurrent
+clients and three payloads (16 B: observation float32 [4]; 28 KB: 84x84x4 uint8; 1 MiB: uint8), a real
+:class:`components.inference.InferenceServer` serves an echo policy (``action = observation``, so the
+response carries the request's payload back) and each client does a bounded number of sequential round
+trips (``submit(td).result()``; warm-up discarded). Clients of a ``process`` server live in separate worker
+processes, spawned with multiprocessing ``spawn`` and handed their clients as ``Process`` arguments; clients
+of a ``thread`` server are threads of this process.
+
+The floors, measured in the same run between two processes with one client:
+
+* (a) shared memory + semaphore doorbell: the client copies the payload into a shared tensor and releases a
+  semaphore; the server process waits, copies it into a response tensor and releases a response semaphore;
+  the client waits and copies the response out.
+* (b) ``multiprocessing.Queue`` round trip of pre-pickled bytes of the payload (request queue, response queue).
+
+``ratio`` is a row's p50 over its floor's p50 at the same payload (the floors are single-client, so ratios of
+4 and 16 clients include queueing behind the other clients): shared_memory, process_slot and the thread
+transports against (a), queue against (b). Run from the repository root:
+
+    python benchmarks/inference.py                      # everything (a few minutes on 2 cores)
+    python benchmarks/inference.py --quick              # fewer round trips
+    python benchmarks/inference.py --clients 1 --sizes 16B --transports shared_memory queue
+
+Targets (PASS/MISS printed at the end): at 16 B and 1 client, shared_memory and process_slot p50 at most 2x
+floor (a), queue p50 at most 2x floor (b).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import multiprocessing as mp
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+import traceback
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+
+from components.inference import InferenceServer, InferenceServerConfig  # noqa: E402
+from transports._shared import Segment  # noqa: E402
+from transports.config import TransportConfig  # noqa: E402
+
+# label -> (description, dtype, shape, measured round trips per cell over all clients)
+SIZES = {
+    "16B": ("observation float32 [4]", torch.float32, (4,), 3000),
+    "28KB": ("observation uint8 [84, 84, 4] (28,224 bytes)", torch.uint8, (84, 84, 4), 1500),
+    "1MiB": ("observation uint8 [1048576]", torch.uint8, (1 << 20,), 400),
+}
+CELLS = [("thread", "thread"), ("thread", "direct"), ("process", "queue"), ("process", "shared_memory"),
+         ("process", "process_slot")]
+FLOOR_OF = {"queue": "b"}  # every other transport is compared with floor (a)
+FLOOR_NAMES = {"a": "floor (a) shm + semaphore", "b": "floor (b) mp.Queue bytes"}
+TARGETS = [("shared_memory", "a"), ("process_slot", "a"), ("queue", "b")]
+MIN_PER_CLIENT = 40
+
+
+class EchoPolicy(nn.Module):
+    """The trivial policy: ``action`` is the observation itself, so the response is as big as the request."""
+
+    def forward(self, td):
+        td.set("action", td.get("observation"))
+        return td
+
+
+def make_policy() -> nn.Module:
+    return EchoPolicy()
+
+
+def request_td(size: str) -> TensorDict:
+    _, dtype, shape, _ = SIZES[size]
+    return TensorDict({"observation": torch.ones(shape, dtype=dtype)})
+
+
+def response_td(size: str) -> TensorDict:
+    _, dtype, shape, _ = SIZES[size]
+    return TensorDict({"action": torch.zeros(shape, dtype=dtype), "policy_version": torch.zeros((), dtype=torch.long)})
+
+
+def counts(size: str, clients: int, quick: bool) -> tuple[int, int]:
+    """(warm-up, measured) round trips per client."""
+    total = SIZES[size][3] // (5 if quick else 1)
+    per_client = max(MIN_PER_CLIENT // (2 if quick else 1), total // clients)
+    return max(10, per_client // 5), per_client
+
+
+# ---------------------------------------------------------------------------------------------- measuring
+def round_trips(call, warmup: int, n: int) -> tuple[np.ndarray, float, float]:
+    """Latencies (us) of ``n`` calls after ``warmup``, and the monotonic start and end of the measured ones."""
+    for _ in range(warmup):
+        call()
+    lat = np.empty(n)
+    clock = time.perf_counter
+    start = time.monotonic()
+    for i in range(n):
+        t0 = clock()
+        call()
+        lat[i] = clock() - t0
+    return lat * 1e6, start, time.monotonic()
+
+
+def summarize(parts: list) -> dict:
+    lat = np.concatenate([p[0] for p in parts])
+    span = max(p[2] for p in parts) - min(p[1] for p in parts)
+    return {"p50": float(np.percentile(lat, 50)), "p95": float(np.percentile(lat, 95)), "rps": len(lat) / span}
+
+
+# ---------------------------------------------------------------------------------------------- floors
+class FloorChannel:
+    """Both floors for one payload size: two shared tensors and semaphores (a), two queues of bytes (b)."""
+
+    def __init__(self, size: str, ctx):
+        nbytes = request_td(size)["observation"].numel() * request_td(size)["observation"].element_size()
+        self.size, self.nbytes = size, nbytes
+        self.req_seg, self.resp_seg = Segment(nbytes), Segment(nbytes)
+        self.req_sem, self.resp_sem = ctx.Semaphore(0), ctx.Semaphore(0)
+        self.req_q, self.resp_q = ctx.Queue(), ctx.Queue()
+
+    def tensors(self):
+        return (torch.frombuffer(self.req_seg.buf, dtype=torch.uint8, count=self.nbytes),
+                torch.frombuffer(self.resp_seg.buf, dtype=torch.uint8, count=self.nbytes))
+
+    def close(self):
+        for q in (self.req_q, self.resp_q):
+            q.close()
+            q.cancel_join_thread()
+        self.req_seg.close()
+        self.resp_seg.close()
+
+
+def _floor_server(conn, channels: dict) -> None:
+    """Serve exactly the round trips the main process announces, floor by floor."""
+    torch.set_num_threads(1)
+    views = {size: ch.tensors() for size, ch in channels.items()}
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            break
+        floor, size, n = msg
+        ch = channels[size]
+        if floor == "a":
+            req, resp = views[size]
+            for _ in range(n):
+                ch.req_sem.acquire()
+                resp.copy_(req)
+                ch.resp_sem.release()
+        else:
+            for _ in range(n):
+                ch.resp_q.put(ch.req_q.get())
+        conn.send("done")
+    del views
+    for ch in channels.values():
+        ch.req_seg.close()
+        ch.resp_seg.close()
+
+
+def floor_call(ch: FloorChannel, floor: str, size: str):
+    if floor == "a":
+        req, resp = ch.tensors()
+        payload = torch.ones(ch.nbytes, dtype=torch.uint8)
+        out = torch.empty_like(payload)
+
+        def call():
+            req.copy_(payload)
+            ch.req_sem.release()
+            ch.resp_sem.acquire()
+            out.copy_(resp)
+        return call
+    payload = pickle.dumps(request_td(size)["observation"], protocol=pickle.HIGHEST_PROTOCOL)
+
+    def call():
+        ch.req_q.put(payload)
+        ch.resp_q.get()
+    return call
+
+
+# ---------------------------------------------------------------------------------------------- workers
+def _worker(conn, clients: dict, channels: dict | None) -> None:
+    """A client process: runs the round trips the main process asks for and sends back the latencies."""
+    torch.set_num_threads(1)
+    conn.send("ready")
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            break
+        key, warmup, n = msg
+        try:
+            if key[0] == "floor":
+                _, floor, size = key
+                call = floor_call(channels[size], floor, size)
+            else:
+                client, td = clients[key], request_td(key[1])
+                call = lambda: client.submit(td).result(30)  # noqa: E731
+            conn.send(("ok", round_trips(call, warmup, n)))
+            del call
+        except BaseException:  # noqa: BLE001 - reported by the main process
+            conn.send(("error", traceback.format_exc()))
+    if channels:
+        for ch in channels.values():
+            ch.req_seg.close()
+            ch.resp_seg.close()
+
+
+def _gather(conns) -> list:
+    parts = []
+    for conn in conns:
+        status, value = conn.recv()
+        if status != "ok":
+            raise RuntimeError(f"a client failed:\n{value}")
+        parts.append(value)
+    return parts
+
+
+# ---------------------------------------------------------------------------------------------- servers
+def make_server(placement: str, transport: str, size: str, max_clients: int) -> InferenceServer:
+    options = {}
+    if transport in ("shared_memory", "process_slot"):
+        options = {"num_slots": max_clients}
+    elif transport == "queue":
+        options = {"max_clients": max_clients}
+    return InferenceServer(
+        policy_factory=make_policy,
+        config=InferenceServerConfig(placement=placement),
+        transport=TransportConfig(transport, options),
+        request_layout=request_td(size),
+        response_layout=response_td(size),
+    )
+
+
+def run_thread_cells(cells, sizes, client_counts, quick, results) -> None:
+    for placement, transport in cells:
+        for size in sizes:
+            server = make_server(placement, transport, size, max(client_counts)).start()
+            try:
+                for n_clients in client_counts:
+                    warmup, n = counts(size, n_clients, quick)
+                    clients = [server.client() for _ in range(n_clients)]
+                    parts: list = [None] * n_clients
+                    barrier = threading.Barrier(n_clients)
+
+                    def work(i):
+                        td = request_td(size)
+                        barrier.wait()
+                        parts[i] = round_trips(lambda: clients[i].submit(td).result(30), warmup, n)
+
+                    threads = [threading.Thread(target=work, args=(i,)) for i in range(n_clients)]
+                    for t in threads:
+                        t.start()
+                    for t in threads:
+                        t.join()
+                    results[(f"{placement}/{transport}", size, n_clients)] = summarize(parts)
+                    progress(f"{placement}/{transport}", size, n_clients, results)
+            finally:
+                server.shutdown()
+
+
+def run_process_cells(cells, sizes, client_counts, quick, results, floors) -> None:
+    ctx = mp.get_context("spawn")
+    max_clients = max(client_counts)
+    with contextlib.ExitStack() as stack:
+        servers = {}
+        for placement, transport in cells:
+            for size in sizes:
+                servers[(transport, size)] = make_server(placement, transport, size, max_clients)
+                stack.callback(servers[(transport, size)].shutdown)
+        channels = {size: FloorChannel(size, ctx) for size in sizes}
+        for ch in channels.values():
+            stack.callback(ch.close)
+        # Start every server child at once: spawning (importing torch) dominates and overlaps well.
+        errors = []
+
+        def start(server):
+            try:
+                server.start()
+            except BaseException as exc:  # noqa: BLE001 - raised below
+                errors.append(exc)
+        starters = [threading.Thread(target=start, args=(s,)) for s in servers.values()]
+        floor_conn, floor_child = ctx.Pipe()
+        floor_proc = ctx.Process(target=_floor_server, args=(floor_child, channels), daemon=True)
+        floor_proc.start()
+        stack.callback(_stop_process, floor_proc, floor_conn)
+        for t in starters:
+            t.start()
+        for t in starters:
+            t.join()
+        if errors:
+            raise errors[0]
+        # Clients are made here, in the owner's process, and travel as Process arguments.
+        conns, procs = [], []
+        for i in range(max_clients if servers else 1):
+            clients = {key: s.client() for key, s in servers.items()}
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_worker, args=(child, clients, channels if i == 0 else None), daemon=True)
+            proc.start()
+            stack.callback(_stop_process, proc, parent)
+            conns.append(parent)
+            procs.append(proc)
+        for conn in conns:
+            assert conn.recv() == "ready"
+
+        for size in sizes:
+            for floor in ("a", "b"):
+                warmup, n = counts(size, 1, quick)
+                floor_conn.send((floor, size, warmup + n))
+                conns[0].send((("floor", floor, size), warmup, n))
+                floors[(floor, size)] = summarize(_gather(conns[:1]))
+                assert floor_conn.recv() == "done"
+                progress(FLOOR_NAMES[floor], size, 1, {(FLOOR_NAMES[floor], size, 1): floors[(floor, size)]})
+        for placement, transport in cells:
+            for size in sizes:
+                for n_clients in client_counts:
+                    warmup, n = counts(size, n_clients, quick)
+                    for conn in conns[:n_clients]:
+                        conn.send(((transport, size), warmup, n))
+                    results[(f"{placement}/{transport}", size, n_clients)] = summarize(_gather(conns[:n_clients]))
+                    progress(f"{placement}/{transport}", size, n_clients, results)
+
+
+def _stop_process(proc, conn) -> None:
+    try:
+        conn.send(None)
+    except (OSError, ValueError):
+        pass
+    proc.join(10)
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(5)
+    conn.close()
+
+
+def progress(label, size, n_clients, results) -> None:
+    r = results[(label, size, n_clients)]
+    print(f"  measured {label:<26} {size:>5} x{n_clients:<3} p50 {r['p50']:9.1f} us", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- TorchRL peer
+def report(results, floors, sizes, client_counts, cells) -> bool:
+    all_pass = True
+    for size in sizes:
+        print(f"\n### {size}: {SIZES[size][0]}\n")
+        print("| transport | clients | p50 us | p95 us | req/s | floor p50 us | ratio |")
+        print("|---|---|---|---|---|---|---|")
+        for floor in ("a", "b"):
+            f = floors.get((floor, size))
+            if f:
+                print(f"| {FLOOR_NAMES[floor]} | 1 | {f['p50']:.1f} | {f['p95']:.1f} | {f['rps']:.0f} | "
+                      f"{f['p50']:.1f} ({floor}) | 1.00 |")
+        for placement, transport in cells:
+            for n_clients in client_counts:
+                r = results.get((f"{placement}/{transport}", size, n_clients))
+                if r is None:
+                    continue
+                floor = FLOOR_OF.get(transport, "a")
+                f = floors.get((floor, size))
+                floor_text = f"{f['p50']:.1f} ({floor})" if f else "-"
+                ratio = f"{r['p50'] / f['p50']:.2f}" if f else "-"
+                print(f"| {placement}/{transport} | {n_clients} | {r['p50']:.1f} | {r['p95']:.1f} | {r['rps']:.0f} | "
+                      f"{floor_text} | {ratio} |")
+    print("\n### Targets (16B, 1 client: p50 at most 2x its floor's p50)\n")
+    for transport, floor in TARGETS:
+        r = results.get((f"process/{transport}", "16B", 1))
+        f = floors.get((floor, "16B"))
+        if r is None or f is None:
+            print(f"- process/{transport} vs {FLOOR_NAMES[floor]}: not measured in this run")
+            continue
+        ratio = r["p50"] / f["p50"]
+        ok = ratio <= 2.0
+        all_pass &= ok
+        print(f"- {'PASS' if ok else 'MISS'} process/{transport}: p50 {r['p50']:.1f} us = {ratio:.2f}x "
+              f"{FLOOR_NAMES[floor]} ({f['p50']:.1f} us); target <= 2.00x")
+    return all_pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a fifth of the round trips")
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--transports", nargs="+", default=[t for _, t in CELLS], choices=[t for _, t in CELLS])
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+
+    cells = [c for c in CELLS if c[1] in args.transports]
+    results: dict = {}
+    floors: dict = {}
+    started = time.monotonic()
+    run_thread_cells([c for c in cells if c[0] == "thread"], args.sizes, args.clients, args.quick, results)
+    # The floors run with the process cells (their client is worker 0), so they are measured even when only
+    # thread transports are selected.
+    run_process_cells([c for c in cells if c[0] == "process"], args.sizes, args.clients, args.quick, results, floors)
+
+    print(f"# Inference round trips (median over round trips; {os.cpu_count()} CPUs; torch {torch.__version__}; "
+          f"{'quick' if args.quick else 'full'} run, {time.monotonic() - started:.0f} s)")
+    print("\nratio = p50 / floor p50 at the same payload; floors are one client, so rows with more clients include "
+          "queueing behind the others. (a): shared memory + semaphore doorbell; (b): multiprocessing.Queue of bytes.")
+    report(results, floors, args.sizes, args.clients, cells)
+
+
+if __name__ == "__main__":
+    main()

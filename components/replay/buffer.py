@@ -1,0 +1,341 @@
+"""The replay buffer owner: a TensorDict storage and a sampler behind ``extend`` / ``sample``.
+
+The storage is shaped by the first write (each leaf gets a leading ``capacity`` dimension), in memory or
+memory-mapped on disk, and written circularly. Placements: ``direct`` (the client is the owner), ``thread``
+and ``process`` (a direct twin hosted there, driven by acknowledged commands; see
+:mod:`components.hosting`). Once ``extend`` returns, ``len`` counts what it wrote and it can be sampled.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+from typing import Sequence
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from transports.errors import ConfigurationError, LayoutError
+from transports.layout import Layout
+
+from ..hosting import Allowed, Host
+from ..service import Owner
+from .filters import PolicyAgeFilter
+from .samplers import SAMPLERS, make_sampler
+
+STORAGES = ("memory", "memmap")
+CLIENT_OPERATIONS = frozenset({
+    "add", "extend", "sample", "update_priority", "__len__", "empty", "state_dict", "load_state_dict",
+    "_open_extend_stage", "_extend_from_stage", "_open_sample_stage", "_sample_into_stage",
+})
+
+
+def hosted(method):
+    """Route a domain operation called on a thread- or process-placed owner through the owner's own client."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if self._remote is not None:
+            return getattr(self._remote, name)(*args, **kwargs)
+        return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+class ReplayBuffer(Owner["ReplayBuffer"]):
+    """A replay buffer owner (and, in ``direct`` placement, its own client).
+
+    Args:
+        capacity: most transitions held; the oldest are overwritten first.
+        sampler: ``uniform``, ``without_replacement`` or ``prioritized``.
+        batch_size: default ``sample()`` size.
+        storage: ``memory`` or ``memmap`` (files under ``scratch_dir``).
+        scratch_dir: directory of the memory-mapped storage (``memmap`` only).
+        alpha: prioritized sampling exponent.
+        beta: importance-weight exponent.
+        filters: :class:`PolicyAgeFilter` s applied at extend or sample time.
+        placement: where the buffer lives (``direct``, ``thread``, ``process``).
+        transport: ``queue`` or ``shared_memory`` for ``process`` (samples come back through shared memory
+            without pickling); ``None`` takes the ``transport_backend`` context, else ``auto``.
+        seed: seed of the sampler's generator.
+
+    Example:
+        >>> with ReplayBuffer(capacity=1000, batch_size=32) as buffer:
+        ...     buffer.extend(TensorDict({"observation": torch.randn(100, 4)}, [100]))
+        ...     buffer.sample()["observation"].shape
+        100
+        torch.Size([32, 4])
+    """
+
+    component = "replay"
+
+    def __init__(
+        self,
+        capacity: int = 100_000,
+        sampler: str = "uniform",
+        batch_size: int = 256,
+        *,
+        storage: str = "memory",
+        scratch_dir: str | None = None,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        filters: Sequence[PolicyAgeFilter] = (),
+        placement: str | None = None,
+        transport=None,
+        seed: int | None = None,
+    ):
+        if capacity < 1:
+            raise ConfigurationError(f"capacity must be >= 1, got {capacity!r}", path="components.replay.capacity")
+        if sampler not in SAMPLERS:
+            raise ConfigurationError(f"unknown sampler {sampler!r}", path="components.replay.sampler", alternatives=SAMPLERS)
+        if batch_size < 1:
+            raise ConfigurationError(f"batch_size must be >= 1, got {batch_size!r}", path="components.replay.batch_size")
+        if storage not in STORAGES:
+            raise ConfigurationError(f"unknown storage {storage!r}", path="components.replay.storage", alternatives=STORAGES)
+        if storage == "memmap" and not scratch_dir:
+            raise ConfigurationError("storage 'memmap' needs scratch_dir", path="components.replay.scratch_dir")
+        super().__init__(placement=placement, transport=transport)
+        self.capacity, self.sampler_name, self.batch_size = capacity, sampler, batch_size
+        self.storage_kind, self.scratch_dir = storage, scratch_dir
+        self.alpha, self.beta, self.filters, self.seed = alpha, beta, tuple(filters), seed
+        self._remote = None
+        self._host: Host | None = None
+        self._lock = threading.RLock()
+        self._storage: TensorDict | None = None
+        self._layout: Layout | None = None
+        self._valid: torch.Tensor | None = None
+        self._cursor = self._size = 0
+        self._generator = torch.Generator()
+        if seed is not None:
+            self._generator.manual_seed(seed)
+        self._sampler = make_sampler(sampler, capacity, self._generator, alpha, beta)
+        self._stages: list = []
+
+    # ------------------------------------------------------------------ lifecycle
+    def _twin(self) -> functools.partial:
+        """A picklable factory of the direct buffer that serves this owner where it is placed."""
+        return functools.partial(
+            ReplayBuffer, self.capacity, self.sampler_name, self.batch_size, storage=self.storage_kind,
+            scratch_dir=self.scratch_dir, alpha=self.alpha, beta=self.beta, filters=self.filters,
+            placement="direct", transport="direct", seed=self.seed,
+        )
+
+    def _start(self) -> None:
+        if self.placement == "direct":
+            return
+        self._host = Host("replay-buffer", self._twin(), self.placement, Allowed(CLIENT_OPERATIONS))
+        self._host.start()
+        self._remote = self._client()
+
+    def _shutdown(self, timeout: float | None) -> None:
+        if self._host is not None:
+            self._host.stop(timeout)
+            self._host = None
+        self._remote = None
+        for stage in self._stages:
+            stage.close()
+        self._stages = []
+        self._storage = None
+
+    def _alive(self) -> bool:
+        return self._host is None or self._host.is_alive
+
+    def _client(self):
+        from .client import ReplayClient
+
+        return ReplayClient(self._host.endpoint(), shared_memory=self.transport_kind == "shared_memory",
+                            batch_size=self.batch_size)
+
+    # ------------------------------------------------------------------ domain operations
+    @hosted
+    def __len__(self) -> int:
+        return self._size
+
+    @hosted
+    def add(self, item: TensorDictBase) -> int:
+        """Write one transition (a TensorDict without batch dimension). Returns how many were written (0 or 1)."""
+        return self._write(item.unsqueeze(0))
+
+    @hosted
+    def extend(self, batch: TensorDictBase) -> int:
+        """Write every element of ``batch`` (flattened over its batch dimensions). Returns how many were written
+        (fewer when a :class:`PolicyAgeFilter` at extend time drops stale ones).
+
+        Raises:
+            LayoutError: ``batch`` does not match the layout fixed by the first write.
+        """
+        return self._write(batch)
+
+    def _write(self, batch: TensorDictBase) -> int:
+        self._require_running()
+        if batch.batch_dims < 1:
+            raise LayoutError((), "a TensorDict with a leading batch dimension", f"batch_size {list(batch.batch_size)}")
+        if batch.batch_dims > 1:
+            batch = batch.reshape(-1)
+        with self._lock:
+            if self._storage is None:
+                self._allocate(batch[0])
+            rows = _rows(batch, self._layout)
+            for f in self.filters:
+                if f.when == "extend":
+                    rows = rows[f.fresh(rows.get(f.key))]
+            n = rows.shape[0]
+            if n == 0:
+                return 0
+            if n >= self.capacity:
+                rows, n = rows[-self.capacity :], self.capacity
+            index = (torch.arange(n) + self._cursor) % self.capacity
+            self._storage[index] = rows
+            self._valid[index] = True
+            self._sampler.on_write(index)
+            self._cursor = int((self._cursor + n) % self.capacity)
+            self._size = min(self._size + n, self.capacity)
+            return n
+
+    def _allocate(self, item: TensorDictBase) -> None:
+        self._layout = Layout.from_tensordict(item)
+        storage = self._layout.zeros(self.capacity)
+        if self.storage_kind == "memmap":
+            os.makedirs(self.scratch_dir, exist_ok=True)
+            storage = storage.memmap_(prefix=self.scratch_dir)
+        self._storage = storage
+        self._valid = torch.zeros(self.capacity, dtype=torch.bool)
+
+    @hosted
+    def sample(self, batch_size: int | None = None) -> TensorDict:
+        """Sample ``batch_size`` (default: the configured one) transitions, with their ``index`` (and
+        ``_weight``, the importance weights, for the prioritized sampler).
+
+        Raises:
+            RuntimeError: nothing valid to sample.
+        """
+        self._require_running()
+        n = batch_size or self.batch_size
+        with self._lock:
+            if self._size == 0:
+                raise RuntimeError("cannot sample from an empty replay buffer")
+            self._apply_sample_filters()
+            valid = None if bool(self._valid[: self._size].all()) else self._valid
+            index, weight = self._sampler.sample(n, self._size, valid)
+            out = self._storage[index].clone()
+        out.set("index", index.to(torch.long))
+        if weight is not None:
+            out.set("_weight", weight)
+        return out
+
+    def _apply_sample_filters(self) -> None:
+        for f in self.filters:
+            if f.when == "sample":
+                versions = self._storage.get(f.key)[: self._size]
+                stale = (~f.fresh(versions)) & self._valid[: self._size]
+                if stale.any():
+                    index = torch.nonzero(stale).squeeze(-1)
+                    self._valid[index] = False
+                    self._sampler.invalidate(index)
+
+    @hosted
+    def update_priority(self, index, priority) -> None:
+        """Set the priorities of ``index`` (prioritized sampler only).
+
+        Raises:
+            ConfigurationError: this buffer's sampler has no priorities.
+        """
+        self._require_running()
+        if self.sampler_name != "prioritized":
+            raise ConfigurationError(f"sampler {self.sampler_name!r} has no priorities to update",
+                                     path="components.replay.sampler")
+        with self._lock:
+            self._sampler.update_priority(index, priority)
+
+    @hosted
+    def empty(self) -> None:
+        """Forget every stored transition (the layout stays)."""
+        self._require_running()
+        with self._lock:
+            self._cursor = self._size = 0
+            if self._valid is not None:
+                index = torch.nonzero(self._valid).squeeze(-1)
+                self._valid.zero_()
+                self._sampler.invalidate(index)
+
+    @hosted
+    def state_dict(self) -> dict:
+        """Everything needed to resume: storage content, write position, validity, sampler state."""
+        self._require_running()
+        with self._lock:
+            return {
+                "storage": None if self._storage is None else self._storage[: self._size].clone(),
+                "valid": None if self._valid is None else self._valid[: self._size].clone(),
+                "cursor": self._cursor,
+                "size": self._size,
+                "sampler": self._sampler.state_dict(),
+                "generator": self._generator.get_state(),
+            }
+
+    @hosted
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned (same capacity)."""
+        self._require_running()
+        with self._lock:
+            if state["storage"] is not None:
+                if self._storage is None:
+                    self._allocate(state["storage"][0])
+                n = state["size"]
+                self._storage[:n] = state["storage"]
+                self._valid.zero_()
+                self._valid[:n] = state["valid"]
+            self._cursor, self._size = state["cursor"], state["size"]
+            self._sampler.load_state_dict(state["sampler"])
+            self._generator.set_state(state["generator"])
+
+    # ------------------------------------------------------------------ shared-memory staging (process twin)
+    def _open_extend_stage(self, layout: Layout, rows: int):
+        from transports._shared import SlotBank
+
+        bank = SlotBank(layout, rows)
+        self._stages.append(bank)
+        return len(self._stages) - 1, bank
+
+    def _extend_from_stage(self, stage: int, n: int) -> int:
+        return self._write(self._stages[stage].slots[:n])
+
+    def _open_sample_stage(self, batch_size: int):
+        from transports._shared import SlotBank
+
+        with self._lock:
+            if self._layout is None:
+                raise RuntimeError("cannot sample from an empty replay buffer")
+            probe = self._layout.zeros()
+        probe.set("index", torch.zeros((), dtype=torch.long))
+        if self.sampler_name == "prioritized":
+            probe.set("_weight", torch.zeros(()))
+        bank = SlotBank(Layout.from_tensordict(probe), batch_size)
+        self._stages.append(bank)
+        return len(self._stages) - 1, bank
+
+    def _sample_into_stage(self, stage: int, batch_size: int) -> None:
+        bank = self._stages[stage]
+        out = self.sample(batch_size)
+        for leaf in bank.layout:
+            bank.slots.get(leaf.key).copy_(out.get(leaf.key))
+
+
+def _rows(batch: TensorDictBase, layout: Layout) -> TensorDict:
+    """Select the declared leaves of ``batch`` and check them against the per-item ``layout``."""
+    out = TensorDict(batch_size=batch.batch_size[:1])
+    for leaf in layout:
+        value = batch.get(leaf.key, None)
+        if value is None:
+            raise LayoutError(leaf.key, leaf.describe(), "a missing key")
+        if tuple(value.shape[1:]) != leaf.shape or value.dtype != leaf.dtype:
+            raise LayoutError(
+                leaf.key,
+                f"shape [N, {', '.join(map(str, leaf.shape))}] dtype {str(leaf.dtype)[6:]}",
+                f"shape {list(value.shape)} dtype {str(value.dtype)[6:]}",
+            )
+        out.set(leaf.key, value)
+    return out
+
+

@@ -1,0 +1,94 @@
+"""The replay client of a thread- or process-placed buffer.
+
+Every operation is one acknowledged command. With transport ``shared_memory`` the payloads of ``extend``
+and ``sample`` do not travel in the command: the client writes rows into its own staging slots in shared
+memory and the owner copies them into storage; the owner gathers samples into the client's sample slots and
+the client copies them out. The sample layout is then fixed per endpoint: a different batch size raises
+:class:`~transports.errors.LayoutError`.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from tensordict import TensorDict, TensorDictBase
+
+from transports.errors import LayoutError
+from transports.layout import Layout
+
+from ..hosting import CommandClient
+
+
+class ReplayClient(CommandClient):
+    """``add``, ``extend``, ``sample``, ``update_priority``, ``len``, ``empty``, ``state_dict``, ``load_state_dict``."""
+
+    def __init__(self, endpoint, *, shared_memory: bool = False, batch_size: int = 256):
+        super().__init__(endpoint)
+        self.shared_memory = shared_memory
+        self.batch_size = batch_size
+        self._lock = threading.Lock()
+        self._extend_stage = None  # (stage id, bank, rows)
+        self._sample_stage = None  # (stage id, bank, batch size)
+        self._layout: Layout | None = None
+
+    def __getstate__(self):
+        return {"endpoint": self._endpoint, "shared_memory": self.shared_memory, "batch_size": self.batch_size}
+
+    def __setstate__(self, state):
+        self.__init__(state["endpoint"], shared_memory=state["shared_memory"], batch_size=state["batch_size"])
+
+    def __len__(self) -> int:
+        return self._call("__len__")
+
+    def add(self, item: TensorDictBase) -> int:
+        return self.extend(item.unsqueeze(0))
+
+    def extend(self, batch: TensorDictBase) -> int:
+        if not self.shared_memory:
+            return self._call("extend", batch)
+        if batch.batch_dims > 1:
+            batch = batch.reshape(-1)
+        n = batch.shape[0]
+        with self._lock:
+            if self._layout is None:
+                self._layout = Layout.from_tensordict(batch[0])
+            if self._extend_stage is None or self._extend_stage[2] < n:
+                stage, bank = self._call("_open_extend_stage", self._layout, n)
+                self._extend_stage = (stage, bank, n)
+            stage, bank, _ = self._extend_stage
+            for leaf in self._layout:
+                value = batch.get(leaf.key, None)
+                if value is None:
+                    raise LayoutError(leaf.key, leaf.describe(), "a missing key")
+                if tuple(value.shape[1:]) != leaf.shape or value.dtype != leaf.dtype:
+                    raise LayoutError(leaf.key, f"shape [N, {', '.join(map(str, leaf.shape))}] dtype {str(leaf.dtype)[6:]}",
+                                      f"shape {list(value.shape)} dtype {str(value.dtype)[6:]}")
+                bank.slots.get(leaf.key)[:n].copy_(value)
+            return self._call("_extend_from_stage", stage, n)
+
+    def sample(self, batch_size: int | None = None) -> TensorDict:
+        n = batch_size or self.batch_size
+        if not self.shared_memory:
+            return self._call("sample", n)
+        with self._lock:
+            if self._sample_stage is None:
+                stage, bank = self._call("_open_sample_stage", n)
+                self._sample_stage = (stage, bank, n)
+            stage, bank, fixed = self._sample_stage
+            if n != fixed:
+                raise LayoutError(("batch_size",), f"{fixed} (fixed by this endpoint's first sample)", str(n),
+                                  hint="the shared-memory sample layout is fixed per endpoint")
+            self._call("_sample_into_stage", stage, n)
+            return bank.slots.clone()
+
+    def update_priority(self, index, priority) -> None:
+        return self._call("update_priority", index, priority)
+
+    def empty(self) -> None:
+        return self._call("empty")
+
+    def state_dict(self) -> dict:
+        return self._call("state_dict")
+
+    def load_state_dict(self, state: dict) -> None:
+        return self._call("load_state_dict", state)

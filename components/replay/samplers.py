@@ -1,0 +1,184 @@
+"""Samplers: which stored transitions a ``sample`` returns.
+
+- ``uniform``: with replacement, among valid items.
+- ``without_replacement``: epochs over the valid items (a write starts a new epoch), as PPO minibatches need.
+- ``prioritized``: proportional to ``priority ** alpha`` through a sum tree; each sample carries importance
+  weights ``(N * P(i)) ** -beta`` normalised by the batch maximum. New items get the highest priority seen.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+SAMPLERS = ("uniform", "without_replacement", "prioritized")
+
+
+class Sampler:
+    """Base: ``sample(n, size, valid)`` returns indices (and optional importance weights)."""
+
+    def __init__(self, capacity: int, generator: torch.Generator):
+        self.capacity = capacity
+        self.generator = generator
+
+    def on_write(self, index: torch.Tensor) -> None:
+        """``index`` was (over)written."""
+
+    def invalidate(self, index: torch.Tensor) -> None:
+        """``index`` may no longer be sampled (until overwritten)."""
+
+    def sample(self, n: int, size: int, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        raise NotImplementedError
+
+    def update_priority(self, index: torch.Tensor, priority: torch.Tensor) -> None:
+        raise TypeError(f"sampler {type(self).__name__} has no priorities to update")
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+def _candidates(size: int, valid: torch.Tensor | None) -> torch.Tensor | None:
+    """Indices that may be sampled, or ``None`` when all of ``[0, size)`` may."""
+    if valid is None:
+        return None
+    return torch.nonzero(valid[:size]).squeeze(-1)
+
+
+class UniformSampler(Sampler):
+    def sample(self, n, size, valid):
+        pool = _candidates(size, valid)
+        count = size if pool is None else len(pool)
+        if count == 0:
+            raise RuntimeError("no valid transition to sample")
+        draw = torch.randint(count, (n,), generator=self.generator)
+        return (draw if pool is None else pool[draw]), None
+
+
+class WithoutReplacementSampler(Sampler):
+    def __init__(self, capacity, generator):
+        super().__init__(capacity, generator)
+        self.epoch: torch.Tensor | None = None
+        self.position = 0
+
+    def on_write(self, index):
+        self.epoch = None
+
+    def invalidate(self, index):
+        self.epoch = None
+
+    def sample(self, n, size, valid):
+        pool = _candidates(size, valid)
+        count = size if pool is None else len(pool)
+        if n > count:
+            raise ValueError(f"batch_size {n} exceeds the {count} transitions available (sampling without replacement)")
+        if self.epoch is None or self.position + n > len(self.epoch):
+            perm = torch.randperm(count, generator=self.generator)
+            self.epoch = perm if pool is None else pool[perm]
+            self.position = 0
+        index = self.epoch[self.position : self.position + n]
+        self.position += n
+        return index, None
+
+
+class SumTree:
+    """A binary sum tree over ``capacity`` leaves (numpy, float64), updated and searched level by level."""
+
+    def __init__(self, capacity: int):
+        self.leaves = 1 << max(0, (capacity - 1).bit_length())
+        self.tree = np.zeros(2 * self.leaves)
+
+    def set(self, index: np.ndarray, values: np.ndarray) -> None:
+        pos = np.asarray(index, dtype=np.int64) + self.leaves
+        self.tree[pos] = values
+        pos = np.unique(pos // 2)
+        while len(pos) and pos[-1] >= 1:
+            self.tree[pos] = self.tree[2 * pos] + self.tree[2 * pos + 1]
+            if pos[-1] == 1:
+                break
+            pos = np.unique(pos // 2)
+
+    @property
+    def total(self) -> float:
+        return float(self.tree[1])
+
+    def get(self, index: np.ndarray) -> np.ndarray:
+        return self.tree[np.asarray(index) + self.leaves]
+
+    def find(self, targets: np.ndarray) -> np.ndarray:
+        """Leaf indices whose prefix-sum interval contains each target."""
+        pos = np.ones(len(targets), dtype=np.int64)
+        targets = targets.copy()
+        while pos[0] < self.leaves:
+            left = 2 * pos
+            right_side = targets > self.tree[left]
+            targets = np.where(right_side, targets - self.tree[left], targets)
+            pos = np.where(right_side, left + 1, left)
+        return pos - self.leaves
+
+
+class PrioritizedSampler(Sampler):
+    """Proportional prioritized sampling.
+
+    Args:
+        alpha: how strongly priorities shape sampling (0: uniform).
+        beta: importance-weight correction (1: full).
+        eps: added to every priority so none is exactly zero.
+    """
+
+    def __init__(self, capacity, generator, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6):
+        super().__init__(capacity, generator)
+        self.alpha, self.beta, self.eps = alpha, beta, eps
+        self.tree = SumTree(capacity)
+        self.max_priority = 1.0
+        self.rng = np.random.default_rng(int(torch.randint(2**31, (1,), generator=generator)))
+
+    def on_write(self, index):
+        idx = index.numpy()
+        self.tree.set(idx, np.full(len(idx), self.max_priority**self.alpha))
+
+    def invalidate(self, index):
+        self.tree.set(index.numpy(), np.zeros(len(index)))
+
+    def sample(self, n, size, valid):
+        total = self.tree.total
+        if total <= 0:
+            raise RuntimeError("no valid transition to sample")
+        segment = total / n
+        targets = (np.arange(n) + self.rng.random(n)) * segment
+        index = np.minimum(self.tree.find(np.minimum(targets, total * (1 - 1e-12))), size - 1)
+        probs = self.tree.get(index) / total
+        weights = (size * np.maximum(probs, 1e-12)) ** (-self.beta)
+        weights /= weights.max()
+        return torch.from_numpy(index), torch.from_numpy(weights.astype(np.float32))
+
+    def update_priority(self, index, priority):
+        index = torch.as_tensor(index).reshape(-1).numpy()
+        priority = torch.as_tensor(priority, dtype=torch.float64).reshape(-1).numpy()
+        if len(priority) == 1 and len(index) > 1:
+            priority = np.full(len(index), priority[0])
+        if len(index) != len(priority):
+            raise ValueError(f"{len(index)} indices but {len(priority)} priorities")
+        if (priority < 0).any() or not np.isfinite(priority).all():
+            raise ValueError("priorities must be finite and non-negative")
+        live = self.tree.get(index) > 0  # stale (invalidated) items stay out
+        priority = priority + self.eps
+        self.max_priority = max(self.max_priority, float(priority.max()))
+        self.tree.set(index[live], priority[live] ** self.alpha)
+
+    def state_dict(self):
+        return {"tree": self.tree.tree.copy(), "max_priority": self.max_priority}
+
+    def load_state_dict(self, state):
+        self.tree.tree[:] = state["tree"]
+        self.max_priority = state["max_priority"]
+
+
+def make_sampler(name: str, capacity: int, generator: torch.Generator, alpha: float, beta: float) -> Sampler:
+    if name == "uniform":
+        return UniformSampler(capacity, generator)
+    if name == "without_replacement":
+        return WithoutReplacementSampler(capacity, generator)
+    return PrioritizedSampler(capacity, generator, alpha, beta)
