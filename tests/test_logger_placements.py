@@ -1,0 +1,153 @@
+"""Loggers in every placement: acknowledged calls, return values, remote errors, flush on every exit path."""
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from components.errors import PeerFailureError, RemoteError
+from components.logger import CSVLogger, TensorBoardLogger, VideoRecorder
+
+from .conftest import ROOT
+from .loggers import CustomLogger
+
+PLACEMENTS = ["direct", "thread", "process"]
+
+
+def _rows(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_calls_are_acknowledged_with_return_values_and_errors(placement, tmp_path):
+    with CustomLogger(str(tmp_path), flush_every=1, placement=placement) as owner:
+        client = owner.client()
+        assert client.log_scalar("loss", torch.tensor(1.5), step=3) is None
+        # acknowledged: once the call returns, the row is on disk
+        assert [(r["tag"], r["value"]) for r in _rows(tmp_path / "metrics.csv")] == [("loss", "1.5")]
+        assert client.log_answer("forty-two") == 9  # a custom log_* method, with its return value
+        with pytest.raises((KeyError, RemoteError), match="the SDK rejected this call") as info:
+            client.log_broken()
+        if placement != "direct":
+            assert info.value.remote_type == "KeyError" and "log_broken" in info.value.remote_traceback
+        client.log_metrics({"a": 1, "b": 2}, step=4)  # still serving
+    assert [r["tag"] for r in _rows(tmp_path / "metrics.csv")] == ["loss", "answered", "a", "b"]
+
+
+@pytest.mark.parametrize("placement", ["thread", "process"])
+def test_clients_cannot_call_anything_but_logging(placement, tmp_path):
+    with CSVLogger(str(tmp_path), placement=placement) as owner:
+        client = owner.client()
+        assert not hasattr(client, "shutdown") and not hasattr(client, "start")
+        with pytest.raises(RemoteError, match="is not a client operation"):
+            client._call("shutdown")
+        assert owner.is_alive
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_shutdown_flushes_after_an_exception(placement, tmp_path):
+    owner = CSVLogger(str(tmp_path), flush_every=10_000, placement=placement).start()
+    with pytest.raises(ZeroDivisionError):
+        try:
+            client = owner.client()
+            for step in range(20):
+                client.log_scalar("x", step, step=step)
+            1 / 0
+        finally:
+            owner.shutdown()
+    assert [int(r["step"]) for r in _rows(tmp_path / "metrics.csv")] == list(range(20))
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_tensorboard_in_every_placement_reads_back(placement, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with TensorBoardLogger(str(tmp_path), placement=placement) as owner:
+        client = owner.client()
+        for step in range(3):
+            client.log_scalar("r", float(step), step=step)
+    acc = EventAccumulator(str(tmp_path))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("r")] == [(0, 0.0), (1, 1.0), (2, 2.0)]
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_log_video_writes_the_artifact_before_returning(placement, tmp_path):
+    from PIL import Image
+
+    with CSVLogger(str(tmp_path), placement=placement) as owner:
+        client = owner.client()
+        video = torch.randint(0, 255, (5, 3, 16, 12), dtype=torch.uint8)
+        path = client.log_video("eval/video", video, step=7, fps=10)
+        assert os.path.exists(path) and path.endswith("eval_video_7.gif")
+        with Image.open(path) as gif:
+            assert gif.n_frames == 5 and gif.size == (12, 16)
+        grid = client.log_video("eval/grid", torch.zeros((4, 2, 3, 8, 8), dtype=torch.uint8), step=1)
+        with Image.open(grid) as gif:
+            assert gif.size == (16, 16)  # 4 videos as a 2 x 2 grid
+        with pytest.raises(TypeError, match="uint8"):
+            client.log_video("bad", torch.zeros(5, 3, 8, 8))
+
+
+def test_video_recorder_uses_an_owners_client(tmp_path):
+    from PIL import Image
+
+    with CSVLogger(str(tmp_path), placement="process") as owner:
+        recorder = VideoRecorder(owner, tag="rollout", fps=20)
+        assert not hasattr(recorder.logger, "shutdown")
+        for t in range(6):
+            recorder.record(torch.full((2, 10, 10, 3), t * 20, dtype=torch.uint8))  # 2 envs at once
+        path = recorder.flush(step=2)
+        with Image.open(path) as gif:
+            assert gif.n_frames == 6 and gif.size == (20, 10)  # 2 envs side by side
+        assert recorder.flush() is None
+
+
+def test_peer_failure_after_kill_9(tmp_path):
+    owner = CSVLogger(str(tmp_path), placement="process").start()
+    try:
+        client = owner.client()
+        client.log_scalar("a", 1.0)
+        os.kill(owner._host.child.pid, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(PeerFailureError):
+            client.log_scalar("a", 2.0)
+        assert time.monotonic() - start < 2.0
+    finally:
+        owner.shutdown()
+
+
+SIGINT_SCRIPT = """
+import sys, time
+from components.logger import CSVLogger
+owner = CSVLogger(sys.argv[1], flush_every=100000, placement="process").start()
+client = owner.client()
+try:
+    for step in range(10**9):
+        client.log_scalar("x", step, step=step)
+        if step == 50:
+            print("ready", flush=True)
+        time.sleep(0.001)
+finally:
+    owner.shutdown()
+"""
+
+
+def test_sigint_flushes_a_process_logger(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", SIGINT_SCRIPT, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        os.killpg(proc.pid, signal.SIGINT)  # like Ctrl-C: the whole process group
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    steps = [int(r["step"]) for r in _rows(tmp_path / "metrics.csv")]
+    assert len(steps) > 50 and steps == list(range(len(steps)))

@@ -1,0 +1,101 @@
+"""Discovery (ServiceRegistry) and weight sync across placements."""
+
+import multiprocessing as mp
+import pickle
+
+import pytest
+import torch
+
+from components.errors import ConfigurationError
+from components.logger import CSVLogger
+from components.registry import ServiceRegistry
+from components.replay import ReplayBuffer
+from components.weight_sync import WeightSync
+
+from .factories import CartPolePolicy
+
+
+def test_registry_owns_what_it_creates_and_never_what_it_was_given(tmp_path):
+    registry = ServiceRegistry()
+    external = CSVLogger(str(tmp_path)).start()
+    try:
+        replay_client = registry.register("replay", ReplayBuffer, capacity=16, batch_size=2)
+        assert registry.register("logger", external) is external  # a direct owner is its own client
+        assert "replay" in registry and "logger" in registry and "nope" not in registry
+        assert registry.list() == ["logger", "replay"] and len(registry) == 2
+        assert registry.get_client("replay") is replay_client
+        owned = registry["replay"]
+        with pytest.raises(ValueError, match="already registered"):
+            registry.register("replay", ReplayBuffer)
+        with pytest.raises(KeyError, match="no service named 'missing'"):
+            registry.get("missing")
+        registry.reset()
+        assert not owned.is_alive  # the registry started it, so it stops it
+        assert external.is_alive  # never shut down by the registry
+        assert registry.list() == []
+    finally:
+        external.shutdown()
+
+
+def test_registry_refuses_owners_that_are_not_running(tmp_path):
+    registry = ServiceRegistry()
+    with pytest.raises(ValueError, match="it is not running"):
+        registry.register("logger", CSVLogger(str(tmp_path)))
+    with pytest.raises(TypeError, match="running owner or a factory"):
+        registry.register("x", 42)
+
+
+def test_registering_a_process_owner_stores_its_restricted_client(tmp_path):
+    registry = ServiceRegistry()
+    with CSVLogger(str(tmp_path), placement="process") as owner:
+        client = registry.register("logger", owner)
+        assert not hasattr(client, "shutdown")
+        registry.get_client("logger").log_scalar("x", 1.0)
+        registry.reset()
+        assert owner.is_alive
+
+
+@pytest.mark.parametrize("placement", ["direct", "thread", "process"])
+def test_weight_sync_versions_are_monotonic_and_applied_in_place(placement):
+    learner, receiver = CartPolePolicy(seed=1), CartPolePolicy(seed=2)
+    storage = receiver.net.weight.data_ptr()
+    with WeightSync(learner, placement=placement) as sync:
+        client = sync.client()
+        assert client.poll(0, into=receiver) is None  # nothing published yet
+        assert client.push(learner) == 1
+        assert client.poll(0, into=receiver) == 1
+        assert torch.equal(receiver.net.weight, learner.net.weight)
+        assert receiver.net.weight.data_ptr() == storage  # in place
+        assert client.poll(1, into=receiver) is None
+        with torch.no_grad():
+            learner.net.weight.add_(1.0)
+        assert client.push(learner) == 2 and client.version == 2
+        version, state = client.pull()
+        assert version == 2 and torch.equal(state["net.weight"], learner.net.weight)
+
+
+def _receive(client, queue):
+    receiver = CartPolePolicy(seed=9)
+    queue.put((client.poll(0, into=receiver), receiver.net.weight.sum().item()))
+
+
+def test_process_weight_sync_reaches_another_process():
+    learner = CartPolePolicy(seed=4)
+    with WeightSync(learner, placement="process") as sync:
+        client = sync.client()
+        pickle.loads(pickle.dumps(client))  # picklable by segment name
+        client.push(learner)
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        child = ctx.Process(target=_receive, args=(client, queue))
+        child.start()
+        version, total = queue.get(timeout=60)
+        child.join(timeout=30)
+        queue.close()
+        queue.join_thread()
+    assert version == 1 and abs(total - learner.net.weight.sum().item()) < 1e-6
+
+
+def test_process_weight_sync_needs_a_template():
+    with pytest.raises(ConfigurationError, match="needs a template"):
+        WeightSync(placement="process")
