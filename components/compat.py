@@ -105,8 +105,8 @@ def _cells() -> dict[tuple[str, str], Cell]:
         Cell("logger", "distributed", {"distributed": N}, _fixed("distributed", "rank-0 logger; commands as text over gloo")),
         # collectors take no transport: policy calls and replay writes use those endpoints' transports
         Cell("collector", "direct", {}, None, SUPPORTED),
-        Cell("collector", "thread", {}, None, N),
-        Cell("collector", "process", {}, None, N),
+        Cell("collector", "thread", {}, None, S),
+        Cell("collector", "process", {}, None, S),
         Cell("collector", "ray", {}, None, N),
         Cell("collector", "distributed", {}, None, N),
         Cell("collector", "submitit", {}, None, N),

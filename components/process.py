@@ -135,6 +135,17 @@ class ChildProcess:
     def pid(self) -> int | None:
         return None if self.process is None else self.process.pid
 
+    def submit(self, command: str, payload: Any = None) -> "Reply":
+        """Send ``command`` to the child's service without waiting; read the answer from the returned reply.
+        One command may be outstanding per child (use :meth:`call` from several threads instead)."""
+        if not self.is_alive:
+            raise PeerFailureError(self.death or f"the {self.name} process is not running")
+        try:
+            self._conn.send((command, payload))
+        except (BrokenPipeError, ConnectionResetError, OSError) as exc:
+            raise PeerFailureError(f"the {self.name} process died before {command!r}") from exc
+        return Reply(self, command)
+
     def call(self, command: str, payload: Any = None, timeout: float | None = 60.0) -> Any:
         """Run ``command`` in the child's service; return its result or raise its error here.
 
@@ -143,25 +154,7 @@ class ChildProcess:
             ServiceTimeoutError: no answer within ``timeout``.
         """
         with self._lock:
-            if not self.is_alive:
-                raise PeerFailureError(self.death or f"the {self.name} process is not running")
-            try:
-                self._conn.send((command, payload))
-                deadline = None if timeout is None else time.monotonic() + timeout
-                while True:
-                    step = 0.1 if deadline is None else max(0.0, min(0.1, deadline - time.monotonic()))
-                    if self._conn.poll(step):
-                        kind, value = self._conn.recv()
-                        break
-                    if not self.process.is_alive():
-                        raise PeerFailureError(f"the {self.name} process died during {command!r}")
-                    if deadline is not None and time.monotonic() >= deadline:
-                        raise ServiceTimeoutError(f"{self.name}: {command!r} not answered within {timeout} s")
-            except (EOFError, BrokenPipeError, ConnectionResetError) as exc:
-                raise PeerFailureError(f"the {self.name} process died during {command!r}") from exc
-        if kind == "error":
-            raise value
-        return value
+            return self.submit(command, payload).result(timeout)
 
     def stop(self, timeout: float | None = None) -> None:
         """Ask the child to stop; terminate, then kill if it does not exit in time. Idempotent."""
@@ -172,8 +165,7 @@ class ChildProcess:
         deadline = time.monotonic() + timeout
         if self.process.is_alive():
             try:
-                with self._lock:
-                    self._conn.send(("stop", None))
+                self._conn.send(("stop", None))
             except (OSError, ValueError):
                 pass
             self.process.join(max(0.0, 0.6 * (deadline - time.monotonic())))
@@ -201,6 +193,39 @@ class ChildProcess:
         if self.process.is_alive():
             self.process.kill()
             self.process.join(budget / 2 + 1.0)
+
+
+class Reply:
+    """The answer to one :meth:`ChildProcess.submit`."""
+
+    def __init__(self, child: ChildProcess, command: str):
+        self.child, self.command = child, command
+
+    def ready(self, timeout: float) -> bool:
+        """Whether the answer arrived (or the child died) within ``timeout`` seconds."""
+        conn = self.child._conn
+        return conn is None or conn.poll(timeout) or not self.child.process.is_alive()
+
+    def result(self, timeout: float | None = None) -> Any:
+        child, conn = self.child, self.child._conn
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                step = 0.1 if deadline is None else max(0.0, min(0.1, deadline - time.monotonic()))
+                if conn.poll(step):
+                    kind, value = conn.recv()
+                    break
+                if not child.process.is_alive():
+                    raise PeerFailureError(
+                        f"the {child.name} process died during {self.command!r} (exit code {child.process.exitcode})"
+                    )
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise ServiceTimeoutError(f"{child.name}: {self.command!r} not answered within {timeout} s")
+        except (EOFError, BrokenPipeError, ConnectionResetError) as exc:
+            raise PeerFailureError(f"the {child.name} process died during {self.command!r}") from exc
+        if kind == "error":
+            raise value
+        return value
 
 
 def _child_entry(main: Callable[..., Any], conn, args: tuple) -> None:

@@ -237,7 +237,14 @@ def build_plan(cfg: DictConfig) -> LaunchPlan:
         services = recipe.services(recipe_cfg, spec)
     except ValueError as exc:
         raise ConfigurationError(str(exc), path="recipe") from exc
-    layouts = _layouts(recipe, recipe_cfg, spec, services.get("collector", {}).get("num_envs", 1))
+    collector = services.get("collector", {})
+    workers = int(cfg.components.collector.num_collectors)
+    if collector and (workers < 1 or collector["num_envs"] % workers):
+        raise ConfigurationError(
+            f"num_collectors={workers} must divide the recipe's num_envs={collector['num_envs']} (envs are split over workers)",
+            path="components.collector.num_collectors",
+        )
+    layouts = _layouts(recipe, recipe_cfg, spec, collector.get("num_envs", 1) // max(workers, 1))
     plans = []
     for name in _topological(recipe.needs):
         placement, p_path, resolution = resolved[name]

@@ -73,11 +73,16 @@ def _inference(c, cfg, recipe, rcfg, spec, deps, run_dir):
 def _collector(c, cfg, recipe, rcfg, spec, deps, run_dir):
     o = c.options
     env_kwargs = OmegaConf.to_container(cfg.env.kwargs, resolve=True)
+    # the recipe's envs are split over the workers, so a batch keeps the size the recipe asked for
+    envs_per_worker = o["num_envs"] // o["num_collectors"]
     return Collector(
-        partial(make_vector_env, cfg.env.id, o["num_envs"], **env_kwargs), deps["inference"],
-        o["frames_per_batch"], o["total_frames"], placement=c.placement, seed=int(cfg.seed),
+        partial(make_vector_env, cfg.env.id, envs_per_worker, **env_kwargs), deps["inference"],
+        o["frames_per_batch"], o["total_frames"], o["num_collectors"], placement=c.placement, seed=int(cfg.seed),
     )
 
+
+# Dependencies handed over as owners rather than clients: the collector makes one inference client per worker.
+OWNER_DEPENDENCIES: Mapping[str, tuple[str, ...]] = {"collector": ("inference",)}
 
 BUILDERS: Mapping[str, Callable[..., Any]] = {
     "logger": _logger,
@@ -103,7 +108,8 @@ def execute(plan: LaunchPlan, cfg: DictConfig, run_dir: str, *, on_started: Call
     with ExitStack() as stack:
         stack.callback(progress.close)
         for c in plan.components:
-            owner = BUILDERS[c.name](c, cfg, recipe, rcfg, spec, {d: clients[d] for d in c.depends_on}, run_dir)
+            deps = {d: owners[d] if d in OWNER_DEPENDENCIES.get(c.name, ()) else clients[d] for d in c.depends_on}
+            owner = BUILDERS[c.name](c, cfg, recipe, rcfg, spec, deps, run_dir)
             stack.callback(_shutdown, c.name, owner)  # registered first: a failed start is torn down too
             log.info("starting %s (%s, %s)", c.name, c.placement, c.transport)
             owner.start()

@@ -46,14 +46,19 @@ def owner_factories(tmp_path, placement: str = "direct") -> dict:
     }
 
 
-def _direct_policy():
-    policy = CartPolePolicy()
+class LocalPolicy:
+    """A picklable callable policy that runs its own copy of the network (no server)."""
+
+    def __init__(self):
+        self.policy = CartPolePolicy()
 
     @torch.no_grad()
-    def call(td):
-        return policy(td)
+    def __call__(self, td):
+        return self.policy(td)
 
-    return call
+
+def _direct_policy():
+    return LocalPolicy()
 
 
 class EchoPolicy(nn.Module):
@@ -91,3 +96,32 @@ def echo_factory(delay: float = 0.0):
 
 def failing_factory():
     raise RuntimeError("cannot build this policy here")
+
+
+class CrashAfter:
+    """Builds CartPole envs whose step raises after ``steps`` steps (a worker crash to surface)."""
+
+    def __init__(self, steps: int):
+        self.steps = steps
+
+    def __call__(self):
+        import gymnasium as gym
+
+        steps = self.steps
+
+        class Crash(gym.Wrapper):
+            count = 0
+
+            def step(self, action):
+                Crash.count += 1
+                if Crash.count > steps:
+                    raise RuntimeError("the environment simulator crashed")
+                return self.env.step(action)
+
+        return Crash(gym.make("CartPole-v1"))
+
+
+def crashing_envs(num_envs: int = 2, steps: int = 5):
+    import gymnasium as gym
+
+    return gym.vector.SyncVectorEnv([CrashAfter(steps)] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)

@@ -50,8 +50,8 @@ def test_pinned_pairs(compose_cfg):
     with pytest.raises(IncompatibleCombinationError, match="does not support transport 'shared_memory'"):
         build_plan(compose_cfg("+recipe=ppo", "service=ray", "transport=shared_memory"))
     plan = build_plan(compose_cfg("+recipe=ppo", "service=process", "transport=shared_memory"))
-    assert plan["inference"].transport == "shared_memory" and plan["inference"].built
-    assert not plan["collector"].built and plan.not_built
+    assert plan["inference"].transport == "shared_memory" and all(c.built for c in plan.components)
+    assert not build_plan(compose_cfg("+recipe=ppo", "service=ray")).components[0].built
     assert plan["logger"].transport == "queue" and "never uses 'shared_memory'" in plan["logger"].transport_reason
     plan = build_plan(compose_cfg("+recipe=ppo", "service=process"))
     assert plan["inference"].transport == "process_slot"  # collectors keep one request in flight per worker

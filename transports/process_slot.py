@@ -8,6 +8,8 @@ server gathers every ready slot in one pass and scatters the answers in one pass
 
 from __future__ import annotations
 
+import os
+
 from tensordict import TensorDictBase
 
 from ._slots import FREE, SlotClientBase, SlotFuture, SlotTransport
@@ -52,6 +54,7 @@ class ProcessSlotClient(SlotClientBase):
 
     def submit(self, td: TensorDictBase) -> SlotFuture:
         values = self._validate(td)
+        self._claim()
         if self.control.state[self.slot] != FREE:
             raise TransportError(
                 f"process slot {self.slot} still holds a request: read the previous answer before submitting again"
@@ -61,3 +64,25 @@ class ProcessSlotClient(SlotClientBase):
 
     def _release(self, slot: int) -> None:
         self.control.state[slot] = FREE
+
+    def _claim(self) -> None:
+        """A slot serves one worker process: a copy of this client in another live process is refused."""
+        pid, user = os.getpid(), int(self.control.user[self.slot])
+        if user == pid:
+            return
+        if user and _alive(user):
+            raise TransportError(
+                f"process slot {self.slot} is used by process {user}: create one client per worker process "
+                "(call client() once for each)"
+            )
+        self.control.user[self.slot] = pid
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,113 @@
+"""Collectors in direct, thread and process placement over real gymnasium envs."""
+
+import os
+import signal
+import time
+from functools import partial
+
+import pytest
+import torch
+
+from components.collector import Collector
+from components.errors import PeerFailureError, RemoteError
+from components.inference import InferenceServer, InferenceServerConfig
+from components.replay import ReplayBuffer
+
+from .factories import CartPolePolicy, LocalPolicy, cartpole_envs, crashing_envs
+
+PLACEMENTS = ["direct", "thread", "process"]
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_batches_are_time_by_env_and_workers_are_seeded_differently(placement):
+    workers = 1 if placement == "direct" else 2
+    with Collector(cartpole_envs(3), LocalPolicy(), 3 * 8 * workers, 3 * 8 * workers * 3, workers,
+                   placement=placement, seed=11) as collector:
+        batches = list(collector)
+        assert collector.env_spec.n_actions == 2
+        pids = [w.pid for w in collector._workers if hasattr(w, "pid")]
+    assert len(batches) == 3
+    batch = batches[0]
+    assert batch.batch_size == torch.Size([8, 3 * workers])
+    first = batch["observation"][0]
+    assert len({tuple(row.tolist()) for row in first}) == 3 * workers  # every env of every worker differs
+    assert len(pids) == (workers if placement == "process" else 0)
+    for pid in pids:  # worker processes are gone after shutdown
+        assert not os.path.exists(f"/proc/{pid}") or _state(pid) == "Z"
+
+
+def _state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def test_process_collector_with_an_inference_owner_gives_each_worker_its_own_slot():
+    with InferenceServer(policy_factory=CartPolePolicy, config=InferenceServerConfig(placement="process"),
+                         transport="process_slot",
+                         request_layout=_request(2), response_layout=_response(2)) as server:
+        with Collector(cartpole_envs(2), server, 2 * 4 * 3, 2 * 4 * 3 * 2, 3, placement="process") as collector:
+            batches = list(collector)
+    assert [b.batch_size for b in batches] == [torch.Size([4, 6])] * 2
+    assert (batches[0]["policy_version"] == 0).all()
+
+
+def _request(n):
+    from tensordict import TensorDict
+
+    return TensorDict({"observation": torch.zeros(n, 4)}, [n])
+
+
+def _response(n):
+    from tensordict import TensorDict
+
+    return TensorDict({"action": torch.zeros(n, dtype=torch.long), "logits": torch.zeros(n, 2),
+                       "policy_version": torch.zeros(n, dtype=torch.long)}, [n])
+
+
+@pytest.mark.parametrize("placement", ["thread", "process"])
+def test_workers_write_straight_into_replay(placement):
+    with ReplayBuffer(capacity=1000, batch_size=8, placement="process" if placement == "process" else "thread") as rb:
+        client = rb.client()
+        with Collector(cartpole_envs(2), LocalPolicy(), 2 * 5 * 2, 2 * 5 * 2 * 3, 2, placement=placement,
+                       replay_buffer=client) as collector:
+            counts = list(collector)
+        assert counts == [20, 20, 20]
+        assert len(client) == 60
+        assert client.sample()["next", "reward"].shape == (8,)
+
+
+@pytest.mark.parametrize("placement", ["thread", "process"])
+def test_unsynchronised_collection_yields_each_workers_rollout(placement):
+    with Collector(cartpole_envs(2), LocalPolicy(), 2 * 4 * 2, 2 * 4 * 2 * 2, 2, placement=placement,
+                   sync=False) as collector:
+        batches = list(collector)
+    assert len(batches) == 4 and all(b.batch_size == torch.Size([4, 2]) for b in batches)
+
+
+@pytest.mark.parametrize("placement", ["thread", "process"])
+def test_a_worker_crash_surfaces_with_its_traceback(placement):
+    with Collector(partial(crashing_envs, 2, 5), LocalPolicy(), 2 * 10, -1, 1, placement=placement) as collector:
+        start = time.monotonic()
+        with pytest.raises(RemoteError) as info:
+            next(iter(collector))
+        assert time.monotonic() - start < 2.0
+    assert info.value.remote_type == "RuntimeError"
+    assert "the environment simulator crashed" in info.value.remote_message
+    assert "def step" in info.value.remote_traceback or "step" in info.value.remote_traceback
+
+
+def test_a_killed_worker_is_a_peer_failure_within_2s():
+    collector = Collector(cartpole_envs(2), LocalPolicy(), 2 * 4 * 2, -1, 2, placement="process").start()
+    try:
+        next(iter(collector))
+        os.kill(collector._workers[1].pid, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(PeerFailureError):
+            collector.rollout()
+        assert time.monotonic() - start < 2.0
+    finally:
+        collector.shutdown()
+    assert all(w.process is None for w in collector._workers) if collector._workers else True

@@ -1,0 +1,36 @@
+"""Every recipe in every placement (and every process transport) through the CLI, on a tiny budget."""
+
+import json
+
+import pytest
+
+from recipes import RECIPES
+
+from .conftest import run_cli
+
+pytestmark = pytest.mark.slow
+
+RUNS = [(r, ["service=direct"]) for r in RECIPES] + [(r, ["service=thread"]) for r in RECIPES] + [
+    (r, ["service=process", f"transport={t}"]) for r in RECIPES for t in ("queue", "shared_memory", "process_slot")
+]
+TINY = {
+    "ppo": ["recipe.num_envs=4", "recipe.num_steps=16", "recipe.total_frames=256", "recipe.target_return=null"],
+}
+
+
+@pytest.mark.parametrize("recipe, overrides", RUNS, ids=[f"{r}-{'-'.join(o)}" for r, o in RUNS])
+def test_recipe_runs_in_every_placement(recipe, overrides, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli(f"+recipe={recipe}", *overrides, *TINY[recipe], "launcher.progress=false",
+                   f"hydra.run.dir={run_dir}", cwd=str(tmp_path), timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["frames"] >= 256 and summary["fps"] > 0
+    plan = json.loads((run_dir / "plan.json").read_text())
+    service = overrides[0].split("=")[1]
+    assert {c["placement"] for c in plan["components"]} == {service}
+    if len(overrides) > 1:
+        transport = overrides[1].split("=")[1]
+        assert next(c for c in plan["components"] if c["name"] == "inference")["transport"] == transport
+    assert (run_dir / "metrics.csv").read_text().count("train/mean_return") >= 1
+    assert "Traceback" not in proc.stderr
