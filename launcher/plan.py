@@ -28,7 +28,7 @@ from transports.resolver import TransportContext
 DEPENDENCIES: Mapping[str, tuple[str, ...]] = {
     "logger": (),
     "weight_sync": ("logger",),
-    "replay": ("logger",),
+    "replay": ("logger", "weight_sync"),
     "inference": ("logger", "weight_sync"),
     "collector": ("logger", "inference", "replay"),
 }
@@ -39,6 +39,8 @@ ONE_REQUEST_AT_A_TIME: frozenset = frozenset({"inference"})
 # Cross-owner traffic: (carrier, far end): the carrier's transport must reach the far end's placement.
 # Collectors call the inference server from where they run; weight sync pushes into the inference owner.
 EDGES: tuple[tuple[str, str], ...] = (("inference", "collector"), ("weight_sync", "inference"))
+# Only when the recipe asks the replay buffer to filter by policy age does it read the live version.
+VERSION_EDGE: tuple[str, str] = ("weight_sync", "replay")
 
 
 @dataclass(frozen=True)
@@ -178,8 +180,8 @@ def resolve_components(cfg: DictConfig, needs: tuple[str, ...], *, layouts_known
     return out
 
 
-def _check_edges(resolved: dict[str, tuple]) -> None:
-    for carrier, far in EDGES:
+def _check_edges(resolved: dict[str, tuple], edges=EDGES) -> None:
+    for carrier, far in edges:
         if carrier not in resolved or far not in resolved:
             continue
         kind, where = resolved[carrier][2].kind, resolved[far][0].value
@@ -237,6 +239,8 @@ def build_plan(cfg: DictConfig) -> LaunchPlan:
         services = recipe.services(recipe_cfg, spec)
     except ValueError as exc:
         raise ConfigurationError(str(exc), path="recipe") from exc
+    if services.get("replay", {}).get("max_policy_lag") is not None:
+        _check_edges(resolved, (VERSION_EDGE,))
     collector = services.get("collector", {})
     workers = int(cfg.components.collector.num_collectors)
     if collector and (workers < 1 or collector["num_envs"] % workers):

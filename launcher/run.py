@@ -16,7 +16,7 @@ from components import compat
 from components.collector import Collector
 from components.envs import make_vector_env, spec_of
 from components.inference import InferenceDeviceConfig, InferenceServer, InferenceServerConfig
-from components.replay import ReplayBuffer
+from components.replay import PolicyAgeFilter, ReplayBuffer
 from components.weight_sync import WeightSync
 from recipes import Clients
 from transports.config import TransportConfig
@@ -52,8 +52,11 @@ def _weight_sync(c, cfg, recipe, rcfg, spec, deps, run_dir):
 
 def _replay(c, cfg, recipe, rcfg, spec, deps, run_dir):
     o = c.options
-    return ReplayBuffer(o["capacity"], o["sampler"], o["batch_size"], placement=c.placement,
-                        transport=_transport(c), seed=int(cfg.seed))
+    filters = ()
+    if o.get("max_policy_lag") is not None:  # the live version comes from the weight-sync channel
+        filters = (PolicyAgeFilter(int(o["max_policy_lag"]), deps["weight_sync"], when="sample"),)
+    return ReplayBuffer(o["capacity"], o["sampler"], o["batch_size"], alpha=o.get("alpha", 0.6), beta=o.get("beta", 0.4),
+                        filters=filters, placement=c.placement, transport=_transport(c), seed=int(cfg.seed))
 
 
 def _inference(c, cfg, recipe, rcfg, spec, deps, run_dir):

@@ -13,6 +13,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from recipes.dqn import DQNConfig
 from recipes.ppo import PPOConfig
 
 
@@ -162,7 +163,7 @@ SCHEMAS: Dict[str, Dict[str, type]] = {
     "transport": {"base_transport": TransportConf},
     "env": {"base_env": EnvConf},
     "logger": {"base_csv": CSVLoggerConf, "base_tensorboard": TensorBoardLoggerConf},
-    "recipe": {"base_ppo": PPOConfig},
+    "recipe": {"base_ppo": PPOConfig, "base_dqn": DQNConfig},
 }
 
 # Which constructor each schema configures (checked by the parity test): schema -> (callables, ignored fields).

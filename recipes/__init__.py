@@ -2,7 +2,7 @@
 
 from .base import Clients, Progress, Recipe
 
-RECIPES = ("ppo",)
+RECIPES = ("ppo", "dqn")
 
 
 def get_recipe(name: str) -> Recipe:

@@ -15,6 +15,8 @@ RUNS = [(r, ["service=direct"]) for r in RECIPES] + [(r, ["service=thread"]) for
 ]
 TINY = {
     "ppo": ["recipe.num_envs=4", "recipe.num_steps=16", "recipe.total_frames=256", "recipe.target_return=null"],
+    "dqn": ["recipe.num_envs=4", "recipe.num_steps=4", "recipe.total_frames=256", "recipe.target_return=null",
+            "recipe.learning_starts=64", "recipe.batch_size=16"],
 }
 
 

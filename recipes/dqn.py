@@ -1,0 +1,220 @@
+"""Deep Q-learning (double DQN with prioritized replay, a target network and an epsilon schedule),
+written against service clients only.
+
+Reads top to bottom: the config, the networks, the loss, then ``run``: every collected batch goes into the
+(prioritized) replay buffer; after ``learning_starts`` frames the learner samples minibatches, weights the
+TD errors with the importance weights, updates the priorities, and periodically syncs the target network.
+The behaviour policy (Q-network plus its epsilon) is pushed to the inference server after every batch.
+Transitions older than ``max_policy_lag`` pushes are filtered out of sampling by the replay buffer.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .base import Clients, Recipe
+
+
+@dataclass
+class DQNConfig:
+    """DQN hyperparameters.
+
+    Attributes:
+        num_envs: parallel environments in the collector's vector env.
+        num_steps: steps per environment per collected batch.
+        total_frames: frame budget; training stops earlier once ``target_return`` is reached.
+        target_return: stop when the mean return of the last ``window`` episodes reaches this (``None``: never).
+        window: how many recent episodes the mean return covers.
+        buffer_size: replay capacity (transitions).
+        batch_size: minibatch size.
+        learning_starts: frames collected before learning begins.
+        updates_per_batch: gradient steps after each collected batch.
+        lr: Adam learning rate.
+        gamma: discount factor.
+        tau: soft target-network update rate per gradient step (1.0: hard copy every ``target_every`` steps).
+        target_every: gradient steps between target updates.
+        eps_start: initial exploration rate.
+        eps_end: final exploration rate.
+        eps_frames: frames over which epsilon decays linearly.
+        alpha: prioritized replay exponent.
+        beta: importance-sampling exponent.
+        max_policy_lag: transitions from behaviour policies more than this many pushes old are not sampled.
+        hidden: width of the two hidden layers.
+        max_grad_norm: gradient norm clipping.
+    """
+
+    num_envs: int = 8
+    num_steps: int = 4
+    total_frames: int = 200_000
+    target_return: Optional[float] = 475.0
+    window: int = 20
+    buffer_size: int = 50_000
+    batch_size: int = 128
+    learning_starts: int = 1_000
+    updates_per_batch: int = 4
+    lr: float = 1e-3
+    gamma: float = 0.99
+    tau: float = 0.01
+    target_every: int = 1
+    eps_start: float = 1.0
+    eps_end: float = 0.02
+    eps_frames: int = 20_000
+    alpha: float = 0.6
+    beta: float = 0.4
+    max_policy_lag: int = 2_000
+    hidden: int = 128
+    max_grad_norm: float = 10.0
+
+    @property
+    def frames_per_batch(self) -> int:
+        return self.num_envs * self.num_steps
+
+
+# ============================================================================ networks
+
+
+def q_network(cfg: DQNConfig, spec) -> nn.Sequential:
+    obs = math.prod(spec.observation_shape)
+    return nn.Sequential(nn.Linear(obs, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, cfg.hidden), nn.ReLU(),
+                         nn.Linear(cfg.hidden, spec.n_actions))
+
+
+class EpsilonGreedy(nn.Module):
+    """The behaviour policy the inference server owns: ``observation`` -> ``action`` (epsilon-greedy).
+
+    ``epsilon`` is a buffer, so it travels with the weights through weight sync.
+    """
+
+    def __init__(self, cfg: DQNConfig, spec):
+        super().__init__()
+        self.q = q_network(cfg, spec)
+        self.register_buffer("epsilon", torch.tensor(cfg.eps_start))
+
+    def forward(self, td):
+        q = self.q(td.get("observation"))
+        greedy = q.argmax(-1)
+        explore = torch.rand(greedy.shape) < self.epsilon
+        td.set("action", torch.where(explore, torch.randint_like(greedy, q.shape[-1]), greedy))
+        return td
+
+
+def make_policy(cfg: DQNConfig, spec) -> EpsilonGreedy:
+    if not spec.discrete:
+        raise ValueError(f"dqn needs discrete actions; {spec.env_id} has continuous ones")
+    return EpsilonGreedy(cfg, spec)
+
+
+# ============================================================================ loss
+
+
+def td_loss(mb, online: nn.Module, target: nn.Module, cfg: DQNConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Double-DQN TD loss weighted by importance weights; returns (loss, |TD error|)."""
+    obs, nxt = mb["observation"], mb["next"]
+    q = online(obs).gather(-1, mb["action"].unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        next_action = online(nxt["observation"]).argmax(-1, keepdim=True)
+        next_q = target(nxt["observation"]).gather(-1, next_action).squeeze(-1)
+        y = nxt["reward"] + cfg.gamma * (~nxt["terminated"]).float() * next_q
+    error = q - y
+    loss = (mb.get("_weight", torch.ones_like(error)) * F.smooth_l1_loss(q, y, reduction="none")).mean()
+    return loss, error.detach().abs()
+
+
+# ============================================================================ training loop
+
+
+def run(cfg: DQNConfig, clients: Clients) -> dict:
+    """Train until ``target_return`` or ``total_frames``; return the result and learning curve."""
+    torch.manual_seed(clients.seed)
+    behaviour = make_policy(cfg, clients.env_spec)
+    target = q_network(cfg, clients.env_spec)
+    target.load_state_dict(behaviour.q.state_dict())
+    optimizer = torch.optim.Adam(behaviour.q.parameters(), lr=cfg.lr)
+    clients.weight_sync.push(behaviour)
+    clients.logger.log_hparams({k: getattr(cfg, k) for k in cfg.__dataclass_fields__})
+
+    returns: deque[float] = deque(maxlen=cfg.window)
+    curve: list[tuple[int, float]] = []
+    frames, episodes, updates, solved_at = 0, 0, 0, None
+    keys = ["observation", "action", "policy_version", ("next", "observation"), ("next", "reward"), ("next", "terminated")]
+    start = time.perf_counter()
+    stats: dict = {}
+
+    for batch in clients.collector:
+        frames += batch.numel()
+        done = batch["next", "done"]
+        finished = batch["next", "episode_return"][done].tolist()
+        returns.extend(finished)
+        episodes += len(finished)
+        mean_return = sum(returns) / len(returns) if returns else float("nan")
+        if returns:
+            curve.append((frames, mean_return))
+        clients.replay.extend(batch.select(*keys).reshape(-1))
+
+        # ---- learn
+        if frames >= cfg.learning_starts:
+            for _ in range(cfg.updates_per_batch):
+                mb = clients.replay.sample(cfg.batch_size)
+                loss, error = td_loss(mb, behaviour.q, target, cfg)
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(behaviour.q.parameters(), cfg.max_grad_norm)
+                optimizer.step()
+                clients.replay.update_priority(mb["index"], error)
+                updates += 1
+                if updates % cfg.target_every == 0:
+                    with torch.no_grad():
+                        for t, o in zip(target.parameters(), behaviour.q.parameters()):
+                            t.lerp_(o, cfg.tau)
+            stats = {"loss/td": loss.item(), "q/mean_abs_td": error.mean().item()}
+        behaviour.epsilon.fill_(max(cfg.eps_end, cfg.eps_start - (cfg.eps_start - cfg.eps_end) * frames / cfg.eps_frames))
+        version = clients.weight_sync.push(behaviour)
+
+        # ---- report
+        elapsed = time.perf_counter() - start
+        if episodes and frames % (cfg.frames_per_batch * 25) == 0:
+            clients.logger.log_metrics({**stats, "train/mean_return": mean_return, "train/fps": frames / elapsed,
+                                        "train/epsilon": float(behaviour.epsilon), "train/policy_version": version},
+                                       step=frames)
+        clients.progress.update(frames, mean_return=mean_return)
+        if cfg.target_return is not None and len(returns) >= cfg.window and mean_return >= cfg.target_return:
+            solved_at = frames
+            break
+        if frames >= cfg.total_frames:
+            break
+
+    clients.logger.log_metrics({"train/mean_return": sum(returns) / len(returns) if returns else float("nan")}, step=frames)
+    elapsed = time.perf_counter() - start
+    return {
+        "frames": frames,
+        "wall_seconds": elapsed,
+        "fps": frames / elapsed if elapsed else 0.0,
+        "episodes": episodes,
+        "final_mean_return": sum(returns) / len(returns) if returns else float("nan"),
+        "solved": solved_at is not None,
+        "solved_at_frames": solved_at,
+        "curve": curve,
+    }
+
+
+def services(cfg: DQNConfig, spec) -> dict:
+    """DQN's needs: small collector batches, and a prioritized buffer that drops transitions of stale policies
+    at sampling time."""
+    if not spec.discrete:
+        raise ValueError(f"dqn needs discrete actions; {spec.env_id} has continuous ones")
+    return {
+        "collector": {"num_envs": cfg.num_envs, "frames_per_batch": cfg.frames_per_batch, "total_frames": cfg.total_frames},
+        "replay": {"capacity": cfg.buffer_size, "sampler": "prioritized", "batch_size": cfg.batch_size,
+                   "alpha": cfg.alpha, "beta": cfg.beta, "max_policy_lag": cfg.max_policy_lag},
+    }
+
+
+RECIPE = Recipe(name="dqn", config=DQNConfig, make_policy=make_policy, services=services, run=run)
