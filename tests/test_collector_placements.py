@@ -111,3 +111,20 @@ def test_a_killed_worker_is_a_peer_failure_within_2s():
     finally:
         collector.shutdown()
     assert all(w.process is None for w in collector._workers) if collector._workers else True
+
+
+@pytest.mark.parametrize("backend", ["thread", "process"])
+def test_async_batched_collector_batches_requests_across_envs(backend):
+    from components.async_collector import AsyncBatchedCollector
+    from components.envs import make_vector_env
+
+    with AsyncBatchedCollector(partial(make_vector_env, "CartPole-v1", 1), 4, 64, 192, policy_factory=CartPolePolicy,
+                               env_backend=backend, seed=3) as collector:
+        batches = list(collector)
+        stats = collector._own_server.stats()
+        server_kind = collector._own_server.transport_kind
+    assert [b.batch_size for b in batches] == [torch.Size([64])] * 3
+    assert set(torch.cat([b["env_id"] for b in batches]).tolist()) == {0, 1, 2, 3}
+    assert (torch.cat([b["policy_version"] for b in batches]) == 0).all()
+    assert stats["mean_batch_size"] > 1.0  # one forward served several envs
+    assert server_kind == ("process_slot" if backend == "process" else "thread")

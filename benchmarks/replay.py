@@ -1,0 +1,293 @@
+"""Replay buffer extend and sample per placement and transport, beside the floors under them; medians.
+
+For every replay cell built today (``direct/direct``, ``thread/thread``, ``process/queue`` and
+``process/shared_memory``) and two transition layouts (observation float32 [4], or uint8 [84, 84, 4]; each
+transition also carries an int64 ``action`` and a float32 ``reward``), a real
+:class:`components.replay.ReplayBuffer` (uniform sampler, batch size 256) is started and driven through
+``owner.client()`` (a direct owner is its own client):
+
+* ``extend`` of one pre-built batch of 256 transitions, repeated (p50 latency, transitions/s);
+* ``sample(256)``, repeated (p50 and p95 latency, sampled transitions/s).
+
+The floors, measured in the same run with the same layout and capacity:
+
+* the ``direct`` row itself: the buffer's own ``sample`` with no transport at all;
+* ``floor: torch gather``: preallocated storage tensors of the same layout and capacity, one
+  ``torch.randint`` for 256 indices and ``torch.index_select`` of every leaf into new tensors.
+
+``ratio`` is a row's sample p50 over the ``direct`` row's sample p50 at the same layout. For the process
+rows at 84x84x4 the run also times the pieces a sample goes through (one command round trip with no
+payload, the owner-side sample, the shared-memory staging copies or the pickling of the batch) so a miss
+says where the time goes. Run from the repository root:
+
+    python benchmarks/replay.py                          # everything (about a minute on 2 cores)
+    python benchmarks/replay.py --quick                  # a fifth of the calls
+    python benchmarks/replay.py --obs 84x84x4 --cells process/shared_memory direct/direct
+
+Every owner is shut down before the script exits (also on error or Ctrl-C); the last line says whether any
+``rlsvc_*`` shared-memory segment of this run's processes is left in ``/dev/shm``.
+
+Target (PASS/MISS printed at the end): at 84x84x4, a process placement's sample p50 at most 2x the direct
+buffer's sample p50; the report says which process transport meets it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import pickle
+import sys
+import time
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+
+from components.replay import ReplayBuffer  # noqa: E402
+from transports._shared import SHM_PREFIX, SlotBank  # noqa: E402
+from transports.layout import Layout  # noqa: E402
+from transports.queue import from_wire, to_wire  # noqa: E402
+
+BATCH = 256
+# label -> (description, dtype, shape, capacity, (extend calls, sample calls) of a full run)
+OBS = {
+    "4f": ("observation float32 [4]", torch.float32, (4,), 100_000, (400, 2000)),
+    "84x84x4": ("observation uint8 [84, 84, 4] (28,224 bytes)", torch.uint8, (84, 84, 4), 8192, (80, 300)),
+}
+CELLS = ["direct/direct", "thread/thread", "process/queue", "process/shared_memory"]
+TARGET_OBS, TARGET_RATIO = "84x84x4", 2.0
+BUDGET_S = 12.0  # most seconds one measurement may take (a full run stays bounded on a loaded machine)
+
+
+def make_batch(obs: str, n: int = BATCH, seed: int = 0) -> TensorDict:
+    _, dtype, shape, _, _ = OBS[obs]
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.uint8:
+        observation = torch.randint(0, 256, (n, *shape), dtype=torch.uint8, generator=g)
+    else:
+        observation = torch.randn((n, *shape), generator=g)
+    return TensorDict({
+        "observation": observation,
+        "action": torch.randint(0, 6, (n,), dtype=torch.int64, generator=g),
+        "reward": torch.randn((n,), generator=g),
+    }, batch_size=[n])
+
+
+def calls(obs: str, quick: bool) -> tuple[int, int]:
+    n_extend, n_sample = OBS[obs][4]
+    div = 5 if quick else 1
+    return max(10, n_extend // div), max(20, n_sample // div)
+
+
+# ---------------------------------------------------------------------------------------------- measuring
+def timed(call, warmup: int, n: int, budget: float = BUDGET_S) -> tuple[np.ndarray, float]:
+    """Latencies (us) of up to ``n`` calls after ``warmup`` (fewer if ``budget`` seconds run out), and the
+    wall seconds of the measured calls."""
+    for _ in range(warmup):
+        call()
+    lat = []
+    clock = time.perf_counter
+    start = clock()
+    for _ in range(n):
+        t0 = clock()
+        call()
+        t1 = clock()
+        lat.append(t1 - t0)
+        if t1 - start > budget:
+            break
+    return np.asarray(lat) * 1e6, clock() - start
+
+
+def stats(lat: np.ndarray, wall: float, per_call: int) -> dict:
+    return {"p50": float(np.percentile(lat, 50)), "p95": float(np.percentile(lat, 95)),
+            "rate": len(lat) * per_call / wall, "n": len(lat)}
+
+
+def measure_client(client, obs: str, quick: bool) -> dict:
+    n_extend, n_sample = calls(obs, quick)
+    batch = make_batch(obs)
+    lat, wall = timed(lambda: client.extend(batch), max(2, n_extend // 10), n_extend)
+    out = {"extend": stats(lat, wall, BATCH)}
+    check = client.sample(BATCH)
+    assert check["observation"].shape == (BATCH, *OBS[obs][2]), check
+    lat, wall = timed(lambda: client.sample(BATCH), max(3, n_sample // 10), n_sample)
+    out["sample"] = stats(lat, wall, BATCH)
+    return out
+
+
+def measure_gather(obs: str, quick: bool) -> dict:
+    """The floor: index_select of 256 random rows of every leaf of preallocated storage into new tensors."""
+    _, _, _, capacity, _ = OBS[obs]
+    _, n_sample = calls(obs, quick)
+    layout = make_batch(obs, 1)
+    storage = {k: torch.zeros((capacity, *v.shape[1:]), dtype=v.dtype) for k, v in layout.items()}
+    for k, v in make_batch(obs, capacity, seed=1).items():
+        storage[k].copy_(v)
+
+    def call():
+        index = torch.randint(capacity, (BATCH,))
+        return {k: torch.index_select(t, 0, index) for k, t in storage.items()}
+
+    lat, wall = timed(call, max(3, n_sample // 10), n_sample)
+    return {"sample": stats(lat, wall, BATCH)}
+
+
+def breakdown(client, transport: str, obs: str, quick: bool) -> list[tuple[str, float]]:
+    """Where a process sample's time goes: each piece's p50 (us), measured separately in this process or
+    through ``client``; the residual is the sum's difference from the measured sample p50."""
+    _, n_sample = calls(obs, quick)
+    n = max(20, n_sample // 2)
+    parts = []
+    lat, _ = timed(lambda: len(client), 20, n * 2, budget=4.0)
+    parts.append(("command round trip with no payload (len(client))", float(np.median(lat))))
+    # the owner-side sample, as the twin in the child runs it: a direct buffer of the same layout, filled
+    direct = ReplayBuffer(OBS[obs][3], batch_size=BATCH, placement="direct", transport="direct", seed=0).start()
+    try:
+        batch = make_batch(obs)
+        for _ in range(OBS[obs][3] // BATCH):
+            direct.extend(batch)
+        lat, _ = timed(lambda: direct.sample(BATCH), 5, n, budget=4.0)
+        parts.append(("owner: ReplayBuffer.sample (gather + clone)", float(np.median(lat))))
+        sample = direct.sample(BATCH)
+    finally:
+        direct.shutdown()
+    if transport == "shared_memory":
+        probe = Layout.from_tensordict(sample[0])
+        bank = SlotBank(probe, BATCH)
+        try:
+            def copy_in():
+                for leaf in bank.layout:
+                    bank.slots.get(leaf.key).copy_(sample.get(leaf.key))
+            lat, _ = timed(copy_in, 5, n, budget=4.0)
+            parts.append(("owner: copy the sample into the shared slots", float(np.median(lat))))
+            lat, _ = timed(lambda: bank.slots.clone(), 5, n, budget=4.0)
+            parts.append(("client: bank.slots.clone() out of shared memory", float(np.median(lat))))
+        finally:
+            bank.close()
+    else:
+        blob = pickle.dumps((0, 0, to_wire(sample)), protocol=pickle.HIGHEST_PROTOCOL)
+        lat, _ = timed(lambda: pickle.dumps((0, 0, to_wire(sample)), protocol=pickle.HIGHEST_PROTOCOL), 5, n, budget=4.0)
+        parts.append((f"owner: to_wire + pickle.dumps of the reply ({len(blob) / 1e6:.1f} MB)", float(np.median(lat))))
+        lat, _ = timed(lambda: from_wire(pickle.loads(blob)[2]), 5, n, budget=4.0)
+        parts.append(("client: pickle.loads + from_wire", float(np.median(lat))))
+    return parts
+
+
+# ---------------------------------------------------------------------------------------------- cells
+def run_cell(cell: str, obs: str, quick: bool, stack: contextlib.ExitStack, pids: set, results: dict,
+             breakdowns: dict) -> None:
+    placement, transport = cell.split("/")
+    owner = ReplayBuffer(OBS[obs][3], batch_size=BATCH, placement=placement, transport=transport, seed=0)
+    stack.callback(owner.shutdown)
+    t0 = time.perf_counter()
+    owner.start()
+    started = time.perf_counter() - t0
+    host = getattr(owner, "_host", None)
+    if host is not None and host.child is not None:
+        pids.add(host.child.pid)
+    client = None
+    try:
+        client = owner.client()
+        results[(cell, obs)] = measure_client(client, obs, quick)
+        if placement == "process" and obs == TARGET_OBS:
+            breakdowns[(cell, obs)] = breakdown(client, transport, obs, quick)
+    finally:
+        del client
+        owner.shutdown()
+    r = results[(cell, obs)]
+    print(f"  measured {cell:<22} {obs:>8}  extend p50 {r['extend']['p50']:9.1f} us  sample p50 "
+          f"{r['sample']['p50']:9.1f} us  (start {started:.1f} s)", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- report
+def report(results: dict, breakdowns: dict, obs_list, cells) -> None:
+    for obs in obs_list:
+        print(f"\n### {obs}: {OBS[obs][0]} + action int64 + reward float32; batch {BATCH}; capacity {OBS[obs][3]}\n")
+        print("| placement/transport | extend p50 us | extend transitions/s | sample p50 us | sample p95 us "
+              "| sampled transitions/s | sample p50 / direct |")
+        print("|---|---|---|---|---|---|---|")
+        direct = results.get(("direct/direct", obs))
+        base = direct["sample"]["p50"] if direct else None
+        for cell in ["floor: torch gather", *cells]:
+            r = results.get((cell, obs))
+            if r is None:
+                continue
+            e = r.get("extend")
+            s = r["sample"]
+            ext = f"{e['p50']:.1f} | {e['rate']:,.0f}" if e else "- | -"
+            ratio = f"{s['p50'] / base:.2f}" if base else "-"
+            print(f"| {cell} | {ext} | {s['p50']:.1f} | {s['p95']:.1f} | {s['rate']:,.0f} | {ratio} |")
+    if breakdowns:
+        print("\n### Where a process sample's time goes (84x84x4; p50 of each piece measured separately)\n")
+        print("| row | piece | p50 us |")
+        print("|---|---|---|")
+        for (cell, obs), parts in breakdowns.items():
+            total = results[(cell, obs)]["sample"]["p50"]
+            for name, value in parts:
+                print(f"| {cell} | {name} | {value:.1f} |")
+            print(f"| {cell} | rest (pipe transfer, scheduling, waits): measured sample p50 minus the pieces "
+                  f"| {total - sum(v for _, v in parts):.1f} |")
+            print(f"| {cell} | **measured sample p50** | **{total:.1f}** |")
+
+    print(f"\n### Target ({TARGET_OBS}: process sample p50 at most {TARGET_RATIO:.0f}x the direct buffer's sample p50)\n")
+    direct = results.get(("direct/direct", TARGET_OBS))
+    meets = []
+    for cell in [c for c in cells if c.startswith("process/")]:
+        r = results.get((cell, TARGET_OBS))
+        if r is None or direct is None:
+            print(f"- {cell}: not measured in this run")
+            continue
+        ratio = r["sample"]["p50"] / direct["sample"]["p50"]
+        ok = ratio <= TARGET_RATIO
+        if ok:
+            meets.append(cell)
+        print(f"- {'PASS' if ok else 'MISS'} {cell}: sample p50 {r['sample']['p50']:.1f} us = {ratio:.2f}x direct "
+              f"({direct['sample']['p50']:.1f} us); target <= {TARGET_RATIO:.2f}x")
+    print(f"- process transports meeting the target: {', '.join(meets) if meets else 'none'}")
+
+
+def leftover_segments(pids: set) -> list[str]:
+    try:
+        names = os.listdir("/dev/shm")
+    except FileNotFoundError:
+        return []
+    return [n for n in names if any(n.startswith(f"{SHM_PREFIX}{pid}_") for pid in pids)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a fifth of the calls")
+    parser.add_argument("--obs", nargs="+", default=list(OBS), choices=list(OBS))
+    parser.add_argument("--cells", nargs="+", default=CELLS, choices=CELLS)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    cells = [c for c in CELLS if c in args.cells]
+
+    results: dict = {}
+    breakdowns: dict = {}
+    pids = {os.getpid()}
+    started = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        for obs in args.obs:
+            results[("floor: torch gather", obs)] = measure_gather(obs, args.quick)
+            print(f"  measured {'floor: torch gather':<22} {obs:>8}  sample p50 "
+                  f"{results[('floor: torch gather', obs)]['sample']['p50']:9.1f} us", file=sys.stderr, flush=True)
+            for cell in cells:
+                run_cell(cell, obs, args.quick, stack, pids, results, breakdowns)
+
+    print(f"# Replay buffer extend and sample (median over calls; {os.cpu_count()} CPUs; torch {torch.__version__}; "
+          f"{'quick' if args.quick else 'full'} run, {time.monotonic() - started:.0f} s)")
+    print("\nEach row drives a started ReplayBuffer through owner.client(); extend writes 256 transitions, sample "
+          "returns 256. `floor: torch gather` is randint + index_select of every leaf from preallocated tensors; "
+          "the `direct/direct` row is the buffer's own sample. ratio = sample p50 / direct sample p50.")
+    report(results, breakdowns, args.obs, cells)
+    left = leftover_segments(pids)
+    print(f"\ncleanup: every owner shut down; {len(left)} rlsvc segment(s) of this run left in /dev/shm"
+          + (f": {', '.join(left)}" if left else ""))
+
+
+if __name__ == "__main__":
+    main()
