@@ -83,22 +83,28 @@ def calls(obs: str, quick: bool) -> tuple[int, int]:
 
 
 # ---------------------------------------------------------------------------------------------- measuring
-def timed(call, warmup: int, n: int, budget: float = BUDGET_S) -> tuple[np.ndarray, float]:
-    """Latencies (us) of up to ``n`` calls after ``warmup`` (fewer if ``budget`` seconds run out), and the
-    wall seconds of the measured calls."""
-    for _ in range(warmup):
-        call()
-    lat = []
+def interleaved(calls: dict, warmup: int, n: int, rounds: int = 5, budget: float = BUDGET_S) -> dict:
+    """Latencies (us) and wall seconds of up to ``n`` calls of each named callable, measured in ``rounds``
+    alternating blocks so that every row sees the same load on a shared machine; a row stops early once its
+    measured calls took ``budget`` seconds."""
     clock = time.perf_counter
-    start = clock()
-    for _ in range(n):
-        t0 = clock()
-        call()
-        t1 = clock()
-        lat.append(t1 - t0)
-        if t1 - start > budget:
-            break
-    return np.asarray(lat) * 1e6, clock() - start
+    for call in calls.values():
+        for _ in range(warmup):
+            call()
+    lat = {name: [] for name in calls}
+    wall = dict.fromkeys(calls, 0.0)
+    per_round = max(1, n // rounds)
+    for _ in range(rounds):
+        for name, call in calls.items():
+            if wall[name] > budget:
+                continue
+            start = clock()
+            for _ in range(per_round):
+                t0 = clock()
+                call()
+                lat[name].append(clock() - t0)
+            wall[name] += clock() - start
+    return {name: (np.asarray(v) * 1e6, wall[name]) for name, v in lat.items()}
 
 
 def stats(lat: np.ndarray, wall: float, per_call: int) -> dict:
@@ -106,100 +112,90 @@ def stats(lat: np.ndarray, wall: float, per_call: int) -> dict:
             "rate": len(lat) * per_call / wall, "n": len(lat)}
 
 
-def measure_client(client, obs: str, quick: bool) -> dict:
-    n_extend, n_sample = calls(obs, quick)
-    batch = make_batch(obs)
-    lat, wall = timed(lambda: client.extend(batch), max(2, n_extend // 10), n_extend)
-    out = {"extend": stats(lat, wall, BATCH)}
-    check = client.sample(BATCH)
-    assert check["observation"].shape == (BATCH, *OBS[obs][2]), check
-    lat, wall = timed(lambda: client.sample(BATCH), max(3, n_sample // 10), n_sample)
-    out["sample"] = stats(lat, wall, BATCH)
-    return out
-
-
-def measure_gather(obs: str, quick: bool) -> dict:
-    """The floor: index_select of 256 random rows of every leaf of preallocated storage into new tensors."""
-    _, _, _, capacity, _ = OBS[obs]
-    _, n_sample = calls(obs, quick)
-    layout = make_batch(obs, 1)
-    storage = {k: torch.zeros((capacity, *v.shape[1:]), dtype=v.dtype) for k, v in layout.items()}
-    for k, v in make_batch(obs, capacity, seed=1).items():
-        storage[k].copy_(v)
+def gather_floor(obs: str):
+    """The floor: randint + index_select of 256 rows of every leaf of preallocated storage into new tensors."""
+    capacity = OBS[obs][3]
+    storage = {k: v.clone() for k, v in make_batch(obs, capacity, seed=1).items()}
 
     def call():
         index = torch.randint(capacity, (BATCH,))
         return {k: torch.index_select(t, 0, index) for k, t in storage.items()}
-
-    lat, wall = timed(call, max(3, n_sample // 10), n_sample)
-    return {"sample": stats(lat, wall, BATCH)}
+    return call
 
 
 def breakdown(client, transport: str, obs: str, quick: bool) -> list[tuple[str, float]]:
-    """Where a process sample's time goes: each piece's p50 (us), measured separately in this process or
-    through ``client``; the residual is the sum's difference from the measured sample p50."""
-    _, n_sample = calls(obs, quick)
-    n = max(20, n_sample // 2)
-    parts = []
-    lat, _ = timed(lambda: len(client), 20, n * 2, budget=4.0)
-    parts.append(("command round trip with no payload (len(client))", float(np.median(lat))))
-    # the owner-side sample, as the twin in the child runs it: a direct buffer of the same layout, filled
+    """Where a process sample's time goes: each piece's p50 (us), measured in this process or through
+    ``client``, interleaved with the process sample itself (the last entry)."""
+    n = max(20, calls(obs, quick)[1] // 2)
     direct = ReplayBuffer(OBS[obs][3], batch_size=BATCH, placement="direct", transport="direct", seed=0).start()
+    bank = None
     try:
         batch = make_batch(obs)
         for _ in range(OBS[obs][3] // BATCH):
             direct.extend(batch)
-        lat, _ = timed(lambda: direct.sample(BATCH), 5, n, budget=4.0)
-        parts.append(("owner: ReplayBuffer.sample (gather + clone)", float(np.median(lat))))
         sample = direct.sample(BATCH)
-    finally:
-        direct.shutdown()
-    if transport == "shared_memory":
-        probe = Layout.from_tensordict(sample[0])
-        bank = SlotBank(probe, BATCH)
-        try:
+        pieces = {
+            "command round trip with no payload (len(client))": lambda: len(client),
+            "owner: ReplayBuffer.sample, run here (TensorDict index + clone)": lambda: direct.sample(BATCH),
+        }
+        if transport == "shared_memory":
+            bank = SlotBank(Layout.from_tensordict(sample[0]), BATCH)
+
             def copy_in():
                 for leaf in bank.layout:
                     bank.slots.get(leaf.key).copy_(sample.get(leaf.key))
-            lat, _ = timed(copy_in, 5, n, budget=4.0)
-            parts.append(("owner: copy the sample into the shared slots", float(np.median(lat))))
-            lat, _ = timed(lambda: bank.slots.clone(), 5, n, budget=4.0)
-            parts.append(("client: bank.slots.clone() out of shared memory", float(np.median(lat))))
-        finally:
+            pieces["owner: copy the sample into the shared slots"] = copy_in
+            pieces["client: bank.slots.clone() out of shared memory"] = lambda: bank.slots.clone()
+        else:
+            blob = pickle.dumps((0, 0, to_wire(sample)), protocol=pickle.HIGHEST_PROTOCOL)
+            pieces[f"owner: to_wire + pickle.dumps of the reply ({len(blob) / 1e6:.1f} MB)"] = \
+                lambda: pickle.dumps((0, 0, to_wire(sample)), protocol=pickle.HIGHEST_PROTOCOL)
+            pieces["client: pickle.loads + from_wire"] = lambda: from_wire(pickle.loads(blob)[2])
+        pieces["TOTAL"] = lambda: client.sample(BATCH)
+        measured = interleaved(pieces, 3, n, budget=6.0)
+    finally:
+        if bank is not None:
             bank.close()
-    else:
-        blob = pickle.dumps((0, 0, to_wire(sample)), protocol=pickle.HIGHEST_PROTOCOL)
-        lat, _ = timed(lambda: pickle.dumps((0, 0, to_wire(sample)), protocol=pickle.HIGHEST_PROTOCOL), 5, n, budget=4.0)
-        parts.append((f"owner: to_wire + pickle.dumps of the reply ({len(blob) / 1e6:.1f} MB)", float(np.median(lat))))
-        lat, _ = timed(lambda: from_wire(pickle.loads(blob)[2]), 5, n, budget=4.0)
-        parts.append(("client: pickle.loads + from_wire", float(np.median(lat))))
-    return parts
+        direct.shutdown()
+    return [(name, float(np.median(lat))) for name, (lat, _) in measured.items()]
 
 
 # ---------------------------------------------------------------------------------------------- cells
-def run_cell(cell: str, obs: str, quick: bool, stack: contextlib.ExitStack, pids: set, results: dict,
-             breakdowns: dict) -> None:
-    placement, transport = cell.split("/")
-    owner = ReplayBuffer(OBS[obs][3], batch_size=BATCH, placement=placement, transport=transport, seed=0)
-    stack.callback(owner.shutdown)
-    t0 = time.perf_counter()
-    owner.start()
-    started = time.perf_counter() - t0
-    host = getattr(owner, "_host", None)
-    if host is not None and host.child is not None:
-        pids.add(host.child.pid)
-    client = None
-    try:
-        client = owner.client()
-        results[(cell, obs)] = measure_client(client, obs, quick)
-        if placement == "process" and obs == TARGET_OBS:
-            breakdowns[(cell, obs)] = breakdown(client, transport, obs, quick)
-    finally:
-        del client
-        owner.shutdown()
-    r = results[(cell, obs)]
-    print(f"  measured {cell:<22} {obs:>8}  extend p50 {r['extend']['p50']:9.1f} us  sample p50 "
-          f"{r['sample']['p50']:9.1f} us  (start {started:.1f} s)", file=sys.stderr, flush=True)
+def run_obs(obs: str, cells, quick: bool, pids: set, results: dict, breakdowns: dict) -> None:
+    """Start every cell's owner for ``obs``, then measure extend and sample of all of them interleaved."""
+    n_extend, n_sample = calls(obs, quick)
+    batch = make_batch(obs)
+    with contextlib.ExitStack() as stack:
+        clients = {}
+        for cell in cells:
+            placement, transport = cell.split("/")
+            owner = ReplayBuffer(OBS[obs][3], batch_size=BATCH, placement=placement, transport=transport, seed=0)
+            stack.callback(owner.shutdown)
+            t0 = time.perf_counter()
+            owner.start()
+            host = getattr(owner, "_host", None)
+            if host is not None and host.child is not None:
+                pids.add(host.child.pid)
+            clients[cell] = owner.client()
+            print(f"  started {cell:<22} {obs:>8} in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        ext = interleaved({cell: (lambda c=c: c.extend(batch)) for cell, c in clients.items()},
+                          max(2, n_extend // 10), n_extend)
+        for cell, c in clients.items():
+            assert c.sample(BATCH)["observation"].shape == (BATCH, *OBS[obs][2])
+        rows = {"floor: torch gather": gather_floor(obs)}
+        rows.update({cell: (lambda c=c: c.sample(BATCH)) for cell, c in clients.items()})
+        smp = interleaved(rows, max(3, n_sample // 10), n_sample)
+        for name in rows:
+            results[(name, obs)] = {"sample": stats(*smp[name], BATCH)}
+            if name in ext:
+                results[(name, obs)]["extend"] = stats(*ext[name], BATCH)
+            r = results[(name, obs)]
+            print(f"  measured {name:<22} {obs:>8}  sample p50 {r['sample']['p50']:9.1f} us", file=sys.stderr, flush=True)
+        if obs == TARGET_OBS:
+            for cell, c in clients.items():
+                if cell.startswith("process/"):
+                    breakdowns[(cell, obs)] = breakdown(c, cell.split("/")[1], obs, quick)
+        clients.clear()
 
 
 # ---------------------------------------------------------------------------------------------- report
@@ -221,16 +217,18 @@ def report(results: dict, breakdowns: dict, obs_list, cells) -> None:
             ratio = f"{s['p50'] / base:.2f}" if base else "-"
             print(f"| {cell} | {ext} | {s['p50']:.1f} | {s['p95']:.1f} | {s['rate']:,.0f} | {ratio} |")
     if breakdowns:
-        print("\n### Where a process sample's time goes (84x84x4; p50 of each piece measured separately)\n")
+        print(f"\n### Where a process sample's time goes ({TARGET_OBS}; pieces timed separately, interleaved with "
+              "the process sample itself)\n")
         print("| row | piece | p50 us |")
         print("|---|---|---|")
         for (cell, obs), parts in breakdowns.items():
-            total = results[(cell, obs)]["sample"]["p50"]
-            for name, value in parts:
+            total = dict(parts)["TOTAL"]
+            pieces = [(k, v) for k, v in parts if k != "TOTAL"]
+            for name, value in pieces:
                 print(f"| {cell} | {name} | {value:.1f} |")
-            print(f"| {cell} | rest (pipe transfer, scheduling, waits): measured sample p50 minus the pieces "
-                  f"| {total - sum(v for _, v in parts):.1f} |")
-            print(f"| {cell} | **measured sample p50** | **{total:.1f}** |")
+            print(f"| {cell} | rest (pipe transfer, scheduling, waits): the process sample minus the pieces "
+                  f"| {total - sum(v for _, v in pieces):.1f} |")
+            print(f"| {cell} | **process sample(256) in this window** | **{total:.1f}** |")
 
     print(f"\n### Target ({TARGET_OBS}: process sample p50 at most {TARGET_RATIO:.0f}x the direct buffer's sample p50)\n")
     direct = results.get(("direct/direct", TARGET_OBS))
@@ -270,13 +268,8 @@ def main() -> None:
     breakdowns: dict = {}
     pids = {os.getpid()}
     started = time.monotonic()
-    with contextlib.ExitStack() as stack:
-        for obs in args.obs:
-            results[("floor: torch gather", obs)] = measure_gather(obs, args.quick)
-            print(f"  measured {'floor: torch gather':<22} {obs:>8}  sample p50 "
-                  f"{results[('floor: torch gather', obs)]['sample']['p50']:9.1f} us", file=sys.stderr, flush=True)
-            for cell in cells:
-                run_cell(cell, obs, args.quick, stack, pids, results, breakdowns)
+    for obs in args.obs:
+        run_obs(obs, cells, args.quick, pids, results, breakdowns)
 
     print(f"# Replay buffer extend and sample (median over calls; {os.cpu_count()} CPUs; torch {torch.__version__}; "
           f"{'quick' if args.quick else 'full'} run, {time.monotonic() - started:.0f} s)")

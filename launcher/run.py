@@ -23,6 +23,7 @@ from transports.config import TransportConfig
 
 from .plan import ComponentPlan, LaunchPlan, recipe_of
 from .report import ProgressLine
+from .telemetry import EdgeReporter
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +121,9 @@ def execute(plan: LaunchPlan, cfg: DictConfig, run_dir: str, *, on_started: Call
             clients[c.name] = owner.client()
         if on_started is not None:
             on_started(owners)
+        reporter = EdgeReporter(owners, clients["logger"], every=float(cfg.launcher.telemetry_every)).start()
+        stack.callback(reporter.report)  # a last reading before the services stop
+        stack.callback(reporter.stop)
         result = recipe.run(
             rcfg,
             Clients(

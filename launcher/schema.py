@@ -137,6 +137,7 @@ class LauncherConf:
     torch_threads: int = 1  # torch intra-op threads in the driver (1 is fastest for small models)
     progress: bool = True  # live progress line
     plot: bool = True  # write learning_curve.png at the end
+    telemetry_every: float = 5.0  # seconds between per-edge metrics (batch fill, queue wait, policy lag)
 
 
 @dataclass

@@ -34,5 +34,9 @@ def test_recipe_runs_in_every_placement(recipe, overrides, tmp_path):
     if len(overrides) > 1:
         transport = overrides[1].split("=")[1]
         assert next(c for c in plan["components"] if c["name"] == "inference")["transport"] == transport
-    assert (run_dir / "metrics.csv").read_text().count("train/mean_return") >= 1
+    metrics = (run_dir / "metrics.csv").read_text()
+    assert metrics.count("train/mean_return") >= 1
+    assert "edge/replay/size" in metrics and "edge/policy_lag" in metrics  # per-edge figures, read at the end
+    if service != "direct":
+        assert "edge/inference/batch_fill" in metrics
     assert "Traceback" not in proc.stderr

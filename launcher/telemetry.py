@@ -1,0 +1,64 @@
+"""Per-edge figures, logged while a recipe trains: how full inference batches are, how long requests wait,
+how far the served policy lags the learner, how much the replay buffer holds.
+
+A background thread of the launcher reads the owners (never the recipe) every ``every`` seconds and logs
+through the logger client, with the collector's frame count as the step.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Mapping
+
+log = logging.getLogger(__name__)
+
+
+def edge_metrics(owners: Mapping[str, Any]) -> dict[str, float]:
+    """One reading of every edge the owners expose."""
+    out: dict[str, float] = {}
+    inference = owners.get("inference")
+    if inference is not None and inference.placement != "direct":
+        stats = inference.stats()
+        if stats["batches"]:
+            out["edge/inference/batch_fill"] = stats["mean_batch_size"] / inference.config.max_batch_size
+            out["edge/inference/mean_batch_size"] = stats["mean_batch_size"]
+            out["edge/inference/queue_wait_p50_ms"] = 1000 * stats["queue_wait_p50"]
+            out["edge/inference/forward_p50_ms"] = 1000 * stats["forward_p50"]
+    sync = owners.get("weight_sync")
+    if inference is not None and sync is not None:
+        out["edge/policy_lag"] = float(max(0, sync.version - inference.policy_version))
+    replay = owners.get("replay")
+    if replay is not None:
+        out["edge/replay/size"] = float(len(replay))
+    return out
+
+
+class EdgeReporter:
+    """Logs :func:`edge_metrics` every ``every`` seconds until stopped; errors are logged, never raised."""
+
+    def __init__(self, owners: Mapping[str, Any], logger: Any, every: float = 5.0):
+        self.owners, self.logger, self.every = owners, logger, every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="edge-reporter", daemon=True)
+
+    def start(self) -> "EdgeReporter":
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            self.report()
+
+    def report(self) -> None:
+        try:
+            metrics = edge_metrics(self.owners)
+            if metrics:
+                collector = self.owners.get("collector")
+                self.logger.log_metrics(metrics, step=getattr(collector, "frames", None))
+        except Exception as exc:  # noqa: BLE001 - telemetry must never break training
+            log.warning("edge metrics skipped: %s", exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
