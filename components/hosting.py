@@ -8,6 +8,7 @@ call site; only the component's client operations are accepted (a client cannot 
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -18,6 +19,20 @@ from transports.errors import RemoteError, ServiceError
 from .process import ChildProcess
 
 POLL = 0.05
+
+
+def hosted(method):
+    """Route a domain operation called on a thread- or process-placed owner through the owner's own client
+    (``self._remote``); on a direct owner (and on the hosted twin) the method runs as written."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        if self._remote is not None:
+            return getattr(self._remote, name)(*args, **kwargs)
+        return method(self, *args, **kwargs)
+
+    return wrapper
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import torch
 
 from transports.errors import ConfigurationError
 
-from .hosting import Allowed, CommandClient, Host
+from .hosting import Allowed, CommandClient, Host, hosted
 from .service import Owner
 
 CLIENT_OPERATIONS = frozenset({"log_scalar", "log_metrics", "log_hparams", "log_video", "flush"})
@@ -32,19 +32,6 @@ def _as_float(name: str, value: Any) -> float:
         return float(value.item() if hasattr(value, "item") else value)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"log value for {name!r} must be a number or a one-element tensor, got {value!r}") from exc
-
-
-def hosted(method):
-    """Route a logging call on a thread- or process-placed owner through the owner's own client."""
-    name = method.__name__
-
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        if self._remote is not None:
-            return getattr(self._remote, name)(*args, **kwargs)
-        return method(self, *args, **kwargs)
-
-    return wrapper
 
 
 def video_frames(video: torch.Tensor) -> torch.Tensor:

@@ -50,3 +50,16 @@ def no_leaked_threads():
     yield
     leaked = [t for t in threading.enumerate() if t not in before and t.is_alive() and not t.daemon]
     assert not leaked, f"threads left running: {leaked}"
+
+
+def proc_state(pid: int) -> str:
+    """The state letter of process ``pid`` (``Z`` for a zombie), or ``gone``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def process_gone(pid: int) -> bool:
+    return proc_state(pid) in ("gone", "Z")

@@ -13,6 +13,7 @@ from components.errors import PeerFailureError, RemoteError
 from components.inference import InferenceServer, InferenceServerConfig
 from components.replay import ReplayBuffer
 
+from .conftest import proc_state
 from .factories import CartPolePolicy, LocalPolicy, cartpole_envs, crashing_envs
 
 PLACEMENTS = ["direct", "thread", "process"]
@@ -33,15 +34,9 @@ def test_batches_are_time_by_env_and_workers_are_seeded_differently(placement):
     assert len({tuple(row.tolist()) for row in first}) == 3 * workers  # every env of every worker differs
     assert len(pids) == (workers if placement == "process" else 0)
     for pid in pids:  # worker processes are gone after shutdown
-        assert not os.path.exists(f"/proc/{pid}") or _state(pid) == "Z"
+        assert not os.path.exists(f"/proc/{pid}") or proc_state(pid) == "Z"
 
 
-def _state(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
 
 
 def test_process_collector_with_an_inference_owner_gives_each_worker_its_own_slot():

@@ -25,6 +25,7 @@ from components.service import LIFECYCLE_METHODS
 from transports import Layout
 from transports._shared import SHM_PREFIX
 
+from .conftest import proc_state
 from .factories import echo_factory, failing_factory
 
 CELLS = [("thread", "thread"), ("thread", "direct"), ("process", "queue"), ("process", "shared_memory"),
@@ -237,17 +238,11 @@ def test_the_child_exits_when_its_parent_dies(tmp_path):
     os.kill(parent.pid, signal.SIGKILL)
     parent.join()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and os.path.exists(f"/proc/{child}") and "Z" not in _state(child):
+    while time.monotonic() < deadline and os.path.exists(f"/proc/{child}") and "Z" not in proc_state(child):
         time.sleep(0.1)
-    assert not os.path.exists(f"/proc/{child}") or "Z" in _state(child), "server child outlived its parent"
+    assert not os.path.exists(f"/proc/{child}") or "Z" in proc_state(child), "server child outlived its parent"
 
 
-def _state(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
 
 
 # ---------------------------------------------------------------------------------------------- bad input

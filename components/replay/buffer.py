@@ -19,7 +19,7 @@ from tensordict import TensorDict, TensorDictBase
 from transports.errors import ConfigurationError, LayoutError
 from transports.layout import Layout
 
-from ..hosting import Allowed, Host
+from ..hosting import Allowed, Host, hosted
 from ..service import Owner
 from .filters import PolicyAgeFilter
 from .samplers import SAMPLERS, make_sampler
@@ -29,19 +29,6 @@ CLIENT_OPERATIONS = frozenset({
     "add", "extend", "sample", "update_priority", "__len__", "empty", "state_dict", "load_state_dict",
     "_open_extend_stage", "_extend_from_stage", "_open_sample_stage", "_sample_into_stage",
 })
-
-
-def hosted(method):
-    """Route a domain operation called on a thread- or process-placed owner through the owner's own client."""
-    name = method.__name__
-
-    @functools.wraps(method)
-    def wrapper(self, *args, **kwargs):
-        if self._remote is not None:
-            return getattr(self._remote, name)(*args, **kwargs)
-        return method(self, *args, **kwargs)
-
-    return wrapper
 
 
 class ReplayBuffer(Owner["ReplayBuffer"]):
