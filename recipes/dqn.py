@@ -39,6 +39,7 @@ class DQNConfig:
         updates_per_batch: gradient steps after each collected batch.
         lr: Adam learning rate.
         gamma: discount factor.
+        n_step: steps summed into each TD target (1: one-step Q-learning); an episode's end cuts the sum short.
         tau: soft target-network update rate per gradient step (1.0: hard copy every ``target_every`` steps).
         target_every: gradient steps between target updates.
         eps_start: initial exploration rate.
@@ -62,6 +63,7 @@ class DQNConfig:
     updates_per_batch: int = 4
     lr: float = 1e-3
     gamma: float = 0.99
+    n_step: int = 3
     tau: float = 0.01
     target_every: int = 1
     eps_start: float = 1.0
@@ -112,6 +114,30 @@ def make_policy(cfg: DQNConfig, spec) -> EpsilonGreedy:
     return EpsilonGreedy(cfg, spec)
 
 
+# ============================================================================ n-step transitions
+
+
+def n_step_transitions(seq, cfg: DQNConfig):
+    """Fold ``[time, env]`` steps into ``n_step`` transitions: one per start step whose next ``n_step`` steps
+    are all in ``seq`` (the last ``n_step - 1`` steps start none yet). ``next`` gets the discounted reward sum,
+    the observation and ``terminated`` of the window's last step (the episode's end if it comes first), and
+    ``discount``: ``gamma ** steps`` for bootstrapping."""
+    count = seq.shape[0] - (cfg.n_step - 1)
+    out = seq[:count].clone()
+    nxt = seq["next"]
+    reward, discount = torch.zeros_like(out["next", "reward"]), torch.ones_like(out["next", "reward"])
+    alive = torch.ones_like(out["next", "done"])
+    for k in range(cfg.n_step):
+        step = nxt[k : k + count]
+        reward += alive * discount * step["reward"]
+        out["next", "observation"] = torch.where(alive.unsqueeze(-1), step["observation"], out["next", "observation"])
+        out["next", "terminated"] = torch.where(alive, step["terminated"], out["next", "terminated"])
+        discount = torch.where(alive, discount * cfg.gamma, discount)
+        alive = alive & ~step["done"]
+    out["next", "reward"], out["next", "discount"] = reward, discount
+    return out
+
+
 # ============================================================================ loss
 
 
@@ -122,7 +148,7 @@ def td_loss(mb, online: nn.Module, target: nn.Module, cfg: DQNConfig) -> tuple[t
     with torch.no_grad():
         next_action = online(nxt["observation"]).argmax(-1, keepdim=True)
         next_q = target(nxt["observation"]).gather(-1, next_action).squeeze(-1)
-        y = nxt["reward"] + cfg.gamma * (~nxt["terminated"]).float() * next_q
+        y = nxt["reward"] + nxt["discount"] * (~nxt["terminated"]).float() * next_q
     error = q - y
     loss = (mb.get("_weight", torch.ones_like(error)) * F.smooth_l1_loss(q, y, reduction="none")).mean()
     return loss, error.detach().abs()
@@ -144,7 +170,9 @@ def run(cfg: DQNConfig, clients: Clients) -> dict:
     returns: deque[float] = deque(maxlen=cfg.window)
     curve: list[tuple[int, float]] = []
     frames, episodes, updates, solved_at = 0, 0, 0, None
-    keys = ["observation", "action", "policy_version", ("next", "observation"), ("next", "reward"), ("next", "terminated")]
+    keys = ["observation", "action", "policy_version", ("next", "observation"), ("next", "reward"), ("next", "terminated"),
+            ("next", "done")]
+    pending = None  # the last n_step - 1 steps, which start no complete n-step window yet
     start = time.perf_counter()
     stats: dict = {}
 
@@ -157,7 +185,10 @@ def run(cfg: DQNConfig, clients: Clients) -> dict:
         mean_return = sum(returns) / len(returns) if returns else float("nan")
         if returns:
             curve.append((frames, mean_return))
-        clients.replay.extend(batch.select(*keys).reshape(-1))
+        seq = batch.select(*keys) if pending is None else torch.cat([pending, batch.select(*keys)], dim=0)
+        if seq.shape[0] >= cfg.n_step:
+            clients.replay.extend(n_step_transitions(seq, cfg).exclude(("next", "done")).reshape(-1))
+        pending = seq[max(0, seq.shape[0] - (cfg.n_step - 1)):]
 
         # ---- learn
         if frames >= cfg.learning_starts:

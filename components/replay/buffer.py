@@ -174,7 +174,10 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
             if n >= self.capacity:
                 rows, n = rows[-self.capacity :], self.capacity
             index = (torch.arange(n) + self._cursor) % self.capacity
-            self._storage[index] = rows
+            first = min(n, self.capacity - self._cursor)  # one contiguous slice, or two when the write wraps
+            self._storage[self._cursor : self._cursor + first] = rows[:first]
+            if first < n:
+                self._storage[: n - first] = rows[first:]
             self._valid[index] = True
             self._sampler.on_write(index)
             self._cursor = int((self._cursor + n) % self.capacity)
@@ -199,18 +202,21 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
             RuntimeError: nothing valid to sample.
         """
         self._require_running()
-        n = batch_size or self.batch_size
         with self._lock:
-            if self._size == 0:
-                raise RuntimeError("cannot sample from an empty replay buffer")
-            self._apply_sample_filters()
-            valid = None if bool(self._valid[: self._size].all()) else self._valid
-            index, weight = self._sampler.sample(n, self._size, valid)
-            out = self._storage[index].clone()
+            index, weight = self._draw(batch_size or self.batch_size)
+            # index_select copies each leaf once (advanced indexing plus clone would copy twice, slowly)
+            out = self._storage.apply(lambda leaf: torch.index_select(leaf, 0, index), batch_size=[len(index)])
         out.set("index", index.to(torch.long))
         if weight is not None:
             out.set("_weight", weight)
         return out
+
+    def _draw(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self._size == 0:
+            raise RuntimeError("cannot sample from an empty replay buffer")
+        self._apply_sample_filters()
+        valid = None if bool(self._valid[: self._size].all()) else self._valid
+        return self._sampler.sample(n, self._size, valid)
 
     def _apply_sample_filters(self) -> None:
         for f in self.filters:
@@ -303,10 +309,16 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
         return len(self._stages) - 1, bank
 
     def _sample_into_stage(self, stage: int, batch_size: int) -> None:
+        """Gather a sample straight into a client's shared slots (one copy per leaf)."""
+        self._require_running()
         bank = self._stages[stage]
-        out = self.sample(batch_size)
-        for leaf in bank.layout:
-            bank.slots.get(leaf.key).copy_(out.get(leaf.key))
+        with self._lock:
+            index, weight = self._draw(batch_size)
+            for leaf in self._layout:
+                torch.index_select(self._storage.get(leaf.key), 0, index, out=bank.slots.get(leaf.key))
+        bank.slots.get("index").copy_(index)
+        if weight is not None:
+            bank.slots.get("_weight").copy_(weight)
 
 
 def _rows(batch: TensorDictBase, layout: Layout) -> TensorDict:
