@@ -61,3 +61,64 @@ class Recipe:
     services: Callable[[Any, Any], Mapping[str, Mapping[str, Any]]]
     run: Callable[[Any, Clients], Mapping[str, Any]]
     needs: tuple[str, ...] = field(default=("logger", "weight_sync", "replay", "inference", "collector"))
+
+
+class EpisodeStats:
+    """Bookkeeping every recipe shares: frames, finished episodes, the recent mean return, the learning curve.
+
+    Args:
+        window: how many recent episodes the mean return covers.
+    """
+
+    def __init__(self, window: int):
+        import collections
+        import time
+
+        self._clock = time.perf_counter
+        self.window = window
+        self.returns: collections.deque = collections.deque(maxlen=window)
+        self.curve: list[tuple[int, float]] = []
+        self.frames = 0
+        self.episodes = 0
+        self.solved_at: int | None = None
+        self.start = self._clock()
+
+    def update(self, batch) -> float:
+        """Count a collected ``[time, env]`` batch; returns the mean return of the recent episodes."""
+        self.frames += batch.numel()
+        finished = batch["next", "episode_return"][batch["next", "done"]].tolist()
+        self.returns.extend(finished)
+        self.episodes += len(finished)
+        if self.returns:
+            self.curve.append((self.frames, self.mean_return))
+        return self.mean_return
+
+    @property
+    def mean_return(self) -> float:
+        return sum(self.returns) / len(self.returns) if self.returns else float("nan")
+
+    @property
+    def fps(self) -> float:
+        elapsed = self._clock() - self.start
+        return self.frames / elapsed if elapsed > 0 else 0.0
+
+    def reached(self, target: float | None) -> bool:
+        """Whether a full window of episodes averages at least ``target`` (recorded as the solving frame)."""
+        if target is not None and len(self.returns) >= self.window and self.mean_return >= target:
+            self.solved_at = self.frames
+            return True
+        return False
+
+    def result(self) -> dict:
+        """What ``run`` returns: frames, wall seconds, frames/s, episodes, final mean return, solved, curve."""
+        elapsed = self._clock() - self.start
+        return {
+            "frames": self.frames,
+            "wall_seconds": elapsed,
+            "fps": self.frames / elapsed if elapsed else 0.0,
+            "episodes": self.episodes,
+            "final_mean_return": self.mean_return,
+            "solved": self.solved_at is not None,
+            "solved_at_frames": self.solved_at,
+            "curve": self.curve,
+        }

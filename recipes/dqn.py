@@ -1,9 +1,10 @@
-"""Deep Q-learning (double DQN with prioritized replay, a target network and an epsilon schedule),
+"""Deep Q-learning (double DQN with n-step returns, prioritized replay, a target network and an epsilon schedule),
 written against service clients only.
 
-Reads top to bottom: the config, the networks, the loss, then ``run``: every collected batch goes into the
-(prioritized) replay buffer; after ``learning_starts`` frames the learner samples minibatches, weights the
-TD errors with the importance weights, updates the priorities, and periodically syncs the target network.
+Reads top to bottom: the config, the networks, the n-step transitions, the loss, then ``run``: every collected
+batch is folded into n-step transitions that go into the (prioritized) replay buffer; after ``learning_starts``
+frames the learner samples minibatches, weights the TD errors with the importance weights, updates the
+priorities, and periodically syncs the target network.
 The behaviour policy (Q-network plus its epsilon) is pushed to the inference server after every batch.
 Transitions older than ``max_policy_lag`` pushes are filtered out of sampling by the replay buffer.
 """
@@ -11,8 +12,6 @@ Transitions older than ``max_policy_lag`` pushes are filtered out of sampling by
 from __future__ import annotations
 
 import math
-import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
@@ -20,7 +19,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .base import Clients, Recipe
+from .base import Clients, EpisodeStats, Recipe
 
 
 @dataclass
@@ -53,22 +52,22 @@ class DQNConfig:
     """
 
     num_envs: int = 8
-    num_steps: int = 4
+    num_steps: int = 8
     total_frames: int = 200_000
     target_return: Optional[float] = 475.0
     window: int = 20
     buffer_size: int = 50_000
     batch_size: int = 128
     learning_starts: int = 1_000
-    updates_per_batch: int = 4
+    updates_per_batch: int = 2
     lr: float = 1e-3
     gamma: float = 0.99
-    n_step: int = 3
+    n_step: int = 20
     tau: float = 0.01
     target_every: int = 1
     eps_start: float = 1.0
-    eps_end: float = 0.02
-    eps_frames: int = 20_000
+    eps_end: float = 0.005
+    eps_frames: int = 10_000
     alpha: float = 0.6
     beta: float = 0.4
     max_policy_lag: int = 2_000
@@ -167,31 +166,25 @@ def run(cfg: DQNConfig, clients: Clients) -> dict:
     clients.weight_sync.push(behaviour)
     clients.logger.log_hparams({k: getattr(cfg, k) for k in cfg.__dataclass_fields__})
 
-    returns: deque[float] = deque(maxlen=cfg.window)
-    curve: list[tuple[int, float]] = []
-    frames, episodes, updates, solved_at = 0, 0, 0, None
+    stats = EpisodeStats(cfg.window)
+    updates, stored = 0, 0
     keys = ["observation", "action", "policy_version", ("next", "observation"), ("next", "reward"), ("next", "terminated"),
             ("next", "done")]
     pending = None  # the last n_step - 1 steps, which start no complete n-step window yet
-    start = time.perf_counter()
-    stats: dict = {}
+    losses: dict = {}
 
     for batch in clients.collector:
-        frames += batch.numel()
-        done = batch["next", "done"]
-        finished = batch["next", "episode_return"][done].tolist()
-        returns.extend(finished)
-        episodes += len(finished)
-        mean_return = sum(returns) / len(returns) if returns else float("nan")
-        if returns:
-            curve.append((frames, mean_return))
+        mean_return = stats.update(batch)
+        frames = stats.frames
         seq = batch.select(*keys) if pending is None else torch.cat([pending, batch.select(*keys)], dim=0)
         if seq.shape[0] >= cfg.n_step:
-            clients.replay.extend(n_step_transitions(seq, cfg).exclude(("next", "done")).reshape(-1))
+            transitions = n_step_transitions(seq, cfg).exclude(("next", "done")).reshape(-1)
+            clients.replay.extend(transitions)
+            stored += transitions.numel()
         pending = seq[max(0, seq.shape[0] - (cfg.n_step - 1)):]
 
         # ---- learn
-        if frames >= cfg.learning_starts:
+        if frames >= cfg.learning_starts and stored:
             for _ in range(cfg.updates_per_batch):
                 mb = clients.replay.sample(cfg.batch_size)
                 loss, error = td_loss(mb, behaviour.q, target, cfg)
@@ -205,35 +198,21 @@ def run(cfg: DQNConfig, clients: Clients) -> dict:
                     with torch.no_grad():
                         for t, o in zip(target.parameters(), behaviour.q.parameters()):
                             t.lerp_(o, cfg.tau)
-            stats = {"loss/td": loss.item(), "q/mean_abs_td": error.mean().item()}
+            losses = {"loss/td": loss.item(), "q/mean_abs_td": error.mean().item()}
         behaviour.epsilon.fill_(max(cfg.eps_end, cfg.eps_start - (cfg.eps_start - cfg.eps_end) * frames / cfg.eps_frames))
         version = clients.weight_sync.push(behaviour)
 
         # ---- report
-        elapsed = time.perf_counter() - start
-        if episodes and frames % (cfg.frames_per_batch * 25) == 0:
-            clients.logger.log_metrics({**stats, "train/mean_return": mean_return, "train/fps": frames / elapsed,
+        if stats.episodes and frames % (cfg.frames_per_batch * 25) == 0:
+            clients.logger.log_metrics({**losses, "train/mean_return": mean_return, "train/fps": stats.fps,
                                         "train/epsilon": float(behaviour.epsilon), "train/policy_version": version},
                                        step=frames)
         clients.progress.update(frames, mean_return=mean_return)
-        if cfg.target_return is not None and len(returns) >= cfg.window and mean_return >= cfg.target_return:
-            solved_at = frames
-            break
-        if frames >= cfg.total_frames:
+        if stats.reached(cfg.target_return) or frames >= cfg.total_frames:
             break
 
-    clients.logger.log_metrics({"train/mean_return": sum(returns) / len(returns) if returns else float("nan")}, step=frames)
-    elapsed = time.perf_counter() - start
-    return {
-        "frames": frames,
-        "wall_seconds": elapsed,
-        "fps": frames / elapsed if elapsed else 0.0,
-        "episodes": episodes,
-        "final_mean_return": sum(returns) / len(returns) if returns else float("nan"),
-        "solved": solved_at is not None,
-        "solved_at_frames": solved_at,
-        "curve": curve,
-    }
+    clients.logger.log_metrics({"train/mean_return": stats.mean_return}, step=stats.frames)
+    return stats.result()
 
 
 def services(cfg: DQNConfig, spec) -> dict:

@@ -9,8 +9,6 @@ Nothing here knows where those services live.
 from __future__ import annotations
 
 import math
-import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
@@ -18,7 +16,7 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Normal
 
-from .base import Clients, Recipe
+from .base import Clients, EpisodeStats, Recipe
 
 
 @dataclass
@@ -202,29 +200,18 @@ def run(cfg: PPOConfig, clients: Clients) -> dict:
     clients.weight_sync.push(learner.policy)  # the server starts from the learner's initial weights
     clients.logger.log_hparams({k: getattr(cfg, k) for k in cfg.__dataclass_fields__})
 
-    returns: deque[float] = deque(maxlen=cfg.window)
-    curve: list[tuple[int, float]] = []
-    frames, episodes, solved_at = 0, 0, None
-    start = time.perf_counter()
+    stats = EpisodeStats(cfg.window)
 
     for batch in clients.collector:
-        frames += batch.numel()
-        # ---- bookkeeping: finished episodes
-        done = batch["next", "done"]
-        finished = batch["next", "episode_return"][done].tolist()
-        returns.extend(finished)
-        episodes += len(finished)
-        mean_return = sum(returns) / len(returns) if returns else float("nan")
-        if returns:
-            curve.append((frames, mean_return))
+        mean_return = stats.update(batch)
 
         # ---- learn
         if cfg.anneal_lr:
-            optimizer.param_groups[0]["lr"] = cfg.lr * max(0.0, 1.0 - frames / cfg.total_frames)
+            optimizer.param_groups[0]["lr"] = cfg.lr * max(0.0, 1.0 - stats.frames / cfg.total_frames)
         clients.replay.extend(estimate_advantages(batch, learner, cfg).reshape(-1))
-        stats = {}
+        losses = {}
         for _ in range(cfg.update_epochs * cfg.num_minibatches):
-            loss, stats = ppo_loss(clients.replay.sample(cfg.minibatch_size), learner, cfg)
+            loss, losses = ppo_loss(clients.replay.sample(cfg.minibatch_size), learner, cfg)
             optimizer.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(learner.parameters(), cfg.max_grad_norm)
@@ -232,29 +219,14 @@ def run(cfg: PPOConfig, clients: Clients) -> dict:
         version = clients.weight_sync.push(learner.policy)
 
         # ---- report
-        elapsed = time.perf_counter() - start
         clients.logger.log_metrics(
-            {**stats, "train/mean_return": mean_return, "train/fps": frames / elapsed, "train/policy_version": version},
-            step=frames,
+            {**losses, "train/mean_return": mean_return, "train/fps": stats.fps, "train/policy_version": version},
+            step=stats.frames,
         )
-        clients.progress.update(frames, mean_return=mean_return)
-        if cfg.target_return is not None and len(returns) >= cfg.window and mean_return >= cfg.target_return:
-            solved_at = frames
+        clients.progress.update(stats.frames, mean_return=mean_return)
+        if stats.reached(cfg.target_return) or stats.frames >= cfg.total_frames:
             break
-        if frames >= cfg.total_frames:
-            break
-
-    elapsed = time.perf_counter() - start
-    return {
-        "frames": frames,
-        "wall_seconds": elapsed,
-        "fps": frames / elapsed if elapsed else 0.0,
-        "episodes": episodes,
-        "final_mean_return": sum(returns) / len(returns) if returns else float("nan"),
-        "solved": solved_at is not None,
-        "solved_at_frames": solved_at,
-        "curve": curve,
-    }
+    return stats.result()
 
 
 def services(cfg: PPOConfig, spec) -> dict:
