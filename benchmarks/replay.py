@@ -47,8 +47,7 @@ from tensordict import TensorDict
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
 from components.replay import ReplayBuffer  # noqa: E402
-from transports._shared import SHM_PREFIX, SlotBank  # noqa: E402
-from transports.layout import Layout  # noqa: E402
+from transports._shared import SHM_PREFIX  # noqa: E402
 from transports.queue import from_wire, to_wire  # noqa: E402
 
 BATCH = 256
@@ -128,7 +127,6 @@ def breakdown(client, transport: str, obs: str, quick: bool) -> list[tuple[str, 
     ``client``, interleaved with the process sample itself (the last entry)."""
     n = max(20, calls(obs, quick)[1] // 2)
     direct = ReplayBuffer(OBS[obs][3], batch_size=BATCH, placement="direct", transport="direct", seed=0).start()
-    bank = None
     try:
         batch = make_batch(obs)
         for _ in range(OBS[obs][3] // BATCH):
@@ -139,13 +137,15 @@ def breakdown(client, transport: str, obs: str, quick: bool) -> list[tuple[str, 
             "owner: ReplayBuffer.sample, run here (TensorDict index + clone)": lambda: direct.sample(BATCH),
         }
         if transport == "shared_memory":
-            bank = SlotBank(Layout.from_tensordict(sample[0]), BATCH)
+            # the owner answers with indices; the client gathers rows from the shared storage itself
+            pieces["owner: draw indices + generations, and their reply"] = lambda: client._call("_sample_indices", BATCH)
+            client.sample(BATCH)  # attaches the client to the owner's shared storage
+            storage = client._storage[0]
 
-            def copy_in():
-                for leaf in bank.layout:
-                    bank.slots.get(leaf.key).copy_(sample.get(leaf.key))
-            pieces["owner: copy the sample into the shared slots"] = copy_in
-            pieces["client: bank.slots.clone() out of shared memory"] = lambda: bank.slots.clone()
+            def gather():
+                index = torch.randint(len(client), (BATCH,))
+                return storage.slots.apply(lambda leaf: torch.index_select(leaf, 0, index), batch_size=[BATCH])
+            pieces["client: gather 256 rows from shared storage"] = gather
         else:
             blob = pickle.dumps((0, 0, to_wire(sample)), protocol=pickle.HIGHEST_PROTOCOL)
             pieces[f"owner: to_wire + pickle.dumps of the reply ({len(blob) / 1e6:.1f} MB)"] = \
@@ -154,8 +154,6 @@ def breakdown(client, transport: str, obs: str, quick: bool) -> list[tuple[str, 
         pieces["TOTAL"] = lambda: client.sample(BATCH)
         measured = interleaved(pieces, 3, n, budget=6.0)
     finally:
-        if bank is not None:
-            bank.close()
         direct.shutdown()
     return [(name, float(np.median(lat))) for name, (lat, _) in measured.items()]
 

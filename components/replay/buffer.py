@@ -27,7 +27,7 @@ from .samplers import SAMPLERS, make_sampler
 STORAGES = ("memory", "memmap")
 CLIENT_OPERATIONS = frozenset({
     "add", "extend", "sample", "update_priority", "__len__", "empty", "state_dict", "load_state_dict",
-    "_open_extend_stage", "_extend_from_stage", "_open_sample_stage", "_sample_into_stage",
+    "_open_extend_stage", "_extend_from_stage", "_shared_storage", "_sample_indices",
 })
 
 
@@ -99,15 +99,16 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
             self._generator.manual_seed(seed)
         self._sampler = make_sampler(sampler, capacity, self._generator, alpha, beta)
         self._stages: list = []
+        self._share_storage = False  # set on the hosted twin of a shared_memory buffer
+        self._generation: torch.Tensor | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def _twin(self) -> functools.partial:
         """A picklable factory of the direct buffer that serves this owner where it is placed."""
-        return functools.partial(
-            ReplayBuffer, self.capacity, self.sampler_name, self.batch_size, storage=self.storage_kind,
-            scratch_dir=self.scratch_dir, alpha=self.alpha, beta=self.beta, filters=self.filters,
-            placement="direct", transport="direct", seed=self.seed,
-        )
+        kwargs = dict(capacity=self.capacity, sampler=self.sampler_name, batch_size=self.batch_size,
+                      storage=self.storage_kind, scratch_dir=self.scratch_dir, alpha=self.alpha, beta=self.beta,
+                      filters=self.filters, seed=self.seed)
+        return functools.partial(_make_twin, kwargs, self.transport_kind == "shared_memory")
 
     def _start(self) -> None:
         if self.placement == "direct":
@@ -174,10 +175,14 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
             if n >= self.capacity:
                 rows, n = rows[-self.capacity :], self.capacity
             index = (torch.arange(n) + self._cursor) % self.capacity
+            if self._generation is not None:  # odd while rows are written: readers of shared storage retry
+                self._generation[index] += 1
             first = min(n, self.capacity - self._cursor)  # one contiguous slice, or two when the write wraps
             self._storage[self._cursor : self._cursor + first] = rows[:first]
             if first < n:
                 self._storage[: n - first] = rows[first:]
+            if self._generation is not None:
+                self._generation[index] += 1
             self._valid[index] = True
             self._sampler.on_write(index)
             self._cursor = int((self._cursor + n) % self.capacity)
@@ -186,6 +191,15 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
 
     def _allocate(self, item: TensorDictBase) -> None:
         self._layout = Layout.from_tensordict(item)
+        if self._share_storage and self.storage_kind == "memory":
+            from transports._shared import Segment, SlotBank
+
+            bank, generation = SlotBank(self._layout, self.capacity), Segment(8 * self.capacity)
+            self._stages += [bank, generation]
+            self._storage = bank.slots
+            self._generation = torch.frombuffer(generation.buf, dtype=torch.int64, count=self.capacity)
+            self._valid = torch.zeros(self.capacity, dtype=torch.bool)
+            return
         storage = self._layout.zeros(self.capacity)
         if self.storage_kind == "memmap":
             os.makedirs(self.scratch_dir, exist_ok=True)
@@ -294,31 +308,26 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
     def _extend_from_stage(self, stage: int, n: int) -> int:
         return self._write(self._stages[stage].slots[:n])
 
-    def _open_sample_stage(self, batch_size: int):
-        from transports._shared import SlotBank
-
+    def _shared_storage(self):
+        """The storage bank and its per-row write generations, for clients that gather samples themselves."""
         with self._lock:
-            if self._layout is None:
+            if self._generation is None:
                 raise RuntimeError("cannot sample from an empty replay buffer")
-            probe = self._layout.zeros()
-        probe.set("index", torch.zeros((), dtype=torch.long))
-        if self.sampler_name == "prioritized":
-            probe.set("_weight", torch.zeros(()))
-        bank = SlotBank(Layout.from_tensordict(probe), batch_size)
-        self._stages.append(bank)
-        return len(self._stages) - 1, bank
+            return self._stages[-2], self._stages[-1]
 
-    def _sample_into_stage(self, stage: int, batch_size: int) -> None:
-        """Gather a sample straight into a client's shared slots (one copy per leaf)."""
+    def _sample_indices(self, batch_size: int):
+        """Indices (and importance weights) of a sample, with the rows' write generations at this moment
+        (as numpy arrays: they pickle several times faster than tensors)."""
         self._require_running()
-        bank = self._stages[stage]
         with self._lock:
             index, weight = self._draw(batch_size)
-            for leaf in self._layout:
-                torch.index_select(self._storage.get(leaf.key), 0, index, out=bank.slots.get(leaf.key))
-        bank.slots.get("index").copy_(index)
-        if weight is not None:
-            bank.slots.get("_weight").copy_(weight)
+            return index.numpy(), None if weight is None else weight.numpy(), self._generation[index].numpy()
+
+
+def _make_twin(kwargs: dict, share_storage: bool) -> ReplayBuffer:
+    twin = ReplayBuffer(**kwargs, placement="direct", transport="direct")
+    twin._share_storage = share_storage
+    return twin
 
 
 def _rows(batch: TensorDictBase, layout: Layout) -> TensorDict:

@@ -2,21 +2,26 @@
 
 Every operation is one acknowledged command. With transport ``shared_memory`` the payloads of ``extend``
 and ``sample`` do not travel in the command: the client writes rows into its own staging slots in shared
-memory and the owner copies them into storage; the owner gathers samples into the client's sample slots and
-the client copies them out. The sample layout is then fixed per endpoint: a different batch size raises
-:class:`~transports.errors.LayoutError`.
+memory and the owner copies them into storage; the owner keeps its storage in shared memory and answers a
+sample with indices only, and the client gathers the rows itself (one copy, as in one process), retrying if a
+concurrent write touched a row while it was copied. The sample layout is fixed per endpoint: a different
+batch size raises :class:`~transports.errors.LayoutError`.
 """
 
 from __future__ import annotations
 
 import threading
 
+import torch
 from tensordict import TensorDict, TensorDictBase
 
 from transports.errors import LayoutError
 from transports.layout import Layout
 
 from ..hosting import CommandClient
+
+
+MAX_RETRIES = 10
 
 
 class ReplayClient(CommandClient):
@@ -28,7 +33,8 @@ class ReplayClient(CommandClient):
         self.batch_size = batch_size
         self._lock = threading.Lock()
         self._extend_stage = None  # (stage id, bank, rows)
-        self._sample_stage = None  # (stage id, bank, batch size)
+        self._storage = None  # (storage bank, generation segment, generation view): the owner's storage, shared
+        self._fixed = 0
         self._layout: Layout | None = None
 
     def __getstate__(self):
@@ -71,15 +77,27 @@ class ReplayClient(CommandClient):
         if not self.shared_memory:
             return self._call("sample", n)
         with self._lock:
-            if self._sample_stage is None:
-                stage, bank = self._call("_open_sample_stage", n)
-                self._sample_stage = (stage, bank, n)
-            stage, bank, fixed = self._sample_stage
-            if n != fixed:
-                raise LayoutError(("batch_size",), f"{fixed} (fixed by this endpoint's first sample)", str(n),
+            if self._storage is None:
+                bank, generation = self._call("_shared_storage")
+                self._storage = (bank, generation, torch.frombuffer(generation.buf, dtype=torch.int64, count=bank.num_slots))
+                self._fixed = n
+            if n != self._fixed:
+                raise LayoutError(("batch_size",), f"{self._fixed} (fixed by this endpoint's first sample)", str(n),
                                   hint="the shared-memory sample layout is fixed per endpoint")
-            self._call("_sample_into_stage", stage, n)
-            return bank.slots.clone()
+            bank, _, written = self._storage
+            for _ in range(MAX_RETRIES):
+                index, weight, before = self._call("_sample_indices", n)
+                index, before = torch.from_numpy(index), torch.from_numpy(before)
+                out = bank.slots.apply(lambda leaf: torch.index_select(leaf, 0, index), batch_size=[n])
+                after = written[index]
+                if torch.equal(before, after) and not bool((after % 2).any()):
+                    break  # no row was rewritten while it was copied
+            else:
+                raise RuntimeError(f"samples kept being overwritten while read ({MAX_RETRIES} tries)")
+        out.set("index", index)
+        if weight is not None:
+            out.set("_weight", torch.from_numpy(weight))
+        return out
 
     def update_priority(self, index, priority) -> None:
         return self._call("update_priority", index, priority)
