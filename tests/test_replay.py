@@ -85,3 +85,15 @@ def test_bad_settings_are_configuration_errors():
     with ReplayBuffer(capacity=4) as rb:
         with pytest.raises(ConfigurationError, match="has no priorities"):
             rb.update_priority(0, 1.0)
+
+
+def test_memmap_storage_lives_on_disk(tmp_path):
+    with ReplayBuffer(capacity=32, batch_size=4, storage="memmap", scratch_dir=str(tmp_path / "rb"), seed=0) as rb:
+        rb.extend(_batch(20))
+        files = list((tmp_path / "rb").rglob("*.memmap"))
+        assert files, "no memory-mapped files were written"
+        assert sum(f.stat().st_size for f in files) >= 32 * (4 * 4 + 8)  # capacity x (4 float32 + int64)
+        sample = rb.sample()
+        assert torch.equal(sample["observation"][:, 0].long(), sample["action"])
+    with pytest.raises(ConfigurationError, match="needs scratch_dir"):
+        ReplayBuffer(storage="memmap")
