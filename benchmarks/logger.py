@@ -53,7 +53,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from components.logger import CSVLogger  # noqa: E402
 from components.process import context as mp_context  # noqa: E402
-from transports._shared import SHM_PREFIX  # noqa: E402
+from transports._shared import segments_of  # noqa: E402
 
 PLACEMENTS = ["direct", "thread", "process"]
 CALLS = 5000  # measured log_scalar calls per row in a full run
@@ -278,14 +278,6 @@ def report(results: dict, profiles: dict) -> None:
               f"{TARGET_US / 1000:.3f} ms ({7500 / p50:.0f}x faster than TorchRL's 7.5 ms)")
 
 
-def leftover_segments(pids: set) -> list[str]:
-    try:
-        names = os.listdir("/dev/shm")
-    except FileNotFoundError:
-        return []
-    return [n for n in names if any(n.startswith(f"{SHM_PREFIX}{pid}_") for pid in pids)]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a fifth of the calls")
@@ -323,7 +315,7 @@ def main() -> None:
     if skipped:
         print(f"Skipped: {', '.join(skipped)}.")
     report(results, profiles)
-    left = leftover_segments(pids)
+    left = segments_of(pids)
     print(f"\ncleanup: every owner and helper process stopped, temporary directory removed; {len(left)} rlsvc "
           f"segment(s) of this run left in /dev/shm" + (f": {', '.join(left)}" if left else ""))
 

@@ -47,7 +47,7 @@ from tensordict import TensorDict
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
 from components.replay import ReplayBuffer  # noqa: E402
-from transports._shared import SHM_PREFIX  # noqa: E402
+from transports._shared import segments_of  # noqa: E402
 from transports.queue import from_wire, to_wire  # noqa: E402
 
 BATCH = 256
@@ -245,14 +245,6 @@ def report(results: dict, breakdowns: dict, obs_list, cells) -> None:
     print(f"- process transports meeting the target: {', '.join(meets) if meets else 'none'}")
 
 
-def leftover_segments(pids: set) -> list[str]:
-    try:
-        names = os.listdir("/dev/shm")
-    except FileNotFoundError:
-        return []
-    return [n for n in names if any(n.startswith(f"{SHM_PREFIX}{pid}_") for pid in pids)]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a fifth of the calls")
@@ -275,7 +267,7 @@ def main() -> None:
           "returns 256. `floor: torch gather` is randint + index_select of every leaf from preallocated tensors; "
           "the `direct/direct` row is the buffer's own sample. ratio = sample p50 / direct sample p50.")
     report(results, breakdowns, args.obs, cells)
-    left = leftover_segments(pids)
+    left = segments_of(pids)
     print(f"\ncleanup: every owner shut down; {len(left)} rlsvc segment(s) of this run left in /dev/shm"
           + (f": {', '.join(left)}" if left else ""))
 

@@ -175,6 +175,15 @@ class SlotBank:
         self.segment.close()
 
 
+def segments_of(pids) -> list[str]:
+    """Names of the segments that processes ``pids`` created and that still exist."""
+    prefixes = tuple(f"{SHM_PREFIX}{pid}_" for pid in pids)
+    try:
+        return [name for name in os.listdir(_SHM_DIR) if name.startswith(prefixes)]
+    except FileNotFoundError:
+        return []
+
+
 def remove_segments_of(pid: int) -> list[str]:
     """Unlink every segment a (dead) process created; returns their names. Used after a child was killed."""
     removed = []
