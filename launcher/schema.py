@@ -123,6 +123,7 @@ class CSVLoggerConf:
     _target_: str = "components.logger.CSVLogger"
     log_dir: str = "."  # relative to the run directory
     flush_every: int = 100  # rows between flushes (shutdown always flushes)
+    tensorboard: bool = True  # also TensorBoard event files under <run dir>/tensorboard, if tensorboard is installed
 
 
 @dataclass

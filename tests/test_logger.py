@@ -58,3 +58,17 @@ def test_tensorboard_logger_event_files_read_back(tmp_path):
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars("train/return")] == [(s, s * 10.0) for s in range(5)]
     assert [e.value for e in acc.Scalars("loss/value")] == [3.0]
+
+
+def test_csv_logger_also_writes_tensorboard_events(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    with CSVLogger(str(tmp_path)) as logger:
+        logger.log_metrics({"train/mean_return": 10.0}, step=5)
+    assert _rows(tmp_path / "metrics.csv")[0]["value"] == "10.0"
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("train/mean_return")] == [(5, 10.0)]
+    with CSVLogger(str(tmp_path / "plain"), tensorboard=False) as logger:
+        logger.log_scalar("x", 1.0)
+    assert not (tmp_path / "plain" / "tensorboard").exists()

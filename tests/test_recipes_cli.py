@@ -1,6 +1,7 @@
 """Every recipe in every placement (and every process transport) through the CLI, on a tiny budget."""
 
 import json
+import os
 
 import pytest
 
@@ -36,6 +37,7 @@ def test_recipe_runs_in_every_placement(recipe, overrides, tmp_path):
         assert next(c for c in plan["components"] if c["name"] == "inference")["transport"] == transport
     metrics = (run_dir / "metrics.csv").read_text()
     assert metrics.count("train/mean_return") >= 1
+    assert os.listdir(run_dir / "tensorboard"), "no TensorBoard event files beside the CSV"
     assert "edge/replay/size" in metrics and "edge/policy_lag" in metrics  # per-edge figures, read at the end
     if service != "direct":
         assert "edge/inference/batch_fill" in metrics
