@@ -131,7 +131,10 @@ def test_peer_failure_after_kill_9_and_leak_free_shutdown(cell):
 def test_shared_memory_sample_layout_is_fixed_per_endpoint():
     with make(("process", "shared_memory"), capacity=64, batch_size=8) as owner:
         client = owner.client()
-        client.extend(rows(32))
+        client.extend(rows(4))
+        client.extend(rows(28, start=4))  # a larger extend opens a larger staging area
+        assert sorted(client.sample(8)["id"].tolist())[0] >= 0
+        client.extend(rows(40, start=100))  # and again, after the first sample
         assert client.sample(8).batch_size == torch.Size([8])
         with pytest.raises(LayoutError, match="fixed by this endpoint's first sample"):
             client.sample(4)

@@ -101,6 +101,7 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
         self._stages: list = []
         self._share_storage = False  # set on the hosted twin of a shared_memory buffer
         self._generation: torch.Tensor | None = None
+        self._shared: tuple | None = None  # (storage bank, generation segment) of a shared storage
 
     # ------------------------------------------------------------------ lifecycle
     def _twin(self) -> functools.partial:
@@ -195,7 +196,8 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
             from transports._shared import Segment, SlotBank
 
             bank, generation = SlotBank(self._layout, self.capacity), Segment(8 * self.capacity)
-            self._stages += [bank, generation]
+            self._stages += [bank, generation]  # closed (and unlinked) with the other stages at shutdown
+            self._shared = (bank, generation)
             self._storage = bank.slots
             self._generation = torch.frombuffer(generation.buf, dtype=torch.int64, count=self.capacity)
             self._valid = torch.zeros(self.capacity, dtype=torch.bool)
@@ -313,7 +315,7 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
         with self._lock:
             if self._generation is None:
                 raise RuntimeError("cannot sample from an empty replay buffer")
-            return self._stages[-2], self._stages[-1]
+            return self._shared
 
     def _sample_indices(self, batch_size: int):
         """Indices (and importance weights) of a sample, with the rows' write generations at this moment
