@@ -38,8 +38,8 @@ def _transport(c: ComponentPlan) -> TransportConfig:
     return TransportConfig(c.transport, dict(c.options.get("transport_options", {})))
 
 
-# One builder per component: (component plan, composed config, recipe, recipe config, env spec, clients of
-# dependencies, run dir) -> an owner that is not started yet.
+# One builder per component: (component plan, composed config, recipe, recipe config, env spec, clients (or, per
+# OWNER_DEPENDENCIES, owners) of its dependencies, run dir) -> an owner that is not started yet.
 def _logger(c, cfg, recipe, rcfg, spec, deps, run_dir):
     log_dir = os.path.join(run_dir, cfg.logger.log_dir)
     factory = hydra.utils.instantiate(cfg.logger, log_dir=log_dir, _partial_=True)
