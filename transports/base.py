@@ -11,6 +11,8 @@ of policies; batching policy (sizes, timeouts) belongs to the caller of ``collec
 
 from __future__ import annotations
 
+import queue
+import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -82,6 +84,30 @@ class Batch:
 
     def __len__(self) -> int:
         return len(self.handles)
+
+
+def drain(q, max_n: int, min_n: int, timeout: float, poll: float) -> list:
+    """Take items from a ``queue.Queue`` or ``multiprocessing.Queue``: wait up to ``poll`` s for a first one, take
+    what is there up to ``max_n``, and while fewer than ``min_n`` wait up to ``timeout`` s for more."""
+    try:
+        items = [q.get(timeout=poll)]
+    except queue.Empty:
+        return []
+    deadline = time.monotonic() + timeout
+    while len(items) < max_n:
+        try:
+            items.append(q.get_nowait())
+            continue
+        except queue.Empty:
+            pass
+        remaining = deadline - time.monotonic()
+        if len(items) >= min_n or remaining <= 0:
+            break
+        try:
+            items.append(q.get(timeout=remaining))
+        except queue.Empty:
+            break
+    return items
 
 
 class ServerEndpoint(ABC):

@@ -20,7 +20,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from ._shared import PeerStatus, wait_for
-from .base import Batch, RequestReplyTransport, ResponseFuture, ServerEndpoint
+from .base import Batch, RequestReplyTransport, ResponseFuture, ServerEndpoint, drain
 from .config import TransportConfig
 from .errors import PeerFailureError, RemoteError, ServiceError, TransportError
 
@@ -226,24 +226,9 @@ class QueueServer(ServerEndpoint):
         self.requests, self.writers = requests, writers
 
     def collect(self, max_n: int, min_n: int, timeout: float, poll: float) -> Batch | None:
-        try:
-            items = [self.requests.get(timeout=poll)]
-        except std_queue.Empty:
+        items = drain(self.requests, max_n, min_n, timeout, poll)
+        if not items:
             return None
-        deadline = time.monotonic() + timeout
-        while len(items) < max_n:
-            try:
-                items.append(self.requests.get_nowait())
-                continue
-            except std_queue.Empty:
-                pass
-            remaining = deadline - time.monotonic()
-            if len(items) >= min_n or remaining <= 0:
-                break
-            try:
-                items.append(self.requests.get(timeout=remaining))
-            except std_queue.Empty:
-                break
         handles, requests, enqueued = [], [], []
         for client, rid, t, payload in items:
             handles.append((client, rid))

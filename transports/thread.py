@@ -13,7 +13,7 @@ import time
 from tensordict import TensorDictBase
 
 from . import _local
-from .base import Batch, RequestReplyTransport, ServerEndpoint
+from .base import Batch, RequestReplyTransport, ServerEndpoint, drain
 from .config import TransportConfig
 from .errors import PeerFailureError
 
@@ -101,25 +101,9 @@ class ThreadServer(ServerEndpoint):
         self.queue = transport.queue
 
     def collect(self, max_n: int, min_n: int, timeout: float, poll: float) -> Batch | None:
-        try:
-            first = self.queue.get(timeout=poll)
-        except queue.Empty:
+        items = drain(self.queue, max_n, min_n, timeout, poll)
+        if not items:
             return None
-        items = [first]
-        deadline = time.monotonic() + timeout
-        while len(items) < max_n:
-            try:
-                items.append(self.queue.get_nowait())
-                continue
-            except queue.Empty:
-                pass
-            remaining = deadline - time.monotonic()
-            if len(items) >= min_n or remaining <= 0:
-                break
-            try:
-                items.append(self.queue.get(timeout=remaining))
-            except queue.Empty:
-                break
         return Batch(handles=[f for _, f, _ in items], requests=[td for td, _, _ in items], enqueued=[t for _, _, t in items])
 
     def reply(self, batch: Batch, out: TensorDictBase) -> None:
