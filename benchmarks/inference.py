@@ -50,6 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from components.inference import InferenceServer, InferenceServerConfig  # noqa: E402
 from transports._shared import Segment  # noqa: E402
+from _common import stop_child  # noqa: E402  (benchmarks/_common.py, beside this script)
 from transports.config import TransportConfig  # noqa: E402
 
 # label -> (description, dtype, shape, measured round trips per cell over all clients)
@@ -328,14 +329,7 @@ def run_process_cells(cells, sizes, client_counts, quick, results, floors) -> No
 
 
 def _stop_process(proc, conn) -> None:
-    try:
-        conn.send(None)
-    except (OSError, ValueError):
-        pass
-    proc.join(10)
-    if proc.is_alive():
-        proc.terminate()
-        proc.join(5)
+    stop_child(proc, lambda: conn.send(None))
     conn.close()
 
 

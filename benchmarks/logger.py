@@ -54,6 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from components.logger import CSVLogger  # noqa: E402
 from components.process import context as mp_context  # noqa: E402
 from transports._shared import segments_of  # noqa: E402
+from _common import start_owner, stop_child  # noqa: E402  (benchmarks/_common.py, beside this script)
 
 PLACEMENTS = ["direct", "thread", "process"]
 CALLS = 5000  # measured log_scalar calls per row in a full run
@@ -125,17 +126,6 @@ def _queue_echo(requests, conn) -> None:
         conn.send_bytes(pickle.dumps((item[1], 0, None), protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def _stop_child(proc, stop) -> None:
-    try:
-        stop()
-    except (OSError, ValueError):
-        pass
-    proc.join(10)
-    if proc.is_alive():
-        proc.terminate()
-        proc.join(5)
-
-
 def pipe_floor(ctx, stack: contextlib.ExitStack, pids: set):
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=_pipe_echo, args=(child,), name="bench-pipe-echo", daemon=True)
@@ -143,7 +133,7 @@ def pipe_floor(ctx, stack: contextlib.ExitStack, pids: set):
     child.close()
     pids.add(proc.pid)
     stack.callback(parent.close)
-    stack.callback(_stop_child, proc, lambda: parent.send(None))
+    stack.callback(stop_child, proc, lambda: parent.send(None))
 
     def call(i):
         parent.send(("log_scalar", (TAG, 0.5, i), {}))
@@ -166,7 +156,7 @@ def queue_mechanism(ctx, stack: contextlib.ExitStack, pids: set):
         requests.cancel_join_thread()
         reader.close()
     stack.callback(close)
-    stack.callback(_stop_child, proc, lambda: requests.put(None))
+    stack.callback(stop_child, proc, lambda: requests.put(None))
 
     def call(i):
         payload = pickle.dumps((False, ("log_scalar", (TAG, 0.5, i), {})), protocol=pickle.HIGHEST_PROTOCOL)
@@ -199,15 +189,11 @@ def run_logger(name: str, cls, placements, directory: str, n: int, ctx, pids: se
         for placement in placements:
             owner = cls(os.path.join(directory, f"{name}-{placement}"), placement=placement)
             stack.callback(owner.shutdown)
-            t0 = time.perf_counter()
-            owner.start()
-            host = getattr(owner, "_host", None)
-            if host is not None and host.child is not None:
-                pids.add(host.child.pid)
+            took = start_owner(owner, pids)
             client = owner.client()
             clients[placement] = client
             rows[f"{name} / {placement}"] = (lambda i, c=client: c.log_scalar(TAG, 0.5, i))
-            print(f"  started {name}/{placement} in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+            print(f"  started {name}/{placement} in {took:.1f} s", file=sys.stderr, flush=True)
         measured = interleaved(rows, max(20, n // 20), n)
         for row, (lat, wall) in measured.items():
             results[row] = stats(lat, wall)

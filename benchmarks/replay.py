@@ -48,6 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from components.replay import ReplayBuffer  # noqa: E402
 from transports._shared import segments_of  # noqa: E402
+from _common import start_owner  # noqa: E402  (benchmarks/_common.py, beside this script)
 from transports.queue import from_wire, to_wire  # noqa: E402
 
 BATCH = 256
@@ -169,13 +170,9 @@ def run_obs(obs: str, cells, quick: bool, pids: set, results: dict, breakdowns: 
             placement, transport = cell.split("/")
             owner = ReplayBuffer(OBS[obs][3], batch_size=BATCH, placement=placement, transport=transport, seed=0)
             stack.callback(owner.shutdown)
-            t0 = time.perf_counter()
-            owner.start()
-            host = getattr(owner, "_host", None)
-            if host is not None and host.child is not None:
-                pids.add(host.child.pid)
+            took = start_owner(owner, pids)
             clients[cell] = owner.client()
-            print(f"  started {cell:<22} {obs:>8} in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+            print(f"  started {cell:<22} {obs:>8} in {took:.1f} s", file=sys.stderr, flush=True)
         ext = interleaved({cell: (lambda c=c: c.extend(batch)) for cell, c in clients.items()},
                           max(2, n_extend // 10), n_extend)
         for cell, c in clients.items():
