@@ -22,7 +22,7 @@ from transports.errors import ConfigurationError, PeerFailureError
 
 from .envs import VectorEnvStepper, spec_from_spaces
 from .inference import InferenceServer, InferenceServerConfig
-from .process import ChildProcess, context
+from .process import ChildProcess, context, stop_all
 from .service import Owner
 
 BACKENDS = ("thread", "process")
@@ -35,7 +35,13 @@ def _env_loop(create_env_fn, policy, seed: int, env_id: int, out, stop) -> None:
         while not stop.is_set():
             td = stepper.step(policy(stepper.observation()))
             td.set("env_id", torch.full(td.batch_size, env_id, dtype=torch.long))
-            out.put(pickle.dumps(td.to_dict(), protocol=pickle.HIGHEST_PROTOCOL))
+            item = pickle.dumps(td.to_dict(), protocol=pickle.HIGHEST_PROTOCOL)
+            while not stop.is_set():  # a full queue must not keep a worker from stopping
+                try:
+                    out.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    pass
     finally:
         stepper.close()
 
@@ -52,7 +58,8 @@ class _EnvProcess:
         raise ValueError(f"unknown command {command!r}")
 
     def close(self) -> None:
-        pass
+        # at shutdown nobody reads the transitions still buffered: exit without waiting to flush them
+        self.args[4].cancel_join_thread()
 
 
 def _env_process(*args) -> _EnvProcess:
@@ -142,11 +149,10 @@ class AsyncBatchedCollector(Owner["AsyncBatchedCollector"]):
         if self._stop is not None:
             self._stop.set()
         _drain(self._out)
-        for worker in self._workers:
-            if isinstance(worker, threading.Thread):
-                worker.join(timeout if timeout is not None else 10.0)
-            else:
-                worker.stop(timeout)
+        threads = [w for w in self._workers if isinstance(w, threading.Thread)]
+        for thread in threads:
+            thread.join(timeout if timeout is not None else 10.0)
+        stop_all([w for w in self._workers if not isinstance(w, threading.Thread)], timeout)
         self._workers = []
         if self._own_server is not None:
             self._own_server.shutdown(timeout)

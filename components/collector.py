@@ -25,7 +25,7 @@ from tensordict import TensorDict, TensorDictBase
 from transports.errors import ConfigurationError, PeerFailureError, RemoteError
 
 from .envs import VectorEnvStepper
-from .process import ChildProcess
+from .process import ChildProcess, stop_all
 from .service import Owner
 
 SEED_STRIDE = 10_000
@@ -99,7 +99,8 @@ class Collector(Owner["Collector"]):
         total_frames: stop after this many frames; ``-1`` iterates until shut down.
         num_collectors: workers; each gets ``frames_per_batch / num_collectors`` frames per batch.
         placement: ``direct``, ``thread`` or ``process``; ``None`` takes the ``service_backend`` context.
-        replay_buffer: a replay client; workers write their rollouts there and iteration yields frame counts.
+        replay_buffer: a replay owner (each worker gets its own client) or client; workers write their rollouts
+            there and iteration yields frame counts. Process workers need the owner or one client each.
         sync: ``True``: each iteration gathers one rollout from every worker, concatenated along the env
             dimension. ``False``: yield each worker's rollout as soon as it is ready.
         seed: base seed (worker ``w`` uses ``seed + w * 10000``, env ``i`` of it ``+ i``).
@@ -145,9 +146,12 @@ class Collector(Owner["Collector"]):
         self._spec = None
 
     def _worker_args(self, w: int) -> tuple:
+        # an owner gives each worker its own endpoint; a client is shared (fine for threads; a cross-process
+        # client copied into several worker processes is refused at its first call, see EndpointClaims)
         policy = self.policy.client() if isinstance(self.policy, Owner) else self.policy
+        replay = self.replay_buffer.client() if isinstance(self.replay_buffer, Owner) else self.replay_buffer
         return (self.create_env_fn, policy, self.frames_per_batch // self.num_collectors,
-                self.seed + w * SEED_STRIDE, self.replay_buffer)
+                self.seed + w * SEED_STRIDE, replay)
 
     def _start(self) -> None:
         if self.placement == "direct":
@@ -164,11 +168,13 @@ class Collector(Owner["Collector"]):
         self._spec = self._workers[0].call("spec")
 
     def _shutdown(self, timeout: float | None) -> None:
+        children = [w for w in self._workers if isinstance(w, ChildProcess)]
         for worker in self._workers:
             if isinstance(worker, _Worker):
                 worker.close()
-            else:
+            elif not isinstance(worker, ChildProcess):
                 worker.stop(timeout)
+        stop_all(children, timeout)  # the worker processes wind down together
         self._workers = []
 
     def _alive(self) -> bool:

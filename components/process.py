@@ -156,18 +156,26 @@ class ChildProcess:
         with self._lock:
             return self.submit(command, payload).result(timeout)
 
-    def stop(self, timeout: float | None = None) -> None:
-        """Ask the child to stop; terminate, then kill if it does not exit in time. Idempotent."""
-        if self.process is None:
+    def request_stop(self) -> None:
+        """Ask the child to stop without waiting (:meth:`stop` then waits); lets several children wind down
+        at once."""
+        if self.process is None or self._stopping:
             return
         self._stopping = True
-        timeout = 10.0 if timeout is None else timeout
-        deadline = time.monotonic() + timeout
         if self.process.is_alive():
             try:
                 self._conn.send(("stop", None))
             except (OSError, ValueError):
                 pass
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Ask the child to stop; terminate, then kill if it does not exit in time. Idempotent."""
+        if self.process is None:
+            return
+        timeout = 10.0 if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        self.request_stop()
+        if self.process.is_alive():
             self.process.join(max(0.0, 0.6 * (deadline - time.monotonic())))
         self._force_stop(max(0.1, deadline - time.monotonic()))
         if self._wake_w is not None:
@@ -193,6 +201,16 @@ class ChildProcess:
         if self.process.is_alive():
             self.process.kill()
             self.process.join(budget / 2 + 1.0)
+
+
+def stop_all(children, timeout: float | None = None) -> None:
+    """Stop several children within one deadline: all are asked first, then each is waited for."""
+    timeout = 10.0 if timeout is None else timeout
+    deadline = time.monotonic() + timeout
+    for child in children:
+        child.request_stop()
+    for child in children:
+        child.stop(max(0.1, deadline - time.monotonic()))
 
 
 class Reply:

@@ -67,11 +67,24 @@ def test_workers_write_straight_into_replay(placement):
     with ReplayBuffer(capacity=1000, batch_size=8, placement="process" if placement == "process" else "thread") as rb:
         client = rb.client()
         with Collector(cartpole_envs(2), LocalPolicy(), 2 * 5 * 2, 2 * 5 * 2 * 3, 2, placement=placement,
-                       replay_buffer=client) as collector:
+                       replay_buffer=rb) as collector:  # the owner: each worker gets its own endpoint
             counts = list(collector)
         assert counts == [20, 20, 20]
         assert len(client) == 60
         assert client.sample()["next", "reward"].shape == (8,)
+
+
+def test_one_replay_client_copied_into_two_worker_processes_is_refused_not_hung():
+    # Both copies would read answers from one pipe; the second process to use it gets a clear error instead.
+    with ReplayBuffer(capacity=1000, batch_size=8, placement="process", transport="queue") as rb:
+        with Collector(cartpole_envs(2), LocalPolicy(), 2 * 5 * 2, -1, 2, placement="process",
+                       replay_buffer=rb.client()) as collector:
+            start = time.monotonic()
+            with pytest.raises(RemoteError, match="create one client per worker process") as info:
+                for _ in range(3):
+                    collector.rollout()
+            assert time.monotonic() - start < 30
+    assert info.value.remote_type == "transports.errors.TransportError"
 
 
 @pytest.mark.parametrize("placement", ["thread", "process"])

@@ -175,6 +175,44 @@ def test_clients_travel_to_where_they_are_used(server, cell):
     assert worker.exitcode == 0
 
 
+def _call_then_wait(client, queue, leave):
+    _call_in_child(client, queue)
+    leave.wait(60)  # stay alive: the endpoint stays claimed while its process lives
+
+
+@pytest.mark.parametrize("transport", ["queue", "shared_memory", "process_slot"])
+def test_one_client_copied_into_two_processes(transport):
+    """shared_memory clients share the slot bank; queue and process_slot endpoints answer one process, and a
+    copy in a second live process is refused at its call site instead of reading the first one's answers."""
+    with make_server("process", transport) as server:
+        _one_client_in_two_processes(server.client(), transport)
+
+
+def _one_client_in_two_processes(client, transport):
+    ctx = mp.get_context("spawn")
+    queue, leave = ctx.Queue(), ctx.Event()
+    workers = []
+    try:
+        results = []
+        for _ in range(2):
+            workers.append(ctx.Process(target=_call_then_wait, args=(client, queue, leave)))
+            workers[-1].start()
+            results.append(queue.get(timeout=60))
+    finally:
+        leave.set()
+        for worker in workers:
+            worker.join(timeout=30)
+        queue.close()
+        queue.join_thread()
+    assert results[0] == ("ok", 42.0)
+    if transport == "shared_memory":
+        assert results[1] == ("ok", 42.0)
+    else:
+        assert results[1][0] == "error" and "TransportError" in results[1][1]
+        assert "create one client per worker process" in results[1][1]
+    assert client(request(1))["action"][0].item() == 2  # the owner's process may still use it after them
+
+
 def test_policy_client_module_reduces_owner_to_client(server):
     module = PolicyClientModule(server, in_keys=["observation"], out_keys=["action", "policy_version"], max_inflight=2)
     td = module(TensorDict({"observation": torch.ones(4), "other": torch.zeros(1)}))

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from .errors import PeerFailureError, ServiceTimeoutError
+from .errors import PeerFailureError, ServiceTimeoutError, TransportError
 from .layout import Layout
 
 SHM_PREFIX = "rlsvc_"
@@ -120,6 +120,55 @@ class PeerStatus:
     def close(self) -> None:
         self._view = None
         self.segment.close()
+
+
+class EndpointClaims:
+    """Which process uses each client endpoint of a transport: an endpoint answers one process.
+
+    A client pickled into two processes would share one reply channel, and each copy could read the other's
+    answers. The first process that uses endpoint ``i`` claims it; a copy in another live process is refused
+    at its call site with :class:`~transports.errors.TransportError` instead of waiting forever. A claim by a
+    process that has exited is taken over. Pickle with the transport, at process creation.
+
+    Args:
+        n: endpoints.
+        lock: a multiprocessing lock shared by the processes involved.
+    """
+
+    def __init__(self, n: int, lock, segment: Segment | None = None):
+        self.n, self.lock = n, lock
+        self.segment = segment or Segment(8 * n)
+        self._pids = np.frombuffer(self.segment.buf, dtype=np.int64, count=n)
+
+    def __reduce__(self):
+        return (EndpointClaims, (self.n, self.lock, self.segment))
+
+    def claim(self, index: int, what: str) -> None:
+        """Claim endpoint ``index`` for this process; raise if another live process holds it."""
+        pid = os.getpid()
+        with self.lock:
+            user = int(self._pids[index])
+            if user != pid and user and pid_alive(user):
+                raise TransportError(
+                    f"{what} {index} is used by process {user}: create one client per worker process "
+                    "(call client() once for each, in the owner's process, before starting the workers)"
+                )
+            self._pids[index] = pid
+
+    def close(self) -> None:
+        self._pids = None
+        self.segment.close()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a zombie counts until it is reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def wait_for(

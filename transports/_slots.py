@@ -30,17 +30,15 @@ ERROR_BYTES = 8192
 
 
 class _Control:
-    """Per-slot state (int64), submission time (float64), using process (int64) and error text, in one
-    shared segment."""
+    """Per-slot state (int64), submission time (float64) and error text, in one shared segment."""
 
     def __init__(self, num_slots: int, segment: Segment | None = None):
         self.num_slots = num_slots
-        self.segment = segment or Segment(num_slots * (24 + ERROR_BYTES))
+        self.segment = segment or Segment(num_slots * (16 + ERROR_BYTES))
         buf = self.segment.buf
         self.state = np.frombuffer(buf, dtype=np.int64, count=num_slots)
         self.enqueued = np.frombuffer(buf, dtype=np.float64, count=num_slots, offset=8 * num_slots)
-        self.user = np.frombuffer(buf, dtype=np.int64, count=num_slots, offset=16 * num_slots)
-        self.errors = np.frombuffer(buf, dtype=np.uint8, count=num_slots * ERROR_BYTES, offset=24 * num_slots).reshape(
+        self.errors = np.frombuffer(buf, dtype=np.uint8, count=num_slots * ERROR_BYTES, offset=16 * num_slots).reshape(
             num_slots, ERROR_BYTES
         )
 
@@ -78,7 +76,7 @@ class _Control:
         return RemoteError(*record["remote"])
 
     def close(self) -> None:
-        self.state = self.enqueued = self.user = self.errors = None
+        self.state = self.enqueued = self.errors = None
         self.segment.close()
 
 

@@ -8,10 +8,12 @@ server gathers every ready slot in one pass and scatters the answers in one pass
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 
 from tensordict import TensorDictBase
 
+from ._shared import EndpointClaims
 from ._slots import FREE, SlotClientBase, SlotFuture, SlotTransport
 from .errors import TransportError
 
@@ -30,13 +32,18 @@ class ProcessSlotTransport(SlotTransport):
 
     def __init__(self, request_layout, response_layout, num_slots: int = 64, context: str = "spawn"):
         super().__init__(request_layout, response_layout, num_slots, context)
+        self.claims = EndpointClaims(num_slots, mp.get_context(context).Lock())
         self._next = 0
 
     def client(self) -> "ProcessSlotClient":
         if self._next >= self.num_slots:
             raise TransportError(f"all {self.num_slots} process slots are taken; raise num_slots")
         slot, self._next = self._next, self._next + 1
-        return ProcessSlotClient(self._shared(), slot)
+        return ProcessSlotClient({**self._shared(), "claims": self.claims}, slot)
+
+    def _close(self) -> None:
+        super()._close()
+        self.claims.close()
 
 
 class ProcessSlotClient(SlotClientBase):
@@ -44,7 +51,8 @@ class ProcessSlotClient(SlotClientBase):
 
     def __init__(self, shared: dict, slot: int):
         super().__init__(shared)
-        self.slot = slot
+        self.slot, self.claims = slot, shared["claims"]
+        self._claimed_by = None
 
     def __getstate__(self):
         return (self._shared, self.slot)
@@ -67,22 +75,7 @@ class ProcessSlotClient(SlotClientBase):
 
     def _claim(self) -> None:
         """A slot serves one worker process: a copy of this client in another live process is refused."""
-        pid, user = os.getpid(), int(self.control.user[self.slot])
-        if user == pid:
-            return
-        if user and _alive(user):
-            raise TransportError(
-                f"process slot {self.slot} is used by process {user}: create one client per worker process "
-                "(call client() once for each)"
-            )
-        self.control.user[self.slot] = pid
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        pid = os.getpid()
+        if self._claimed_by != pid:
+            self.claims.claim(self.slot, "process slot")
+            self._claimed_by = pid

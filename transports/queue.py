@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing as mp
+import os
 import pickle
 import queue as std_queue
 import threading
@@ -19,7 +20,7 @@ import time
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ._shared import PeerStatus, wait_for
+from ._shared import EndpointClaims, PeerStatus, wait_for
 from .base import Batch, RequestReplyTransport, ResponseFuture, ServerEndpoint, drain
 from .config import TransportConfig
 from .errors import PeerFailureError, RemoteError, ServiceError, TransportError
@@ -100,6 +101,7 @@ class QueueTransport(RequestReplyTransport):
         self.requests = ctx.Queue(max_queue_size)
         self.pipes = [ctx.Pipe(duplex=False) for _ in range(max_clients)]
         self.status = PeerStatus()
+        self.claims = EndpointClaims(max_clients, ctx.Lock())
         self._next = 0
 
     @property
@@ -110,7 +112,7 @@ class QueueTransport(RequestReplyTransport):
         if self._next >= self.max_clients:
             raise TransportError(f"all {self.max_clients} client endpoints are in use; raise max_clients")
         index, self._next = self._next, self._next + 1
-        return QueueClient(index, self.requests, self.pipes[index][0], self.status)
+        return QueueClient(index, self.requests, self.pipes[index][0], self.status, self.claims)
 
     def server(self) -> "QueueServer":
         return QueueServer(self.requests, [w for _, w in self.pipes])
@@ -132,6 +134,7 @@ class QueueTransport(RequestReplyTransport):
             r.close()
             w.close()
         self.status.close()
+        self.claims.close()
 
 
 class _QueueFuture(ResponseFuture):
@@ -151,17 +154,20 @@ class _QueueFuture(ResponseFuture):
 
 
 class QueueClient:
-    """The client of a :class:`QueueTransport`: ``submit(td)`` returns a future; threads may share it."""
+    """The client of a :class:`QueueTransport`: ``submit(td)`` returns a future; threads may share it, processes
+    may not (each process needs its own client: answers come back on the client's own pipe)."""
 
-    def __init__(self, index: int, requests, reader, status: PeerStatus):
-        self.index, self.requests, self.reader, self.status = index, requests, reader, status
+    def __init__(self, index: int, requests, reader, status: PeerStatus, claims: EndpointClaims):
+        self.index, self.requests, self.reader, self.status, self.claims = index, requests, reader, status, claims
+        self._claimed_by = None
         self._ids = itertools.count()
         self._answers: dict[int, tuple] = {}
         self._cond = threading.Condition()
         self._receiving = False
 
     def __getstate__(self):
-        return {"index": self.index, "requests": self.requests, "reader": self.reader, "status": self.status}
+        return {"index": self.index, "requests": self.requests, "reader": self.reader, "status": self.status,
+                "claims": self.claims}
 
     def __setstate__(self, state):
         self.__init__(**state)
@@ -170,6 +176,9 @@ class QueueClient:
         problem = self.status.problem()
         if problem is not None:
             raise PeerFailureError(problem)
+        if self._claimed_by != os.getpid():
+            self.claims.claim(self.index, "queue client endpoint")
+            self._claimed_by = os.getpid()
         request_id = next(self._ids)
         payload = pickle.dumps(to_wire(td), protocol=pickle.HIGHEST_PROTOCOL)
         item = (self.index, request_id, time.monotonic(), payload)
