@@ -1,13 +1,14 @@
 """Inference round trips per transport, beside the floors of the mechanisms under them; medians.
 
 For every inference cell built today (placement ``thread`` with transports ``thread`` and ``direct``;
-placement ``process`` with ``queue``, ``shared_memory`` and ``process_slot``), for 1, 4 and 16 concurrent
+placement ``process`` with ``queue``, ``shared_memory`` and ``process_slot``; placement ``ray`` over Ray calls,
+in a local cluster on 127.0.0.1 that the script starts and stops), for 1, 4 and 16 concurrent
 clients and three payloads (16 B: observation float32 [4]; 28 KB: 84x84x4 uint8; 1 MiB: uint8), a real
 :class:`components.inference.InferenceServer` serves an echo policy (``action = observation``, so the
 response carries the request's payload back) and each client does a bounded number of sequential round
 trips (``submit(td).result()``; warm-up discarded). Clients of a ``process`` server live in separate worker
 processes, spawned with multiprocessing ``spawn`` and handed their clients as ``Process`` arguments; clients
-of a ``thread`` server are threads of this process.
+of a ``thread`` or ``ray`` server are threads of this process.
 
 The floors, measured in the same run between two processes with one client:
 
@@ -15,10 +16,11 @@ The floors, measured in the same run between two processes with one client:
   semaphore; the server process waits, copies it into a response tensor and releases a response semaphore;
   the client waits and copies the response out.
 * (b) ``multiprocessing.Queue`` round trip of pre-pickled bytes of the payload (request queue, response queue).
+* (c) a Ray actor call whose argument is the payload tensor and whose result is that tensor.
 
 ``ratio`` is a row's p50 over its floor's p50 at the same payload (the floors are single-client, so ratios of
 4 and 16 clients include queueing behind the other clients): shared_memory, process_slot and the thread
-transports against (a), queue against (b). Run from the repository root:
+transports against (a), queue against (b), ray against (c). Run from the repository root:
 
     python benchmarks/inference.py                      # everything (a few minutes on 2 cores)
     python benchmarks/inference.py --quick              # fewer round trips
@@ -35,7 +37,6 @@ import contextlib
 import multiprocessing as mp
 import os
 import pickle
-import subprocess
 import sys
 import threading
 import time
@@ -60,9 +61,9 @@ SIZES = {
     "1MiB": ("observation uint8 [1048576]", torch.uint8, (1 << 20,), 400),
 }
 CELLS = [("thread", "thread"), ("thread", "direct"), ("process", "queue"), ("process", "shared_memory"),
-         ("process", "process_slot")]
-FLOOR_OF = {"queue": "b"}  # every other transport is compared with floor (a)
-FLOOR_NAMES = {"a": "floor (a) shm + semaphore", "b": "floor (b) mp.Queue bytes"}
+         ("process", "process_slot"), ("ray", "ray")]
+FLOOR_OF = {"queue": "b", "ray": "c"}  # every other transport is compared with floor (a)
+FLOOR_NAMES = {"a": "floor (a) shm + semaphore", "b": "floor (b) mp.Queue bytes", "c": "floor (c) Ray actor call"}
 TARGETS = [("shared_memory", "a"), ("process_slot", "a"), ("queue", "b")]
 MIN_PER_CLIENT = 40
 
@@ -328,6 +329,30 @@ def run_process_cells(cells, sizes, client_counts, quick, results, floors) -> No
                     progress(f"{placement}/{transport}", size, n_clients, results)
 
 
+class _EchoActor:
+    """Floor (c): one Ray actor call carrying the payload there and back, nothing else."""
+
+    def echo(self, payload):
+        return payload
+
+
+def run_ray_cells(cells, sizes, client_counts, quick, results, floors) -> None:
+    """Ray rows: clients are threads of this driver calling the Ray inference client; the floor is a plain
+    actor call with the same payload, measured in the same cluster."""
+    from components.ray_support import RayClusterConfig, import_ray, ray_cluster
+
+    ray = import_ray()
+    with ray_cluster(RayClusterConfig(temp_dir=f"/tmp/rb{os.getpid()}")):
+        echo = ray.remote(_EchoActor).options(num_cpus=0).remote()
+        for size in sizes:
+            payload = request_td(size)["observation"]
+            warmup, n = counts(size, 1, quick)
+            floors[("c", size)] = summarize([round_trips(lambda: ray.get(echo.echo.remote(payload)), warmup, n)])
+            progress(FLOOR_NAMES["c"], size, 1, {(FLOOR_NAMES["c"], size, 1): floors[("c", size)]})
+        ray.kill(echo)
+        run_thread_cells(cells, sizes, client_counts, quick, results)
+
+
 def _stop_process(proc, conn) -> None:
     stop_child(proc, lambda: conn.send(None))
     conn.close()
@@ -345,7 +370,7 @@ def report(results, floors, sizes, client_counts, cells) -> bool:
         print(f"\n### {size}: {SIZES[size][0]}\n")
         print("| transport | clients | p50 us | p95 us | req/s | floor p50 us | ratio |")
         print("|---|---|---|---|---|---|---|")
-        for floor in ("a", "b"):
+        for floor in ("a", "b", "c"):
             f = floors.get((floor, size))
             if f:
                 print(f"| {FLOOR_NAMES[floor]} | 1 | {f['p50']:.1f} | {f['p95']:.1f} | {f['rps']:.0f} | "
@@ -393,11 +418,14 @@ def main() -> None:
     # The floors run with the process cells (their client is worker 0), so they are measured even when only
     # thread transports are selected.
     run_process_cells([c for c in cells if c[0] == "process"], args.sizes, args.clients, args.quick, results, floors)
+    if any(c[0] == "ray" for c in cells):
+        run_ray_cells([c for c in cells if c[0] == "ray"], args.sizes, args.clients, args.quick, results, floors)
 
     print(f"# Inference round trips (median over round trips; {os.cpu_count()} CPUs; torch {torch.__version__}; "
           f"{'quick' if args.quick else 'full'} run, {time.monotonic() - started:.0f} s)")
     print("\nratio = p50 / floor p50 at the same payload; floors are one client, so rows with more clients include "
-          "queueing behind the others. (a): shared memory + semaphore doorbell; (b): multiprocessing.Queue of bytes.")
+          "queueing behind the others. (a): shared memory + semaphore doorbell; (b): multiprocessing.Queue of bytes; "
+          "(c): a Ray actor call carrying the payload.")
     report(results, floors, args.sizes, args.clients, cells)
 
 

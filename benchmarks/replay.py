@@ -1,7 +1,7 @@
 """Replay buffer extend and sample per placement and transport, beside the floors under them; medians.
 
-For every replay cell built today (``direct/direct``, ``thread/thread``, ``process/queue`` and
-``process/shared_memory``) and two transition layouts (observation float32 [4], or uint8 [84, 84, 4]; each
+For every replay cell built today (``direct/direct``, ``thread/thread``, ``process/queue``,
+``process/shared_memory`` and ``ray/ray``, in a local Ray cluster on 127.0.0.1 the script starts) and two transition layouts (observation float32 [4], or uint8 [84, 84, 4]; each
 transition also carries an int64 ``action`` and a float32 ``reward``), a real
 :class:`components.replay.ReplayBuffer` (uniform sampler, batch size 256) is started and driven through
 ``owner.client()`` (a direct owner is its own client):
@@ -13,7 +13,9 @@ The floors, measured in the same run with the same layout and capacity:
 
 * the ``direct`` row itself: the buffer's own ``sample`` with no transport at all;
 * ``floor: torch gather``: preallocated storage tensors of the same layout and capacity, one
-  ``torch.randint`` for 256 indices and ``torch.index_select`` of every leaf into new tensors.
+  ``torch.randint`` for 256 indices and ``torch.index_select`` of every leaf into new tensors;
+* ``floor: Ray actor call returning 256 rows`` (with the ``ray/ray`` row): an actor call whose result is a
+  prebuilt batch of the same layout, the least a Ray sample can cost.
 
 ``ratio`` is a row's sample p50 over the ``direct`` row's sample p50 at the same layout. For the process
 rows at 84x84x4 the run also times the pieces a sample goes through (one command round trip with no
@@ -57,7 +59,8 @@ OBS = {
     "4f": ("observation float32 [4]", torch.float32, (4,), 100_000, (400, 2000)),
     "84x84x4": ("observation uint8 [84, 84, 4] (28,224 bytes)", torch.uint8, (84, 84, 4), 8192, (80, 300)),
 }
-CELLS = ["direct/direct", "thread/thread", "process/queue", "process/shared_memory"]
+CELLS = ["direct/direct", "thread/thread", "process/queue", "process/shared_memory", "ray/ray"]
+RAY_FLOOR = "floor: Ray actor call returning 256 rows"
 TARGET_OBS, TARGET_RATIO = "84x84x4", 2.0
 BUDGET_S = 12.0  # most seconds one measurement may take (a full run stays bounded on a loaded machine)
 
@@ -123,6 +126,25 @@ def gather_floor(obs: str):
     return call
 
 
+class _BatchActor:
+    """The Ray floor: an actor that returns a prebuilt batch of 256 transitions (no sampling at all)."""
+
+    def __init__(self, batch):
+        self.batch = batch
+
+    def get(self):
+        return self.batch
+
+
+def ray_floor(obs: str, stack: contextlib.ExitStack):
+    from components.ray_support import import_ray
+
+    ray = import_ray()
+    actor = ray.remote(_BatchActor).options(num_cpus=0).remote(make_batch(obs))
+    stack.callback(ray.kill, actor)
+    return lambda: ray.get(actor.get.remote())
+
+
 def breakdown(client, transport: str, obs: str, quick: bool) -> list[tuple[str, float]]:
     """Where a process sample's time goes: each piece's p50 (us), measured in this process or through
     ``client``, interleaved with the process sample itself (the last entry)."""
@@ -178,6 +200,8 @@ def run_obs(obs: str, cells, quick: bool, pids: set, results: dict, breakdowns: 
         for cell, c in clients.items():
             assert c.sample(BATCH)["observation"].shape == (BATCH, *OBS[obs][2])
         rows = {"floor: torch gather": gather_floor(obs)}
+        if "ray/ray" in clients:
+            rows[RAY_FLOOR] = ray_floor(obs, stack)
         rows.update({cell: (lambda c=c: c.sample(BATCH)) for cell, c in clients.items()})
         smp = interleaved(rows, max(3, n_sample // 10), n_sample)
         for name in rows:
@@ -202,7 +226,7 @@ def report(results: dict, breakdowns: dict, obs_list, cells) -> None:
         print("|---|---|---|---|---|---|---|")
         direct = results.get(("direct/direct", obs))
         base = direct["sample"]["p50"] if direct else None
-        for cell in ["floor: torch gather", *cells]:
+        for cell in ["floor: torch gather", RAY_FLOOR, *cells]:
             r = results.get((cell, obs))
             if r is None:
                 continue
@@ -255,8 +279,13 @@ def main() -> None:
     breakdowns: dict = {}
     pids = {os.getpid()}
     started = time.monotonic()
-    for obs in args.obs:
-        run_obs(obs, cells, args.quick, pids, results, breakdowns)
+    with contextlib.ExitStack() as stack:
+        if "ray/ray" in cells:  # a local cluster on 127.0.0.1 for the ray row, stopped at the end
+            from components.ray_support import RayClusterConfig, ray_cluster
+
+            stack.enter_context(ray_cluster(RayClusterConfig(temp_dir=f"/tmp/rb{os.getpid()}")))
+        for obs in args.obs:
+            run_obs(obs, cells, args.quick, pids, results, breakdowns)
 
     print(f"# Replay buffer extend and sample (median over calls; {os.cpu_count()} CPUs; torch {torch.__version__}; "
           f"{'quick' if args.quick else 'full'} run, {time.monotonic() - started:.0f} s)")

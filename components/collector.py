@@ -5,9 +5,11 @@ shaped ``[time, env]``. Collectors take no transport of their own: policy calls 
 endpoint's transport and, with a replay buffer attached, writes go over the replay endpoint's transport
 (each worker writes its rollout straight into replay and only a completion count comes back).
 
-Placements: ``direct`` (one worker, stepped in the caller's thread), ``thread`` (worker threads) and
+Placements: ``direct`` (one worker, stepped in the caller's thread), ``thread`` (worker threads),
 ``process`` (worker processes, each with its own envs, started with a ready handshake and watched: a crash
-surfaces in the driver within 2 s with the worker's traceback text). Workers collect on request, so with
+surfaces in the driver within 2 s with the worker's traceback text) and ``ray`` (worker actors; rollouts
+return through the object store, or go straight into a Ray replay buffer; with ``max_restarts`` a crashed
+worker is restarted and collection resumes). Workers collect on request, so with
 ``sync=True`` every batch is collected after the weights the learner pushed before asking for it.
 """
 
@@ -158,6 +160,13 @@ class Collector(Owner["Collector"]):
             self._workers = [_Worker(*self._worker_args(0))]
             self._spec = self._workers[0].stepper.spec
             return
+        if self.placement == "ray":  # launched together, then waited for: their start-ups overlap
+            self._workers = [_RayWorker(f"collector-{w}", self._worker_args(w), self.resources)
+                             for w in range(self.num_collectors)]
+            for worker in self._workers:
+                worker.wait_ready()
+            self._spec = self._workers[0].call("spec")
+            return
         for w in range(self.num_collectors):
             if self.placement == "thread":
                 worker = _ThreadWorker(self._worker_args(w), name=f"collector-{w}")
@@ -258,6 +267,68 @@ def _first_ready(pending: dict):
         for worker, handle in pending.items():
             if handle.ready(0.01):
                 return worker, _decode(handle.result())
+
+
+class CollectorActor(_ChildWorker):
+    """A worker in a Ray actor: the same commands; rollouts return through the object store."""
+
+    def ready(self) -> int:
+        import os
+
+        return os.getpid()
+
+    def handle(self, command: str, payload: Any = None) -> Any:
+        if command == "collect":
+            return self.worker.collect()
+        if command == "node":  # the Ray node this worker runs on
+            import ray
+
+            return ray.get_runtime_context().get_node_id()
+        return super().handle(command, payload)
+
+    def stop(self) -> None:
+        self.close()
+
+
+class _RayWorker:
+    """The driver's handle on a worker actor, with the protocol of :class:`ChildProcess` (submit, call, stop).
+
+    With ``max_restarts > 0`` Ray restarts a crashed worker (a fresh env, the same arguments) and retries the
+    interrupted ``collect`` on it, so collection resumes."""
+
+    def __init__(self, name: str, args: tuple, resources):
+        from .ray_support import ActorResources, launch_actor
+
+        self.name, self.resources = name, resources or ActorResources()
+        self.handle = launch_actor(CollectorActor, name, args, self.resources)
+        self.pid: int | None = None
+
+    def wait_ready(self) -> None:
+        from .ray_support import wait_ready
+
+        self.pid = wait_ready(self.handle, self.name, self.resources)
+
+    def submit(self, command: str, payload: Any = None):
+        from .ray_support import RayFuture, translate
+
+        try:
+            return RayFuture(self.handle.handle.remote(command, payload), f"{self.name}.{command}")
+        except Exception as exc:  # noqa: BLE001
+            raise translate(exc, f"{self.name}.{command}") from None
+
+    def call(self, command: str, payload: Any = None) -> Any:
+        return self.submit(command, payload).result()
+
+    @property
+    def is_alive(self) -> bool:
+        from .ray_support import actor_alive
+
+        return actor_alive(self.handle)
+
+    def stop(self, timeout: float | None = None) -> None:
+        from .ray_support import stop_actor
+
+        stop_actor(self.handle, timeout)
 
 
 class _ThreadWorker:

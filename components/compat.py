@@ -89,25 +89,25 @@ def _cells() -> dict[tuple[str, str], Cell]:
             {"queue": S, "shared_memory": S, "process_slot": S, "distributed": N},
             _process_payloads,
         ),
-        Cell("inference", "ray", {"ray": N, "distributed": N}, _RAY),
+        Cell("inference", "ray", {"ray": S, "distributed": N}, _RAY),
         Cell("inference", "distributed", {"distributed": N}, _DIST),
         # replay: extend / sample / priority updates
         Cell("replay", "direct", {"direct": S}, _DIRECT),
         Cell("replay", "thread", {"thread": S}, _THREAD),
         Cell("replay", "process", {"queue": S, "shared_memory": S, "distributed": N}, _process_replay),
-        Cell("replay", "ray", {"ray": N, "distributed": N}, _RAY),
+        Cell("replay", "ray", {"ray": S, "distributed": N}, _RAY),
         Cell("replay", "distributed", {"distributed": N}, _DIST),
         # logger: acknowledged commands, possibly carrying videos
         Cell("logger", "direct", {"direct": S}, _DIRECT),
         Cell("logger", "thread", {"thread": S}, _THREAD),
         Cell("logger", "process", {"queue": S}, _fixed("queue", "commands and videos of any shape: pickled over queues")),
-        Cell("logger", "ray", {"ray": N}, _RAY),
+        Cell("logger", "ray", {"ray": S}, _RAY),
         Cell("logger", "distributed", {"distributed": N}, _fixed("distributed", "rank-0 logger; commands as text over gloo")),
         # collectors take no transport: policy calls and replay writes use those endpoints' transports
         Cell("collector", "direct", {}, None, SUPPORTED),
         Cell("collector", "thread", {}, None, S),
         Cell("collector", "process", {}, None, S),
-        Cell("collector", "ray", {}, None, N),
+        Cell("collector", "ray", {}, None, S),
         Cell("collector", "distributed", {}, None, N),
         Cell("collector", "submitit", {}, None, N),
         # weight sync: versioned state from the learner to inference owners and collectors
@@ -119,7 +119,7 @@ def _cells() -> dict[tuple[str, str], Cell]:
             {"shared_memory": S},
             _fixed("shared_memory", "a shared-memory state dict and a version counter"),
         ),
-        Cell("weight_sync", "ray", {"ray": N, "distributed": N}, _fixed("ray", "versions through the Ray object store")),
+        Cell("weight_sync", "ray", {"ray": S, "distributed": N}, _fixed("ray", "versions through the Ray object store")),
         Cell("weight_sync", "distributed", {"distributed": N}, _DIST),
     ]
     return {(c.component, c.placement): c for c in rows}

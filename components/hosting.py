@@ -1,9 +1,11 @@
-"""Hosting a direct owner elsewhere: on a thread, or in a child process, driven by acknowledged commands.
+"""Hosting a direct owner elsewhere: on a thread, in a child process or in a Ray actor, driven by
+acknowledged commands.
 
 A service whose operations are method calls (replay buffer, logger) is built as its ``direct`` twin where
 the owner lives, and clients send ``(method, args, kwargs)`` over a request/reply transport (``thread`` in
 process, ``queue`` across processes). Every call returns the method's result or raises its exception at the
-call site; only the component's client operations are accepted (a client cannot call ``shutdown``).
+call site; only the component's client operations are accepted (a client cannot call ``shutdown``). In a Ray
+actor the commands are Ray calls (see :mod:`components.ray_support`).
 """
 
 from __future__ import annotations
@@ -95,22 +97,30 @@ class Host:
     Args:
         name: thread or process name.
         twin_factory: picklable callable returning the *unstarted* direct owner to host.
-        placement: ``thread`` or ``process``.
+        placement: ``thread``, ``process`` or ``ray``.
+        resources: :class:`~components.ray_support.ActorResources` of a ``ray`` host.
         allowed: the client operations.
         max_clients: command endpoints a process host can hand out.
         startup_timeout: seconds the twin may take to start.
     """
 
     def __init__(self, name: str, twin_factory: Callable[[], Any], placement: str, allowed: Allowed,
-                 *, max_clients: int = 64, startup_timeout: float = 60.0):
+                 *, max_clients: int = 64, startup_timeout: float = 60.0, resources: Any = None):
         self.name, self.twin_factory, self.placement, self.allowed = name, twin_factory, placement, allowed
-        self.max_clients, self.startup_timeout = max_clients, startup_timeout
+        self.max_clients, self.startup_timeout, self.resources = max_clients, startup_timeout, resources
         self.transport: RequestReplyTransport | None = None
         self.child: ChildProcess | None = None
+        self.actor: Any = None  # placement ray: the hosting actor's handle
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
     def start(self) -> None:
+        if self.placement == "ray":
+            from .ray_support import ActorResources, HostActor, start_actor
+
+            self.actor, _ = start_actor(HostActor, self.name, (self.twin_factory, self.allowed),
+                                        self.resources or ActorResources())
+            return
         if self.placement == "thread":
             from transports.thread import ThreadTransport
 
@@ -150,15 +160,28 @@ class Host:
                 self.transport.mark_dead(stopped=False)
 
     def endpoint(self) -> Any:
+        if self.actor is not None:
+            from .ray_support import RayEndpoint
+
+            return RayEndpoint(self.actor, self.name)
         return self.transport.client()
 
     @property
     def is_alive(self) -> bool:
+        if self.actor is not None:
+            from .ray_support import actor_alive
+
+            return actor_alive(self.actor)
         if self._thread is not None:
             return self._thread.is_alive()
         return self.child is not None and self.child.is_alive
 
     def stop(self, timeout: float | None = None) -> None:
+        if self.actor is not None:
+            from .ray_support import stop_actor
+
+            stop_actor(self.actor, timeout)
+            self.actor = None
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout if timeout is not None else 30.0)

@@ -87,8 +87,11 @@ class Logger(Owner["Logger"]):
 
     def _start(self) -> None:
         if self.placement != "direct":
-            twin = functools.partial(type(self), **self._options, placement="direct", transport="direct")
-            self._host = Host("logger", twin, self.placement, Allowed(CLIENT_OPERATIONS, prefixes=("log_",)))
+            # an absolute directory: a ray actor does not share the driver's working directory
+            options = {**self._options, "log_dir": os.path.abspath(self.log_dir)}
+            twin = functools.partial(type(self), **options, placement="direct", transport="direct")
+            self._host = Host("logger", twin, self.placement, Allowed(CLIENT_OPERATIONS, prefixes=("log_",)),
+                              resources=self.resources)
             self._host.start()
             self._remote = self._client()
             return

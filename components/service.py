@@ -79,6 +79,7 @@ class Owner(Generic[ClientT]):
             strict=not t_choice.from_context,
         )
         compat.ensure_built(self.component, self.placement, self.transport_kind)
+        self.resources: Any = None  # what a ray owner's actors reserve (ActorResources); see with_resources
         self._state = "new"
         self._state_lock = threading.Lock()
 
@@ -102,6 +103,17 @@ class Owner(Generic[ClientT]):
     def transport_reason(self) -> str:
         """Why this transport: ``explicit``, or the ``auto`` rule that chose it."""
         return self._resolution.reason
+
+    def with_resources(self, resources: Any) -> "Owner":
+        """Set what the owner's actors reserve where it is placed (a
+        :class:`~components.ray_support.ActorResources`, or a mapping with its fields); before ``start``.
+        Placements without actors ignore it."""
+        if self._state != "new":
+            raise RuntimeError(f"{type(self).__name__}.with_resources() must come before start()")
+        from .ray_support import ActorResources
+
+        self.resources = resources if isinstance(resources, ActorResources) else ActorResources.from_config(resources)
+        return self
 
     # ------------------------------------------------------------------ lifecycle
     def start(self):

@@ -8,10 +8,13 @@ copy a newer version in place; versions are monotonic.
 - ``process`` (transport ``shared_memory``): the state lives in one shared-memory segment laid out from a
   template state dict, guarded by a sequence counter (a reader retries if a push overlapped its copy). The
   client is picklable by segment name and reaches receivers in any process of the host.
+- ``ray``: the versions live in an actor; pushes and polls are actor calls, tensors go through the object
+  store, and the client reaches receivers anywhere in the cluster.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 import time
@@ -70,17 +73,32 @@ class WeightSync(Owner["WeightSync"]):
         self._latest: dict[str, torch.Tensor] | None = None
         self._lock = threading.Lock()
         self._shared: SharedWeights | None = None
+        self._host = None  # placement ray: the actor keeping the versions
         self._local_id = _local.register(self)
 
     def _start(self) -> None:
         if self.placement == "process":
             self._shared = SharedWeights.create(self._template)
+        elif self.placement == "ray":
+            from .hosting import Allowed, Host
+
+            twin = functools.partial(WeightSync, placement="direct", transport="direct")
+            self._host = Host("weight-sync", twin, "ray", Allowed(RAY_OPERATIONS), resources=self.resources)
+            self._host.start()
+            self._shared = RayWeights(self._host.endpoint())
 
     def _shutdown(self, timeout: float | None) -> None:
+        if self._host is not None:
+            self._host.stop(timeout)
+            self._host = None
+            self._shared = None
         with self._lock:
             self._latest = None
         if self._shared is not None:
             self._shared._release()
+
+    def _alive(self) -> bool:
+        return self._host is None or self._host.is_alive
 
     def _client(self):
         if self._shared is not None:
@@ -123,6 +141,54 @@ class WeightSync(Owner["WeightSync"]):
             return self._shared.pull()
         with self._lock:
             return self._version, self._latest
+
+    def _newer_than(self, since: int) -> tuple[int, StateDict] | None:
+        """``(version, state)`` if a version newer than ``since`` exists: one round trip for a remote poll."""
+        version, state = self.pull()
+        return None if version <= since or state is None else (version, state)
+
+    def _current_version(self) -> int:
+        return self.version
+
+
+RAY_OPERATIONS = frozenset({"push", "pull", "_newer_than", "_current_version"})
+
+
+class RayWeights:
+    """The client of a ``ray`` weight sync: the versions live in an actor; tensors travel through Ray's object
+    store. ``push``, ``poll``, ``pull`` and ``version``; picklable to any process connected to the cluster.
+    A ``poll`` is one actor call (its state only when a newer version exists)."""
+
+    def __init__(self, endpoint):
+        from .hosting import CommandClient
+
+        self._endpoint = endpoint
+        self._calls = CommandClient(endpoint)
+
+    def __reduce__(self):
+        return (RayWeights, (self._endpoint,))
+
+    def attached(self) -> "RayWeights":
+        return RayWeights(self._endpoint)
+
+    @property
+    def version(self) -> int:
+        return self._calls._call("_current_version")
+
+    def push(self, weights: nn.Module | StateDict) -> int:
+        state = {k: v.detach().cpu() for k, v in _state(weights).items()}
+        return self._calls._call("push", state)
+
+    def poll(self, since: int, into: nn.Module) -> int | None:
+        newer = self._calls._call("_newer_than", since)
+        if newer is None:
+            return None
+        version, state = newer
+        _copy_into(into, state)
+        return version
+
+    def pull(self) -> tuple[int, StateDict | None]:
+        return self._calls._call("pull")
 
 
 class LocalWeights:

@@ -9,8 +9,9 @@ with every run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING as MISSING_FIELD, asdict, dataclass, field
 from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
@@ -22,6 +23,8 @@ from transports.config import TransportConfig
 from transports.errors import ConfigurationError, IncompatibleCombinationError
 from transports.kinds import reaches
 from transports.resolver import TransportContext
+
+from .schema import ResourcesConf
 
 # Who calls whom: a dependant is started after, and stopped before, what it depends on. The logger comes
 # first so it outlives everything and can record teardown metrics.
@@ -38,6 +41,9 @@ ONE_REQUEST_AT_A_TIME: frozenset = frozenset({"inference"})
 
 # Cross-owner traffic: (carrier, far end): the carrier's transport must reach the far end's placement.
 # Collectors call the inference server from where they run; weight sync pushes into the inference owner.
+# Resources left at their defaults are not worth a line in the printed plan.
+_RESOURCE_DEFAULTS: dict = {f.name: (f.default_factory() if f.default_factory is not MISSING_FIELD else f.default)
+                            for f in dataclasses.fields(ResourcesConf)}
 EDGES: tuple[tuple[str, str], ...] = (("inference", "collector"), ("weight_sync", "inference"))
 # Only when the recipe asks the replay buffer to filter by policy age does it read the live version.
 VERSION_EDGE: tuple[str, str] = ("weight_sync", "replay")
@@ -112,7 +118,7 @@ class LaunchPlan:
         for c in self.components:
             for key, layout in c.layouts.items():
                 details.append(f"  {c.name}.{key}: {layout.describe() if hasattr(layout, 'describe') else layout}")
-            res = {k: v for k, v in c.resources.items() if v not in (None, 0, 0.0, {}, 1) or k == "num_cpus" and v}
+            res = {k: v for k, v in c.resources.items() if v != _RESOURCE_DEFAULTS.get(k)}  # what was asked for
             if res:
                 details.append(f"  {c.name}.resources: {res}")
         if details:

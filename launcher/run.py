@@ -16,6 +16,7 @@ from components import compat
 from components.collector import Collector
 from components.envs import make_vector_env, spec_of
 from components.inference import InferenceDeviceConfig, InferenceServer, InferenceServerConfig
+from components.ray_support import RayClusterConfig, ray_cluster
 from components.replay import PolicyAgeFilter, ReplayBuffer
 from components.weight_sync import WeightSync
 from recipes import Clients
@@ -111,9 +112,13 @@ def execute(plan: LaunchPlan, cfg: DictConfig, run_dir: str, *, on_started: Call
     progress = ProgressLine(getattr(rcfg, "total_frames", 0), enabled=bool(cfg.launcher.progress))
     with ExitStack() as stack:
         stack.callback(progress.close)
+        if any(c.placement == "ray" for c in plan.components):  # joined or started before any owner, left last
+            started = stack.enter_context(ray_cluster(ray_config(cfg)))
+            log.info("ray cluster: %s", "started on 127.0.0.1" if started else f"joined {cfg.ray.address or 'the connected one'}")
         for c in plan.components:
             deps = {d: owners[d] if d in OWNER_DEPENDENCIES.get(c.name, ()) else clients[d] for d in c.depends_on}
             owner = BUILDERS[c.name](c, cfg, recipe, rcfg, spec, deps, run_dir)
+            owner.with_resources(c.resources)
             stack.callback(_shutdown, c.name, owner)  # registered first: a failed start is torn down too
             log.info("starting %s (%s, %s)", c.name, c.placement, c.transport)
             owner.start()
@@ -133,6 +138,13 @@ def execute(plan: LaunchPlan, cfg: DictConfig, run_dir: str, *, on_started: Call
             ),
         )
     return dict(result)
+
+
+def ray_config(cfg: DictConfig) -> RayClusterConfig:
+    """The cluster of the components placed on ``ray`` (``ray.*`` in the config)."""
+    r = cfg.ray
+    return RayClusterConfig(address=r.address, namespace=r.namespace, num_cpus=r.num_cpus,
+                            resources=OmegaConf.to_container(r.resources, resolve=True), temp_dir=r.temp_dir)
 
 
 def _shutdown(name: str, owner: Any) -> None:

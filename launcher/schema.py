@@ -28,6 +28,7 @@ class ResourcesConf:
     max_restarts: int = 0  # times a crashed owner is restarted (Ray)
     max_concurrency: int = 1  # concurrent calls an actor serves (Ray)
     custom: Dict[str, float] = field(default_factory=dict)  # custom resources, e.g. {node_b: 1}
+    startup_timeout: float = 120.0  # seconds a Ray actor may take to be scheduled and built
 
 
 @dataclass
@@ -87,11 +88,18 @@ class ProcessServiceConf(ServiceConf):
 
 @dataclass
 class RayServiceConf(ServiceConf):
-    name: str = "ray"
-    address: Optional[str] = None  # join this cluster; None starts a local one on 127.0.0.1
-    num_cpus: Optional[int] = None  # CPUs of a locally started cluster
+    name: str = "ray"  # the cluster itself is configured under `ray:` (used by any component placed on ray)
+
+
+@dataclass
+class RayConf:
+    """`ray.*`: the cluster that components placed on `ray` use (whatever `service` is)."""
+
+    address: Optional[str] = None  # join this cluster ("host:port" or "auto"); None starts a local one on 127.0.0.1
     namespace: str = "rl_services"  # Ray namespace of named actors
-    temp_dir: Optional[str] = None  # Ray's temp dir for a locally started cluster
+    num_cpus: Optional[float] = None  # CPUs a locally started cluster advertises (None: the machine's)
+    resources: Dict[str, float] = field(default_factory=dict)  # custom resources of a locally started head node
+    temp_dir: Optional[str] = None  # Ray's session dir for a locally started cluster (short path; None: a fresh one)
 
 
 @dataclass
@@ -149,6 +157,7 @@ class Config:
     logger: Any = MISSING
     recipe: Any = None
     components: ComponentsConf = field(default_factory=ComponentsConf)
+    ray: RayConf = field(default_factory=RayConf)
     launcher: LauncherConf = field(default_factory=LauncherConf)
     seed: int = 0  # seeds torch and the environments
 

@@ -63,3 +63,26 @@ def proc_state(pid: int) -> str:
 
 def process_gone(pid: int) -> bool:
     return proc_state(pid) in ("gone", "Z")
+
+
+# ---------------------------------------------------------------------------------------------- Ray
+def our_live_actors() -> list[str]:
+    """Class names of the actors still alive in the connected cluster (the registry directory excepted)."""
+    from ray._private import state
+
+    return sorted(a.get("ActorClassName", "?") for a in state.actors().values()
+                  if a.get("State") == "ALIVE" and a.get("ActorClassName") != "_Directory")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory):
+    """One local Ray cluster per test module, on 127.0.0.1, in a temp dir of its own; on teardown no actor of
+    ours is alive and the cluster is gone."""
+    from components.ray_support import RayClusterConfig, import_ray, ray_cluster as cluster
+
+    import_ray()
+    temp_dir = f"/tmp/rt{os.getpid()}_{os.urandom(2).hex()}"  # short: Ray's Unix sockets live there
+    with cluster(RayClusterConfig(num_cpus=2, temp_dir=temp_dir, namespace="tests")) as started:
+        assert started
+        yield
+        assert our_live_actors() == [], f"actors left alive: {our_live_actors()}"

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .conftest import ROOT, run_cli
+from .conftest import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -34,14 +34,15 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path):
 
 
 def test_dry_run_marks_cells_not_built_yet(tmp_path):
-    proc = run_cli("+recipe=ppo", "service=ray", "launcher.dry_run=true", f"hydra.run.dir={tmp_path}", cwd=str(tmp_path))
+    proc = run_cli("+recipe=ppo", "service=distributed", "launcher.dry_run=true", f"hydra.run.dir={tmp_path}",
+                   cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.count("NOT IMPLEMENTED YET") == 5 + 1  # five components and the footnote
     assert "this plan cannot run yet" in proc.stdout
 
 
 def test_running_a_plan_not_built_yet_fails_before_anything_starts(tmp_path):
-    proc = run_cli("+recipe=ppo", "service=ray", f"hydra.run.dir={tmp_path}", cwd=str(tmp_path))
+    proc = run_cli("+recipe=ppo", "service=distributed", f"hydra.run.dir={tmp_path}", cwd=str(tmp_path))
     assert proc.returncode == 2
     assert "is not implemented yet" in proc.stderr
     assert not (tmp_path / "metrics.csv").exists() and not (tmp_path / "plan.json").exists()

@@ -101,8 +101,8 @@ def test_registry_resolves_each_domain_through_the_table():
 
 
 def test_owner_construction_checks_the_table_before_anything_starts():
-    with pytest.raises(NotImplementedYetError, match="replay placed on 'ray' over transport 'ray'"):
-        ReplayBuffer(capacity=8, placement="ray", transport="ray")
+    with pytest.raises(NotImplementedYetError, match="replay placed on 'ray' over transport 'distributed'"):
+        ReplayBuffer(capacity=8, placement="ray", transport="distributed")
     with pytest.raises(IncompatibleCombinationError, match="does not support transport 'process_slot'"):
         ReplayBuffer(capacity=8, placement="process", transport="process_slot")
     with pytest.raises(IncompatibleCombinationError, match="cannot be placed on 'submitit'"):

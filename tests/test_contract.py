@@ -13,7 +13,7 @@ from components.service import LIFECYCLE_METHODS, Service
 
 from .factories import owner_factories
 
-PLACEMENTS = ["direct", "thread", "process"]
+PLACEMENTS = ["direct", "thread", "process", "ray"]
 COMPONENTS = list(owner_factories("/tmp").keys())
 # every (placement, component) the table says is built; nothing is skipped
 CASES = [(p, c) for p in PLACEMENTS for c in COMPONENTS if compat.TABLE[(c.split("/")[0], p)].built]
@@ -22,6 +22,8 @@ CASES = [(p, c) for p in PLACEMENTS for c in COMPONENTS if compat.TABLE[(c.split
 @pytest.fixture(params=CASES, ids=[f"{p}-{c}" for p, c in CASES])
 def owner_factory(request, tmp_path):
     placement, component = request.param
+    if placement == "ray":
+        request.getfixturevalue("ray_cluster")  # one cluster for the module, started by the first ray case
     return placement, owner_factories(tmp_path, placement)[component]
 
 

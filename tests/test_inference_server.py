@@ -4,7 +4,6 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial

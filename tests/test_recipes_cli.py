@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 RUNS = [(r, ["service=direct"]) for r in RECIPES] + [(r, ["service=thread"]) for r in RECIPES] + [
     (r, ["service=process", f"transport={t}"]) for r in RECIPES for t in ("queue", "shared_memory", "process_slot")
-]
+] + [(r, ["service=ray"]) for r in RECIPES]  # each starts (and stops) its own local cluster on 127.0.0.1
 TINY = {
     "ppo": ["recipe.num_envs=4", "recipe.num_steps=16", "recipe.total_frames=256", "recipe.target_return=null"],
     "dqn": ["recipe.num_envs=4", "recipe.num_steps=4", "recipe.total_frames=256", "recipe.target_return=null",

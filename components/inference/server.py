@@ -3,7 +3,8 @@
 ``InferenceServer`` owns the behaviour policy, its device and its weights, and stamps every answer with
 ``policy_version``. Placement ``direct`` has no server thread: the client is the owner and a call is one
 forward pass in the caller's thread. ``thread`` runs the serving loop on a thread of this process;
-``process`` builds the policy from ``policy_factory`` in a child process and serves there.
+``process`` builds the policy from ``policy_factory`` in a child process and serves there; ``ray`` does the
+same in a Ray actor (see :mod:`components.inference.ray_server`).
 """
 
 from __future__ import annotations
@@ -102,9 +103,9 @@ class InferenceServer(Owner["InferenceServer"]):
         self.device_config = device_config or InferenceDeviceConfig()
         layouts_known = request_layout is not None and response_layout is not None
         super().__init__(placement=self.config.placement, transport=transport, layouts_known=layouts_known)
-        if self.placement == "process" and policy is not None:
+        if self.placement in ("process", "ray") and policy is not None:
             raise ConfigurationError(
-                "process placement requires policy_factory: the policy is constructed in the child process",
+                f"{self.placement} placement requires policy_factory: the policy is constructed where the server lives",
                 path="components.inference",
             )
         self._policy = policy
@@ -118,6 +119,7 @@ class InferenceServer(Owner["InferenceServer"]):
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._child: ChildProcess | None = None
+        self._actor: Any = None  # placement ray: the serving actor
         self._version = 0
         self._lock = threading.Lock()
         self._device = torch.device(self.device_config.policy_device)
@@ -126,6 +128,16 @@ class InferenceServer(Owner["InferenceServer"]):
     def _start(self) -> None:
         if self.placement == "direct":
             self._policy = (self._policy if self._policy is not None else self._policy_factory()).to(self._device).eval()
+            return
+        if self.placement == "ray":
+            from ..ray_support import ActorResources, start_actor
+            from .ray_server import InferenceActor
+
+            self._actor, _ = start_actor(
+                InferenceActor, "inference-server",
+                (self._policy_factory, self.config, self.device_config, self._weight_sync, self._collate),
+                self.resources or ActorResources(), max_concurrency=max(self.config.max_batch_size, 2) + 2,
+            )
             return
         if self._transport is None:
             self._transport = build_transport(
@@ -157,6 +169,11 @@ class InferenceServer(Owner["InferenceServer"]):
                 self._transport.mark_dead(stopped=False)
 
     def _shutdown(self, timeout: float | None) -> None:
+        if self._actor is not None:
+            from ..ray_support import stop_actor
+
+            stop_actor(self._actor, timeout)
+            self._actor = None
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout if timeout is not None else 10.0)
@@ -169,6 +186,10 @@ class InferenceServer(Owner["InferenceServer"]):
             self._transport.close()
 
     def _alive(self) -> bool:
+        if self._actor is not None:
+            from ..ray_support import actor_alive
+
+            return actor_alive(self._actor)
         if self._thread is not None:
             return self._thread.is_alive()
         if self._child is not None:
@@ -176,7 +197,20 @@ class InferenceServer(Owner["InferenceServer"]):
         return True
 
     def _client(self) -> InferenceClient:
+        if self._actor is not None:
+            from .ray_server import RayInferenceEndpoint
+
+            return InferenceClient(RayInferenceEndpoint(self._actor))
         return InferenceClient(self._transport.client())
+
+    def _actor_call(self, method: str, *args: Any, timeout: float | None = UPDATE_TIMEOUT) -> Any:
+        from ..ray_support import get, translate
+
+        try:
+            ref = getattr(self._actor, method).remote(*args)
+        except Exception as exc:  # noqa: BLE001
+            raise translate(exc, f"inference-server.{method}") from None
+        return get(ref, f"inference-server.{method}", timeout)
 
     # ------------------------------------------------------------------ direct placement: the owner serves
     @property
@@ -186,6 +220,8 @@ class InferenceServer(Owner["InferenceServer"]):
             return self._version
         if self._core is not None:
             return self._core.version
+        if self._actor is not None:
+            return int(self._actor_call("version"))
         return int(self._child.call("version"))
 
     @torch.no_grad()
@@ -237,6 +273,8 @@ class InferenceServer(Owner["InferenceServer"]):
         if self._core is not None:
             return self._core.request_update(state, version).result(UPDATE_TIMEOUT)
         state = {k: v.detach().cpu() for k, v in state.items()}
+        if self._actor is not None:
+            return int(self._actor_call("update_weights", state, version))
         return int(self._child.call("update_weights", (state, version), timeout=UPDATE_TIMEOUT))
 
     def stats(self) -> dict:
@@ -246,6 +284,8 @@ class InferenceServer(Owner["InferenceServer"]):
             return {"batches": 0, "requests": 0, "mean_batch_size": 0.0, "batch_size_histogram": {}}
         if self._core is not None:
             return self._core.stats.snapshot()
+        if self._actor is not None:
+            return self._actor_call("stats")
         return self._child.call("stats")
 
 

@@ -1,9 +1,9 @@
 """The replay buffer owner: a TensorDict storage and a sampler behind ``extend`` / ``sample``.
 
 The storage is shaped by the first write (each leaf gets a leading ``capacity`` dimension), in memory or
-memory-mapped on disk, and written circularly. Placements: ``direct`` (the client is the owner), ``thread``
-and ``process`` (a direct twin hosted there, driven by acknowledged commands; see
-:mod:`components.hosting`). Once ``extend`` returns, ``len`` counts what it wrote and it can be sampled.
+memory-mapped on disk, and written circularly. Placements: ``direct`` (the client is the owner), ``thread``,
+``process`` and ``ray`` (a direct twin hosted there, its storage and sampler built where it lives, driven by
+acknowledged commands; see :mod:`components.hosting`). Once ``extend`` returns, ``len`` counts what it wrote and it can be sampled.
 """
 
 from __future__ import annotations
@@ -114,7 +114,8 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
     def _start(self) -> None:
         if self.placement == "direct":
             return
-        self._host = Host("replay-buffer", self._twin(), self.placement, Allowed(CLIENT_OPERATIONS))
+        self._host = Host("replay-buffer", self._twin(), self.placement, Allowed(CLIENT_OPERATIONS),
+                          resources=self.resources)
         self._host.start()
         self._remote = self._client()
 
