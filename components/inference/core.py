@@ -114,6 +114,11 @@ class ServingCore:
         self.version = 0
         self.stats = Stats(config.stats_window)
         self._updates: queue.SimpleQueue = queue.SimpleQueue()
+        # A fixed-layout endpoint (see ServerEndpoint.fixed_keys) tells the input keys up front, and which of them
+        # must still be dropped from the output (those that are also response keys).
+        fixed = getattr(endpoint, "fixed_keys", None)
+        self._fixed = None if fixed is None else (frozenset(fixed[0]), tuple(sorted(fixed[0] & fixed[1])))
+        self._versions: dict = {}  # (batch size, device) -> (version, policy_version tensor), for those endpoints
 
     # ------------------------------------------------------------------ weights
     def request_update(self, state: Mapping[str, torch.Tensor], version: int | None) -> Future:
@@ -144,11 +149,12 @@ class ServingCore:
     def run(self, stop: threading.Event) -> None:
         cfg = self.config
         try:
-            while not stop.is_set():
-                self._apply_updates()
-                batch = self.endpoint.collect(cfg.max_batch_size, cfg.min_batch_size, cfg.timeout, POLL)
-                if batch is not None:
-                    self.serve(batch)
+            with torch.no_grad():  # once for the loop (each forward would otherwise switch grad mode on and off)
+                while not stop.is_set():
+                    self._apply_updates()
+                    batch = self.endpoint.collect(cfg.max_batch_size, cfg.min_batch_size, cfg.timeout, POLL)
+                    if batch is not None:
+                        self.serve(batch)
         finally:
             self._apply_updates()  # release anyone waiting on an update
             self.endpoint.close("the server was shut down")
@@ -172,16 +178,36 @@ class ServingCore:
         if self.config.collect_stats:
             self.stats.record(batch, started, time.monotonic() - started)
 
-    @torch.no_grad()
     def _forward(self, batch: Batch, td: TensorDictBase) -> None:
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                self._forward(batch, td)
+            return
         try:
-            keys_in = set(td.keys(True, True))
-            out = self.policy(td.to(self.device) if td.device != self.device else td)
-            out = out.exclude(*keys_in) if keys_in else out
-            out.set("policy_version", torch.full(out.batch_size, self.version, dtype=torch.long, device=out.device))
+            fixed = self._fixed if td is batch.stacked else None
+            keys_in = set(td.keys(True, True)) if fixed is None else fixed[0]
+            src = td.to(self.device) if td.device != self.device else td
+            out = self.policy(src)
+            if fixed is not None and out is src:
+                # The policy wrote into the batch (the loop's own copy), and the endpoint copies only the response
+                # keys back: of the inputs, only those that are also response keys need dropping, and the version
+                # tensor is only read, so one per batch size serves until the version changes.
+                out = out.exclude(*fixed[1]) if fixed[1] else out
+                out.set("policy_version", self._version_tensor(out))
+            else:
+                out = out.exclude(*keys_in) if keys_in else out
+                out.set("policy_version", torch.full(out.batch_size, self.version, dtype=torch.long, device=out.device))
             if out.device != self.output_device:
                 out = out.to(self.output_device)
         except Exception as exc:  # noqa: BLE001 - a failing batch fails only its callers
             self.endpoint.fail(batch, RemoteError.from_exception(exc))
             return
         self.endpoint.reply(batch, out)
+
+    def _version_tensor(self, out: TensorDictBase) -> torch.Tensor:
+        key = (out.batch_size, out.device)
+        cached = self._versions.get(key)
+        if cached is None or cached[0] != self.version:
+            cached = self._versions[key] = (self.version, torch.full(out.batch_size, self.version, dtype=torch.long,
+                                                                     device=out.device))
+        return cached[1]

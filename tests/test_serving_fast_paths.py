@@ -1,0 +1,161 @@
+"""The serving loop over a slot endpoint, in one process: the shortcuts of the small-request path (one-slot
+batches, fixed response keys, reused version tensors) answer exactly as the general path does."""
+
+import os
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from components.errors import LayoutError
+from components.inference.config import InferenceDeviceConfig, InferenceServerConfig
+from components.inference.core import ServingCore
+from transports.process_slot import ProcessSlotTransport
+from transports.shared_memory import SharedMemoryTransport
+
+REQUEST = TensorDict({"observation": torch.zeros(4)})
+RESPONSE = TensorDict({"action": torch.zeros(4), "policy_version": torch.zeros((), dtype=torch.long)})
+
+
+class Double(nn.Module):
+    """Writes ``action`` into the batch it is given and returns that batch."""
+
+    def forward(self, td):
+        td.set("action", td.get("observation") * 2)
+        return td
+
+
+class KeepsItsOutput(nn.Module):
+    """Returns a TensorDict of its own (inputs included) and keeps it."""
+
+    def __init__(self):
+        super().__init__()
+        self.last = None
+
+    def forward(self, td):
+        self.last = TensorDict({"observation": td.get("observation").clone(), "action": td.get("observation") * 3},
+                               td.batch_size)
+        return self.last
+
+
+def obs(value: float) -> TensorDict:
+    return TensorDict({"observation": torch.full((4,), float(value))})
+
+
+@pytest.fixture(params=[SharedMemoryTransport, ProcessSlotTransport], ids=["shared_memory", "process_slot"])
+def kind(request):
+    return request.param
+
+
+def serving(kind, policy, request_layout=REQUEST, response_layout=RESPONSE, clients=3):
+    transport = kind(request_layout, response_layout, num_slots=clients)
+    transport.mark_serving(os.getpid())
+    server = transport.server()
+    core = ServingCore(policy, server, InferenceServerConfig(), InferenceDeviceConfig())
+    return transport, [transport.client() for _ in range(clients)], server, core
+
+
+def test_one_and_many_request_batches_are_private_cpu_copies_in_submission_order(kind):
+    transport, clients, server, _ = serving(kind, Double())
+    try:
+        futures = [clients[0].submit(obs(7))]
+        batch = server.collect(16, 1, 0.0, 0.05)
+        assert batch.handles == [futures[0].slot] and len(batch.enqueued) == 1
+        assert batch.stacked.batch_size == torch.Size([1]) and batch.stacked.device == torch.device("cpu")
+        assert batch.stacked["observation"].tolist() == [[7.0] * 4]
+        batch.stacked["observation"].fill_(-1)  # the batch is the server's own copy, not the slot
+        assert server._req_all[batch.handles[0]]["observation"].tolist() == [7.0] * 4
+        server.fail(batch, RuntimeError("done"))
+        with pytest.raises(Exception):
+            futures[0].result(timeout=5)
+
+        order = [2, 0, 1]
+        futures = {i: clients[i].submit(obs(i)) for i in order}
+        batch = server.collect(16, 1, 0.0, 0.05)
+        assert batch.handles == [futures[i].slot for i in order]
+        assert batch.enqueued == sorted(batch.enqueued)
+        assert batch.stacked.batch_size == torch.Size([3]) and batch.stacked.device == torch.device("cpu")
+        assert batch.stacked["observation"][:, 0].tolist() == [float(i) for i in order]
+    finally:
+        transport.close()
+
+
+def test_nested_request_keys_take_the_general_copy():
+    request_layout = TensorDict({"obs": {"pixels": torch.zeros(2), "state": torch.zeros(3)}})
+    transport, clients, server, _ = serving(SharedMemoryTransport, Double(), request_layout, clients=1)
+    try:
+        clients[0].submit(TensorDict({"obs": {"pixels": torch.ones(2), "state": torch.full((3,), 5.0)}}))
+        batch = server.collect(16, 1, 0.0, 0.05)
+        assert batch.stacked.batch_size == torch.Size([1]) and batch.stacked.device == torch.device("cpu")
+        assert batch.stacked["obs", "state"].tolist() == [[5.0] * 3]
+        assert batch.stacked["obs", "pixels"].tolist() == [[1.0] * 2]
+    finally:
+        transport.close()
+
+
+def test_answers_and_versions_through_the_fixed_layout_path(kind):
+    transport, clients, server, core = serving(kind, Double())
+    try:
+        for version in (0, 1, 2):
+            # one request, then three in one batch: each batch size gets the current version
+            future = clients[0].submit(obs(1))
+            core.serve(server.collect(16, 1, 0.0, 0.05))
+            out = future.result(timeout=5)
+            assert out["action"].tolist() == [2.0] * 4 and out["policy_version"].item() == version
+            futures = [c.submit(obs(i)) for i, c in enumerate(clients)]
+            core.serve(server.collect(16, 1, 0.0, 0.05))
+            for i, f in enumerate(futures):
+                out = f.result(timeout=5)
+                assert out["action"].tolist() == [2.0 * i] * 4 and out["policy_version"].item() == version
+                assert set(out.keys()) == {"action", "policy_version"}
+            core.request_update({}, None)
+            core._apply_updates()
+    finally:
+        transport.close()
+
+
+def test_a_policy_s_own_output_is_left_untouched(kind):
+    policy = KeepsItsOutput()
+    transport, clients, server, core = serving(kind, policy)
+    try:
+        future = clients[0].submit(obs(2))
+        core.serve(server.collect(16, 1, 0.0, 0.05))
+        assert future.result(timeout=5)["action"].tolist() == [6.0] * 4
+        assert set(policy.last.keys()) == {"observation", "action"}  # no policy_version written into it
+    finally:
+        transport.close()
+
+
+def test_a_response_key_that_is_also_an_input_is_still_dropped(kind):
+    response_layout = RESPONSE.clone().set("observation", torch.zeros(4))
+    transport, clients, server, core = serving(kind, Double(), response_layout=response_layout)
+    try:
+        future = clients[0].submit(obs(1))
+        core.serve(server.collect(16, 1, 0.0, 0.05))
+        with pytest.raises(LayoutError) as info:
+            future.result(timeout=5)
+        assert info.value.key == ("observation",) and info.value.got == "a missing key"
+        other = clients[1].submit(obs(1))  # the server keeps serving
+        core.serve(server.collect(16, 1, 0.0, 0.05))
+        with pytest.raises(LayoutError):
+            other.result(timeout=5)
+    finally:
+        transport.close()
+
+
+def test_serving_outside_the_loop_still_runs_without_gradients(kind):
+    class GradProbe(nn.Module):
+        def forward(self, td):
+            td.set("action", td.get("observation") + float(torch.is_grad_enabled()))
+            return td
+
+    transport, clients, server, core = serving(kind, GradProbe())
+    try:
+        assert torch.is_grad_enabled()
+        future = clients[0].submit(obs(1))
+        core.serve(server.collect(16, 1, 0.0, 0.05))
+        assert future.result(timeout=5)["action"].tolist() == [1.0] * 4
+        assert torch.is_grad_enabled()
+    finally:
+        transport.close()
