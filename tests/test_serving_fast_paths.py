@@ -5,7 +5,7 @@ import os
 
 import pytest
 import torch
-from tensordict import TensorDict
+from tensordict import NonTensorData, TensorDict
 from torch import nn
 
 from components.errors import LayoutError
@@ -159,3 +159,66 @@ def test_serving_outside_the_loop_still_runs_without_gradients(kind):
         assert torch.is_grad_enabled()
     finally:
         transport.close()
+
+
+# ---------------------------------------------------------------------------------------------- general-path shortcuts
+def _rebuilt(wire):
+    import pickle
+
+    from transports.queue import from_wire
+
+    return from_wire(pickle.loads(pickle.dumps(wire, protocol=pickle.HIGHEST_PROTOCOL)))
+
+
+def _same(a, b) -> bool:
+    if type(a) is not type(b) or a.batch_size != b.batch_size or a.device != b.device:
+        return False
+    if set(a.keys(True, True)) != set(b.keys(True, True)):
+        return False
+    for key in a.keys(True, True):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, torch.Tensor):
+            if not (isinstance(y, torch.Tensor) and x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("answer", [
+    TensorDict({"action": torch.arange(12.0).view(3, 4), "policy_version": torch.zeros(3, dtype=torch.long)}, [3]),
+    TensorDict({"a": torch.arange(6).view(2, 3).t(), "empty": torch.empty(3, 0)}, [3], device="cpu"),
+    TensorDict({"a": torch.ones(2, 2), "nested": {"x": torch.ones(2)}}, [2]),
+    TensorDict({"a": torch.ones(2, 2), "text": NonTensorData("hi", batch_size=[2])}, [2]),
+], ids=["flat", "strided-cpu", "nested", "non-tensor"])
+def test_queue_rows_travel_as_their_row_tensordicts_would(answer):
+    from transports.queue import rows_to_wire, to_wire
+
+    n = answer.batch_size[0]
+    for row, wire in zip(range(n), rows_to_wire(answer, n)):
+        expected = to_wire(answer[row])
+        assert wire[0] == expected[0]
+        assert _same(_rebuilt(wire), _rebuilt(expected))
+    assert rows_to_wire([("a",), ("b",)], 2) == [to_wire(("a",)), to_wire(("b",))]  # commands and other answers
+
+
+@pytest.mark.parametrize("request_td", [
+    TensorDict({"observation": torch.ones(4)}),
+    TensorDict({"o": torch.arange(24.0).view(8, 3).t(), "done": torch.zeros(3, dtype=torch.bool)}, [3]),
+    TensorDict({"o": torch.ones(2)}, device="cpu"),
+    TensorDict({"obs": {"x": torch.ones(2)}}),
+    TensorDict({"o": torch.ones(2), "text": NonTensorData("hi")}),
+], ids=["flat", "strided-batched", "cpu", "nested", "non-tensor"])
+def test_a_single_request_batch_is_what_stack_and_move_make(request_td):
+    from components.inference.core import default_collate
+    from transports.thread import ThreadTransport
+
+    core = ServingCore(nn.Identity(), ThreadTransport().server(), InferenceServerConfig(), InferenceDeviceConfig())
+    expected = default_collate([request_td]).to("cpu")
+    got = core._collate_one([request_td])
+    if got is None:  # the general path serves it
+        assert any(type(value) is not torch.Tensor for value in request_td.values())
+        return
+    assert _same(got, expected)
+    for key in got.keys():
+        assert got[key].is_contiguous() and got[key].data_ptr() != request_td[key].data_ptr()  # a copy, as stack

@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Mapping
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from transports.base import Batch, ServerEndpoint
 from transports.errors import RemoteError
@@ -165,7 +165,9 @@ class ServingCore:
             self._forward(batch, batch.stacked)
         else:
             try:
-                td = self.collate(batch.requests)
+                td = self._collate_one(batch.requests) if len(batch) == 1 else None
+                if td is None:
+                    td = self.collate(batch.requests)
             except Exception:  # mismatched requests: serve each alone so only the bad ones fail
                 for i in range(len(batch)):
                     single = Batch([batch.handles[i]], [batch.requests[i]], enqueued=[batch.enqueued[i]])
@@ -177,6 +179,20 @@ class ServingCore:
             self._forward(batch, td)
         if self.config.collect_stats:
             self.stats.record(batch, started, time.monotonic() - started)
+
+    def _collate_one(self, requests: list) -> TensorDictBase | None:
+        """What the default collate, then the move to the policy device, make of one plain request whose tensors
+        are on the policy device already, built directly (stacking and moving a TensorDict of one cost several
+        times the copies); ``None`` for anything else (a custom collate_fn, nested or non-tensor entries...)."""
+        td = requests[0]
+        if self.collate is not default_collate or type(td) is not TensorDict or td.is_locked or td._has_names():
+            return None
+        device, source = self.device, {}
+        for key, value in td.items():
+            if type(value) is not torch.Tensor or value.device != device:
+                return None
+            source[key] = value.unsqueeze(0).clone(memory_format=torch.contiguous_format)  # a copy, as stack makes
+        return TensorDict._new_unsafe(source, batch_size=torch.Size((1, *td.batch_size)), device=device)
 
     def _forward(self, batch: Batch, td: TensorDictBase) -> None:
         if torch.is_grad_enabled():
