@@ -222,3 +222,33 @@ def test_a_single_request_batch_is_what_stack_and_move_make(request_td):
     assert _same(got, expected)
     for key in got.keys():
         assert got[key].is_contiguous() and got[key].data_ptr() != request_td[key].data_ptr()  # a copy, as stack
+
+
+def test_threads_sharing_one_queue_client_each_get_their_answers_in_any_reading_order():
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from transports.queue import QueueTransport
+
+    transport = QueueTransport(max_clients=2)
+    client, stop = transport.client(), threading.Event()
+    core = ServingCore(Double(), transport.server(), InferenceServerConfig(max_batch_size=4),
+                       InferenceDeviceConfig())
+    transport.mark_serving(os.getpid())
+    loop = threading.Thread(target=core.run, args=(stop,), daemon=True)
+    loop.start()
+
+    def work(i):
+        for k in range(20):
+            futures = [client.submit(obs(i * 1000 + k * 10 + j)) for j in range(3)]
+            for j in (2, 0, 1):  # answers arrive in submission order; read them out of it
+                assert futures[j].result(timeout=30)["action"][0].item() == 2 * (i * 1000 + k * 10 + j)
+        return True
+
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            assert all(pool.map(work, range(4)))
+    finally:
+        stop.set()
+        loop.join(10)
+        transport.close()

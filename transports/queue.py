@@ -237,7 +237,9 @@ class QueueClient:
                         payload = from_wire(payload)
                     with self._cond:
                         self._answers[rid] = (status, payload)
-                    if not self.reader.poll(0):
+                    # Ours is here: stop (a poll costs more than the rest of a small answer; answers still in the
+                    # pipe are read by whoever waits for them). Else read on while there is more.
+                    if rid == request_id or not self.reader.poll(0):
                         break
         except (EOFError, OSError):
             pass  # the peer check in wait_for turns this into a peer failure
