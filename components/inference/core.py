@@ -53,11 +53,13 @@ class Stats:
         self.lock = threading.Lock()
 
     def record(self, batch: Batch, started: float, forward: float) -> None:
+        n, enqueued = len(batch), batch.enqueued
+        waits = [max(0.0, started - enqueued[0])] if len(enqueued) == 1 else [max(0.0, started - t) for t in enqueued]
         with self.lock:
             self.batches += 1
-            self.requests += len(batch)
-            self.sizes.append(len(batch))
-            self.waits.extend(max(0.0, started - t) for t in batch.enqueued)
+            self.requests += n
+            self.sizes.append(n)
+            self.waits.extend(waits)
             self.forwards.append(forward)
 
     def snapshot(self) -> dict:
@@ -128,7 +130,7 @@ class ServingCore:
         return done
 
     def _apply_updates(self) -> None:
-        while True:
+        while not self._updates.empty():  # checked first: a get_nowait that raises Empty costs more, every batch
             try:
                 state, version, done = self._updates.get_nowait()
             except queue.Empty:
