@@ -114,9 +114,10 @@ class ServerEndpoint(ABC):
     """The serving side of a request/reply transport; used in the process (and thread) that serves.
 
     Attributes:
-        fixed_keys: ``(request keys, response keys)`` for an endpoint of fixed layouts whose stacked batches hold
-            exactly the request keys and whose :meth:`reply` copies exactly the response keys out of ``out`` (so
-            ``out`` itself never reaches a caller); ``None`` otherwise. The serving loop uses it to skip work.
+        fixed_keys: ``(request keys, response keys)`` for an endpoint of fixed layouts whose stacked batches are
+            fresh copies holding exactly the request keys and whose :meth:`reply` copies exactly the response keys
+            out of ``out`` (so ``out`` itself never reaches a caller); ``None`` otherwise. The serving loop uses it
+            to skip work.
     """
 
     fixed_keys: tuple[frozenset, frozenset] | None = None
