@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from ._shared import PeerStatus, Segment, SlotBank, wait_for
 from .base import Batch, RequestReplyTransport, ResponseFuture, ServerEndpoint
@@ -27,6 +27,7 @@ from .layout import Layout
 
 FREE, CLAIMED, READY, SERVING, ANSWERED, FAILED = range(6)
 ERROR_BYTES = 8192
+_CPU = torch.device("cpu")
 
 
 class _Control:
@@ -150,6 +151,11 @@ class SlotTransport(RequestReplyTransport):
         }
 
 
+def _lookup_key(key: tuple):
+    """The cheapest TensorDict key for a layout key: a string for a top-level key."""
+    return key[0] if len(key) == 1 else key
+
+
 def _as_layout(value) -> Layout:
     return value if isinstance(value, Layout) else Layout.from_tensordict(value)
 
@@ -178,8 +184,8 @@ class SlotClientBase:
         self.status: PeerStatus = shared["status"]
         # Hot-path state, built once: the checks of each request leaf, and per slot the request leaf views and
         # the response TensorDict view (indexing a TensorDict costs more than the whole copy of a small payload).
-        self._checks = [(leaf.key, torch.Size(leaf.shape), leaf.dtype, torch.device(leaf.device))
-                        for leaf in self.request_layout]
+        # Slot layouts are CPU-only (_cpu_only), so ``is_cpu`` is the device check; a flat key is looked up as a string.
+        self._checks = [(_lookup_key(leaf.key), torch.Size(leaf.shape), leaf.dtype) for leaf in self.request_layout]
         banks = [self.requests.slots.get(leaf.key) for leaf in self.request_layout]
         self._req_rows = [[bank[slot] for bank in banks] for slot in range(self.requests.num_slots)]
         self._resp_rows = [self.responses.slots[slot] for slot in range(self.responses.num_slots)]
@@ -204,14 +210,17 @@ class SlotClientBase:
             raise PeerFailureError(problem)
         if isinstance(td, TensorDictBase):
             values = []
-            for key, shape, dtype, device in self._checks:
-                value = td.get(key, None)
-                if not (isinstance(value, torch.Tensor) and value.shape == shape and value.dtype == dtype
-                        and value.device == device):
-                    break
-                values.append(value)
-            else:
-                return values
+            try:
+                for key, shape, dtype in self._checks:
+                    value = td[key]  # reads as ``get`` does at a third of its cost, but raises for a missing key
+                    if not (isinstance(value, torch.Tensor) and value.shape == shape and value.dtype == dtype
+                            and value.is_cpu):
+                        break
+                    values.append(value)
+                else:
+                    return values
+            except Exception:  # noqa: BLE001 - decided (and reported) by the validation below
+                pass
         # Something does not match: the layout's own validation raises the precise LayoutError.
         checked = self.request_layout.validate(td)
         return [checked.get(key) for key, *_ in self._checks]
@@ -281,13 +290,31 @@ class SlotServer(ServerEndpoint):
         # costing more than the rest of a small round trip. ``to`` keeps the shared-memory views (no copy).
         self._req_all = self.requests.slots.to("cpu")
         self._req_one = [self._req_all[slot : slot + 1] for slot in range(self.requests.num_slots)]
-        self._resp_banks = [(leaf.key, torch.Size(leaf.shape), leaf.dtype, self.responses.slots.get(leaf.key))
-                            for leaf in self.response_layout]
+        # A flat request layout builds a one-request batch straight from the slot's leaf views: TensorDict.clone
+        # of a CPU TensorDict costs several times the copies themselves.
+        request_layout = self.requests.layout
+        self._one_size = torch.Size((1, *request_layout.batch_size))
+        self._req_one_leaves = None
+        if all(len(leaf.key) == 1 for leaf in request_layout):
+            banks = [(leaf.key[0], self.requests.slots.get(leaf.key)) for leaf in request_layout]
+            self._req_one_leaves = [[(key, bank[slot : slot + 1]) for key, bank in banks]
+                                    for slot in range(self.requests.num_slots)]
+        self._resp_banks = [(_lookup_key(leaf.key), torch.Size(leaf.shape), leaf.dtype,
+                             self.responses.slots.get(leaf.key)) for leaf in self.response_layout]
+        self._resp_one = [[bank[slot : slot + 1] for *_, bank in self._resp_banks]
+                          for slot in range(self.responses.num_slots)]
+        # reply copies exactly the response keys out of ``out``; batches hold exactly the request keys.
+        self.fixed_keys = (frozenset(request_layout.keys), frozenset(self.response_layout.keys))
 
-    def _ready(self) -> np.ndarray:
-        ready = np.flatnonzero(self.control.state == READY)
-        if len(ready) > 1:
-            ready = ready[np.argsort(self.control.enqueued[ready], kind="stable")]
+    def _ready(self) -> list:
+        """READY slots in submission order."""
+        states = self.control.state.tolist()  # a snapshot; only this server moves a slot out of READY
+        count = states.count(READY)
+        if count <= 1:  # the common case at low load: no array work
+            return [states.index(READY)] if count else []
+        ready = [slot for slot, state in enumerate(states) if state == READY]
+        enqueued = self.control.enqueued.tolist()
+        ready.sort(key=enqueued.__getitem__)  # stable, as submission times may tie
         return ready
 
     def collect(self, max_n: int, min_n: int, timeout: float, poll: float) -> Batch | None:
@@ -306,24 +333,37 @@ class SlotServer(ServerEndpoint):
             # Their rings were drained above (later arrivals ring again themselves): come straight back.
             self.doorbell.release()
             ready = ready[:max_n]
-        self.control.state[ready] = SERVING
+        state, enqueued = self.control.state, self.control.enqueued
         if len(ready) == 1:  # the common case at low load: a slice copy, no TensorDict gather
-            stacked = self._req_one[ready[0]].clone()
-        else:
-            stacked = self._req_all[torch.from_numpy(ready)]
-        return Batch(handles=ready.tolist(), stacked=stacked, enqueued=self.control.enqueued[ready].tolist())
+            slot = ready[0]
+            state[slot] = SERVING
+            return Batch(handles=ready, stacked=self._one(slot), enqueued=[float(enqueued[slot])])
+        state[ready] = SERVING
+        stacked = self._req_all[torch.tensor(ready)]
+        return Batch(handles=ready, stacked=stacked, enqueued=enqueued[ready].tolist())
+
+    def _one(self, slot: int) -> TensorDictBase:
+        """A copy of slot ``slot`` as a batch of one (device "cpu", like every batch)."""
+        leaves = self._req_one_leaves
+        if leaves is None:  # nested keys: the general copy
+            return self._req_one[slot].clone()
+        # tensordict is pinned; _new_unsafe skips the checks a TensorDict of fresh CPU copies does not need.
+        return TensorDict._new_unsafe({key: view.clone() for key, view in leaves[slot]}, batch_size=self._one_size,
+                                      device=_CPU)
 
     def _answers(self, out: TensorDictBase, n: int) -> list | None:
         """The answer leaves in layout order if ``out`` matches the response layout for ``n`` requests."""
         if not isinstance(out, TensorDictBase):
             return None
         values = []
-        for key, shape, dtype, _ in self._resp_banks:
-            value = out.get(key, None)
-            if not (isinstance(value, torch.Tensor) and value.dtype == dtype and value.dim() == len(shape) + 1
-                    and value.shape[0] == n and value.shape[1:] == shape):
-                return None
-            values.append(value)
+        try:
+            for key, shape, dtype, _ in self._resp_banks:
+                value = out[key]  # reads as ``get`` does at a third of its cost, but raises for a missing key
+                if not (isinstance(value, torch.Tensor) and value.dtype == dtype and value.shape == (n, *shape)):
+                    return None
+                values.append(value)
+        except Exception:  # noqa: BLE001 - decided (and reported) by the layout's validation in reply
+            return None
         return values
 
     def reply(self, batch: Batch, out: TensorDictBase) -> None:
@@ -337,8 +377,8 @@ class SlotServer(ServerEndpoint):
             values = [out.get(key) for key, *_ in self._resp_banks]
         if len(batch) == 1:
             slot = batch.handles[0]
-            for (_, _, _, bank), value in zip(self._resp_banks, values):
-                bank[slot].copy_(value[0])
+            for view, value in zip(self._resp_one[slot], values):
+                view.copy_(value)
             self.control.state[slot] = ANSWERED
         else:
             index = torch.as_tensor(batch.handles)

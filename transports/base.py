@@ -111,7 +111,16 @@ def drain(q, max_n: int, min_n: int, timeout: float, poll: float) -> list:
 
 
 class ServerEndpoint(ABC):
-    """The serving side of a request/reply transport; used in the process (and thread) that serves."""
+    """The serving side of a request/reply transport; used in the process (and thread) that serves.
+
+    Attributes:
+        fixed_keys: ``(request keys, response keys)`` for an endpoint of fixed layouts whose stacked batches are
+            fresh copies holding exactly the request keys and whose :meth:`reply` copies exactly the response keys
+            out of ``out`` (so ``out`` itself never reaches a caller); ``None`` otherwise. The serving loop uses it
+            to skip work.
+    """
+
+    fixed_keys: tuple[frozenset, frozenset] | None = None
 
     @abstractmethod
     def collect(self, max_n: int, min_n: int, timeout: float, poll: float) -> Batch | None:

@@ -51,19 +51,46 @@ def to_wire(value):
     rebuild the same TensorDict at a fraction of that. Anything else (nested, named, locked, non-tensor
     leaves, subclasses, gradients, other devices) keeps the general path.
     """
-    if type(value) is TensorDict and not value.is_locked and not value._has_names():
-        leaves = []
-        for key, t in value.items():
-            if (type(t) is not torch.Tensor or t.device.type != "cpu" or t.requires_grad or t.layout is not torch.strided
-                    or t.dtype not in _RAW_DTYPES or t.is_conj() or t.is_neg()):
-                break
-            flat = t.contiguous().reshape(-1).view(torch.uint8).numpy()
-            # a PickleBuffer of a writable array unpickles as a bytearray: a writable buffer without another copy
-            leaves.append((key, t.dtype, tuple(t.shape), pickle.PickleBuffer(flat)))
-        else:
-            device = None if value.device is None else str(value.device)
-            return True, (tuple(value.batch_size), device, leaves)
-    return False, compact(value)
+    leaves = _raw_leaves(value)
+    if leaves is None:
+        return False, compact(value)
+    return True, (tuple(value.batch_size), _device_name(value), [(key, t.dtype, tuple(t.shape), _raw(t))
+                                                                 for key, t in leaves])
+
+
+def rows_to_wire(value, n: int) -> list:
+    """``[to_wire(value[i]) for i in range(n)]`` (``value``: whatever a server answers with, indexable by request),
+    without building the row TensorDicts when ``value`` takes the raw path (a row of a plain TensorDict is one,
+    with the same leaves indexed)."""
+    leaves = _raw_leaves(value)
+    if leaves is None or not value.batch_dims:
+        return [to_wire(value[i]) for i in range(n)]
+    batch_size, device = tuple(value.batch_size[1:]), _device_name(value)
+    leaves = [(key, t.dtype, tuple(t.shape[1:]), t) for key, t in leaves]
+    return [(True, (batch_size, device, [(key, dtype, shape, _raw(t[i])) for key, dtype, shape, t in leaves]))
+            for i in range(n)]
+
+
+def _raw_leaves(value) -> list | None:
+    """The ``(key, tensor)`` leaves of ``value`` if it travels as raw bytes (see :func:`to_wire`), else ``None``."""
+    if type(value) is not TensorDict or value.is_locked or value._has_names():
+        return None
+    leaves = list(value.items())
+    for _, t in leaves:
+        if (type(t) is not torch.Tensor or t.device.type != "cpu" or t.requires_grad or t.layout is not torch.strided
+                or t.dtype not in _RAW_DTYPES or t.is_conj() or t.is_neg()):
+            return None
+    return leaves
+
+
+def _raw(t: torch.Tensor) -> pickle.PickleBuffer:
+    """One copy of exactly the leaf's bytes. A PickleBuffer of a writable array unpickles as a bytearray: a
+    writable buffer without another copy."""
+    return pickle.PickleBuffer(t.contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
+def _device_name(value) -> str | None:
+    return None if value.device is None else str(value.device)
 
 
 def from_wire(wire):
@@ -75,7 +102,8 @@ def from_wire(wire):
     tensors = {}
     for key, dtype, shape, data in leaves:
         tensors[key] = torch.frombuffer(data, dtype=dtype).view(shape) if len(data) else torch.empty(shape, dtype=dtype)
-    return TensorDict(tensors, batch_size=batch_size, device=device)
+    # The leaves are what a valid TensorDict of CPU tensors held: skip the constructor's checks (tensordict is pinned).
+    return TensorDict._new_unsafe(tensors, batch_size=torch.Size(batch_size), device=device)
 
 
 class QueueTransport(RequestReplyTransport):
@@ -209,7 +237,9 @@ class QueueClient:
                         payload = from_wire(payload)
                     with self._cond:
                         self._answers[rid] = (status, payload)
-                    if not self.reader.poll(0):
+                    # Ours is here: stop (a poll costs more than the rest of a small answer; answers still in the
+                    # pipe are read by whoever waits for them). Else read on while there is more.
+                    if rid == request_id or not self.reader.poll(0):
                         break
         except (EOFError, OSError):
             pass  # the peer check in wait_for turns this into a peer failure
@@ -252,8 +282,8 @@ class QueueServer(ServerEndpoint):
             pass  # the client process is gone; nobody waits for this answer
 
     def reply(self, batch: Batch, out: TensorDictBase) -> None:
-        for i, (client, rid) in enumerate(batch.handles):
-            self._send(client, (rid, _OK, to_wire(out[i])))
+        for (client, rid), row in zip(batch.handles, rows_to_wire(out, len(batch))):
+            self._send(client, (rid, _OK, row))
 
     def fail(self, batch: Batch, error: BaseException) -> None:
         if not isinstance(error, ServiceError):

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 
-import numpy as np
 from tensordict import TensorDictBase
 
 from ._shared import wait_for
 from ._slots import CLAIMED, FREE, SlotClientBase, SlotFuture, SlotTransport
+from .errors import TransportError
 
 
 class SharedMemoryTransport(SlotTransport):
@@ -51,9 +51,14 @@ class SharedMemoryClient(SlotClientBase):
         values = self._validate(td)
         if not self.free.acquire(False):  # a free slot is the common case: skip the waiting loop's set-up
             wait_for(lambda step: self.free.acquire(timeout=step), self.status, None, "waiting for a free slot")
+        state = self.control.state
         with self.claim_lock:
-            slot = int(np.flatnonzero(self.control.state == FREE)[0])
-            self.control.state[slot] = CLAIMED
+            # Holding a ``free`` permit means a FREE slot exists (a slot is FREE before its permit is released);
+            # FREE is the lowest state, so argmin finds the first one.
+            slot = int(state.argmin())
+            if state[slot] != FREE:
+                raise TransportError("no free slot although one was promised; the slot states are corrupt")
+            state[slot] = CLAIMED
         self._write(slot, values)
         return SlotFuture(self, slot)
 

@@ -15,7 +15,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, Mapping
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from transports.base import Batch, ServerEndpoint
 from transports.errors import RemoteError
@@ -53,11 +53,13 @@ class Stats:
         self.lock = threading.Lock()
 
     def record(self, batch: Batch, started: float, forward: float) -> None:
+        n, enqueued = len(batch), batch.enqueued
+        waits = [max(0.0, started - enqueued[0])] if len(enqueued) == 1 else [max(0.0, started - t) for t in enqueued]
         with self.lock:
             self.batches += 1
-            self.requests += len(batch)
-            self.sizes.append(len(batch))
-            self.waits.extend(max(0.0, started - t) for t in batch.enqueued)
+            self.requests += n
+            self.sizes.append(n)
+            self.waits.extend(waits)
             self.forwards.append(forward)
 
     def snapshot(self) -> dict:
@@ -114,6 +116,11 @@ class ServingCore:
         self.version = 0
         self.stats = Stats(config.stats_window)
         self._updates: queue.SimpleQueue = queue.SimpleQueue()
+        # A fixed-layout endpoint (see ServerEndpoint.fixed_keys) tells the input keys up front, and which of them
+        # must still be dropped from the output (those that are also response keys).
+        fixed = getattr(endpoint, "fixed_keys", None)
+        self._fixed = None if fixed is None else (frozenset(fixed[0]), tuple(sorted(fixed[0] & fixed[1])))
+        self._versions: dict = {}  # (batch size, device) -> (version, policy_version tensor), for those endpoints
 
     # ------------------------------------------------------------------ weights
     def request_update(self, state: Mapping[str, torch.Tensor], version: int | None) -> Future:
@@ -123,7 +130,7 @@ class ServingCore:
         return done
 
     def _apply_updates(self) -> None:
-        while True:
+        while not self._updates.empty():  # checked first: a get_nowait that raises Empty costs more, every batch
             try:
                 state, version, done = self._updates.get_nowait()
             except queue.Empty:
@@ -144,11 +151,12 @@ class ServingCore:
     def run(self, stop: threading.Event) -> None:
         cfg = self.config
         try:
-            while not stop.is_set():
-                self._apply_updates()
-                batch = self.endpoint.collect(cfg.max_batch_size, cfg.min_batch_size, cfg.timeout, POLL)
-                if batch is not None:
-                    self.serve(batch)
+            with torch.no_grad():  # once for the loop (each forward would otherwise switch grad mode on and off)
+                while not stop.is_set():
+                    self._apply_updates()
+                    batch = self.endpoint.collect(cfg.max_batch_size, cfg.min_batch_size, cfg.timeout, POLL)
+                    if batch is not None:
+                        self.serve(batch)
         finally:
             self._apply_updates()  # release anyone waiting on an update
             self.endpoint.close("the server was shut down")
@@ -159,7 +167,9 @@ class ServingCore:
             self._forward(batch, batch.stacked)
         else:
             try:
-                td = self.collate(batch.requests)
+                td = self._collate_one(batch.requests) if len(batch) == 1 else None
+                if td is None:
+                    td = self.collate(batch.requests)
             except Exception:  # mismatched requests: serve each alone so only the bad ones fail
                 for i in range(len(batch)):
                     single = Batch([batch.handles[i]], [batch.requests[i]], enqueued=[batch.enqueued[i]])
@@ -172,16 +182,50 @@ class ServingCore:
         if self.config.collect_stats:
             self.stats.record(batch, started, time.monotonic() - started)
 
-    @torch.no_grad()
+    def _collate_one(self, requests: list) -> TensorDictBase | None:
+        """What the default collate, then the move to the policy device, make of one plain request whose tensors
+        are on the policy device already, built directly (stacking and moving a TensorDict of one cost several
+        times the copies); ``None`` for anything else (a custom collate_fn, nested or non-tensor entries...)."""
+        td = requests[0]
+        if self.collate is not default_collate or type(td) is not TensorDict or td.is_locked or td._has_names():
+            return None
+        device, source = self.device, {}
+        for key, value in td.items():
+            if type(value) is not torch.Tensor or value.device != device:
+                return None
+            source[key] = value.unsqueeze(0).clone(memory_format=torch.contiguous_format)  # a copy, as stack makes
+        return TensorDict._new_unsafe(source, batch_size=torch.Size((1, *td.batch_size)), device=device)
+
     def _forward(self, batch: Batch, td: TensorDictBase) -> None:
+        if torch.is_grad_enabled():
+            with torch.no_grad():
+                self._forward(batch, td)
+            return
         try:
-            keys_in = set(td.keys(True, True))
-            out = self.policy(td.to(self.device) if td.device != self.device else td)
-            out = out.exclude(*keys_in) if keys_in else out
-            out.set("policy_version", torch.full(out.batch_size, self.version, dtype=torch.long, device=out.device))
+            fixed = self._fixed if td is batch.stacked else None
+            keys_in = set(td.keys(True, True)) if fixed is None else fixed[0]
+            src = td.to(self.device) if td.device != self.device else td
+            out = self.policy(src)
+            if fixed is not None and out is src:
+                # The policy wrote into the batch (the loop's own copy), and the endpoint copies only the response
+                # keys back: of the inputs, only those that are also response keys need dropping, and the version
+                # tensor is only read, so one per batch size serves until the version changes.
+                out = out.exclude(*fixed[1]) if fixed[1] else out
+                out.set("policy_version", self._version_tensor(out))
+            else:
+                out = out.exclude(*keys_in) if keys_in else out
+                out.set("policy_version", torch.full(out.batch_size, self.version, dtype=torch.long, device=out.device))
             if out.device != self.output_device:
                 out = out.to(self.output_device)
         except Exception as exc:  # noqa: BLE001 - a failing batch fails only its callers
             self.endpoint.fail(batch, RemoteError.from_exception(exc))
             return
         self.endpoint.reply(batch, out)
+
+    def _version_tensor(self, out: TensorDictBase) -> torch.Tensor:
+        key = (out.batch_size, out.device)
+        cached = self._versions.get(key)
+        if cached is None or cached[0] != self.version:
+            cached = self._versions[key] = (self.version, torch.full(out.batch_size, self.version, dtype=torch.long,
+                                                                     device=out.device))
+        return cached[1]

@@ -1,0 +1,254 @@
+"""The serving loop over a slot endpoint, in one process: the shortcuts of the small-request path (one-slot
+batches, fixed response keys, reused version tensors) answer exactly as the general path does."""
+
+import os
+
+import pytest
+import torch
+from tensordict import NonTensorData, TensorDict
+from torch import nn
+
+from components.errors import LayoutError
+from components.inference.config import InferenceDeviceConfig, InferenceServerConfig
+from components.inference.core import ServingCore
+from transports.process_slot import ProcessSlotTransport
+from transports.shared_memory import SharedMemoryTransport
+
+REQUEST = TensorDict({"observation": torch.zeros(4)})
+RESPONSE = TensorDict({"action": torch.zeros(4), "policy_version": torch.zeros((), dtype=torch.long)})
+
+
+class Double(nn.Module):
+    """Writes ``action`` into the batch it is given and returns that batch."""
+
+    def forward(self, td):
+        td.set("action", td.get("observation") * 2)
+        return td
+
+
+class KeepsItsOutput(nn.Module):
+    """Returns a TensorDict of its own (inputs included) and keeps it."""
+
+    def __init__(self):
+        super().__init__()
+        self.last = None
+
+    def forward(self, td):
+        self.last = TensorDict({"observation": td.get("observation").clone(), "action": td.get("observation") * 3},
+                               td.batch_size)
+        return self.last
+
+
+def obs(value: float) -> TensorDict:
+    return TensorDict({"observation": torch.full((4,), float(value))})
+
+
+@pytest.fixture(params=[SharedMemoryTransport, ProcessSlotTransport], ids=["shared_memory", "process_slot"])
+def kind(request):
+    return request.param
+
+
+def serving(kind, policy, request_layout=REQUEST, response_layout=RESPONSE, clients=3):
+    transport = kind(request_layout, response_layout, num_slots=clients)
+    transport.mark_serving(os.getpid())
+    server = transport.server()
+    core = ServingCore(policy, server, InferenceServerConfig(), InferenceDeviceConfig())
+    return transport, [transport.client() for _ in range(clients)], server, core
+
+
+def test_one_and_many_request_batches_are_private_cpu_copies_in_submission_order(kind):
+    transport, clients, server, _ = serving(kind, Double())
+    try:
+        futures = [clients[0].submit(obs(7))]
+        batch = server.collect(16, 1, 0.0, 0.05)
+        assert batch.handles == [futures[0].slot] and len(batch.enqueued) == 1
+        assert batch.stacked.batch_size == torch.Size([1]) and batch.stacked.device == torch.device("cpu")
+        assert batch.stacked["observation"].tolist() == [[7.0] * 4]
+        batch.stacked["observation"].fill_(-1)  # the batch is the server's own copy, not the slot
+        assert server._req_all[batch.handles[0]]["observation"].tolist() == [7.0] * 4
+        server.fail(batch, RuntimeError("done"))
+        with pytest.raises(Exception):
+            futures[0].result(timeout=5)
+
+        order = [2, 0, 1]
+        futures = {i: clients[i].submit(obs(i)) for i in order}
+        batch = server.collect(16, 1, 0.0, 0.05)
+        assert batch.handles == [futures[i].slot for i in order]
+        assert batch.enqueued == sorted(batch.enqueued)
+        assert batch.stacked.batch_size == torch.Size([3]) and batch.stacked.device == torch.device("cpu")
+        assert batch.stacked["observation"][:, 0].tolist() == [float(i) for i in order]
+    finally:
+        transport.close()
+
+
+def test_nested_request_keys_take_the_general_copy():
+    request_layout = TensorDict({"obs": {"pixels": torch.zeros(2), "state": torch.zeros(3)}})
+    transport, clients, server, _ = serving(SharedMemoryTransport, Double(), request_layout, clients=1)
+    try:
+        clients[0].submit(TensorDict({"obs": {"pixels": torch.ones(2), "state": torch.full((3,), 5.0)}}))
+        batch = server.collect(16, 1, 0.0, 0.05)
+        assert batch.stacked.batch_size == torch.Size([1]) and batch.stacked.device == torch.device("cpu")
+        assert batch.stacked["obs", "state"].tolist() == [[5.0] * 3]
+        assert batch.stacked["obs", "pixels"].tolist() == [[1.0] * 2]
+    finally:
+        transport.close()
+
+
+def test_answers_and_versions_through_the_fixed_layout_path(kind):
+    transport, clients, server, core = serving(kind, Double())
+    try:
+        for version in (0, 1, 2):
+            # one request, then three in one batch: each batch size gets the current version
+            future = clients[0].submit(obs(1))
+            core.serve(server.collect(16, 1, 0.0, 0.05))
+            out = future.result(timeout=5)
+            assert out["action"].tolist() == [2.0] * 4 and out["policy_version"].item() == version
+            futures = [c.submit(obs(i)) for i, c in enumerate(clients)]
+            core.serve(server.collect(16, 1, 0.0, 0.05))
+            for i, f in enumerate(futures):
+                out = f.result(timeout=5)
+                assert out["action"].tolist() == [2.0 * i] * 4 and out["policy_version"].item() == version
+                assert set(out.keys()) == {"action", "policy_version"}
+            core.request_update({}, None)
+            core._apply_updates()
+    finally:
+        transport.close()
+
+
+def test_a_policy_s_own_output_is_left_untouched(kind):
+    policy = KeepsItsOutput()
+    transport, clients, server, core = serving(kind, policy)
+    try:
+        future = clients[0].submit(obs(2))
+        core.serve(server.collect(16, 1, 0.0, 0.05))
+        assert future.result(timeout=5)["action"].tolist() == [6.0] * 4
+        assert set(policy.last.keys()) == {"observation", "action"}  # no policy_version written into it
+    finally:
+        transport.close()
+
+
+def test_a_response_key_that_is_also_an_input_is_still_dropped(kind):
+    response_layout = RESPONSE.clone().set("observation", torch.zeros(4))
+    transport, clients, server, core = serving(kind, Double(), response_layout=response_layout)
+    try:
+        future = clients[0].submit(obs(1))
+        core.serve(server.collect(16, 1, 0.0, 0.05))
+        with pytest.raises(LayoutError) as info:
+            future.result(timeout=5)
+        assert info.value.key == ("observation",) and info.value.got == "a missing key"
+        other = clients[1].submit(obs(1))  # the server keeps serving
+        core.serve(server.collect(16, 1, 0.0, 0.05))
+        with pytest.raises(LayoutError):
+            other.result(timeout=5)
+    finally:
+        transport.close()
+
+
+def test_serving_outside_the_loop_still_runs_without_gradients(kind):
+    class GradProbe(nn.Module):
+        def forward(self, td):
+            td.set("action", td.get("observation") + float(torch.is_grad_enabled()))
+            return td
+
+    transport, clients, server, core = serving(kind, GradProbe())
+    try:
+        assert torch.is_grad_enabled()
+        future = clients[0].submit(obs(1))
+        core.serve(server.collect(16, 1, 0.0, 0.05))
+        assert future.result(timeout=5)["action"].tolist() == [1.0] * 4
+        assert torch.is_grad_enabled()
+    finally:
+        transport.close()
+
+
+# ---------------------------------------------------------------------------------------------- general-path shortcuts
+def _rebuilt(wire):
+    import pickle
+
+    from transports.queue import from_wire
+
+    return from_wire(pickle.loads(pickle.dumps(wire, protocol=pickle.HIGHEST_PROTOCOL)))
+
+
+def _same(a, b) -> bool:
+    if type(a) is not type(b) or a.batch_size != b.batch_size or a.device != b.device:
+        return False
+    if set(a.keys(True, True)) != set(b.keys(True, True)):
+        return False
+    for key in a.keys(True, True):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, torch.Tensor):
+            if not (isinstance(y, torch.Tensor) and x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("answer", [
+    TensorDict({"action": torch.arange(12.0).view(3, 4), "policy_version": torch.zeros(3, dtype=torch.long)}, [3]),
+    TensorDict({"a": torch.arange(6).view(2, 3).t(), "empty": torch.empty(3, 0)}, [3], device="cpu"),
+    TensorDict({"a": torch.ones(2, 2), "nested": {"x": torch.ones(2)}}, [2]),
+    TensorDict({"a": torch.ones(2, 2), "text": NonTensorData("hi", batch_size=[2])}, [2]),
+], ids=["flat", "strided-cpu", "nested", "non-tensor"])
+def test_queue_rows_travel_as_their_row_tensordicts_would(answer):
+    from transports.queue import rows_to_wire, to_wire
+
+    n = answer.batch_size[0]
+    for row, wire in zip(range(n), rows_to_wire(answer, n)):
+        expected = to_wire(answer[row])
+        assert wire[0] == expected[0]
+        assert _same(_rebuilt(wire), _rebuilt(expected))
+    assert rows_to_wire([("a",), ("b",)], 2) == [to_wire(("a",)), to_wire(("b",))]  # commands and other answers
+
+
+@pytest.mark.parametrize("request_td", [
+    TensorDict({"observation": torch.ones(4)}),
+    TensorDict({"o": torch.arange(24.0).view(8, 3).t(), "done": torch.zeros(3, dtype=torch.bool)}, [3]),
+    TensorDict({"o": torch.ones(2)}, device="cpu"),
+    TensorDict({"obs": {"x": torch.ones(2)}}),
+    TensorDict({"o": torch.ones(2), "text": NonTensorData("hi")}),
+], ids=["flat", "strided-batched", "cpu", "nested", "non-tensor"])
+def test_a_single_request_batch_is_what_stack_and_move_make(request_td):
+    from components.inference.core import default_collate
+    from transports.thread import ThreadTransport
+
+    core = ServingCore(nn.Identity(), ThreadTransport().server(), InferenceServerConfig(), InferenceDeviceConfig())
+    expected = default_collate([request_td]).to("cpu")
+    got = core._collate_one([request_td])
+    if got is None:  # the general path serves it
+        assert any(type(value) is not torch.Tensor for value in request_td.values())
+        return
+    assert _same(got, expected)
+    for key in got.keys():
+        assert got[key].is_contiguous() and got[key].data_ptr() != request_td[key].data_ptr()  # a copy, as stack
+
+
+def test_threads_sharing_one_queue_client_each_get_their_answers_in_any_reading_order():
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from transports.queue import QueueTransport
+
+    transport = QueueTransport(max_clients=2)
+    client, stop = transport.client(), threading.Event()
+    core = ServingCore(Double(), transport.server(), InferenceServerConfig(max_batch_size=4),
+                       InferenceDeviceConfig())
+    transport.mark_serving(os.getpid())
+    loop = threading.Thread(target=core.run, args=(stop,), daemon=True)
+    loop.start()
+
+    def work(i):
+        for k in range(20):
+            futures = [client.submit(obs(i * 1000 + k * 10 + j)) for j in range(3)]
+            for j in (2, 0, 1):  # answers arrive in submission order; read them out of it
+                assert futures[j].result(timeout=30)["action"][0].item() == 2 * (i * 1000 + k * 10 + j)
+        return True
+
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            assert all(pool.map(work, range(4)))
+    finally:
+        stop.set()
+        loop.join(10)
+        transport.close()
