@@ -33,6 +33,7 @@ CANDIDATES = [
     ("process/queue", ["service=process", "transport=queue"]),
     ("process/shared_memory", ["service=process", "transport=shared_memory"]),
     ("process/process_slot", ["service=process", "transport=process_slot"]),
+    ("ray", ["service=ray"]),  # each run starts (and stops) a local Ray cluster on 127.0.0.1
 ]
 REFERENCE = "CleanRL ppo.py (reference figures, not measured in this run): 2.2-3.3k frames/s, solves after 113-173k frames in 2.5-4 min"
 

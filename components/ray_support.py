@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -82,11 +83,13 @@ def ray_cluster(config: RayClusterConfig | None = None) -> Iterator[bool]:
     if threading.current_thread() is not threading.main_thread():
         raise ConfigurationError("start or join the Ray cluster on the main thread", path="service")
     common = dict(namespace=config.namespace, log_to_driver=False, configure_logging=True, logging_level="WARNING")
+    own_dir = None
     if config.address:
         ray.init(address=config.address, **common)
         started = False
     else:
-        temp_dir = config.temp_dir or tempfile.mkdtemp(prefix="ray_", dir="/tmp")
+        # a short session dir of its own (Ray's Unix sockets live there), removed with the cluster
+        temp_dir = config.temp_dir or (own_dir := tempfile.mkdtemp(prefix="ray_", dir="/tmp"))
         ray.init(_node_ip_address=LOOPBACK, num_cpus=config.num_cpus, resources=dict(config.resources) or None,
                  include_dashboard=False, _temp_dir=temp_dir, **common)
         started = True
@@ -95,6 +98,8 @@ def ray_cluster(config: RayClusterConfig | None = None) -> Iterator[bool]:
     finally:
         # a joined cluster keeps running; only the connection ends
         ray.shutdown()
+        if own_dir is not None:
+            shutil.rmtree(own_dir, ignore_errors=True)
 
 
 def namespace() -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -82,7 +83,10 @@ def ray_cluster(tmp_path_factory):
 
     import_ray()
     temp_dir = f"/tmp/rt{os.getpid()}_{os.urandom(2).hex()}"  # short: Ray's Unix sockets live there
-    with cluster(RayClusterConfig(num_cpus=2, temp_dir=temp_dir, namespace="tests")) as started:
-        assert started
-        yield
-        assert our_live_actors() == [], f"actors left alive: {our_live_actors()}"
+    try:
+        with cluster(RayClusterConfig(num_cpus=2, temp_dir=temp_dir, namespace="tests")) as started:
+            assert started
+            yield
+            assert our_live_actors() == [], f"actors left alive: {our_live_actors()}"
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)  # the session's logs and sockets

@@ -3,6 +3,7 @@ the second node by a custom resource, and a run trains with them there."""
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -34,6 +35,7 @@ def two_nodes():
             ray.shutdown()
     finally:
         cluster.shutdown()
+        shutil.rmtree(base, ignore_errors=True)
         if saved is None:
             os.environ.pop("RAY_TMPDIR", None)
         else:
