@@ -42,9 +42,7 @@ import threading
 import time
 import traceback
 
-import numpy as np
 import torch
-from tensordict import TensorDict
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
@@ -53,69 +51,20 @@ from components.inference import InferenceServer, InferenceServerConfig  # noqa:
 from transports._shared import Segment  # noqa: E402
 from _common import stop_child  # noqa: E402  (benchmarks/_common.py, beside this script)
 from transports.config import TransportConfig  # noqa: E402
+# The workload and the measuring primitives live in the TorchRL peer script beside this one, which must stand alone
+# in TorchRL's environment: one definition, so both sides measure the same way.
+from torchrl_peer import (  # noqa: E402
+    SIZES, EchoPolicy, counts, request_td, response_td, round_trips, summarize)
 
-# label -> (description, dtype, shape, measured round trips per cell over all clients)
-SIZES = {
-    "16B": ("observation float32 [4]", torch.float32, (4,), 3000),
-    "28KB": ("observation uint8 [84, 84, 4] (28,224 bytes)", torch.uint8, (84, 84, 4), 1500),
-    "1MiB": ("observation uint8 [1048576]", torch.uint8, (1 << 20,), 400),
-}
 CELLS = [("thread", "thread"), ("thread", "direct"), ("process", "queue"), ("process", "shared_memory"),
          ("process", "process_slot"), ("ray", "ray")]
 FLOOR_OF = {"queue": "b", "ray": "c"}  # every other transport is compared with floor (a)
 FLOOR_NAMES = {"a": "floor (a) shm + semaphore", "b": "floor (b) mp.Queue bytes", "c": "floor (c) Ray actor call"}
 TARGETS = [("shared_memory", "a"), ("process_slot", "a"), ("queue", "b")]
-MIN_PER_CLIENT = 40
-
-
-class EchoPolicy(nn.Module):
-    """The trivial policy: ``action`` is the observation itself, so the response is as big as the request."""
-
-    def forward(self, td):
-        td.set("action", td.get("observation"))
-        return td
 
 
 def make_policy() -> nn.Module:
     return EchoPolicy()
-
-
-def request_td(size: str) -> TensorDict:
-    _, dtype, shape, _ = SIZES[size]
-    return TensorDict({"observation": torch.ones(shape, dtype=dtype)})
-
-
-def response_td(size: str) -> TensorDict:
-    _, dtype, shape, _ = SIZES[size]
-    return TensorDict({"action": torch.zeros(shape, dtype=dtype), "policy_version": torch.zeros((), dtype=torch.long)})
-
-
-def counts(size: str, clients: int, quick: bool) -> tuple[int, int]:
-    """(warm-up, measured) round trips per client."""
-    total = SIZES[size][3] // (5 if quick else 1)
-    per_client = max(MIN_PER_CLIENT // (2 if quick else 1), total // clients)
-    return max(10, per_client // 5), per_client
-
-
-# ---------------------------------------------------------------------------------------------- measuring
-def round_trips(call, warmup: int, n: int) -> tuple[np.ndarray, float, float]:
-    """Latencies (us) of ``n`` calls after ``warmup``, and the monotonic start and end of the measured ones."""
-    for _ in range(warmup):
-        call()
-    lat = np.empty(n)
-    clock = time.perf_counter
-    start = time.monotonic()
-    for i in range(n):
-        t0 = clock()
-        call()
-        lat[i] = clock() - t0
-    return lat * 1e6, start, time.monotonic()
-
-
-def summarize(parts: list) -> dict:
-    lat = np.concatenate([p[0] for p in parts])
-    span = max(p[2] for p in parts) - min(p[1] for p in parts)
-    return {"p50": float(np.percentile(lat, 50)), "p95": float(np.percentile(lat, 95)), "rps": len(lat) / span}
 
 
 # ---------------------------------------------------------------------------------------------- floors
