@@ -28,15 +28,29 @@ transports against (a), queue against (b), ray against (c). Run from the reposit
 
 Targets (PASS/MISS printed at the end): at 16 B and 1 client, shared_memory and process_slot p50 at most 2x
 floor (a), queue p50 at most 2x floor (b).
+
+TorchRL beside ours: ``--peer-python PATH`` names the python of a separate environment with torchrl 0.14.1 (it
+needs tensordict<0.15, so it cannot share this project's). After our cells, this script runs
+``PATH benchmarks/torchrl_peer.py`` on the same payloads, client counts, round-trip counts and transports (ours
+mapped to TorchRL's: thread -> thread, direct -> direct, queue -> mp, shared_memory -> shared_memory,
+process_slot -> process_slot, ray -> ray, which it skips) and prints its rows in the same tables, labelled
+``torchrl 0.14.1 <transport>``, each against the floor of our corresponding transport; under the targets, one line
+per pair compares the p50s at 16 B and 1 client. To make that environment and use it:
+
+    python -m venv /tmp/trl && /tmp/trl/bin/pip install torch==2.13.0 torchrl==0.14.1
+    python benchmarks/inference.py --quick --peer-python /tmp/trl/bin/python
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import multiprocessing as mp
 import os
 import pickle
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -61,6 +75,10 @@ CELLS = [("thread", "thread"), ("thread", "direct"), ("process", "queue"), ("pro
 FLOOR_OF = {"queue": "b", "ray": "c"}  # every other transport is compared with floor (a)
 FLOOR_NAMES = {"a": "floor (a) shm + semaphore", "b": "floor (b) mp.Queue bytes", "c": "floor (c) Ray actor call"}
 TARGETS = [("shared_memory", "a"), ("process_slot", "a"), ("queue", "b")]
+# our transport -> TorchRL's corresponding one, as benchmarks/torchrl_peer.py names it
+PEER_TRANSPORT = {"thread": "thread", "direct": "direct", "queue": "mp", "shared_memory": "shared_memory",
+                  "process_slot": "process_slot", "ray": "ray"}
+PEER_TIMEOUT = 1800  # seconds for the whole TorchRL run (all its cells take a few minutes on 2 cores)
 
 
 def make_policy() -> nn.Module:
@@ -313,7 +331,53 @@ def progress(label, size, n_clients, results) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- TorchRL peer
-def report(results, floors, sizes, client_counts, cells) -> bool:
+def run_peer(python: str, quick: bool, client_counts, sizes, transports) -> dict:
+    """Run benchmarks/torchrl_peer.py with ``python`` (TorchRL's environment) on the same cells; its JSON.
+
+    Its progress lines pass through to stderr. It runs in a session of its own, so that if it overruns
+    PEER_TIMEOUT (or this script is interrupted) every process it started can be stopped: SIGTERM first, which
+    it answers by shutting its servers and clients down, then SIGKILL."""
+    command = [python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrl_peer.py"),
+               "--clients", *map(str, client_counts), "--sizes", *sizes,
+               "--transports", *[PEER_TRANSPORT[t] for t in transports]] + (["--quick"] if quick else [])
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=PEER_TIMEOUT)
+    except BaseException:
+        _stop_group(proc)
+        raise
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} exited with status {proc.returncode}")
+    return json.loads(out)
+
+
+def _stop_group(proc) -> None:
+    """SIGTERM to the peer's process group (it shuts its servers and clients down), then SIGKILL to what is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(30)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+
+
+def peer_label(peer: dict, transport: str) -> str:
+    return f"torchrl {peer['torchrl']} {transport}"
+
+
+# ---------------------------------------------------------------------------------------------- report
+def _row(label, n_clients, r, floor, f) -> None:
+    floor_text = f"{f['p50']:.1f} ({floor})" if f else "-"
+    ratio = f"{r['p50'] / f['p50']:.2f}" if f else "-"
+    print(f"| {label} | {n_clients} | {r['p50']:.1f} | {r['p95']:.1f} | {r['rps']:.0f} | {floor_text} | {ratio} |")
+
+
+def report(results, floors, sizes, client_counts, cells, peer=None) -> bool:
+    """The tables and the targets; with ``peer`` (torchrl_peer.py's JSON), TorchRL's rows after those of our
+    corresponding transport, against the same floor, and a line per pair under the targets."""
+    peer_rows = {(r["transport"], r["size"], r["clients"]): r for r in (peer or {}).get("results", [])}
     all_pass = True
     for size in sizes:
         print(f"\n### {size}: {SIZES[size][0]}\n")
@@ -325,16 +389,16 @@ def report(results, floors, sizes, client_counts, cells) -> bool:
                 print(f"| {FLOOR_NAMES[floor]} | 1 | {f['p50']:.1f} | {f['p95']:.1f} | {f['rps']:.0f} | "
                       f"{f['p50']:.1f} ({floor}) | 1.00 |")
         for placement, transport in cells:
+            floor = FLOOR_OF.get(transport, "a")
+            f = floors.get((floor, size))
             for n_clients in client_counts:
                 r = results.get((f"{placement}/{transport}", size, n_clients))
-                if r is None:
-                    continue
-                floor = FLOOR_OF.get(transport, "a")
-                f = floors.get((floor, size))
-                floor_text = f"{f['p50']:.1f} ({floor})" if f else "-"
-                ratio = f"{r['p50'] / f['p50']:.2f}" if f else "-"
-                print(f"| {placement}/{transport} | {n_clients} | {r['p50']:.1f} | {r['p95']:.1f} | {r['rps']:.0f} | "
-                      f"{floor_text} | {ratio} |")
+                if r is not None:
+                    _row(f"{placement}/{transport}", n_clients, r, floor, f)
+            for n_clients in client_counts:
+                r = peer_rows.get((PEER_TRANSPORT[transport], size, n_clients))
+                if r is not None:
+                    _row(peer_label(peer, PEER_TRANSPORT[transport]), n_clients, r, floor, f)
     print("\n### Targets (16B, 1 client: p50 at most 2x its floor's p50)\n")
     for transport, floor in TARGETS:
         r = results.get((f"process/{transport}", "16B", 1))
@@ -347,6 +411,15 @@ def report(results, floors, sizes, client_counts, cells) -> bool:
         all_pass &= ok
         print(f"- {'PASS' if ok else 'MISS'} process/{transport}: p50 {r['p50']:.1f} us = {ratio:.2f}x "
               f"{FLOOR_NAMES[floor]} ({f['p50']:.1f} us); target <= 2.00x")
+    if peer_rows:
+        print(f"\nBeside TorchRL {peer['torchrl']} (16B, 1 client, p50):\n")
+        for placement, transport in cells:
+            ours = results.get((f"{placement}/{transport}", "16B", 1))
+            theirs = peer_rows.get((PEER_TRANSPORT[transport], "16B", 1))
+            if ours is not None and theirs is not None:
+                label = peer_label(peer, PEER_TRANSPORT[transport])
+                print(f"- {placement}/{transport} {ours['p50']:.1f} us vs {label} {theirs['p50']:.1f} us "
+                      f"(TorchRL / ours {theirs['p50'] / ours['p50']:.2f}x)")
     return all_pass
 
 
@@ -356,6 +429,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--transports", nargs="+", default=[t for _, t in CELLS], choices=[t for _, t in CELLS])
+    parser.add_argument("--peer-python", metavar="PATH", default=None,
+                        help="python of an environment with torchrl 0.14.1: also measure TorchRL's transports")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -369,13 +444,34 @@ def main() -> None:
     run_process_cells([c for c in cells if c[0] == "process"], args.sizes, args.clients, args.quick, results, floors)
     if any(c[0] == "ray" for c in cells):
         run_ray_cells([c for c in cells if c[0] == "ray"], args.sizes, args.clients, args.quick, results, floors)
+    elapsed = time.monotonic() - started
+
+    peer, peer_note = None, None
+    if args.peer_python:
+        peer_started = time.monotonic()
+        try:
+            peer = run_peer(args.peer_python, args.quick, args.clients, args.sizes, [t for _, t in cells])
+        except Exception as exc:  # noqa: BLE001 - our tables still print; the note says why TorchRL's rows are missing
+            peer_note = f"TorchRL peer ({args.peer_python}) failed, so its rows are missing: {exc!r}"
+        else:
+            skipped = "; ".join(f"{name}: {why}" for name, why in peer["skipped"].items()) or "none"
+            peer_note = (f"TorchRL peer ({args.peer_python}): torchrl {peer['torchrl']}, tensordict "
+                         f"{peer['tensordict']}, measured right after ours ({time.monotonic() - peer_started:.0f} s). "
+                         f"Its rows follow our corresponding transport's and use its floor: "
+                         + ", ".join(f"{PEER_TRANSPORT[t]} ~ {p}/{t}" for p, t in cells)
+                         + f". Skipped: {skipped}.")
 
     print(f"# Inference round trips (median over round trips; {os.cpu_count()} CPUs; torch {torch.__version__}; "
-          f"{'quick' if args.quick else 'full'} run, {time.monotonic() - started:.0f} s)")
+          f"{'quick' if args.quick else 'full'} run, {elapsed:.0f} s)")
     print("\nratio = p50 / floor p50 at the same payload; floors are one client, so rows with more clients include "
           "queueing behind the others. (a): shared memory + semaphore doorbell; (b): multiprocessing.Queue of bytes; "
           "(c): a Ray actor call carrying the payload.")
-    report(results, floors, args.sizes, args.clients, cells)
+    if peer_note:
+        print(f"\n{peer_note}")
+    report(results, floors, args.sizes, args.clients, cells, peer)
+    if not args.peer_python:
+        print("\nTo print TorchRL's corresponding transports beside these, add --peer-python PATH (the python of an "
+              "environment with torchrl 0.14.1; see --help).")
 
 
 if __name__ == "__main__":
