@@ -164,7 +164,7 @@ class ActorResources:
 # ---------------------------------------------------------------------------------------------- errors
 def translate(exc: BaseException, what: str) -> BaseException:
     """Our error for a Ray exception raised while waiting for ``what``."""
-    ray = import_ray()
+    import_ray()
     from ray import exceptions as rex
 
     if isinstance(exc, rex.RayTaskError):
@@ -182,7 +182,6 @@ def translate(exc: BaseException, what: str) -> BaseException:
         return PeerFailureError(f"{what}: the Ray actor died ({type(exc).__name__})")
     if isinstance(exc, rex.GetTimeoutError):
         return ServiceTimeoutError(f"{what}: no answer in time (the actor is alive)")
-    del ray
     return exc
 
 
