@@ -28,6 +28,7 @@ from transports.errors import ConfigurationError, PeerFailureError, RemoteError
 
 from .envs import VectorEnvStepper
 from .process import ChildProcess, stop_all
+from .ray_support import RayActor
 from .service import Owner
 
 SEED_STRIDE = 10_000
@@ -290,45 +291,20 @@ class CollectorActor(_ChildWorker):
         self.close()
 
 
-class _RayWorker:
-    """The driver's handle on a worker actor, with the protocol of :class:`ChildProcess` (submit, call, stop).
+class _RayWorker(RayActor):
+    """A worker actor with the protocol of :class:`ChildProcess` (submit, call, stop, is_alive, pid).
 
     With ``max_restarts > 0`` Ray restarts a crashed worker (a fresh env, the same arguments) and retries the
     interrupted ``collect`` on it, so collection resumes."""
 
     def __init__(self, name: str, args: tuple, resources):
-        from .ray_support import ActorResources, launch_actor
-
-        self.name, self.resources = name, resources or ActorResources()
-        self.handle = launch_actor(CollectorActor, name, args, self.resources)
-        self.pid: int | None = None
-
-    def wait_ready(self) -> None:
-        from .ray_support import wait_ready
-
-        self.pid = wait_ready(self.handle, self.name, self.resources)
+        super().__init__(CollectorActor, name, args, resources)
 
     def submit(self, command: str, payload: Any = None):
-        from .ray_support import RayFuture, translate
-
-        try:
-            return RayFuture(self.handle.handle.remote(command, payload), f"{self.name}.{command}")
-        except Exception as exc:  # noqa: BLE001
-            raise translate(exc, f"{self.name}.{command}") from None
+        return super().submit("handle", command, payload)
 
     def call(self, command: str, payload: Any = None) -> Any:
         return self.submit(command, payload).result()
-
-    @property
-    def is_alive(self) -> bool:
-        from .ray_support import actor_alive
-
-        return actor_alive(self.handle)
-
-    def stop(self, timeout: float | None = None) -> None:
-        from .ray_support import stop_actor
-
-        stop_actor(self.handle, timeout)
 
 
 class _ThreadWorker:

@@ -110,16 +110,15 @@ class Host:
         self.max_clients, self.startup_timeout, self.resources = max_clients, startup_timeout, resources
         self.transport: RequestReplyTransport | None = None
         self.child: ChildProcess | None = None
-        self.actor: Any = None  # placement ray: the hosting actor's handle
+        self.actor: Any = None  # placement ray: the hosting RayActor
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
     def start(self) -> None:
         if self.placement == "ray":
-            from .ray_support import ActorResources, HostActor, start_actor
+            from .ray_support import HostActor, RayActor
 
-            self.actor, _ = start_actor(HostActor, self.name, (self.twin_factory, self.allowed),
-                                        self.resources or ActorResources())
+            self.actor = RayActor(HostActor, self.name, (self.twin_factory, self.allowed), self.resources).wait_ready()
             return
         if self.placement == "thread":
             from transports.thread import ThreadTransport
@@ -163,24 +162,20 @@ class Host:
         if self.actor is not None:
             from .ray_support import RayEndpoint
 
-            return RayEndpoint(self.actor, self.name)
+            return RayEndpoint(self.actor.handle, self.name)
         return self.transport.client()
 
     @property
     def is_alive(self) -> bool:
         if self.actor is not None:
-            from .ray_support import actor_alive
-
-            return actor_alive(self.actor)
+            return self.actor.is_alive
         if self._thread is not None:
             return self._thread.is_alive()
         return self.child is not None and self.child.is_alive
 
     def stop(self, timeout: float | None = None) -> None:
         if self.actor is not None:
-            from .ray_support import stop_actor
-
-            stop_actor(self.actor, timeout)
+            self.actor.stop(timeout)
             self.actor = None
         self._stop.set()
         if self._thread is not None:

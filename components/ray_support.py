@@ -240,6 +240,15 @@ class HostActor:
         self.twin.shutdown()
 
 
+def remote(handle: Any, method: str, args: tuple, what: str) -> RayFuture:
+    """Call ``method`` of an actor without waiting; the future raises our errors (as does a refused call)."""
+    try:
+        ref = getattr(handle, method).remote(*args)
+    except Exception as exc:  # noqa: BLE001 - e.g. the actor is known dead already
+        raise translate(exc, what) from None
+    return RayFuture(ref, what)
+
+
 class RayEndpoint:
     """A command endpoint over an actor handle: ``submit((method, args, kwargs))`` returns a :class:`RayFuture`.
 
@@ -251,75 +260,76 @@ class RayEndpoint:
 
     def submit(self, command: tuple) -> RayFuture:
         method, args, kwargs = command
-        try:
-            ref = self.handle.call.remote(method, args, kwargs)
-        except Exception as exc:  # noqa: BLE001 - e.g. the actor is known dead already
-            translated = translate(exc, f"{self.name}.{method}")
-            raise translated from None
-        return RayFuture(ref, f"{self.name}.{method}")
+        return remote(self.handle, "call", (method, args, kwargs), f"{self.name}.{method}")
 
 
-def launch_actor(cls: type, name: str, args: tuple, resources: ActorResources, *, actor_name: str | None = None,
-                 max_concurrency: int | None = None) -> Any:
-    """Create an actor of ``cls`` without waiting for its constructor (see :func:`wait_ready`)."""
-    ray = require_connection(name)
-    options = resources.options(max_concurrency=max_concurrency)
-    if actor_name is not None:
-        options.update(name=actor_name, namespace=namespace())
-    return ray.remote(cls).options(**options).remote(*args)
+class RayActor:
+    """An actor this process creates and owns: launched at once, waited for with :meth:`wait_ready`, called,
+    watched and stopped. Its class needs ``ready()`` (returning the pid) and ``stop()`` (releasing the resource).
 
-
-def wait_ready(handle: Any, name: str, resources: ActorResources, startup_timeout: float | None = None) -> int:
-    """Wait until the actor's constructor finished; return its pid. The actor is killed if it fails.
-
-    Raises:
-        RemoteError: the constructor raised (with the actor's traceback text).
-        PeerFailureError: the actor died while starting.
-        ServiceTimeoutError: not ready within ``startup_timeout`` (e.g. resources that no node has).
+    Args:
+        cls: the actor's class; built in the actor with ``args``.
+        name: for messages.
+        resources: what it reserves and how it is supervised.
+        max_concurrency: at least this many concurrent calls (beside ``resources.max_concurrency``).
     """
-    ray = import_ray()
-    startup_timeout = resources.startup_timeout if startup_timeout is None else startup_timeout
-    try:
-        return int(get(handle.ready.remote(), f"{name} start", startup_timeout))
-    except ServiceTimeoutError:
-        ray.kill(handle)
-        raise ServiceTimeoutError(
-            f"{name}: the Ray actor was not ready within {startup_timeout} s (are the requested resources "
-            f"{dict(resources.custom)} and num_cpus={resources.num_cpus or 0} available in the cluster?)"
-        ) from None
-    except BaseException:
-        ray.kill(handle)
-        raise
 
+    def __init__(self, cls: type, name: str, args: tuple, resources: ActorResources | None = None, *,
+                 max_concurrency: int | None = None):
+        ray = require_connection(name)
+        self.name, self.resources = name, resources or ActorResources()
+        self.handle = ray.remote(cls).options(**self.resources.options(max_concurrency=max_concurrency)).remote(*args)
+        self.pid: int | None = None
 
-def start_actor(cls: type, name: str, args: tuple, resources: ActorResources, *, actor_name: str | None = None,
-                max_concurrency: int | None = None, startup_timeout: float | None = None) -> tuple[Any, int]:
-    """Create an actor of ``cls`` and wait until its constructor finished; return (handle, pid)."""
-    handle = launch_actor(cls, name, args, resources, actor_name=actor_name, max_concurrency=max_concurrency)
-    return handle, wait_ready(handle, name, resources, startup_timeout)
+    def wait_ready(self) -> "RayActor":
+        """Wait until the constructor finished (the actor is killed if it failed); return ``self``.
 
+        Raises:
+            RemoteError: the constructor raised (with the actor's traceback text).
+            PeerFailureError: the actor died while starting.
+            ServiceTimeoutError: not ready within ``resources.startup_timeout`` (e.g. resources no node has).
+        """
+        ray, timeout = import_ray(), self.resources.startup_timeout
+        try:
+            self.pid = int(get(self.handle.ready.remote(), f"{self.name} start", timeout))
+        except ServiceTimeoutError:
+            ray.kill(self.handle)
+            raise ServiceTimeoutError(
+                f"{self.name}: the Ray actor was not ready within {timeout} s (are the requested resources "
+                f"{dict(self.resources.custom)} and num_cpus={self.resources.num_cpus or 0} available in the cluster?)"
+            ) from None
+        except BaseException:
+            ray.kill(self.handle)
+            raise
+        return self
 
-def stop_actor(handle: Any, timeout: float | None = None) -> None:
-    """Let the actor release its resource (``stop()``), then end it. Idempotent; never raises for a dead actor."""
-    ray = import_ray()
-    if not ray.is_initialized():
-        return
-    try:
-        ray.get(handle.stop.remote(), timeout=10.0 if timeout is None else timeout)
-    except Exception:  # noqa: BLE001 - dead or stuck: killed below either way
-        pass
-    try:
-        ray.kill(handle, no_restart=True)
-    except Exception:  # noqa: BLE001
-        pass
+    def submit(self, method: str, *args: Any) -> RayFuture:
+        return remote(self.handle, method, args, f"{self.name}.{method}")
 
+    def call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        return self.submit(method, *args).result(timeout)
 
-def actor_alive(handle: Any) -> bool:
-    """Whether the actor is alive, as the cluster's control store sees it."""
-    ray = import_ray()
-    if not ray.is_initialized():
-        return False
-    from ray._private import state
+    @property
+    def is_alive(self) -> bool:
+        """Whether the actor is alive, as the cluster's control store sees it."""
+        ray = import_ray()
+        if not ray.is_initialized():
+            return False
+        from ray._private import state
 
-    info = state.actors(actor_id=handle._actor_id.hex())
-    return bool(info) and info.get("State") == "ALIVE"
+        info = state.actors(actor_id=self.handle._actor_id.hex())
+        return bool(info) and info.get("State") == "ALIVE"
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Let the actor release its resource (``stop()``), then end it. Idempotent; never raises for a dead actor."""
+        ray = import_ray()
+        if not ray.is_initialized():
+            return
+        try:
+            ray.get(self.handle.stop.remote(), timeout=10.0 if timeout is None else timeout)
+        except Exception:  # noqa: BLE001 - dead or stuck: killed below either way
+            pass
+        try:
+            ray.kill(self.handle, no_restart=True)
+        except Exception:  # noqa: BLE001
+            pass

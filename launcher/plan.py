@@ -41,12 +41,13 @@ ONE_REQUEST_AT_A_TIME: frozenset = frozenset({"inference"})
 
 # Cross-owner traffic: (carrier, far end): the carrier's transport must reach the far end's placement.
 # Collectors call the inference server from where they run; weight sync pushes into the inference owner.
-# Resources left at their defaults are not worth a line in the printed plan.
-_RESOURCE_DEFAULTS: dict = {f.name: (f.default_factory() if f.default_factory is not MISSING_FIELD else f.default)
-                            for f in dataclasses.fields(ResourcesConf)}
 EDGES: tuple[tuple[str, str], ...] = (("inference", "collector"), ("weight_sync", "inference"))
 # Only when the recipe asks the replay buffer to filter by policy age does it read the live version.
 VERSION_EDGE: tuple[str, str] = ("weight_sync", "replay")
+
+# Resources left at their defaults are not worth a line in the printed plan.
+_RESOURCE_DEFAULTS: dict = {f.name: (f.default_factory() if f.default_factory is not MISSING_FIELD else f.default)
+                            for f in dataclasses.fields(ResourcesConf)}
 
 
 @dataclass(frozen=True)

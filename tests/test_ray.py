@@ -37,8 +37,8 @@ def obs(value: float) -> TensorDict:
     return TensorDict({"observation": torch.full((4,), float(value))})
 
 
-def actor_pid(handle) -> int:
-    return ray().get(handle.ready.remote())
+def actor_pid(actor) -> int:
+    return ray().get(actor.handle.ready.remote())
 
 
 def test_every_node_is_on_loopback():

@@ -139,13 +139,17 @@ class EndpointClaims:
         self.n, self.lock = n, lock
         self.segment = segment or Segment(8 * n)
         self._pids = np.frombuffer(self.segment.buf, dtype=np.int64, count=n)
+        self._held: dict[int, int] = {}  # endpoint -> pid, claims this copy made (a repeat call is a dict lookup)
 
     def __reduce__(self):
         return (EndpointClaims, (self.n, self.lock, self.segment))
 
     def claim(self, index: int, what: str) -> None:
-        """Claim endpoint ``index`` for this process; raise if another live process holds it."""
+        """Claim endpoint ``index`` for this process; raise if another live process holds it. Called on every
+        request: after the first claim in a process it costs a dict lookup."""
         pid = os.getpid()
+        if self._held.get(index) == pid:
+            return
         with self.lock:
             user = int(self._pids[index])
             if user != pid and user and pid_alive(user):
@@ -154,6 +158,7 @@ class EndpointClaims:
                     "(call client() once for each, in the owner's process, before starting the workers)"
                 )
             self._pids[index] = pid
+        self._held[index] = pid
 
     def close(self) -> None:
         self._pids = None

@@ -9,7 +9,6 @@ server gathers every ready slot in one pass and scatters the answers in one pass
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 
 from tensordict import TensorDictBase
 
@@ -52,7 +51,6 @@ class ProcessSlotClient(SlotClientBase):
     def __init__(self, shared: dict, slot: int):
         super().__init__(shared)
         self.slot, self.claims = slot, shared["claims"]
-        self._claimed_by = None
 
     def __getstate__(self):
         return (self._shared, self.slot)
@@ -62,7 +60,8 @@ class ProcessSlotClient(SlotClientBase):
 
     def submit(self, td: TensorDictBase) -> SlotFuture:
         values = self._validate(td)
-        self._claim()
+        # a slot serves one worker process: a copy of this client in another live process is refused
+        self.claims.claim(self.slot, "process slot")
         if self.control.state[self.slot] != FREE:
             raise TransportError(
                 f"process slot {self.slot} still holds a request: read the previous answer before submitting again"
@@ -72,10 +71,3 @@ class ProcessSlotClient(SlotClientBase):
 
     def _release(self, slot: int) -> None:
         self.control.state[slot] = FREE
-
-    def _claim(self) -> None:
-        """A slot serves one worker process: a copy of this client in another live process is refused."""
-        pid = os.getpid()
-        if self._claimed_by != pid:
-            self.claims.claim(self.slot, "process slot")
-            self._claimed_by = pid

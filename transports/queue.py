@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing as mp
-import os
 import pickle
 import queue as std_queue
 import threading
@@ -187,7 +186,6 @@ class QueueClient:
 
     def __init__(self, index: int, requests, reader, status: PeerStatus, claims: EndpointClaims):
         self.index, self.requests, self.reader, self.status, self.claims = index, requests, reader, status, claims
-        self._claimed_by = None
         self._ids = itertools.count()
         self._answers: dict[int, tuple] = {}
         self._cond = threading.Condition()
@@ -204,9 +202,7 @@ class QueueClient:
         problem = self.status.problem()
         if problem is not None:
             raise PeerFailureError(problem)
-        if self._claimed_by != os.getpid():
-            self.claims.claim(self.index, "queue client endpoint")
-            self._claimed_by = os.getpid()
+        self.claims.claim(self.index, "queue client endpoint")
         request_id = next(self._ids)
         payload = pickle.dumps(to_wire(td), protocol=pickle.HIGHEST_PROTOCOL)
         item = (self.index, request_id, time.monotonic(), payload)

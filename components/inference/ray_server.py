@@ -13,7 +13,7 @@ from typing import Any
 
 from tensordict import TensorDictBase
 
-from ..ray_support import RayFuture, translate
+from ..ray_support import RayFuture, remote
 
 
 class InferenceActor:
@@ -60,8 +60,4 @@ class RayInferenceEndpoint:
         self.handle = handle
 
     def submit(self, td: TensorDictBase) -> RayFuture:
-        try:
-            ref = self.handle.infer.remote(td)
-        except Exception as exc:  # noqa: BLE001 - e.g. the actor is known dead already
-            raise translate(exc, "inference request") from None
-        return RayFuture(ref, "inference request")
+        return remote(self.handle, "infer", (td,), "inference request")

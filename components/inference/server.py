@@ -119,7 +119,7 @@ class InferenceServer(Owner["InferenceServer"]):
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._child: ChildProcess | None = None
-        self._actor: Any = None  # placement ray: the serving actor
+        self._actor: Any = None  # placement ray: the serving RayActor
         self._version = 0
         self._lock = threading.Lock()
         self._device = torch.device(self.device_config.policy_device)
@@ -130,14 +130,14 @@ class InferenceServer(Owner["InferenceServer"]):
             self._policy = (self._policy if self._policy is not None else self._policy_factory()).to(self._device).eval()
             return
         if self.placement == "ray":
-            from ..ray_support import ActorResources, start_actor
+            from ..ray_support import RayActor
             from .ray_server import InferenceActor
 
-            self._actor, _ = start_actor(
+            self._actor = RayActor(
                 InferenceActor, "inference-server",
                 (self._policy_factory, self.config, self.device_config, self._weight_sync, self._collate),
-                self.resources or ActorResources(), max_concurrency=max(self.config.max_batch_size, 2) + 2,
-            )
+                self.resources, max_concurrency=max(self.config.max_batch_size, 2) + 2,
+            ).wait_ready()
             return
         if self._transport is None:
             self._transport = build_transport(
@@ -170,9 +170,7 @@ class InferenceServer(Owner["InferenceServer"]):
 
     def _shutdown(self, timeout: float | None) -> None:
         if self._actor is not None:
-            from ..ray_support import stop_actor
-
-            stop_actor(self._actor, timeout)
+            self._actor.stop(timeout)
             self._actor = None
         self._stop.set()
         if self._thread is not None:
@@ -187,9 +185,7 @@ class InferenceServer(Owner["InferenceServer"]):
 
     def _alive(self) -> bool:
         if self._actor is not None:
-            from ..ray_support import actor_alive
-
-            return actor_alive(self._actor)
+            return self._actor.is_alive
         if self._thread is not None:
             return self._thread.is_alive()
         if self._child is not None:
@@ -200,17 +196,8 @@ class InferenceServer(Owner["InferenceServer"]):
         if self._actor is not None:
             from .ray_server import RayInferenceEndpoint
 
-            return InferenceClient(RayInferenceEndpoint(self._actor))
+            return InferenceClient(RayInferenceEndpoint(self._actor.handle))
         return InferenceClient(self._transport.client())
-
-    def _actor_call(self, method: str, *args: Any, timeout: float | None = UPDATE_TIMEOUT) -> Any:
-        from ..ray_support import get, translate
-
-        try:
-            ref = getattr(self._actor, method).remote(*args)
-        except Exception as exc:  # noqa: BLE001
-            raise translate(exc, f"inference-server.{method}") from None
-        return get(ref, f"inference-server.{method}", timeout)
 
     # ------------------------------------------------------------------ direct placement: the owner serves
     @property
@@ -221,7 +208,7 @@ class InferenceServer(Owner["InferenceServer"]):
         if self._core is not None:
             return self._core.version
         if self._actor is not None:
-            return int(self._actor_call("version"))
+            return int(self._actor.call("version", timeout=UPDATE_TIMEOUT))
         return int(self._child.call("version"))
 
     @torch.no_grad()
@@ -274,7 +261,7 @@ class InferenceServer(Owner["InferenceServer"]):
             return self._core.request_update(state, version).result(UPDATE_TIMEOUT)
         state = {k: v.detach().cpu() for k, v in state.items()}
         if self._actor is not None:
-            return int(self._actor_call("update_weights", state, version))
+            return int(self._actor.call("update_weights", state, version, timeout=UPDATE_TIMEOUT))
         return int(self._child.call("update_weights", (state, version), timeout=UPDATE_TIMEOUT))
 
     def stats(self) -> dict:
@@ -285,7 +272,7 @@ class InferenceServer(Owner["InferenceServer"]):
         if self._core is not None:
             return self._core.stats.snapshot()
         if self._actor is not None:
-            return self._actor_call("stats")
+            return self._actor.call("stats", timeout=UPDATE_TIMEOUT)
         return self._child.call("stats")
 
 
