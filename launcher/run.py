@@ -83,6 +83,7 @@ def _collector(c, cfg, recipe, rcfg, spec, deps, run_dir):
     return Collector(
         partial(make_vector_env, cfg.env.id, envs_per_worker, **env_kwargs), deps["inference"],
         o["frames_per_batch"], o["total_frames"], o["num_collectors"], placement=c.placement, seed=int(cfg.seed),
+        sync=bool(o["sync"]),
     )
 
 

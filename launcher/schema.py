@@ -59,6 +59,7 @@ class CollectorConf(ComponentConf):
     """Collectors. Their payloads use the inference and replay transports, so `transport` stays null."""
 
     num_collectors: int = 1  # collector workers (one vector env each)
+    sync: bool = True  # false: workers collect the next batch while the learner trains on this one (policy lag <= 1)
 
 
 @dataclass

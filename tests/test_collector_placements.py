@@ -95,6 +95,26 @@ def test_unsynchronised_collection_yields_each_workers_rollout(placement):
     assert len(batches) == 4 and all(b.batch_size == torch.Size([4, 2]) for b in batches)
 
 
+@pytest.mark.parametrize("sync", [True, False])
+def test_sync_collects_after_the_last_push_and_async_runs_one_batch_ahead(sync):
+    # The driver takes a batch, waits (as a learner would while training), then pushes new weights. In sync mode
+    # the next batch is collected only when asked for, so all of it sees the pushed version; unsynchronised, the
+    # worker collected it during the wait, with the weights of before.
+    with InferenceServer(policy_factory=CartPolePolicy, config=InferenceServerConfig(placement="process"),
+                         transport="process_slot", request_layout=_request(2), response_layout=_response(2)) as server:
+        with Collector(cartpole_envs(2), server, 2 * 4, 2 * 4 * 3, 1, placement="process", sync=sync) as collector:
+            versions = []
+            for i, batch in enumerate(collector):
+                versions.append(set(batch["policy_version"].unique().tolist()))
+                time.sleep(0.5)  # "training"; 4 steps of 2 envs take a few ms, so an async worker finishes meanwhile
+                server.update_weights(CartPolePolicy().state_dict())  # version i + 1
+    assert versions[0] == {0}
+    if sync:
+        assert versions[1:] == [{1}, {2}]
+    else:
+        assert versions[1:] == [{0}, {1}]
+
+
 @pytest.mark.parametrize("placement", ["thread", "process"])
 def test_a_worker_crash_surfaces_with_its_traceback(placement):
     with Collector(partial(crashing_envs, 2, 5), LocalPolicy(), 2 * 10, -1, 1, placement=placement) as collector:

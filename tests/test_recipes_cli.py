@@ -13,7 +13,9 @@ pytestmark = pytest.mark.slow
 
 RUNS = [(r, ["service=direct"]) for r in RECIPES] + [(r, ["service=thread"]) for r in RECIPES] + [
     (r, ["service=process", f"transport={t}"]) for r in RECIPES for t in ("queue", "shared_memory", "process_slot")
-] + [(r, ["service=ray"]) for r in RECIPES]  # each starts (and stops) its own local cluster on 127.0.0.1
+] + [(r, ["service=ray"]) for r in RECIPES] + [  # each starts (and stops) its own local cluster on 127.0.0.1
+    (r, ["service=process", "transport=process_slot", "components.collector.sync=false"]) for r in RECIPES
+]  # collection overlapping learning
 TINY = {
     "ppo": ["recipe.num_envs=4", "recipe.num_steps=16", "recipe.total_frames=256", "recipe.target_return=null"],
     "dqn": ["recipe.num_envs=4", "recipe.num_steps=4", "recipe.total_frames=256", "recipe.target_return=null",
@@ -32,6 +34,8 @@ def test_recipe_runs_in_every_placement(recipe, overrides, tmp_path):
     plan = json.loads((run_dir / "plan.json").read_text())
     service = overrides[0].split("=")[1]
     assert {c["placement"] for c in plan["components"]} == {service}
+    collector = next(c for c in plan["components"] if c["name"] == "collector")
+    assert collector["options"]["sync"] is ("components.collector.sync=false" not in overrides)
     if len(overrides) > 1:
         transport = overrides[1].split("=")[1]
         assert next(c for c in plan["components"] if c["name"] == "inference")["transport"] == transport
