@@ -1,7 +1,10 @@
 """Frames/s and wall seconds to solve CartPole-v1 with the PPO recipe, per placement, medians over seeds.
 
 Each run is a real ``python -m launcher +recipe=ppo`` subprocess (so start-up is counted in "process s").
-"Train s" is the recipe's own wall time from the first batch to solving.
+"Train s" is the recipe's own wall time from the first batch to solving. Rows marked ``async`` run with
+``components.collector.sync=false``: the collector worker gathers the next batch while the learner trains on
+this one (policy lag of at most one update), the only way a separate collector process can overlap its work
+with learning.
 
     python benchmarks/ppo_cartpole.py --seeds 0 1 2
     python benchmarks/ppo_cartpole.py --services direct --seeds 0 1 2 3 4
@@ -34,6 +37,11 @@ CANDIDATES = [
     ("process/shared_memory", ["service=process", "transport=shared_memory"]),
     ("process/process_slot", ["service=process", "transport=process_slot"]),
     ("ray", ["service=ray"]),  # each run starts (and stops) a local Ray cluster on 127.0.0.1
+] + [  # the worker collects the next batch while the learner trains on this one (policy lag <= 1)
+    (f"{label} async", [*overrides, "components.collector.sync=false"])
+    for label, overrides in [("thread", ["service=thread"]), ("process/queue", ["service=process", "transport=queue"]),
+                             ("process/shared_memory", ["service=process", "transport=shared_memory"]),
+                             ("process/process_slot", ["service=process", "transport=process_slot"])]
 ]
 REFERENCE = "CleanRL ppo.py (reference figures, not measured in this run): 2.2-3.3k frames/s, solves after 113-173k frames in 2.5-4 min"
 
@@ -79,7 +87,7 @@ def main() -> None:
         for seed in args.seeds:
             r = run_once(overrides, seed, args.timeout)
             results.append(r)
-            print(f"{label:>22} seed={seed}: {'solved' if r['solved'] else 'NOT solved'} after {r['frames']:,} frames, "
+            print(f"{label:>28} seed={seed}: {'solved' if r['solved'] else 'NOT solved'} after {r['frames']:,} frames, "
                   f"{r['wall_seconds']:.1f} s train, {r['process_seconds']:.1f} s process, {r['fps']:,.0f} frames/s",
                   file=sys.stderr, flush=True)
         rows.append((label, results))
@@ -92,19 +100,38 @@ def main() -> None:
             peer.append(time.perf_counter() - start)
 
     print(f"\nPPO on CartPole-v1, {len(args.seeds)} seeds {args.seeds}, medians (target: mean return of the last 20 episodes >= 475)")
-    head = f"| {'placement':<22} | solved | frames to solve | train s | process s | frames/s |"
+    width = max([22, *(len(label) for label, _ in rows)])
+    head = f"| {'placement':<{width}} | solved | frames to solve | train s | process s | frames/s |"
     print(head)
     print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
     med = statistics.median
     for label, results in rows:
         solved = sum(r["solved"] for r in results)
-        print(f"| {label:<22} | {solved}/{len(results):<4} | {med(r['frames'] for r in results):>15,.0f} | "
+        print(f"| {label:<{width}} | {solved}/{len(results):<4} | {med(r['frames'] for r in results):>15,.0f} | "
               f"{med(r['wall_seconds'] for r in results):>7.1f} | {med(r['process_seconds'] for r in results):>9.1f} | "
               f"{med(r['fps'] for r in results):>8,.0f} |")
+    targets(rows)
     if peer:
-        print(f"| {'peer: ' + args.peer[:16]:<22} | {'?':<6} | {'?':>15} | {'?':>7} | {med(peer):>9.1f} | {'?':>8} |")
+        print(f"| {'peer: ' + args.peer[:16]:<{width}} | {'?':<6} | {'?':>15} | {'?':>7} | {med(peer):>9.1f} | {'?':>8} |")
     else:
         print(REFERENCE)
+
+
+def targets(rows: list) -> None:
+    """Each process row's median frames/s against direct's, from this run (target: no slower than direct)."""
+    med = statistics.median
+    base = next((results for label, results in rows if label == "direct"), None)
+    process = [(label, results) for label, results in rows if label.startswith("process/")]
+    if base is None or not process:
+        return
+    direct_fps, direct_s = med(r["fps"] for r in base), med(r["wall_seconds"] for r in base)
+    print(f"\n### Target: process placement no slower than direct ({os.cpu_count()} cores; direct {direct_fps:,.0f} "
+          f"frames/s, {direct_s:.1f} s train)\n")
+    for label, results in process:
+        fps, secs = med(r["fps"] for r in results), med(r["wall_seconds"] for r in results)
+        verdict = "PASS" if fps >= direct_fps else "MISS"
+        print(f"- {verdict} {label}: {fps:,.0f} frames/s = {fps / direct_fps:.2f}x direct; train s {secs:.1f} = "
+              f"{secs / direct_s:.2f}x direct")
 
 
 if __name__ == "__main__":
