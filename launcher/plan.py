@@ -122,8 +122,11 @@ class LaunchPlan:
             res = {k: v for k, v in c.resources.items() if v != _RESOURCE_DEFAULTS.get(k)}  # what was asked for
             if res:
                 details.append(f"  {c.name}.resources: {res}")
+            if c.name == "collector" and c.options.get("sync") is False:
+                details.append("  collector.sync: false (workers collect the next batch while the learner trains on "
+                               "this one: policy lag <= 1)")
         if details:
-            lines += ["layouts and resources:", *details]
+            lines += ["layouts, resources and options:", *details]
         if self.not_built:
             lines.append(
                 "cells marked NOT IMPLEMENTED YET are part of the target table but not built: this plan cannot run yet"

@@ -30,7 +30,18 @@ def test_dry_run_prints_the_plan_and_starts_nothing(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "NOT IMPLEMENTED YET" not in proc.stdout and "shared_memory" in proc.stdout
     assert "inference.request: observation [16, 4] float32" in proc.stdout
+    assert "collector.sync" not in proc.stdout  # the default is not worth a line
     assert not (tmp_path / "metrics.csv").exists()
+
+
+def test_dry_run_says_when_collection_overlaps_learning(tmp_path):
+    proc = run_cli("+recipe=ppo", "service=process", "components.collector.sync=false", "launcher.dry_run=true",
+                   f"hydra.run.dir={tmp_path}", cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "collector.sync: false" in proc.stdout and "policy lag <= 1" in proc.stdout
+    proc = run_cli("+recipe=ppo", "components.collector.sync=maybe", "launcher.dry_run=true",
+                   f"hydra.run.dir={tmp_path}", cwd=str(tmp_path))
+    assert proc.returncode != 0 and "components.collector.sync" in proc.stderr and "maybe" in proc.stderr
 
 
 def test_dry_run_marks_cells_not_built_yet(tmp_path):
