@@ -115,6 +115,33 @@ def test_answers_and_versions_through_the_fixed_layout_path(kind):
         transport.close()
 
 
+@pytest.mark.parametrize("response_layout", [RESPONSE, TensorDict({"out": {"action": torch.zeros(4)},
+                                                                     "policy_version": torch.zeros((), dtype=torch.long)})],
+                         ids=["flat", "nested"])
+def test_an_answer_is_the_private_copy_the_general_clone_makes(kind, response_layout):
+    class Nested(nn.Module):
+        def forward(self, td):
+            td.set(("out", "action") if "out" in response_layout.keys() else "action", td.get("observation") * 2)
+            return td
+
+    transport, clients, server, core = serving(kind, Nested(), response_layout=response_layout, clients=1)
+    try:
+        future = clients[0].submit(obs(3))
+        core.serve(server.collect(16, 1, 0.0, 0.05))
+        slot = future.slot
+        expected = clients[0]._resp_rows[slot].clone()  # the general path, read before the slot is given back
+        out = future.result(timeout=5)
+        assert type(out) is type(expected) and out.batch_size == expected.batch_size and out.device == expected.device
+        assert set(out.keys(True, True)) == set(expected.keys(True, True))
+        assert all(out.get(k).dtype == expected.get(k).dtype and torch.equal(out.get(k), expected.get(k))
+                   for k in expected.keys(True, True))
+        for key in out.keys(True, True):  # nothing shares the slot's memory: the next answer cannot change this one
+            out.get(key).add_(1)
+        assert torch.equal(clients[0]._resp_rows[slot].get(key), expected.get(key))
+    finally:
+        transport.close()
+
+
 def test_a_policy_s_own_output_is_left_untouched(kind):
     policy = KeepsItsOutput()
     transport, clients, server, core = serving(kind, policy)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 import time
 
 import numpy as np
@@ -42,6 +43,7 @@ def _spin(sem) -> bool:
         return True
     end = time.perf_counter() + SPIN_S
     while time.perf_counter() < end:
+        os.sched_yield()  # a peer that shares this core runs now instead of after our spin
         if sem.acquire(False):
             return True
     return False
@@ -206,6 +208,13 @@ class SlotClientBase:
         banks = [self.requests.slots.get(leaf.key) for leaf in self.request_layout]
         self._req_rows = [[bank[slot] for bank in banks] for slot in range(self.requests.num_slots)]
         self._resp_rows = [self.responses.slots[slot] for slot in range(self.responses.num_slots)]
+        # A flat response layout answers with a TensorDict built straight from clones of the slot's leaf views
+        # (TensorDict.clone costs several times the copies of a small answer); nested keys take the general clone.
+        layout = self.responses.layout
+        self._resp_leaves = None
+        if all(len(leaf.key) == 1 for leaf in layout):
+            self._resp_size, self._resp_device = torch.Size(layout.batch_size), self._resp_rows[0].device
+            self._resp_leaves = [[(leaf.key[0], row.get(leaf.key[0])) for leaf in layout] for row in self._resp_rows]
 
     def __getstate__(self):
         return self._shared
@@ -242,6 +251,15 @@ class SlotClientBase:
         checked = self.request_layout.validate(td)
         return [checked.get(key) for key, *_ in self._checks]
 
+    def _answer(self, slot: int) -> TensorDictBase:
+        """A private copy of slot ``slot``'s answer."""
+        leaves = self._resp_leaves
+        if leaves is None:
+            return self._resp_rows[slot].clone()
+        # tensordict is pinned; _new_unsafe skips the checks a TensorDict of fresh CPU copies does not need.
+        return TensorDict._new_unsafe({key: view.clone() for key, view in leaves[slot]}, batch_size=self._resp_size,
+                                      device=self._resp_device)
+
     def _release(self, slot: int) -> None:
         """Give the slot back once its answer was read."""
 
@@ -264,7 +282,7 @@ class SlotFuture(ResponseFuture):
             return False
         state = c.control.state[slot]
         if state == ANSWERED:
-            self._outcome = (True, c._resp_rows[slot].clone())
+            self._outcome = (True, c._answer(slot))
         elif state == FAILED:
             self._outcome = (False, c.control.read_error(slot))
         else:  # woken by mark_dead: the status check in wait_for reports it
