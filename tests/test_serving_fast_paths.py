@@ -217,7 +217,10 @@ def _same(a, b) -> bool:
     TensorDict({"a": torch.arange(6).view(2, 3).t(), "empty": torch.empty(3, 0)}, [3], device="cpu"),
     TensorDict({"a": torch.ones(2, 2), "nested": {"x": torch.ones(2)}}, [2]),
     TensorDict({"a": torch.ones(2, 2), "text": NonTensorData("hi", batch_size=[2])}, [2]),
-], ids=["flat", "strided-cpu", "nested", "non-tensor"])
+    TensorDict({"action": torch.arange(4.0).view(1, 4), "v": torch.zeros(1, dtype=torch.long)}, [1]),
+    TensorDict({"b": torch.arange(8.0).view(2, 4).t()[:1].to(torch.bfloat16), "s": torch.arange(3.0)[None, 1:]}, [1]),
+    TensorDict({"b": torch.randn(2, 3).to(torch.bfloat16), "flag": torch.tensor([True, False])}, [2]),
+], ids=["flat", "strided-cpu", "nested", "non-tensor", "one-row", "one-row-strided-bfloat16", "bfloat16-bool"])
 def test_queue_rows_travel_as_their_row_tensordicts_would(answer):
     from transports.queue import rows_to_wire, to_wire
 

@@ -65,6 +65,8 @@ def rows_to_wire(value, n: int) -> list:
     if leaves is None or not value.batch_dims:
         return [to_wire(value[i]) for i in range(n)]
     batch_size, device = tuple(value.batch_size[1:]), _device_name(value)
+    if n == 1 and value.batch_size[0] == 1:  # the whole leaf is the row: no indexing
+        return [(True, (batch_size, device, [(key, t.dtype, tuple(t.shape[1:]), _raw(t)) for key, t in leaves]))]
     leaves = [(key, t.dtype, tuple(t.shape[1:]), t) for key, t in leaves]
     return [(True, (batch_size, device, [(key, dtype, shape, _raw(t[i])) for key, dtype, shape, t in leaves]))
             for i in range(n)]
@@ -82,9 +84,15 @@ def _raw_leaves(value) -> list | None:
     return leaves
 
 
+# dtypes whose tensors numpy views directly (bfloat16 has no numpy dtype: it goes through a uint8 view)
+_NUMPY_DTYPES = _RAW_DTYPES - {torch.bfloat16}
+
+
 def _raw(t: torch.Tensor) -> pickle.PickleBuffer:
-    """One copy of exactly the leaf's bytes. A PickleBuffer of a writable array unpickles as a bytearray: a
-    writable buffer without another copy."""
+    """Exactly the leaf's bytes, copied once when pickled (a view never drags its storage along). A PickleBuffer of
+    a writable array unpickles as a bytearray: a writable buffer without another copy."""
+    if t.dtype in _NUMPY_DTYPES and t.is_contiguous():
+        return pickle.PickleBuffer(t.numpy())  # the cheapest route to the buffer
     return pickle.PickleBuffer(t.contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
