@@ -61,13 +61,13 @@ def _process_payloads(ctx: TransportContext) -> tuple[str, str]:
         return "process_slot", "process owner, known layouts, one request in flight per worker: one fixed slot each"
     if ctx.layouts_known:
         return "shared_memory", "process owner with known layouts: preallocated shared-memory slots, only indices travel"
-    return "queue", "process owner without fixed layouts: pickled payloads over multiprocessing queues"
+    return "queue", "process owner without fixed layouts: pickled payloads over a local socket per client"
 
 
 def _process_replay(ctx: TransportContext) -> tuple[str, str]:
     if ctx.layouts_known:
         return "shared_memory", "process owner with known layouts: storage in shared memory, samples without pickling"
-    return "queue", "process owner without fixed layouts: pickled payloads over multiprocessing queues"
+    return "queue", "process owner without fixed layouts: pickled payloads over a local socket per client"
 
 
 _DIRECT = _fixed("direct", "owner in the caller's process: plain calls, no serialization")
@@ -100,7 +100,7 @@ def _cells() -> dict[tuple[str, str], Cell]:
         # logger: acknowledged commands, possibly carrying videos
         Cell("logger", "direct", {"direct": S}, _DIRECT),
         Cell("logger", "thread", {"thread": S}, _THREAD),
-        Cell("logger", "process", {"queue": S}, _fixed("queue", "commands and videos of any shape: pickled over queues")),
+        Cell("logger", "process", {"queue": S}, _fixed("queue", "commands and videos of any shape: pickled over local sockets")),
         Cell("logger", "ray", {"ray": S}, _RAY),
         Cell("logger", "distributed", {"distributed": N}, _fixed("distributed", "rank-0 logger; commands as text over gloo")),
         # collectors take no transport: policy calls and replay writes use those endpoints' transports

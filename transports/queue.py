@@ -1,26 +1,36 @@
-"""``queue``: pickled TensorDicts over multiprocessing: one bounded request queue, one pipe back per client.
+"""``queue``: pickled TensorDicts over one local stream socket per client (requests out, answers back).
 
 Rules: create clients in the owner's process, before spawning the processes that use them, and hand them
-over as ``Process`` arguments (multiprocessing shares queues and pipes by inheritance only). Any picklable
-value may travel, non-tensor leaves included; layouts may change between calls. ``max_clients`` response
-pipes are made up front so clients can be created after the server started. ``max_queue_size`` bounds
-pending requests: producers block when it is full.
+over as ``Process`` arguments (multiprocessing shares the sockets by inheritance only). Any picklable value may
+travel, non-tensor leaves included; layouts may change between calls. ``max_clients`` channels are made up
+front so clients can be created after the server started. ``max_queue_size`` bounds each client's requests in
+flight: ``submit`` waits (reading answers meanwhile) while that many are unanswered.
+
+A client writes each request straight into its own channel (no feeder thread, so no thread hand-off per
+request); the server waits on every channel at once with one ``poll`` and never blocks on an answer: what a
+channel cannot take now waits in that channel's outbox, so a client that is slow to read holds up only itself.
+Messages use the framing of :meth:`multiprocessing.connection.Connection.send_bytes` (a 4-byte big-endian
+length, or -1 and an 8-byte length), so either end reads them with ``recv_bytes``.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import multiprocessing as mp
 import pickle
-import queue as std_queue
+import select
+import socket
+import struct
 import threading
 import time
+import weakref
 
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ._shared import EndpointClaims, PeerStatus, wait_for
-from .base import Batch, RequestReplyTransport, ResponseFuture, ServerEndpoint, drain
+from ._shared import WAIT_SLICE, EndpointClaims, PeerStatus, wait_for
+from .base import Batch, RequestReplyTransport, ResponseFuture, ServerEndpoint
 from .config import TransportConfig
 from .errors import PeerFailureError, RemoteError, ServiceError, TransportError
 
@@ -78,7 +88,7 @@ def _raw_leaves(value) -> list | None:
         return None
     leaves = list(value.items())
     for _, t in leaves:
-        if (type(t) is not torch.Tensor or t.device.type != "cpu" or t.requires_grad or t.layout is not torch.strided
+        if (type(t) is not torch.Tensor or not t.is_cpu or t.requires_grad or t.layout is not torch.strided
                 or t.dtype not in _RAW_DTYPES or t.is_conj() or t.is_neg()):
             return None
     return leaves
@@ -113,12 +123,34 @@ def from_wire(wire):
     return TensorDict._new_unsafe(tensors, batch_size=torch.Size(batch_size), device=device)
 
 
+def frame(payload: bytes) -> list:
+    """``payload`` with the framing ``Connection.recv_bytes`` reads: the pieces to send, in order."""
+    n = len(payload)
+    header = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
+    return [header + payload] if n <= _JOIN_BELOW else [header, payload]
+
+
+_JOIN_BELOW = 1 << 16  # join the header to payloads up to this size (one send); larger ones go separately
+_SEND_FLAGS = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
+
+
+def _socket_of(conn, holder) -> socket.socket:
+    """A socket object for non-blocking sends into ``conn``'s channel, closed when ``holder`` is collected.
+
+    It holds a duplicate of ``conn``'s descriptor, so closing ``conn`` never leaves it pointing at a reused
+    descriptor number; ``MSG_DONTWAIT`` leaves the shared file flags alone, so ``conn.recv_bytes`` keeps its
+    blocking reads."""
+    sock = socket.fromfd(conn.fileno(), socket.AF_UNIX, socket.SOCK_STREAM)
+    weakref.finalize(holder, sock.close)
+    return sock
+
+
 class QueueTransport(RequestReplyTransport):
     """Request/reply across processes with pickled payloads.
 
     Args:
-        max_clients: client endpoints this transport can hand out.
-        max_queue_size: most pending requests before producers block.
+        max_clients: client endpoints (channels) this transport can hand out.
+        max_queue_size: most requests in flight per client; ``submit`` waits while that many are unanswered.
         context: multiprocessing start method of the processes involved.
 
     Example:
@@ -131,10 +163,11 @@ class QueueTransport(RequestReplyTransport):
 
     def __init__(self, max_clients: int = 32, max_queue_size: int = 1024, context: str = "spawn"):
         super().__init__()
+        if max_clients < 1 or max_queue_size < 1:
+            raise TransportError(f"max_clients and max_queue_size must be >= 1, got {max_clients} and {max_queue_size}")
         ctx = mp.get_context(context)
         self.max_clients, self.max_queue_size, self.context = max_clients, max_queue_size, context
-        self.requests = ctx.Queue(max_queue_size)
-        self.pipes = [ctx.Pipe(duplex=False) for _ in range(max_clients)]
+        self.channels = [ctx.Pipe(duplex=True) for _ in range(max_clients)]  # (client end, server end)
         self.status = PeerStatus()
         self.claims = EndpointClaims(max_clients, ctx.Lock())
         self._next = 0
@@ -147,13 +180,13 @@ class QueueTransport(RequestReplyTransport):
         if self._next >= self.max_clients:
             raise TransportError(f"all {self.max_clients} client endpoints are in use; raise max_clients")
         index, self._next = self._next, self._next + 1
-        return QueueClient(index, self.requests, self.pipes[index][0], self.status, self.claims)
+        return QueueClient(index, self.channels[index][0], self.status, self.claims, self.max_queue_size)
 
     def server(self) -> "QueueServer":
-        return QueueServer(self.requests, [w for _, w in self.pipes])
+        return QueueServer([server_end for _, server_end in self.channels])
 
     def server_side(self) -> "QueueServerSide":
-        return QueueServerSide(self.requests, [w for _, w in self.pipes])
+        return QueueServerSide([server_end for _, server_end in self.channels])
 
     def mark_serving(self, pid: int) -> None:
         self.status.set_serving(pid)
@@ -163,11 +196,9 @@ class QueueTransport(RequestReplyTransport):
 
     def _close(self) -> None:
         self.status.set_dead(stopped=True)
-        self.requests.close()
-        self.requests.cancel_join_thread()
-        for r, w in self.pipes:
-            r.close()
-            w.close()
+        for client_end, server_end in self.channels:
+            client_end.close()
+            server_end.close()
         self.status.close()
         self.claims.close()
 
@@ -190,18 +221,24 @@ class _QueueFuture(ResponseFuture):
 
 class QueueClient:
     """The client of a :class:`QueueTransport`: ``submit(td)`` returns a future; threads may share it, processes
-    may not (each process needs its own client: answers come back on the client's own pipe)."""
+    may not (each process needs its own client: requests and answers use the client's own channel)."""
 
-    def __init__(self, index: int, requests, reader, status: PeerStatus, claims: EndpointClaims):
-        self.index, self.requests, self.reader, self.status, self.claims = index, requests, reader, status, claims
+    def __init__(self, index: int, conn, status: PeerStatus, claims: EndpointClaims, max_in_flight: int):
+        self.index, self.conn, self.status, self.claims = index, conn, status, claims
+        self.max_in_flight = max_in_flight
         self._ids = itertools.count()
         self._answers: dict[int, tuple] = {}
         self._cond = threading.Condition()
         self._receiving = False
+        self._in_flight = 0  # submitted and not yet read back
+        self._write_lock = threading.Lock()
+        self._sock: socket.socket | None = None
+        self._writable = None
+        self._readable = None  # a poll object for the channel: cheaper than Connection.poll's selector per call
 
     def __getstate__(self):
-        return {"index": self.index, "requests": self.requests, "reader": self.reader, "status": self.status,
-                "claims": self.claims}
+        return {"index": self.index, "conn": self.conn, "status": self.status, "claims": self.claims,
+                "max_in_flight": self.max_in_flight}
 
     def __setstate__(self, state):
         self.__init__(**state)
@@ -211,21 +248,42 @@ class QueueClient:
         if problem is not None:
             raise PeerFailureError(problem)
         self.claims.claim(self.index, "queue client endpoint")
-        request_id = next(self._ids)
-        payload = pickle.dumps(to_wire(td), protocol=pickle.HIGHEST_PROTOCOL)
-        item = (self.index, request_id, time.monotonic(), payload)
-        while True:
-            try:
-                self.requests.put(item, timeout=0.1)
-                break
-            except std_queue.Full:  # backpressure; but never wait on a dead server
-                problem = self.status.problem()
-                if problem is not None:
-                    raise PeerFailureError(problem) from None
+        wire = to_wire(td)
+        while self._in_flight >= self.max_in_flight:  # backpressure: read answers until there is room
+            self._receive(WAIT_SLICE, None)
+            problem = self.status.problem()
+            if problem is not None:
+                raise PeerFailureError(problem)
+        with self._write_lock:  # ids and times in write order, so the server sees each thread's requests in order
+            request_id = next(self._ids)
+            pieces = frame(pickle.dumps((request_id, time.monotonic(), wire), protocol=pickle.HIGHEST_PROTOCOL))
+            with self._cond:
+                self._in_flight += 1
+            self._send(pieces)
         return _QueueFuture(self, request_id)
 
-    def _receive(self, step: float, request_id: int) -> bool:
-        """Wait up to ``step`` s for answers (one thread reads the pipe at a time); True once ours is there."""
+    def _send(self, pieces: list) -> None:
+        """Write whole ``pieces`` into the channel; while it is full, re-check that the server is alive."""
+        if self._sock is None:
+            self._sock = _socket_of(self.conn, self)
+            self._writable = select.poll()
+            self._writable.register(self.conn.fileno(), select.POLLOUT)
+        sock = self._sock
+        for piece in pieces:
+            view, sent = memoryview(piece), 0
+            while sent < len(view):
+                try:
+                    sent += sock.send(view[sent:], _SEND_FLAGS)
+                except BlockingIOError:  # the server reads everything eventually (it never blocks on a client)
+                    if not self._writable.poll(WAIT_SLICE * 1000):
+                        problem = self.status.problem()
+                        if problem is not None:
+                            raise PeerFailureError(problem) from None
+                except OSError as exc:
+                    raise PeerFailureError(f"the queue channel to the server is closed ({exc})") from exc
+
+    def _receive(self, step: float, request_id: int | None) -> bool:
+        """Wait up to ``step`` s for answers (one thread reads the channel at a time); True once ours is there."""
         with self._cond:
             if request_id in self._answers:
                 return True
@@ -234,16 +292,20 @@ class QueueClient:
                 return request_id in self._answers
             self._receiving = True
         try:
-            if self.reader.poll(step):
+            if self._readable is None:
+                self._readable = select.poll()
+                self._readable.register(self.conn.fileno(), select.POLLIN)
+            if self._readable.poll(step * 1000):
                 while True:
-                    rid, status, payload = pickle.loads(self.reader.recv_bytes())
+                    rid, status, payload = pickle.loads(self.conn.recv_bytes())
                     if status == _OK:
                         payload = from_wire(payload)
                     with self._cond:
                         self._answers[rid] = (status, payload)
+                        self._in_flight -= 1
                     # Ours is here: stop (a poll costs more than the rest of a small answer; answers still in the
-                    # pipe are read by whoever waits for them). Else read on while there is more.
-                    if rid == request_id or not self.reader.poll(0):
+                    # channel are read by whoever waits for them). Else read on while there is more.
+                    if rid == request_id or not self._readable.poll(0):
                         break
         except (EOFError, OSError):
             pass  # the peer check in wait_for turns this into a peer failure
@@ -255,35 +317,123 @@ class QueueClient:
 
 
 class QueueServerSide:
-    """The server's share of a :class:`QueueTransport`: the request queue and the writing ends of the pipes."""
+    """The server's share of a :class:`QueueTransport`: the server end of every channel."""
 
-    def __init__(self, requests, writers):
-        self.requests, self.writers = requests, writers
+    def __init__(self, conns):
+        self.conns = conns
 
     def server(self) -> "QueueServer":
-        return QueueServer(self.requests, self.writers)
+        return QueueServer(self.conns)
 
 
 class QueueServer(ServerEndpoint):
-    def __init__(self, requests, writers):
-        self.requests, self.writers = requests, writers
+    """Waits on every channel with one ``poll``; reads one request per ready channel per sweep (so no client
+    starves the others), serves them in submission order, and never blocks on an answer (see the outboxes)."""
+
+    private_copies = True  # requests are decoded from bytes; answers are encoded to bytes
+
+    def __init__(self, conns):
+        self.conns = conns
+        self._poller = select.poll()
+        self._index = {}  # descriptor -> client index
+        for i, conn in enumerate(conns):
+            self._poller.register(conn.fileno(), select.POLLIN)
+            self._index[conn.fileno()] = i
+        self._socks: dict[int, socket.socket] = {}  # client index -> socket for non-blocking sends, made on first use
+        self._outbox: dict[int, collections.deque] = {}  # client index -> bytes its channel could not take yet
+
+    def _sweep(self, timeout: float, items: list, max_n: int) -> bool:
+        """One ``poll``: flush outboxes that can move, read one request from each ready channel. Whether any
+        channel had a request."""
+        got = False
+        for fd, events in self._poller.poll(max(0.0, timeout) * 1000):
+            client = self._index[fd]
+            if events & select.POLLOUT:
+                self._flush(client)
+            if len(items) >= max_n:
+                continue
+            if events & select.POLLIN:
+                try:
+                    request_id, enqueued, wire = pickle.loads(self.conns[client].recv_bytes())
+                except (EOFError, OSError):  # the channel is gone: stop watching it
+                    self._forget(fd)
+                    continue
+                items.append((enqueued, client, request_id, wire))
+                got = True
+            elif events & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                self._forget(fd)
+        return got
+
+    def _forget(self, fd: int) -> None:
+        try:
+            self._poller.unregister(fd)
+        except (KeyError, ValueError):
+            pass
+        self._outbox.pop(self._index[fd], None)
 
     def collect(self, max_n: int, min_n: int, timeout: float, poll: float) -> Batch | None:
-        items = drain(self.requests, max_n, min_n, timeout, poll)
-        if not items:
+        items: list = []
+        if not self._sweep(poll, items, max_n):
             return None
-        handles, requests, enqueued = [], [], []
-        for client, rid, t, payload in items:
-            handles.append((client, rid))
-            requests.append(from_wire(pickle.loads(payload)))
-            enqueued.append(t)
-        return Batch(handles=handles, requests=requests, enqueued=enqueued)
+        while len(items) < max_n and self._sweep(0.0, items, max_n):  # take what is there
+            pass
+        if len(items) < min_n:
+            deadline = time.monotonic() + timeout
+            while len(items) < min_n:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._sweep(remaining, items, max_n)
+        if len(items) > 1:
+            items.sort(key=lambda item: item[0])  # submission order across clients (stable within one)
+        return Batch(handles=[(client, rid) for _, client, rid, _ in items],
+                     requests=[from_wire(wire) for _, _, _, wire in items], enqueued=[t for t, _, _, _ in items])
 
     def _send(self, client: int, message: tuple) -> None:
+        pieces = frame(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        outbox = self._outbox.get(client)
+        if outbox:  # keep the channel's order: behind what is already waiting
+            outbox.extend(memoryview(p) for p in pieces)
+            return
+        sock = self._socks.get(client)
+        if sock is None:
+            sock = self._socks[client] = _socket_of(self.conns[client], self)
+        for i, piece in enumerate(pieces):
+            view = memoryview(piece)
+            try:
+                sent = sock.send(view, _SEND_FLAGS)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                return  # the client process is gone; nobody waits for this answer
+            if sent < len(view):  # the channel is full: the rest waits until the client reads
+                self._outbox[client] = collections.deque([view[sent:], *(memoryview(p) for p in pieces[i + 1:])])
+                self._watch(client, select.POLLIN | select.POLLOUT)
+                return
+
+    def _watch(self, client: int, events: int) -> None:
         try:
-            self.writers[client].send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-        except (BrokenPipeError, OSError):
-            pass  # the client process is gone; nobody waits for this answer
+            self._poller.modify(self.conns[client].fileno(), events)
+        except (KeyError, OSError, ValueError):
+            pass  # a channel no longer watched (its client is gone)
+
+    def _flush(self, client: int) -> None:
+        outbox, sock = self._outbox.get(client), self._socks.get(client)
+        while outbox and sock is not None:
+            view = outbox[0]
+            try:
+                sent = sock.send(view, _SEND_FLAGS)
+            except BlockingIOError:
+                return
+            except OSError:
+                outbox.clear()
+                break
+            if sent < len(view):
+                outbox[0] = view[sent:]
+                return
+            outbox.popleft()
+        self._outbox.pop(client, None)
+        self._watch(client, select.POLLIN)
 
     def reply(self, batch: Batch, out: TensorDictBase) -> None:
         for (client, rid), row in zip(batch.handles, rows_to_wire(out, len(batch))):
@@ -295,13 +445,15 @@ class QueueServer(ServerEndpoint):
         for client, rid in batch.handles:
             self._send(client, (rid, _ERR, error))
 
-    def close(self, reason: str = "the server was shut down") -> None:
-        # Requests still queued get a clear answer instead of waiting for the peer check.
+    def close(self, reason: str = "the server was shut down", flush_timeout: float = 1.0) -> None:
+        # Requests still waiting get a clear answer instead of waiting for the peer check; answers still in an
+        # outbox get up to flush_timeout seconds (in all) to reach clients that are reading.
+        error = PeerFailureError(reason)
+        deadline = time.monotonic() + flush_timeout
         while True:
-            try:
-                client, rid, _, _ = self.requests.get_nowait()
-            except (std_queue.Empty, OSError, ValueError):
+            items: list = []
+            got = self._sweep(0.0 if not self._outbox else 0.01, items, len(self.conns))
+            for _, client, rid, _ in items:
+                self._send(client, (rid, _ERR, error))
+            if (not got and not self._outbox) or time.monotonic() >= deadline:
                 return
-            self._send(client, (rid, _ERR, PeerFailureError(reason)))
-
-

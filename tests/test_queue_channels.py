@@ -1,0 +1,121 @@
+"""The ``queue`` transport's channels: framing, outboxes, backpressure and peer failure while a channel is full.
+
+A real inference server in a child process; requests large enough (1 MiB) to fill a local socket's buffer.
+"""
+
+import os
+import signal
+import threading
+import time
+from functools import partial
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from components.errors import PeerFailureError
+from components.inference import InferenceServer, InferenceServerConfig
+from transports.config import TransportConfig
+from transports.queue import frame
+
+from .factories import echo_factory
+
+BIG = 1 << 18  # float32 elements: 1 MiB per request and per answer
+
+
+def big(value: float) -> TensorDict:
+    return TensorDict({"observation": torch.full((BIG,), float(value))})
+
+
+def small(value: float) -> TensorDict:
+    return TensorDict({"observation": torch.full((4,), float(value))})
+
+
+def queue_server(delay: float = 0.0, **options) -> InferenceServer:
+    return InferenceServer(policy_factory=partial(echo_factory, delay),
+                           config=InferenceServerConfig(placement="process", max_batch_size=1),
+                           transport=TransportConfig("queue", {"max_clients": 4, **options}))
+
+
+@pytest.mark.parametrize("n", [0, 10, (1 << 16) - 5, 1 << 16, (1 << 16) + 1, 3 << 20])
+def test_frames_are_what_recv_bytes_reads(n):
+    import multiprocessing as mp
+
+    a, b = mp.Pipe(duplex=True)
+    payload = os.urandom(n)
+    writer = threading.Thread(target=lambda: [_write(a, piece) for piece in frame(payload)])
+    try:
+        writer.start()  # a big frame only fits while the other end reads
+        assert b.recv_bytes() == payload
+        writer.join(10)
+        assert not writer.is_alive()
+    finally:
+        a.close()
+        b.close()
+
+
+def _write(conn, piece: bytes) -> None:
+    view = memoryview(piece)
+    while view:
+        view = view[os.write(conn.fileno(), view):]
+
+
+def test_a_client_that_does_not_read_holds_up_only_itself():
+    with queue_server() as owner:
+        slow, fast = owner.client(), owner.client()
+        pending = [slow.submit(big(i)) for i in range(6)]  # 6 MiB of answers nobody reads yet
+        for i in range(20):
+            assert fast.submit(small(i)).result(timeout=10)["action"].tolist() == [2.0 * i] * 4
+        for i, future in enumerate(pending):  # nothing was lost while they waited in the server's outbox
+            action = future.result(timeout=10)["action"]
+            assert action.shape == (BIG,) and bool((action == 2.0 * i).all())
+
+
+def test_one_thread_may_submit_many_large_requests_before_reading():
+    with queue_server() as owner:
+        client = owner.client()
+        futures = [client.submit(big(i)) for i in range(8)]
+        for i, future in enumerate(futures):
+            assert bool((future.result(timeout=10)["action"] == 2.0 * i).all())
+
+
+def test_max_queue_size_bounds_each_clients_requests_in_flight():
+    with queue_server(delay=0.2, max_queue_size=1) as owner:
+        client = owner.client()
+        first = client.submit(small(1))
+        second = client.submit(small(2))  # returns only once there is room: the first answer has been read
+        assert first.done()
+        assert first.result(timeout=5)["action"][0].item() == 2.0
+        assert second.result(timeout=5)["action"][0].item() == 4.0
+
+
+def test_a_client_blocked_on_a_full_channel_sees_peer_failure_within_2s_of_kill_9():
+    owner = queue_server().start()
+    try:
+        client = owner.client()
+        hung = client.submit(small(2e6))  # the server hangs in this forward pass and stops reading
+        outcome: dict = {}
+
+        def flood():
+            try:
+                for i in range(64):  # 64 MiB: far more than the channel holds
+                    client.submit(big(i))
+                outcome["error"] = None
+            except BaseException as exc:  # noqa: BLE001 - checked below
+                outcome["error"] = exc
+            outcome["at"] = time.monotonic()
+
+        flooder = threading.Thread(target=flood, daemon=True)
+        flooder.start()
+        time.sleep(1.0)
+        assert flooder.is_alive(), "the channel should be full while the server does not read"
+        os.kill(owner._child.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        flooder.join(10)
+        assert not flooder.is_alive()
+        assert isinstance(outcome["error"], PeerFailureError)
+        assert outcome["at"] - killed < 2.0
+        with pytest.raises(PeerFailureError):
+            hung.result(timeout=5)
+    finally:
+        owner.shutdown()
