@@ -282,3 +282,32 @@ def test_threads_sharing_one_queue_client_each_get_their_answers_in_any_reading_
         stop.set()
         loop.join(10)
         transport.close()
+
+
+def test_an_endpoint_of_private_copies_serves_without_copying_and_answers_stay_apart():
+    from transports.queue import QueueTransport
+
+    transport = QueueTransport(max_clients=1)
+    transport.mark_serving(os.getpid())
+    server = transport.server()
+    core = ServingCore(Double(), server, InferenceServerConfig(), InferenceDeviceConfig())
+    client = transport.client()
+    try:
+        assert server.private_copies and core._private
+        request = obs(3)
+        expected = torch.stack([request]).to("cpu")
+        got = core._collate_one([request])
+        assert _same(got, expected)
+        assert got["observation"].data_ptr() == request["observation"].data_ptr()  # a view, not a copy
+        answers = []
+        for version in (0, 1):
+            future = client.submit(obs(version + 1))
+            core.serve(server.collect(16, 1, 0.0, 1.0))
+            answers.append(future.result(timeout=5))
+            core.request_update({}, None)
+            core._apply_updates()
+        # the version tensor is shared between batches on the server; each answer was encoded, so stays as sent
+        assert [a["policy_version"].item() for a in answers] == [0, 1]
+        assert [a["action"].tolist() for a in answers] == [[2.0] * 4, [4.0] * 4]
+    finally:
+        transport.close()

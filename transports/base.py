@@ -118,9 +118,13 @@ class ServerEndpoint(ABC):
             fresh copies holding exactly the request keys and whose :meth:`reply` copies exactly the response keys
             out of ``out`` (so ``out`` itself never reaches a caller); ``None`` otherwise. The serving loop uses it
             to skip work.
+        private_copies: ``True`` for an endpoint whose requests are fresh copies nobody else holds (decoded from
+            bytes) and whose :meth:`reply` copies the answers out (encodes them): the serving loop may then use
+            the requests' tensors in the batch without copying, and share a version tensor between batches.
     """
 
     fixed_keys: tuple[frozenset, frozenset] | None = None
+    private_copies: bool = False
 
     @abstractmethod
     def collect(self, max_n: int, min_n: int, timeout: float, poll: float) -> Batch | None:

@@ -120,6 +120,7 @@ class ServingCore:
         # must still be dropped from the output (those that are also response keys).
         fixed = getattr(endpoint, "fixed_keys", None)
         self._fixed = None if fixed is None else (frozenset(fixed[0]), tuple(sorted(fixed[0] & fixed[1])))
+        self._private = bool(getattr(endpoint, "private_copies", False))  # see ServerEndpoint.private_copies
         self._versions: dict = {}  # (batch size, device) -> (version, policy_version tensor), for those endpoints
 
     # ------------------------------------------------------------------ weights
@@ -193,7 +194,8 @@ class ServingCore:
         for key, value in td.items():
             if type(value) is not torch.Tensor or value.device != device:
                 return None
-            source[key] = value.unsqueeze(0).clone(memory_format=torch.contiguous_format)  # a copy, as stack makes
+            one = value.unsqueeze(0)
+            source[key] = one if self._private else one.clone(memory_format=torch.contiguous_format)  # as stack makes
         return TensorDict._new_unsafe(source, batch_size=torch.Size((1, *td.batch_size)), device=device)
 
     def _forward(self, batch: Batch, td: TensorDictBase) -> None:
@@ -214,7 +216,8 @@ class ServingCore:
                 out.set("policy_version", self._version_tensor(out))
             else:
                 out = out.exclude(*keys_in) if keys_in else out
-                out.set("policy_version", torch.full(out.batch_size, self.version, dtype=torch.long, device=out.device))
+                out.set("policy_version", self._version_tensor(out) if self._private else
+                        torch.full(out.batch_size, self.version, dtype=torch.long, device=out.device))
             if out.device != self.output_device:
                 out = out.to(self.output_device)
         except Exception as exc:  # noqa: BLE001 - a failing batch fails only its callers
