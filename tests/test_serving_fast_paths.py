@@ -311,3 +311,46 @@ def test_an_endpoint_of_private_copies_serves_without_copying_and_answers_stay_a
         assert [a["action"].tolist() for a in answers] == [[2.0] * 4, [4.0] * 4]
     finally:
         transport.close()
+
+
+def test_a_batch_of_large_answers_is_scattered_row_by_row_to_the_right_callers(kind):
+    request_layout = TensorDict({"observation": torch.zeros(4), "frame": torch.zeros(16384, dtype=torch.uint8)})
+    response_layout = TensorDict({"action": torch.zeros(4), "next_frame": torch.zeros(16384, dtype=torch.uint8),
+                                  "policy_version": torch.zeros((), dtype=torch.long)})
+
+    class Echo(nn.Module):
+        def forward(self, td):
+            td.set("action", td.get("observation") * 2)
+            td.set("next_frame", td.get("frame") + 1)
+            return td
+
+    transport, clients, server, core = serving(kind, Echo(), request_layout, response_layout, clients=3)
+    try:
+        assert server._resp_by_row == [False, True, False]  # only the 16 KiB leaf goes row by row
+        futures = [c.submit(TensorDict({"observation": torch.full((4,), float(i)),
+                                        "frame": torch.full((16384,), i, dtype=torch.uint8)})) for i, c in enumerate(clients)]
+        batch = server.collect(16, 3, 1.0, 1.0)
+        assert len(batch) == 3
+        core.serve(batch)
+        for i, future in enumerate(futures):
+            out = future.result(timeout=5)
+            assert out["action"].tolist() == [2.0 * i] * 4
+            assert bool((out["next_frame"] == i + 1).all())
+    finally:
+        transport.close()
+
+
+def test_a_batch_of_nested_requests_is_gathered_in_submission_order():
+    request_layout = TensorDict({"obs": {"pixels": torch.zeros(2), "state": torch.zeros(3)}})
+    transport, clients, server, _ = serving(SharedMemoryTransport, Double(), request_layout, clients=3)
+    try:
+        for i, c in enumerate(clients):
+            c.submit(TensorDict({"obs": {"pixels": torch.full((2,), float(i)), "state": torch.full((3,), 10.0 + i)}}))
+        batch = server.collect(16, 3, 1.0, 1.0)
+        assert batch.stacked.batch_size == torch.Size([3])
+        assert batch.stacked["obs", "pixels"][:, 0].tolist() == [0.0, 1.0, 2.0]
+        assert batch.stacked["obs", "state"][:, 0].tolist() == [10.0, 11.0, 12.0]
+        assert batch.stacked["obs", "state"].untyped_storage().data_ptr() != \
+            server._req_all["obs", "state"].untyped_storage().data_ptr()  # a copy, not the slots
+    finally:
+        transport.close()

@@ -29,6 +29,7 @@ from .layout import Layout
 FREE, CLAIMED, READY, SERVING, ANSWERED, FAILED = range(6)
 ERROR_BYTES = 8192
 _CPU = torch.device("cpu")
+_ROW_COPY_BYTES = 8192  # answer rows at least this large are scattered row by row (see SlotServer.reply)
 
 
 SPIN_S = 50e-6
@@ -335,11 +336,14 @@ class SlotServer(ServerEndpoint):
         self._one_size = torch.Size((1, *request_layout.batch_size))
         self._req_one_leaves = None
         if all(len(leaf.key) == 1 for leaf in request_layout):
-            banks = [(leaf.key[0], self.requests.slots.get(leaf.key)) for leaf in request_layout]
-            self._req_one_leaves = [[(key, bank[slot : slot + 1]) for key, bank in banks]
+            self._req_banks = [(leaf.key[0], self.requests.slots.get(leaf.key)) for leaf in request_layout]
+            self._req_one_leaves = [[(key, bank[slot : slot + 1]) for key, bank in self._req_banks]
                                     for slot in range(self.requests.num_slots)]
         self._resp_banks = [(_lookup_key(leaf.key), torch.Size(leaf.shape), leaf.dtype,
                              self.responses.slots.get(leaf.key)) for leaf in self.response_layout]
+        # Scattering answers: index_copy_ for small rows (one call for the batch); row by row for large ones, where
+        # index_copy_ goes element by element (4 rows of 1 MiB: 3.3 ms against 0.13 ms copied row by row).
+        self._resp_by_row = [bank[0].nbytes >= _ROW_COPY_BYTES for *_, bank in self._resp_banks]
         self._resp_one = [[bank[slot : slot + 1] for *_, bank in self._resp_banks]
                           for slot in range(self.responses.num_slots)]
         # reply copies exactly the response keys out of ``out``; batches hold exactly the request keys.
@@ -378,8 +382,16 @@ class SlotServer(ServerEndpoint):
             state[slot] = SERVING
             return Batch(handles=ready, stacked=self._one(slot), enqueued=[float(enqueued[slot])])
         state[ready] = SERVING
-        stacked = self._req_all[torch.tensor(ready)]
-        return Batch(handles=ready, stacked=stacked, enqueued=enqueued[ready].tolist())
+        return Batch(handles=ready, stacked=self._gather(torch.tensor(ready)), enqueued=enqueued[ready].tolist())
+
+    def _gather(self, index: torch.Tensor) -> TensorDictBase:
+        """A copy of the slots ``index`` as one batch. ``index_select`` copies rows as blocks; indexing with a
+        tensor goes element by element (4 slots of 1 MiB: 0.1 ms against 2.5 ms)."""
+        size = torch.Size((len(index), *self._one_size[1:]))
+        if self._req_one_leaves is None:  # nested keys
+            return self._req_all.apply(lambda leaf: leaf.index_select(0, index), batch_size=size)
+        return TensorDict._new_unsafe({key: bank.index_select(0, index) for key, bank in self._req_banks},
+                                      batch_size=size, device=_CPU)
 
     def _one(self, slot: int) -> TensorDictBase:
         """A copy of slot ``slot`` as a batch of one (device "cpu", like every batch)."""
@@ -421,8 +433,12 @@ class SlotServer(ServerEndpoint):
             self.control.state[slot] = ANSWERED
         else:
             index = torch.as_tensor(batch.handles)
-            for (_, _, _, bank), value in zip(self._resp_banks, values):
-                bank.index_copy_(0, index, value)
+            for (_, _, _, bank), by_row, value in zip(self._resp_banks, self._resp_by_row, values):
+                if by_row:
+                    for row, slot in enumerate(batch.handles):
+                        bank[slot].copy_(value[row])
+                else:
+                    bank.index_copy_(0, index, value)
             self.control.state[batch.handles] = ANSWERED
         for slot in batch.handles:
             self.answered[slot].release()
