@@ -119,3 +119,33 @@ def test_a_client_blocked_on_a_full_channel_sees_peer_failure_within_2s_of_kill_
             hung.result(timeout=5)
     finally:
         owner.shutdown()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_channels_and_their_socket_duplicates_are_closed_with_the_transport():
+    import gc
+
+    from transports.queue import QueueTransport
+
+    before = None
+    for i in range(4):  # the first round opens what stays open for the session (the forkserver, the tracker)
+        if i == 1:
+            before = _open_fds()
+        with queue_server() as owner:
+            clients = [owner.client() for _ in range(3)]
+            for i, c in enumerate(clients):
+                assert c.submit(small(i)).result(timeout=10)["action"][0].item() == 2.0 * i
+            del clients
+        transport = QueueTransport(max_clients=4)  # an in-process pair: client and server sockets made here
+        transport.mark_serving(os.getpid())
+        client, server = transport.client(), transport.server()
+        client.submit(small(1))
+        batch = server.collect(4, 1, 0.0, 1.0)
+        server.reply(batch, TensorDict({"action": torch.ones(1, 4)}, [1]))
+        del client, server, batch
+        transport.close()
+        gc.collect()
+    assert _open_fds() <= before
