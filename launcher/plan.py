@@ -24,7 +24,7 @@ from transports.errors import ConfigurationError, IncompatibleCombinationError
 from transports.kinds import reaches
 from transports.resolver import TransportContext
 
-from .schema import ResourcesConf
+from .schema import ComponentConf, ComponentsConf, ResourcesConf
 
 # Who calls whom: a dependant is started after, and stopped before, what it depends on. The logger comes
 # first so it outlives everything and can record teardown metrics.
@@ -46,8 +46,19 @@ EDGES: tuple[tuple[str, str], ...] = (("inference", "collector"), ("weight_sync"
 VERSION_EDGE: tuple[str, str] = ("weight_sync", "replay")
 
 # Resources left at their defaults are not worth a line in the printed plan.
-_RESOURCE_DEFAULTS: dict = {f.name: (f.default_factory() if f.default_factory is not MISSING_FIELD else f.default)
-                            for f in dataclasses.fields(ResourcesConf)}
+def _defaults(conf_type) -> dict:
+    return {f.name: (f.default_factory() if f.default_factory is not MISSING_FIELD else f.default)
+            for f in dataclasses.fields(conf_type)}
+
+
+_RESOURCE_DEFAULTS: dict = _defaults(ResourcesConf)
+# Each component's own options (beside placement, transport and resources) and their defaults: the plan text
+# names those a run sets otherwise, as it does for resources.
+_BASE_FIELDS = {f.name for f in dataclasses.fields(ComponentConf)}
+_OPTION_DEFAULTS: dict = {f.name: {k: v for k, v in _defaults(f.default_factory).items() if k not in _BASE_FIELDS}
+                          for f in dataclasses.fields(ComponentsConf)}
+_OPTION_NOTES = {("collector", "sync", False): "workers collect the next batch while the learner trains on this one: "
+                                               "policy lag <= 1"}
 
 
 @dataclass(frozen=True)
@@ -122,9 +133,11 @@ class LaunchPlan:
             res = {k: v for k, v in c.resources.items() if v != _RESOURCE_DEFAULTS.get(k)}  # what was asked for
             if res:
                 details.append(f"  {c.name}.resources: {res}")
-            if c.name == "collector" and c.options.get("sync") is False:
-                details.append("  collector.sync: false (workers collect the next batch while the learner trains on "
-                               "this one: policy lag <= 1)")
+            for key, default in _OPTION_DEFAULTS.get(c.name, {}).items():
+                value = c.options.get(key, default)
+                if value != default:
+                    note = _OPTION_NOTES.get((c.name, key, value))
+                    details.append(f"  {c.name}.{key}: {json.dumps(value)}" + (f" ({note})" if note else ""))
         if details:
             lines += ["layouts, resources and options:", *details]
         if self.not_built:

@@ -16,6 +16,7 @@ from transports.shared_memory import SharedMemoryTransport
 
 REQUEST = TensorDict({"observation": torch.zeros(4)})
 RESPONSE = TensorDict({"action": torch.zeros(4), "policy_version": torch.zeros((), dtype=torch.long)})
+NESTED = TensorDict({"obs": {"pixels": torch.zeros(2), "state": torch.zeros(3)}})  # a request layout with nested keys
 
 
 class Double(nn.Module):
@@ -82,8 +83,7 @@ def test_one_and_many_request_batches_are_private_cpu_copies_in_submission_order
 
 
 def test_nested_request_keys_take_the_general_copy():
-    request_layout = TensorDict({"obs": {"pixels": torch.zeros(2), "state": torch.zeros(3)}})
-    transport, clients, server, _ = serving(SharedMemoryTransport, Double(), request_layout, clients=1)
+    transport, clients, server, _ = serving(SharedMemoryTransport, Double(), NESTED, clients=1)
     try:
         clients[0].submit(TensorDict({"obs": {"pixels": torch.ones(2), "state": torch.full((3,), 5.0)}}))
         batch = server.collect(16, 1, 0.0, 0.05)
@@ -341,8 +341,7 @@ def test_a_batch_of_large_answers_is_scattered_row_by_row_to_the_right_callers(k
 
 
 def test_a_batch_of_nested_requests_is_gathered_in_submission_order():
-    request_layout = TensorDict({"obs": {"pixels": torch.zeros(2), "state": torch.zeros(3)}})
-    transport, clients, server, _ = serving(SharedMemoryTransport, Double(), request_layout, clients=3)
+    transport, clients, server, _ = serving(SharedMemoryTransport, Double(), NESTED, clients=3)
     try:
         for i, c in enumerate(clients):
             c.submit(TensorDict({"obs": {"pixels": torch.full((2,), float(i)), "state": torch.full((3,), 10.0 + i)}}))

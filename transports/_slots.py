@@ -176,6 +176,18 @@ def _lookup_key(key: tuple):
     return key[0] if len(key) == 1 else key
 
 
+def _flat(layout: Layout) -> bool:
+    """Whether every leaf of ``layout`` is a top-level key."""
+    return all(len(leaf.key) == 1 for leaf in layout)
+
+
+def _clones(leaves: list, batch_size: torch.Size, device) -> TensorDictBase:
+    """A TensorDict of fresh copies of ``leaves`` (``(key, view)`` pairs of a flat layout), built directly:
+    TensorDict.clone costs several times the copies of a small payload. tensordict is pinned; ``_new_unsafe``
+    skips the checks a TensorDict of fresh CPU copies does not need."""
+    return TensorDict._new_unsafe({key: view.clone() for key, view in leaves}, batch_size=batch_size, device=device)
+
+
 def _as_layout(value) -> Layout:
     return value if isinstance(value, Layout) else Layout.from_tensordict(value)
 
@@ -209,11 +221,11 @@ class SlotClientBase:
         banks = [self.requests.slots.get(leaf.key) for leaf in self.request_layout]
         self._req_rows = [[bank[slot] for bank in banks] for slot in range(self.requests.num_slots)]
         self._resp_rows = [self.responses.slots[slot] for slot in range(self.responses.num_slots)]
-        # A flat response layout answers with a TensorDict built straight from clones of the slot's leaf views
-        # (TensorDict.clone costs several times the copies of a small answer); nested keys take the general clone.
+        # A flat response layout answers with clones of the slot's leaf views (see _clones); nested keys take the
+        # general clone.
         layout = self.responses.layout
         self._resp_leaves = None
-        if all(len(leaf.key) == 1 for leaf in layout):
+        if _flat(layout):
             self._resp_size, self._resp_device = torch.Size(layout.batch_size), self._resp_rows[0].device
             self._resp_leaves = [[(leaf.key[0], row.get(leaf.key[0])) for leaf in layout] for row in self._resp_rows]
 
@@ -254,12 +266,9 @@ class SlotClientBase:
 
     def _answer(self, slot: int) -> TensorDictBase:
         """A private copy of slot ``slot``'s answer."""
-        leaves = self._resp_leaves
-        if leaves is None:
+        if self._resp_leaves is None:
             return self._resp_rows[slot].clone()
-        # tensordict is pinned; _new_unsafe skips the checks a TensorDict of fresh CPU copies does not need.
-        return TensorDict._new_unsafe({key: view.clone() for key, view in leaves[slot]}, batch_size=self._resp_size,
-                                      device=self._resp_device)
+        return _clones(self._resp_leaves[slot], self._resp_size, self._resp_device)
 
     def _release(self, slot: int) -> None:
         """Give the slot back once its answer was read."""
@@ -330,12 +339,11 @@ class SlotServer(ServerEndpoint):
         # costing more than the rest of a small round trip. ``to`` keeps the shared-memory views (no copy).
         self._req_all = self.requests.slots.to("cpu")
         self._req_one = [self._req_all[slot : slot + 1] for slot in range(self.requests.num_slots)]
-        # A flat request layout builds a one-request batch straight from the slot's leaf views: TensorDict.clone
-        # of a CPU TensorDict costs several times the copies themselves.
+        # A flat request layout builds a one-request batch from clones of the slot's leaf views (see _clones).
         request_layout = self.requests.layout
         self._one_size = torch.Size((1, *request_layout.batch_size))
         self._req_one_leaves = None
-        if all(len(leaf.key) == 1 for leaf in request_layout):
+        if _flat(request_layout):
             self._req_banks = [(leaf.key[0], self.requests.slots.get(leaf.key)) for leaf in request_layout]
             self._req_one_leaves = [[(key, bank[slot : slot + 1]) for key, bank in self._req_banks]
                                     for slot in range(self.requests.num_slots)]
@@ -395,12 +403,9 @@ class SlotServer(ServerEndpoint):
 
     def _one(self, slot: int) -> TensorDictBase:
         """A copy of slot ``slot`` as a batch of one (device "cpu", like every batch)."""
-        leaves = self._req_one_leaves
-        if leaves is None:  # nested keys: the general copy
+        if self._req_one_leaves is None:  # nested keys: the general copy
             return self._req_one[slot].clone()
-        # tensordict is pinned; _new_unsafe skips the checks a TensorDict of fresh CPU copies does not need.
-        return TensorDict._new_unsafe({key: view.clone() for key, view in leaves[slot]}, batch_size=self._one_size,
-                                      device=_CPU)
+        return _clones(self._req_one_leaves[slot], self._one_size, _CPU)
 
     def _answers(self, out: TensorDictBase, n: int) -> list | None:
         """The answer leaves in layout order if ``out`` matches the response layout for ``n`` requests."""

@@ -390,26 +390,34 @@ class QueueServer(ServerEndpoint):
                      requests=[from_wire(wire) for _, _, _, wire in items], enqueued=[t for t, _, _, _ in items])
 
     def _send(self, client: int, message: tuple) -> None:
-        pieces = frame(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        pieces = collections.deque(memoryview(piece) for piece in frame(payload))
         outbox = self._outbox.get(client)
         if outbox:  # keep the channel's order: behind what is already waiting
-            outbox.extend(memoryview(p) for p in pieces)
-            return
+            outbox.extend(pieces)
+        elif not self._push(client, pieces):  # the channel is full: the rest waits until the client reads
+            self._outbox[client] = pieces
+            self._watch(client, select.POLLIN | select.POLLOUT)
+
+    def _push(self, client: int, pieces: collections.deque) -> bool:
+        """Send ``pieces`` until they are gone (True; also when the client is gone) or the channel is full."""
         sock = self._socks.get(client)
         if sock is None:
             sock = self._socks[client] = _socket_of(self.conns[client], self)
-        for i, piece in enumerate(pieces):
-            view = memoryview(piece)
+        while pieces:
+            view = pieces[0]
             try:
                 sent = sock.send(view, _SEND_FLAGS)
             except BlockingIOError:
-                sent = 0
-            except OSError:
-                return  # the client process is gone; nobody waits for this answer
-            if sent < len(view):  # the channel is full: the rest waits until the client reads
-                self._outbox[client] = collections.deque([view[sent:], *(memoryview(p) for p in pieces[i + 1:])])
-                self._watch(client, select.POLLIN | select.POLLOUT)
-                return
+                return False
+            except OSError:  # the client process is gone; nobody waits for these answers
+                pieces.clear()
+                return True
+            if sent < len(view):
+                pieces[0] = view[sent:]
+                return False
+            pieces.popleft()
+        return True
 
     def _watch(self, client: int, events: int) -> None:
         try:
@@ -418,22 +426,10 @@ class QueueServer(ServerEndpoint):
             pass  # a channel no longer watched (its client is gone)
 
     def _flush(self, client: int) -> None:
-        outbox, sock = self._outbox.get(client), self._socks.get(client)
-        while outbox and sock is not None:
-            view = outbox[0]
-            try:
-                sent = sock.send(view, _SEND_FLAGS)
-            except BlockingIOError:
-                return
-            except OSError:
-                outbox.clear()
-                break
-            if sent < len(view):
-                outbox[0] = view[sent:]
-                return
-            outbox.popleft()
-        self._outbox.pop(client, None)
-        self._watch(client, select.POLLIN)
+        outbox = self._outbox.get(client)
+        if outbox is None or self._push(client, outbox):
+            self._outbox.pop(client, None)
+            self._watch(client, select.POLLIN)
 
     def reply(self, batch: Batch, out: TensorDictBase) -> None:
         for (client, rid), row in zip(batch.handles, rows_to_wire(out, len(batch))):

@@ -212,12 +212,11 @@ class ServingCore:
                 # The policy wrote into the batch (the loop's own copy), and the endpoint copies only the response
                 # keys back: of the inputs, only those that are also response keys need dropping, and the version
                 # tensor is only read, so one per batch size serves until the version changes.
-                out = out.exclude(*fixed[1]) if fixed[1] else out
-                out.set("policy_version", self._version_tensor(out))
-            else:
-                out = out.exclude(*keys_in) if keys_in else out
-                out.set("policy_version", self._version_tensor(out) if self._private else
-                        torch.full(out.batch_size, self.version, dtype=torch.long, device=out.device))
+                out, shared_version = (out.exclude(*fixed[1]) if fixed[1] else out), True
+            else:  # an endpoint that encodes its answers never hands the version tensor out either
+                out, shared_version = (out.exclude(*keys_in) if keys_in else out), self._private
+            out.set("policy_version", self._version_tensor(out) if shared_version else
+                    torch.full(out.batch_size, self.version, dtype=torch.long, device=out.device))
             if out.device != self.output_device:
                 out = out.to(self.output_device)
         except Exception as exc:  # noqa: BLE001 - a failing batch fails only its callers
