@@ -326,7 +326,9 @@ def test_a_batch_of_large_answers_is_scattered_row_by_row_to_the_right_callers(k
 
     transport, clients, server, core = serving(kind, Echo(), request_layout, response_layout, clients=3)
     try:
-        assert server._resp_by_row == [False, True, False]  # only the 16 KiB leaf goes row by row
+        # policy_version is not copied (the server writes the version into the slots): only the 16 KiB leaf of
+        # action and next_frame goes row by row
+        assert server._resp_by_row == [False, True]
         futures = [c.submit(TensorDict({"observation": torch.full((4,), float(i)),
                                         "frame": torch.full((16384,), i, dtype=torch.uint8)})) for i, c in enumerate(clients)]
         batch = server.collect(16, 3, 1.0, 1.0)
@@ -336,6 +338,7 @@ def test_a_batch_of_large_answers_is_scattered_row_by_row_to_the_right_callers(k
             out = future.result(timeout=5)
             assert out["action"].tolist() == [2.0 * i] * 4
             assert bool((out["next_frame"] == i + 1).all())
+            assert out["policy_version"].item() == core.version
     finally:
         transport.close()
 
@@ -351,5 +354,65 @@ def test_a_batch_of_nested_requests_is_gathered_in_submission_order():
         assert batch.stacked["obs", "state"][:, 0].tolist() == [10.0, 11.0, 12.0]
         assert batch.stacked["obs", "state"].untyped_storage().data_ptr() != \
             server._req_all["obs", "state"].untyped_storage().data_ptr()  # a copy, not the slots
+    finally:
+        transport.close()
+
+
+class ClaimsAVersion(nn.Module):
+    """Writes ``action`` and a ``policy_version`` of its own, which the server's stamp must replace."""
+
+    def forward(self, td):
+        td.set("action", td.get("observation") * 2)
+        td.set("policy_version", torch.full(td.batch_size, 99, dtype=torch.long))
+        return td
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_slot_servers_stamp_the_serving_version_into_every_answer(kind, n):
+    transport, clients, server, core = serving(kind, ClaimsAVersion())
+    try:
+        assert server.stamps_version
+        for version in (0, 7):
+            if version:
+                core.request_update(core.policy.state_dict(), version)
+                core._apply_updates()
+            futures = [c.submit(obs(i)) for i, c in enumerate(clients[:n])]
+            batch = server.collect(16, n, 1.0, 1.0)
+            assert len(batch) == n
+            core.serve(batch)
+            for i, future in enumerate(futures):
+                out = future.result(timeout=5)
+                assert out["action"].tolist() == [2.0 * i] * 4
+                assert out["policy_version"].dtype == torch.long and out["policy_version"].shape == ()
+                assert out["policy_version"].item() == version  # the server's, not the policy's 99
+    finally:
+        transport.close()
+
+
+def test_a_response_layout_without_policy_version_is_served(kind):
+    transport, clients, server, core = serving(kind, Double(), response_layout=TensorDict({"action": torch.zeros(4)}))
+    try:
+        future = clients[0].submit(obs(3))
+        core.serve(server.collect(16, 1, 1.0, 1.0))
+        out = future.result(timeout=5)
+        assert set(out.keys()) == {"action"} and out["action"].tolist() == [6.0] * 4
+    finally:
+        transport.close()
+
+
+def test_answers_of_a_dtype_numpy_lacks_are_private_copies(kind):
+    request = TensorDict({"observation": torch.zeros(4, dtype=torch.bfloat16)})
+    response = TensorDict({"action": torch.zeros(4, dtype=torch.bfloat16),
+                           "policy_version": torch.zeros((), dtype=torch.long)})
+    transport, clients, server, core = serving(kind, Double(), request, response)
+    try:
+        first = clients[0].submit(TensorDict({"observation": torch.full((4,), 1.5, dtype=torch.bfloat16)}))
+        core.serve(server.collect(16, 1, 1.0, 1.0))
+        answer = first.result(timeout=5)
+        assert answer["action"].dtype == torch.bfloat16 and answer["action"].tolist() == [3.0] * 4
+        second = clients[0].submit(TensorDict({"observation": torch.full((4,), 4.0, dtype=torch.bfloat16)}))
+        core.serve(server.collect(16, 1, 1.0, 1.0))
+        assert second.result(timeout=5)["action"].tolist() == [8.0] * 4
+        assert answer["action"].tolist() == [3.0] * 4  # the first answer did not change with the slot
     finally:
         transport.close()

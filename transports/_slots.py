@@ -11,16 +11,16 @@ Slot states: FREE -> CLAIMED (a client holds it) -> READY (request written, serv
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing as mp
-import os
 import time
 
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ._shared import PeerStatus, Segment, SlotBank, wait_for
+from ._shared import PeerStatus, Segment, SlotBank, spin, wait_for
 from .base import Batch, RequestReplyTransport, ResponseFuture, ServerEndpoint
 from .config import TransportConfig
 from .errors import ConfigurationError, LayoutError, PeerFailureError, RemoteError
@@ -29,25 +29,13 @@ from .layout import Layout
 FREE, CLAIMED, READY, SERVING, ANSWERED, FAILED = range(6)
 ERROR_BYTES = 8192
 _CPU = torch.device("cpu")
+VERSION_KEY = ("policy_version",)
 _ROW_COPY_BYTES = 8192  # answer rows at least this large are scattered row by row (see SlotServer.reply)
 
 
-SPIN_S = 50e-6
-"""Seconds a waiter polls its semaphore before it blocks: a blocked process can take tens of microseconds to be
-woken on a small VM, more than a whole small round trip. The server spins when idle; a client only while its
-request is the only one in flight (many spinning clients would take the cores the server needs)."""
-
-
 def _spin(sem) -> bool:
-    """Try ``sem`` without blocking for up to :data:`SPIN_S`; whether it was acquired."""
-    if sem.acquire(False):
-        return True
-    end = time.perf_counter() + SPIN_S
-    while time.perf_counter() < end:
-        os.sched_yield()  # a peer that shares this core runs now instead of after our spin
-        if sem.acquire(False):
-            return True
-    return False
+    """Try ``sem`` without blocking for up to :data:`~transports._shared.SPIN_S`; whether it was acquired."""
+    return sem.acquire(False) or spin(functools.partial(sem.acquire, False))
 
 
 class _Control:
@@ -181,11 +169,29 @@ def _flat(layout: Layout) -> bool:
     return all(len(leaf.key) == 1 for leaf in layout)
 
 
+def _copier(view: torch.Tensor):
+    """A function returning a fresh copy of ``view`` (a slot's leaf in shared memory). Through numpy where the dtype
+    allows: ``Tensor.clone`` of a small tensor costs about twice a numpy copy wrapped by ``torch.from_numpy``.
+    Such a copy owns its memory and pickles and shares like any tensor, but cannot be resized in place."""
+    try:
+        array = view.numpy()
+    except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16...): the torch copy
+        return view.clone
+    from_numpy = torch.from_numpy
+    return lambda: from_numpy(array.copy())
+
+
+def _leaves(pairs) -> list:
+    """``(key, copier)`` for ``(key, view)`` pairs: the input of :func:`_clones`."""
+    return [(key, _copier(view)) for key, view in pairs]
+
+
 def _clones(leaves: list, batch_size: torch.Size, device) -> TensorDictBase:
-    """A TensorDict of fresh copies of ``leaves`` (``(key, view)`` pairs of a flat layout), built directly:
-    TensorDict.clone costs several times the copies of a small payload. tensordict is pinned; ``_new_unsafe``
-    skips the checks a TensorDict of fresh CPU copies does not need."""
-    return TensorDict._new_unsafe({key: view.clone() for key, view in leaves}, batch_size=batch_size, device=device)
+    """A TensorDict of fresh copies of a flat layout's leaves (``(key, copier)`` pairs, see :func:`_leaves`),
+    built directly: TensorDict.clone costs several times the copies of a small payload. tensordict is pinned;
+    ``_new_unsafe`` skips the checks a TensorDict of fresh CPU copies does not need."""
+    return TensorDict._new_unsafe({key: copy() for key, copy in leaves}, batch_size=batch_size, device=device,
+                                  nested=False)
 
 
 def _as_layout(value) -> Layout:
@@ -227,7 +233,8 @@ class SlotClientBase:
         self._resp_leaves = None
         if _flat(layout):
             self._resp_size, self._resp_device = torch.Size(layout.batch_size), self._resp_rows[0].device
-            self._resp_leaves = [[(leaf.key[0], row.get(leaf.key[0])) for leaf in layout] for row in self._resp_rows]
+            self._resp_leaves = [_leaves((leaf.key[0], row.get(leaf.key[0])) for leaf in layout)
+                                 for row in self._resp_rows]
 
     def __getstate__(self):
         return self._shared
@@ -244,7 +251,7 @@ class SlotClientBase:
 
     def _validate(self, td: TensorDictBase) -> list:
         """The request's leaf tensors in layout order, checked as :meth:`Layout.validate` checks them."""
-        problem = self.status.problem()
+        problem = self.status.problem(probe=False)
         if problem is not None:
             raise PeerFailureError(problem)
         if isinstance(td, TensorDictBase):
@@ -324,6 +331,8 @@ class SlotServerSide:
 class SlotServer(ServerEndpoint):
     """Sweeps READY slots in submission order; gathers them in one pass and scatters answers in one pass."""
 
+    stamps_version = True
+
     def __init__(self, transport: SlotTransport):
         shared = transport._shared() if isinstance(transport, SlotTransport) else transport
         self.requests: SlotBank = shared["requests"]
@@ -345,12 +354,21 @@ class SlotServer(ServerEndpoint):
         self._req_one_leaves = None
         if _flat(request_layout):
             self._req_banks = [(leaf.key[0], self.requests.slots.get(leaf.key)) for leaf in request_layout]
-            self._req_one_leaves = [[(key, bank[slot : slot + 1]) for key, bank in self._req_banks]
+            self._req_one_leaves = [_leaves((key, bank[slot : slot + 1]) for key, bank in self._req_banks)
                                     for slot in range(self.requests.num_slots)]
+        # ``policy_version`` is not copied out of ``out``: reply writes the batch's version into the slots' integers
+        # (stamps_version), which costs less than the loop setting a version tensor and reply copying it.
+        self._versions = None
+        answered = self.response_layout
+        if VERSION_KEY in answered.keys:
+            self._versions = self.responses.slots.get(VERSION_KEY).numpy()
+            answered = Layout(tuple(leaf for leaf in answered if leaf.key != VERSION_KEY), answered.batch_size)
+        self._answered = answered  # what ``out`` must hold
         self._resp_banks = [(_lookup_key(leaf.key), torch.Size(leaf.shape), leaf.dtype,
-                             self.responses.slots.get(leaf.key)) for leaf in self.response_layout]
+                             self.responses.slots.get(leaf.key)) for leaf in answered]
         # Scattering answers: index_copy_ for small rows (one call for the batch); row by row for large ones, where
         # index_copy_ goes element by element (4 rows of 1 MiB: 3.3 ms against 0.13 ms copied row by row).
+        self._stacked_shapes: dict = {}  # batch size -> the shape of each answer leaf stacked for it
         self._resp_by_row = [bank[0].nbytes >= _ROW_COPY_BYTES for *_, bank in self._resp_banks]
         self._resp_one = [[bank[slot : slot + 1] for *_, bank in self._resp_banks]
                           for slot in range(self.responses.num_slots)]
@@ -411,11 +429,14 @@ class SlotServer(ServerEndpoint):
         """The answer leaves in layout order if ``out`` matches the response layout for ``n`` requests."""
         if not isinstance(out, TensorDictBase):
             return None
+        shapes = self._stacked_shapes.get(n)
+        if shapes is None:
+            shapes = self._stacked_shapes[n] = [torch.Size((n, *shape)) for _, shape, _, _ in self._resp_banks]
         values = []
         try:
-            for key, shape, dtype, _ in self._resp_banks:
+            for (key, _, dtype, _), shape in zip(self._resp_banks, shapes):
                 value = out[key]  # reads as ``get`` does at a third of its cost, but raises for a missing key
-                if not (isinstance(value, torch.Tensor) and value.dtype == dtype and value.shape == (n, *shape)):
+                if not (isinstance(value, torch.Tensor) and value.dtype == dtype and value.shape == shape):
                     return None
                 values.append(value)
         except Exception:  # noqa: BLE001 - decided (and reported) by the layout's validation in reply
@@ -426,7 +447,7 @@ class SlotServer(ServerEndpoint):
         values = self._answers(out, len(batch))
         if values is None:  # the layout's own validation names what is wrong
             try:
-                out = self.response_layout.validate_stacked(out, len(batch))
+                out = self._answered.validate_stacked(out, len(batch))
             except LayoutError as exc:
                 self.fail(batch, exc)
                 return
@@ -435,8 +456,12 @@ class SlotServer(ServerEndpoint):
             slot = batch.handles[0]
             for view, value in zip(self._resp_one[slot], values):
                 view.copy_(value)
+            if self._versions is not None:
+                self._versions[slot] = batch.version
             self.control.state[slot] = ANSWERED
         else:
+            if self._versions is not None:
+                self._versions[batch.handles] = batch.version
             index = torch.as_tensor(batch.handles)
             for (_, _, _, bank), by_row, value in zip(self._resp_banks, self._resp_by_row, values):
                 if by_row:

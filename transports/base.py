@@ -75,12 +75,15 @@ class Batch:
         stacked: the requests already gathered into one TensorDict with a leading request dimension
             (fixed-layout transports), or ``None``.
         enqueued: ``time.monotonic()`` of each submission (for queue-wait statistics).
+        version: the ``policy_version`` that served the batch, set by the serving loop before :meth:`reply`
+            (an endpoint that ``stamps_version`` writes it into each answer itself).
     """
 
     handles: list
     requests: list | None = None
     stacked: TensorDictBase | None = None
     enqueued: list = field(default_factory=list)
+    version: int = 0
 
     def __len__(self) -> int:
         return len(self.handles)
@@ -121,10 +124,14 @@ class ServerEndpoint(ABC):
         private_copies: ``True`` for an endpoint whose requests are fresh copies nobody else holds (decoded from
             bytes) and whose :meth:`reply` copies the answers out (encodes them): the serving loop may then use
             the requests' tensors in the batch without copying, and share a version tensor between batches.
+        stamps_version: ``True`` for an endpoint whose :meth:`reply` writes ``batch.version`` as every answer's
+            ``policy_version`` itself (a slot transport writes one integer into shared memory): the serving loop
+            then leaves ``policy_version`` out of ``out``.
     """
 
     fixed_keys: tuple[frozenset, frozenset] | None = None
     private_copies: bool = False
+    stamps_version: bool = False
 
     @abstractmethod
     def collect(self, max_n: int, min_n: int, timeout: float, poll: float) -> Batch | None:

@@ -14,7 +14,7 @@ from tensordict import TensorDictBase
 
 from ._shared import EndpointClaims
 from ._slots import FREE, SlotClientBase, SlotFuture, SlotTransport
-from .errors import TransportError
+from .errors import PeerFailureError, TransportError
 
 
 class ProcessSlotTransport(SlotTransport):
@@ -63,6 +63,9 @@ class ProcessSlotClient(SlotClientBase):
         # a slot serves one worker process: a copy of this client in another live process is refused
         self.claims.claim(self.slot, "process slot")
         if self.control.state[self.slot] != FREE:
+            problem = self.status.problem()  # a request left behind by a server that died unseen
+            if problem is not None:
+                raise PeerFailureError(problem)
             raise TransportError(
                 f"process slot {self.slot} still holds a request: read the previous answer before submitting again"
             )

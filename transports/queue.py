@@ -29,7 +29,7 @@ import weakref
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ._shared import WAIT_SLICE, EndpointClaims, PeerStatus, wait_for
+from ._shared import WAIT_SLICE, EndpointClaims, PeerStatus, spin, wait_for
 from .base import Batch, RequestReplyTransport, ResponseFuture, ServerEndpoint
 from .config import TransportConfig
 from .errors import PeerFailureError, RemoteError, ServiceError, TransportError
@@ -244,7 +244,7 @@ class QueueClient:
         self.__init__(**state)
 
     def submit(self, td: TensorDictBase) -> _QueueFuture:
-        problem = self.status.problem()
+        problem = self.status.problem(probe=False)
         if problem is not None:
             raise PeerFailureError(problem)
         self.claims.claim(self.index, "queue client endpoint")
@@ -373,7 +373,9 @@ class QueueServer(ServerEndpoint):
 
     def collect(self, max_n: int, min_n: int, timeout: float, poll: float) -> Batch | None:
         items: list = []
-        if not self._sweep(poll, items, max_n):
+        # Poll without blocking for a moment first: a client that asks again right after its answer is then
+        # read without a wake-up, which can take longer than the whole serving pass on a small VM.
+        if not (spin(lambda: self._sweep(0.0, items, max_n)) or self._sweep(poll, items, max_n)):
             return None
         while len(items) < max_n and self._sweep(0.0, items, max_n):  # take what is there
             pass

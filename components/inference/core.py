@@ -121,6 +121,7 @@ class ServingCore:
         fixed = getattr(endpoint, "fixed_keys", None)
         self._fixed = None if fixed is None else (frozenset(fixed[0]), tuple(sorted(fixed[0] & fixed[1])))
         self._private = bool(getattr(endpoint, "private_copies", False))  # see ServerEndpoint.private_copies
+        self._stamps = bool(getattr(endpoint, "stamps_version", False))  # see ServerEndpoint.stamps_version
         self._versions: dict = {}  # (batch size, device) -> (version, policy_version tensor), for those endpoints
 
     # ------------------------------------------------------------------ weights
@@ -215,9 +216,11 @@ class ServingCore:
                 out, shared_version = (out.exclude(*fixed[1]) if fixed[1] else out), True
             else:  # an endpoint that encodes its answers never hands the version tensor out either
                 out, shared_version = (out.exclude(*keys_in) if keys_in else out), self._private
-            out.set("policy_version", self._version_tensor(out) if shared_version else
-                    torch.full(out.batch_size, self.version, dtype=torch.long, device=out.device))
-            if out.device != self.output_device:
+            batch.version = self.version
+            if not self._stamps:
+                out.set("policy_version", self._version_tensor(out) if shared_version else
+                        torch.full(out.batch_size, self.version, dtype=torch.long, device=out.device))
+            if fixed is None and out.device != self.output_device:  # a fixed endpoint copies into its own tensors
                 out = out.to(self.output_device)
         except Exception as exc:  # noqa: BLE001 - a failing batch fails only its callers
             self.endpoint.fail(batch, RemoteError.from_exception(exc))
