@@ -149,3 +149,37 @@ def test_channels_and_their_socket_duplicates_are_closed_with_the_transport():
         transport.close()
         gc.collect()
     assert _open_fds() <= before
+
+
+def _spin_in_child(spinners, started, release) -> None:
+    spinners.spin(1, lambda: release.is_set() or (started.set() or False), 30.0)
+
+
+def test_a_client_spins_only_while_no_other_client_does():
+    import multiprocessing as mp
+
+    from transports._shared import Spinners
+
+    ctx = mp.get_context("spawn")
+    spinners = Spinners(4)
+    started, release = ctx.Event(), ctx.Event()
+    child = ctx.Process(target=_spin_in_child, args=(spinners, started, release))
+    try:
+        child.start()
+        assert started.wait(30)  # the child spins for endpoint 1
+        calls = []
+        assert spinners.spin(0, lambda: calls.append(1) or True, 1.0) is False
+        assert calls == []  # refused without polling: the other client spins
+        release.set()
+        child.join(30)
+        assert child.exitcode == 0
+        assert spinners.spin(0, lambda: calls.append(1) or True, 1.0) is True and calls == [1]
+        with pytest.raises(ZeroDivisionError):
+            spinners.spin(2, lambda: 1 / 0, 1.0)
+        assert not spinners._flags.any()  # a failing poll leaves no flag behind
+    finally:
+        release.set()
+        child.join(30)
+        if child.is_alive():
+            child.kill()
+        spinners.close()

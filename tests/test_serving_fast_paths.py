@@ -416,3 +416,24 @@ def test_answers_of_a_dtype_numpy_lacks_are_private_copies(kind):
         assert answer["action"].tolist() == [3.0] * 4  # the first answer did not change with the slot
     finally:
         transport.close()
+
+
+def test_a_server_that_died_unseen_fails_the_waiting_request_and_the_next_submit(kind):
+    import multiprocessing as mp
+
+    from components.errors import PeerFailureError
+
+    gone = mp.get_context("spawn").Process(target=os.getpid)
+    gone.start()
+    gone.join(30)
+    transport = kind(REQUEST, RESPONSE, num_slots=2)
+    try:
+        transport.mark_serving(gone.pid)  # the flags say "serving", but that process is gone
+        client = transport.client()
+        future = client.submit(obs(1))  # a submit reads the flags only
+        with pytest.raises(PeerFailureError, match=f"pid {gone.pid}"):
+            future.result(timeout=5)  # the waiting loop probes the pid
+        with pytest.raises(PeerFailureError):
+            client.submit(obs(2)).result(timeout=5)
+    finally:
+        transport.close()

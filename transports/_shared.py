@@ -219,6 +219,38 @@ def spin(ready: Callable[[], bool], seconds: float = SPIN_S) -> bool:
     return False
 
 
+class Spinners:
+    """Which client endpoints of a transport are spinning for an answer, in a shared block: a client spins only while
+    no other does, so a crowd of waiting clients never takes the cores their server needs. Pickle with the transport.
+
+    Args:
+        n: endpoints.
+    """
+
+    def __init__(self, n: int, segment: Segment | None = None):
+        self.n = n
+        self.segment = segment or Segment(n)
+        self._flags = np.frombuffer(self.segment.buf, dtype=np.uint8, count=n)
+
+    def __reduce__(self):
+        return (Spinners, (self.n, self.segment))
+
+    def spin(self, index: int, ready: Callable[[], bool], seconds: float) -> bool:
+        """As :func:`spin` for endpoint ``index``, unless another endpoint spins already (False at once)."""
+        flags = self._flags
+        if flags.any():
+            return False
+        flags[index] = 1
+        try:
+            return spin(ready, seconds)
+        finally:
+            flags[index] = 0
+
+    def close(self) -> None:
+        self._flags = None
+        self.segment.close()
+
+
 def wait_for(
     poll: Callable[[float], bool],
     peer: PeerStatus,

@@ -444,33 +444,36 @@ class SlotServer(ServerEndpoint):
         return values
 
     def reply(self, batch: Batch, out: TensorDictBase) -> None:
-        values = self._answers(out, len(batch))
+        handles = batch.handles
+        n = len(handles)
+        values = self._answers(out, n)
         if values is None:  # the layout's own validation names what is wrong
             try:
-                out = self._answered.validate_stacked(out, len(batch))
+                out = self._answered.validate_stacked(out, n)
             except LayoutError as exc:
                 self.fail(batch, exc)
                 return
             values = [out.get(key) for key, *_ in self._resp_banks]
-        if len(batch) == 1:
-            slot = batch.handles[0]
+        if n == 1:
+            slot = handles[0]
             for view, value in zip(self._resp_one[slot], values):
                 view.copy_(value)
             if self._versions is not None:
                 self._versions[slot] = batch.version
             self.control.state[slot] = ANSWERED
-        else:
-            if self._versions is not None:
-                self._versions[batch.handles] = batch.version
-            index = torch.as_tensor(batch.handles)
-            for (_, _, _, bank), by_row, value in zip(self._resp_banks, self._resp_by_row, values):
-                if by_row:
-                    for row, slot in enumerate(batch.handles):
-                        bank[slot].copy_(value[row])
-                else:
-                    bank.index_copy_(0, index, value)
-            self.control.state[batch.handles] = ANSWERED
-        for slot in batch.handles:
+            self.answered[slot].release()
+            return
+        if self._versions is not None:
+            self._versions[handles] = batch.version
+        index = torch.as_tensor(handles)
+        for (_, _, _, bank), by_row, value in zip(self._resp_banks, self._resp_by_row, values):
+            if by_row:
+                for row, slot in enumerate(handles):
+                    bank[slot].copy_(value[row])
+            else:
+                bank.index_copy_(0, index, value)
+        self.control.state[handles] = ANSWERED
+        for slot in handles:
             self.answered[slot].release()
 
     def fail(self, batch: Batch, error: BaseException) -> None:

@@ -29,7 +29,7 @@ import weakref
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ._shared import WAIT_SLICE, EndpointClaims, PeerStatus, spin, wait_for
+from ._shared import WAIT_SLICE, EndpointClaims, PeerStatus, Spinners, spin, wait_for
 from .base import Batch, RequestReplyTransport, ResponseFuture, ServerEndpoint
 from .config import TransportConfig
 from .errors import PeerFailureError, RemoteError, ServiceError, TransportError
@@ -130,6 +130,9 @@ def frame(payload: bytes) -> list:
     return [header + payload] if n <= _JOIN_BELOW else [header, payload]
 
 
+CLIENT_SPIN_S = 200e-6
+"""Seconds a waiting client polls its channel before it blocks, while no other client spins: about what a server
+takes to read, serve and answer a small request, so its answer is read without a wake-up."""
 _JOIN_BELOW = 1 << 16  # join the header to payloads up to this size (one send); larger ones go separately
 _SEND_FLAGS = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
 
@@ -170,6 +173,7 @@ class QueueTransport(RequestReplyTransport):
         self.channels = [ctx.Pipe(duplex=True) for _ in range(max_clients)]  # (client end, server end)
         self.status = PeerStatus()
         self.claims = EndpointClaims(max_clients, ctx.Lock())
+        self.spinners = Spinners(max_clients)
         self._next = 0
 
     @property
@@ -180,7 +184,8 @@ class QueueTransport(RequestReplyTransport):
         if self._next >= self.max_clients:
             raise TransportError(f"all {self.max_clients} client endpoints are in use; raise max_clients")
         index, self._next = self._next, self._next + 1
-        return QueueClient(index, self.channels[index][0], self.status, self.claims, self.max_queue_size)
+        return QueueClient(index, self.channels[index][0], self.status, self.claims, self.max_queue_size,
+                           self.spinners)
 
     def server(self) -> "QueueServer":
         return QueueServer([server_end for _, server_end in self.channels])
@@ -201,6 +206,7 @@ class QueueTransport(RequestReplyTransport):
             server_end.close()
         self.status.close()
         self.claims.close()
+        self.spinners.close()
 
 
 class _QueueFuture(ResponseFuture):
@@ -223,9 +229,10 @@ class QueueClient:
     """The client of a :class:`QueueTransport`: ``submit(td)`` returns a future; threads may share it, processes
     may not (each process needs its own client: requests and answers use the client's own channel)."""
 
-    def __init__(self, index: int, conn, status: PeerStatus, claims: EndpointClaims, max_in_flight: int):
+    def __init__(self, index: int, conn, status: PeerStatus, claims: EndpointClaims, max_in_flight: int,
+                 spinners: Spinners):
         self.index, self.conn, self.status, self.claims = index, conn, status, claims
-        self.max_in_flight = max_in_flight
+        self.max_in_flight, self.spinners = max_in_flight, spinners
         self._ids = itertools.count()
         self._answers: dict[int, tuple] = {}
         self._cond = threading.Condition()
@@ -238,7 +245,7 @@ class QueueClient:
 
     def __getstate__(self):
         return {"index": self.index, "conn": self.conn, "status": self.status, "claims": self.claims,
-                "max_in_flight": self.max_in_flight}
+                "max_in_flight": self.max_in_flight, "spinners": self.spinners}
 
     def __setstate__(self, state):
         self.__init__(**state)
@@ -295,7 +302,9 @@ class QueueClient:
             if self._readable is None:
                 self._readable = select.poll()
                 self._readable.register(self.conn.fileno(), select.POLLIN)
-            if self._readable.poll(step * 1000):
+            readable = self._readable.poll
+            if readable(0) or (step > 0 and self.spinners.spin(self.index, lambda: bool(readable(0)), CLIENT_SPIN_S)) \
+                    or readable(step * 1000):
                 while True:
                     rid, status, payload = pickle.loads(self.conn.recv_bytes())
                     if status == _OK:
