@@ -212,6 +212,25 @@ def _one_client_in_two_processes(client, transport):
     assert client(request(1))["action"][0].item() == 2  # the owner's process may still use it after them
 
 
+@pytest.mark.parametrize("transport", ["queue", "process_slot"])
+def test_a_forked_copy_of_a_client_in_use_is_refused_at_its_call_site(transport):
+    """A forked child inherits the client with this process's claim on its endpoint; the claim check must see the
+    child's own pid (kept by a fork hook, not asked of the system on every request)."""
+    with make_server("process", transport) as server:
+        client = server.client()
+        assert client(request(1))["action"][0].item() == 2  # claimed by this process
+        ctx = mp.get_context("fork")
+        queue = ctx.SimpleQueue()
+        child = ctx.Process(target=_call_in_child, args=(client, queue))
+        child.start()
+        try:
+            result = queue.get()
+        finally:
+            child.join(timeout=30)
+        assert result[0] == "error" and "TransportError" in result[1], result
+        assert client(request(3))["action"][0].item() == 6  # this process keeps using it
+
+
 def test_policy_client_module_reduces_owner_to_client(server):
     module = PolicyClientModule(server, in_keys=["observation"], out_keys=["action", "policy_version"], max_inflight=2)
     td = module(TensorDict({"observation": torch.ones(4), "other": torch.zeros(1)}))

@@ -126,7 +126,7 @@ class PeerStatus:
         self.segment.close()
 
 
-_pid = os.getpid()
+_pid = os.getpid()  # this process's pid, kept by a fork hook: os.getpid is a system call, a per-request cost
 
 
 def _forked() -> None:
@@ -135,11 +135,6 @@ def _forked() -> None:
 
 
 os.register_at_fork(after_in_child=_forked)
-
-
-def this_pid() -> int:
-    """This process's pid, kept by a fork hook: ``os.getpid`` is a system call, a per-request cost."""
-    return _pid
 
 
 class EndpointClaims:
