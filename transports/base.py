@@ -65,7 +65,7 @@ class Transport(ABC):
         self.close()
 
 
-@dataclass
+@dataclass(slots=True)
 class Batch:
     """Requests collected for one serving pass.
 
