@@ -220,13 +220,18 @@ def test_a_forked_copy_of_a_client_in_use_is_refused_at_its_call_site(transport)
         client = server.client()
         assert client(request(1))["action"][0].item() == 2  # claimed by this process
         ctx = mp.get_context("fork")
-        queue = ctx.SimpleQueue()
+        queue = ctx.Queue()
         child = ctx.Process(target=_call_in_child, args=(client, queue))
         child.start()
         try:
-            result = queue.get()
+            result = queue.get(timeout=60)
         finally:
             child.join(timeout=30)
+            if child.is_alive():
+                child.kill()
+                child.join(timeout=30)
+            queue.close()
+            queue.join_thread()
         assert result[0] == "error" and "TransportError" in result[1], result
         assert client(request(3))["action"][0].item() == 6  # this process keeps using it
 

@@ -151,11 +151,11 @@ def test_channels_and_their_socket_duplicates_are_closed_with_the_transport():
     assert _open_fds() <= before
 
 
-def _spin_in_child(spinners, started, release) -> None:
-    spinners.spin(1, lambda: release.is_set() or (started.set() or False), 30.0)
+def _spin_in_child(spinners, started, release, seconds) -> None:
+    spinners.spin(1, lambda: release.is_set() or (started.set() or False), seconds)
 
 
-def test_a_client_spins_only_while_no_other_client_does():
+def test_a_client_polls_only_while_no_other_client_does():
     import multiprocessing as mp
 
     from transports._shared import Spinners
@@ -163,20 +163,47 @@ def test_a_client_spins_only_while_no_other_client_does():
     ctx = mp.get_context("spawn")
     spinners = Spinners(4)
     started, release = ctx.Event(), ctx.Event()
-    child = ctx.Process(target=_spin_in_child, args=(spinners, started, release))
+    child = ctx.Process(target=_spin_in_child, args=(spinners, started, release, 30.0))
     try:
         child.start()
-        assert started.wait(30)  # the child spins for endpoint 1
+        assert started.wait(30)  # the child polls for endpoint 1
         calls = []
         assert spinners.spin(0, lambda: calls.append(1) or True, 1.0) is False
-        assert calls == []  # refused without polling: the other client spins
+        assert calls == []  # refused without polling: the other client polls
         release.set()
         child.join(30)
         assert child.exitcode == 0
         assert spinners.spin(0, lambda: calls.append(1) or True, 1.0) is True and calls == [1]
         with pytest.raises(ZeroDivisionError):
             spinners.spin(2, lambda: 1 / 0, 1.0)
-        assert not spinners._flags.any()  # a failing poll leaves no flag behind
+        assert not spinners._until.any()  # a failing poll leaves no entry behind
+    finally:
+        release.set()
+        child.join(30)
+        if child.is_alive():
+            child.kill()
+        spinners.close()
+
+
+def test_the_entry_of_a_client_killed_while_polling_expires():
+    import multiprocessing as mp
+
+    from transports._shared import Spinners
+
+    ctx = mp.get_context("spawn")
+    spinners = Spinners(2)
+    started, release = ctx.Event(), ctx.Event()
+    child = ctx.Process(target=_spin_in_child, args=(spinners, started, release, 1.0))
+    try:
+        child.start()
+        assert started.wait(30)
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(30)
+        assert spinners._until[1] > 0  # left behind by the killed client...
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not spinners.spin(0, lambda: True, 0.01):
+            time.sleep(0.05)
+        assert spinners.spin(0, lambda: True, 0.01)  # ...but it expires, and the others poll again
     finally:
         release.set()
         child.join(30)

@@ -437,3 +437,35 @@ def test_a_server_that_died_unseen_fails_the_waiting_request_and_the_next_submit
             client.submit(obs(2)).result(timeout=5)
     finally:
         transport.close()
+
+
+@pytest.mark.parametrize("version", [torch.zeros((), dtype=torch.float32), torch.zeros(1, dtype=torch.long)],
+                         ids=["float32", "shape [1]"])
+def test_a_response_layout_whose_policy_version_the_server_cannot_stamp_is_refused(kind, version):
+    from components.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="policy_version.*int64 of shape \\[\\]"):
+        kind(REQUEST, TensorDict({"action": torch.zeros(4), "policy_version": version}), num_slots=2)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_an_answer_the_endpoint_cannot_write_fails_its_callers_and_the_loop_serves_on(kind, n):
+    from components.errors import RemoteError
+
+    transport, clients, server, core = serving(kind, Double())
+    try:
+        core.request_update({}, 2**63)  # a version no int64 slot can hold: reply raises while writing it
+        core._apply_updates()
+        futures = [c.submit(obs(1)) for c in clients[:n]]
+        core.serve(server.collect(16, n, 1.0, 1.0))  # must not raise: the batch's callers get the error
+        for future in futures:
+            with pytest.raises(RemoteError, match="OverflowError"):
+                future.result(timeout=5)
+        core.request_update({}, 5)
+        core._apply_updates()
+        future = clients[0].submit(obs(4))
+        core.serve(server.collect(16, 1, 1.0, 1.0))
+        answer = future.result(timeout=5)
+        assert answer["action"].tolist() == [8.0] * 4 and answer["policy_version"].item() == 5
+    finally:
+        transport.close()

@@ -215,8 +215,10 @@ def spin(ready: Callable[[], bool], seconds: float = SPIN_S) -> bool:
 
 
 class Spinners:
-    """Which client endpoints of a transport are spinning for an answer, in a shared block: a client spins only while
-    no other does, so a crowd of waiting clients never takes the cores their server needs. Pickle with the transport.
+    """Which client endpoints of a transport are polling for an answer, in a shared block: a client polls only while
+    no other does, so a crowd of waiting clients never takes the cores their server needs. Each entry holds the
+    ``time.monotonic()`` (one clock for every process of the machine) until which its client polls, so the entry of a
+    client killed while polling expires on its own. Pickle with the transport.
 
     Args:
         n: endpoints.
@@ -224,25 +226,25 @@ class Spinners:
 
     def __init__(self, n: int, segment: Segment | None = None):
         self.n = n
-        self.segment = segment or Segment(n)
-        self._flags = np.frombuffer(self.segment.buf, dtype=np.uint8, count=n)
+        self.segment = segment or Segment(8 * n)
+        self._until = np.frombuffer(self.segment.buf, dtype=np.float64, count=n)
 
     def __reduce__(self):
         return (Spinners, (self.n, self.segment))
 
     def spin(self, index: int, ready: Callable[[], bool], seconds: float) -> bool:
-        """As :func:`spin` for endpoint ``index``, unless another endpoint spins already (False at once)."""
-        flags = self._flags
-        if flags.any():
+        """As :func:`spin` for endpoint ``index``, unless another endpoint polls now (False at once)."""
+        until, now = self._until, time.monotonic()
+        if until.max() > now:
             return False
-        flags[index] = 1
+        until[index] = now + seconds
         try:
             return spin(ready, seconds)
         finally:
-            flags[index] = 0
+            until[index] = 0.0
 
     def close(self) -> None:
-        self._flags = None
+        self._until = None
         self.segment.close()
 
 

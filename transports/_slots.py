@@ -115,6 +115,7 @@ class SlotTransport(RequestReplyTransport):
         self.response_layout = _as_layout(response_layout)
         _cpu_only(self.request_layout, "request")
         _cpu_only(self.response_layout, "response")
+        _stampable(self.response_layout)
         ctx = mp.get_context(context)
         self.num_slots, self.context = num_slots, context
         self.requests = SlotBank(self.request_layout, num_slots)
@@ -196,6 +197,18 @@ def _clones(leaves: list, batch_size: torch.Size, device) -> TensorDictBase:
 
 def _as_layout(value) -> Layout:
     return value if isinstance(value, Layout) else Layout.from_tensordict(value)
+
+
+def _stampable(layout: Layout) -> None:
+    """The server writes ``policy_version`` into the response slots (see SlotServer.stamps_version): int64, one per
+    request, so of the response's batch size."""
+    for leaf in layout:
+        if leaf.key == VERSION_KEY and (leaf.dtype != torch.int64 or leaf.shape != tuple(layout.batch_size)):
+            raise ConfigurationError(
+                f"response layout key 'policy_version' is {leaf.describe()}: the server writes it as int64 of shape "
+                f"{list(layout.batch_size)} (the response's batch size)",
+                path="response_layout",
+            )
 
 
 def _cpu_only(layout: Layout, what: str) -> None:
@@ -436,7 +449,8 @@ class SlotServer(ServerEndpoint):
         try:
             for (key, _, dtype, _), shape in zip(self._resp_banks, shapes):
                 value = out[key]  # reads as ``get`` does at a third of its cost, but raises for a missing key
-                if not (isinstance(value, torch.Tensor) and value.dtype == dtype and value.shape == shape):
+                if not (isinstance(value, torch.Tensor) and value.dtype == dtype and value.shape == shape
+                        and value.is_cpu):
                     return None
                 values.append(value)
         except Exception:  # noqa: BLE001 - decided (and reported) by the layout's validation in reply
@@ -453,7 +467,7 @@ class SlotServer(ServerEndpoint):
             except LayoutError as exc:
                 self.fail(batch, exc)
                 return
-            values = [out.get(key) for key, *_ in self._resp_banks]
+            values = [out.get(key).cpu() for key, *_ in self._resp_banks]  # the slots are CPU tensors
         if n == 1:
             slot = handles[0]
             for view, value in zip(self._resp_one[slot], values):

@@ -220,12 +220,15 @@ class ServingCore:
             if not self._stamps:
                 out.set("policy_version", self._version_tensor(out) if shared_version else
                         torch.full(out.batch_size, self.version, dtype=torch.long, device=out.device))
-            if fixed is None and out.device != self.output_device:  # a fixed endpoint copies into its own tensors
+            if out.device != self.output_device:
                 out = out.to(self.output_device)
         except Exception as exc:  # noqa: BLE001 - a failing batch fails only its callers
             self.endpoint.fail(batch, RemoteError.from_exception(exc))
             return
-        self.endpoint.reply(batch, out)
+        try:
+            self.endpoint.reply(batch, out)
+        except Exception as exc:  # noqa: BLE001 - answers the endpoint could not write fail their callers, not the loop
+            self.endpoint.fail(batch, RemoteError.from_exception(exc))
 
     def _version_tensor(self, out: TensorDictBase) -> torch.Tensor:
         key = (out.batch_size, out.device)
