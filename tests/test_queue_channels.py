@@ -3,6 +3,7 @@
 A real inference server in a child process; requests large enough (1 MiB) to fill a local socket's buffer.
 """
 
+import contextlib
 import os
 import signal
 import threading
@@ -155,18 +156,32 @@ def _spin_in_child(spinners, started, release, seconds) -> None:
     spinners.spin(1, lambda: release.is_set() or (started.set() or False), seconds)
 
 
-def test_a_client_polls_only_while_no_other_client_does():
+@contextlib.contextmanager
+def _polling_child(n: int, seconds: float):
+    """A child process polling for endpoint 1 of ``Spinners(n)`` for up to ``seconds`` (until released): yields the
+    spinners, the child and the release event; closes everything on exit."""
     import multiprocessing as mp
 
     from transports._shared import Spinners
 
     ctx = mp.get_context("spawn")
-    spinners = Spinners(4)
+    spinners = Spinners(n)
     started, release = ctx.Event(), ctx.Event()
-    child = ctx.Process(target=_spin_in_child, args=(spinners, started, release, 30.0))
+    child = ctx.Process(target=_spin_in_child, args=(spinners, started, release, seconds))
     try:
         child.start()
         assert started.wait(30)  # the child polls for endpoint 1
+        yield spinners, child, release
+    finally:
+        release.set()
+        child.join(30)
+        if child.is_alive():
+            child.kill()
+        spinners.close()
+
+
+def test_a_client_polls_only_while_no_other_client_does():
+    with _polling_child(4, 30.0) as (spinners, child, release):
         calls = []
         assert spinners.spin(0, lambda: calls.append(1) or True, 1.0) is False
         assert calls == []  # refused without polling: the other client polls
@@ -177,26 +192,10 @@ def test_a_client_polls_only_while_no_other_client_does():
         with pytest.raises(ZeroDivisionError):
             spinners.spin(2, lambda: 1 / 0, 1.0)
         assert not spinners._until.any()  # a failing poll leaves no entry behind
-    finally:
-        release.set()
-        child.join(30)
-        if child.is_alive():
-            child.kill()
-        spinners.close()
 
 
 def test_the_entry_of_a_client_killed_while_polling_expires():
-    import multiprocessing as mp
-
-    from transports._shared import Spinners
-
-    ctx = mp.get_context("spawn")
-    spinners = Spinners(2)
-    started, release = ctx.Event(), ctx.Event()
-    child = ctx.Process(target=_spin_in_child, args=(spinners, started, release, 1.0))
-    try:
-        child.start()
-        assert started.wait(30)
+    with _polling_child(2, 1.0) as (spinners, child, _):
         os.kill(child.pid, signal.SIGKILL)
         child.join(30)
         assert spinners._until[1] > 0  # left behind by the killed client...
@@ -204,9 +203,3 @@ def test_the_entry_of_a_client_killed_while_polling_expires():
         while time.monotonic() < deadline and not spinners.spin(0, lambda: True, 0.01):
             time.sleep(0.05)
         assert spinners.spin(0, lambda: True, 0.01)  # ...but it expires, and the others poll again
-    finally:
-        release.set()
-        child.join(30)
-        if child.is_alive():
-            child.kill()
-        spinners.close()
