@@ -20,8 +20,9 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ._shared import PeerStatus, Segment, SlotBank, spin, wait_for
-from .base import Batch, RequestReplyTransport, ResponseFuture, ServerEndpoint
+from ._shared import PeerStatus, spin, wait_for
+from .segments import Segment, SlotBank
+from .base import RequestReplyTransport, ResponseFuture
 from .config import TransportConfig
 from .errors import ConfigurationError, LayoutError, PeerFailureError, RemoteError
 from .layout import Layout
@@ -129,10 +130,14 @@ class SlotTransport(RequestReplyTransport):
     def config(self) -> TransportConfig:
         return TransportConfig(self.kind, {"num_slots": self.num_slots})
 
-    def server(self) -> "SlotServer":
+    def server(self):
+        from ._slot_server import SlotServer
+
         return SlotServer(self)
 
-    def server_side(self) -> "SlotServerSide":
+    def server_side(self):
+        from ._slot_server import SlotServerSide
+
         return SlotServerSide(self._shared())
 
     def mark_serving(self, pid: int) -> None:
@@ -329,177 +334,3 @@ class SlotFuture(ResponseFuture):
         if ok:
             return value
         raise value
-
-
-class SlotServerSide:
-    """The shared pieces a serving process needs, picklable for the trip there."""
-
-    def __init__(self, shared: dict):
-        self.shared = shared
-
-    def server(self) -> "SlotServer":
-        return SlotServer(self.shared)
-
-
-class SlotServer(ServerEndpoint):
-    """Sweeps READY slots in submission order; gathers them in one pass and scatters answers in one pass."""
-
-    stamps_version = True
-
-    def __init__(self, transport: SlotTransport):
-        shared = transport._shared() if isinstance(transport, SlotTransport) else transport
-        self.requests: SlotBank = shared["requests"]
-        self.responses: SlotBank = shared["responses"]
-        self.control: _Control = shared["control"]
-        self.doorbell = shared["doorbell"]
-        self.answered = shared["answered"]
-        self.response_layout: Layout = self.responses.layout
-        # Built once (see SlotClientBase): one-slot request views for single-request batches, the response
-        # leaf banks with the shapes a stacked answer must have, and per slot the response leaf views.
-        # Batches carry device "cpu" (every slot leaf is a CPU tensor, see _cpu_only): the serving loop moves a
-        # batch whose device differs to the policy device, and for a CPU policy that move would be a no-op
-        # costing more than the rest of a small round trip. ``to`` keeps the shared-memory views (no copy).
-        self._req_all = self.requests.slots.to("cpu")
-        self._req_one = [self._req_all[slot : slot + 1] for slot in range(self.requests.num_slots)]
-        # A flat request layout builds a one-request batch from clones of the slot's leaf views (see _clones).
-        request_layout = self.requests.layout
-        self._one_size = torch.Size((1, *request_layout.batch_size))
-        self._req_one_leaves = None
-        if _flat(request_layout):
-            self._req_banks = [(leaf.key[0], self.requests.slots.get(leaf.key)) for leaf in request_layout]
-            self._req_one_leaves = [_leaves((key, bank[slot : slot + 1]) for key, bank in self._req_banks)
-                                    for slot in range(self.requests.num_slots)]
-        # ``policy_version`` is not copied out of ``out``: reply writes the batch's version into the slots' integers
-        # (stamps_version), which costs less than the loop setting a version tensor and reply copying it.
-        self._versions = None
-        answered = self.response_layout
-        if VERSION_KEY in answered.keys:
-            self._versions = self.responses.slots.get(VERSION_KEY).numpy()
-            answered = Layout(tuple(leaf for leaf in answered if leaf.key != VERSION_KEY), answered.batch_size)
-        self._answered = answered  # what ``out`` must hold
-        self._resp_banks = [(_lookup_key(leaf.key), torch.Size(leaf.shape), leaf.dtype,
-                             self.responses.slots.get(leaf.key)) for leaf in answered]
-        # Scattering answers: index_copy_ for small rows (one call for the batch); row by row for large ones, where
-        # index_copy_ goes element by element (4 rows of 1 MiB: 3.3 ms against 0.13 ms copied row by row).
-        self._stacked_shapes: dict = {}  # batch size -> the shape of each answer leaf stacked for it
-        self._resp_by_row = [bank[0].nbytes >= _ROW_COPY_BYTES for *_, bank in self._resp_banks]
-        self._resp_one = [[bank[slot : slot + 1] for *_, bank in self._resp_banks]
-                          for slot in range(self.responses.num_slots)]
-        # reply copies exactly the response keys out of ``out``; batches hold exactly the request keys.
-        self.fixed_keys = (frozenset(request_layout.keys), frozenset(self.response_layout.keys))
-
-    def _ready(self) -> list:
-        """READY slots in submission order."""
-        states = self.control.state.tolist()  # a snapshot; only this server moves a slot out of READY
-        count = states.count(READY)
-        if count <= 1:  # the common case at low load: no array work
-            return [states.index(READY)] if count else []
-        ready = [slot for slot, state in enumerate(states) if state == READY]
-        enqueued = self.control.enqueued.tolist()
-        ready.sort(key=enqueued.__getitem__)  # stable, as submission times may tie
-        return ready
-
-    def collect(self, max_n: int, min_n: int, timeout: float, poll: float) -> Batch | None:
-        if not (_spin(self.doorbell) or self.doorbell.acquire(timeout=poll)):
-            return None
-        while self.doorbell.acquire(False):  # one sweep answers every ring so far
-            pass
-        ready = self._ready()
-        if len(ready) < min_n:
-            deadline = time.monotonic() + timeout
-            while len(ready) < min_n and self.doorbell.acquire(timeout=max(0.0, deadline - time.monotonic())):
-                ready = self._ready()
-        if len(ready) == 0:
-            return None
-        if len(ready) > max_n:
-            # Their rings were drained above (later arrivals ring again themselves): come straight back.
-            self.doorbell.release()
-            ready = ready[:max_n]
-        state, enqueued = self.control.state, self.control.enqueued
-        if len(ready) == 1:  # the common case at low load: a slice copy, no TensorDict gather
-            slot = ready[0]
-            state[slot] = SERVING
-            return Batch(handles=ready, stacked=self._one(slot), enqueued=[float(enqueued[slot])])
-        state[ready] = SERVING
-        return Batch(handles=ready, stacked=self._gather(torch.tensor(ready)), enqueued=enqueued[ready].tolist())
-
-    def _gather(self, index: torch.Tensor) -> TensorDictBase:
-        """A copy of the slots ``index`` as one batch. ``index_select`` copies rows as blocks; indexing with a
-        tensor goes element by element (4 slots of 1 MiB: 0.1 ms against 2.5 ms)."""
-        size = torch.Size((len(index), *self._one_size[1:]))
-        if self._req_one_leaves is None:  # nested keys
-            return self._req_all.apply(lambda leaf: leaf.index_select(0, index), batch_size=size)
-        return TensorDict._new_unsafe({key: bank.index_select(0, index) for key, bank in self._req_banks},
-                                      batch_size=size, device=_CPU)
-
-    def _one(self, slot: int) -> TensorDictBase:
-        """A copy of slot ``slot`` as a batch of one (device "cpu", like every batch)."""
-        if self._req_one_leaves is None:  # nested keys: the general copy
-            return self._req_one[slot].clone()
-        return _clones(self._req_one_leaves[slot], self._one_size, _CPU)
-
-    def _answers(self, out: TensorDictBase, n: int) -> list | None:
-        """The answer leaves in layout order if ``out`` matches the response layout for ``n`` requests."""
-        if not isinstance(out, TensorDictBase):
-            return None
-        shapes = self._stacked_shapes.get(n)
-        if shapes is None:
-            shapes = self._stacked_shapes[n] = [torch.Size((n, *shape)) for _, shape, _, _ in self._resp_banks]
-        values = []
-        try:
-            for (key, _, dtype, _), shape in zip(self._resp_banks, shapes):
-                value = out[key]  # reads as ``get`` does at a third of its cost, but raises for a missing key
-                if not (isinstance(value, torch.Tensor) and value.dtype == dtype and value.shape == shape
-                        and value.is_cpu):
-                    return None
-                values.append(value)
-        except Exception:  # noqa: BLE001 - decided (and reported) by the layout's validation in reply
-            return None
-        return values
-
-    def reply(self, batch: Batch, out: TensorDictBase) -> None:
-        handles = batch.handles
-        n = len(handles)
-        values = self._answers(out, n)
-        if values is None:  # the layout's own validation names what is wrong
-            try:
-                out = self._answered.validate_stacked(out, n)
-            except LayoutError as exc:
-                self.fail(batch, exc)
-                return
-            values = [out.get(key).cpu() for key, *_ in self._resp_banks]  # the slots are CPU tensors
-        if n == 1:
-            slot = handles[0]
-            for view, value in zip(self._resp_one[slot], values):
-                view.copy_(value)
-            if self._versions is not None:
-                self._versions[slot] = batch.version
-            self.control.state[slot] = ANSWERED
-            self.answered[slot].release()
-            return
-        if self._versions is not None:
-            self._versions[handles] = batch.version
-        index = torch.as_tensor(handles)
-        for (_, _, _, bank), by_row, value in zip(self._resp_banks, self._resp_by_row, values):
-            if by_row:
-                for row, slot in enumerate(handles):
-                    bank[slot].copy_(value[row])
-            else:
-                bank.index_copy_(0, index, value)
-        self.control.state[handles] = ANSWERED
-        for slot in handles:
-            self.answered[slot].release()
-
-    def fail(self, batch: Batch, error: BaseException) -> None:
-        for slot in batch.handles:
-            self.control.write_error(slot, error)
-        self.control.state[batch.handles] = FAILED
-        for slot in batch.handles:
-            self.answered[slot].release()
-
-    def close(self, reason: str = "the server was shut down") -> None:
-        waiting = np.flatnonzero((self.control.state == READY) | (self.control.state == SERVING))
-        if len(waiting):
-            self.fail(Batch(handles=waiting.tolist()), PeerFailureError(reason))
-
-

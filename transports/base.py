@@ -193,6 +193,13 @@ class RequestReplyTransport(Transport):
     def mark_serving(self, pid: int) -> None:
         """Tell clients a server (in process ``pid``) is answering."""
 
+    def bind(self, host: Any) -> None:
+        """Tell clients where the server runs once its host started it (anything with ``pid`` and ``handle``, such
+        as a :class:`components.hosts.base.Host`); by default: :meth:`mark_serving` with the host's pid."""
+        import os
+
+        self.mark_serving(host.pid if host.pid is not None else os.getpid())
+
     def mark_dead(self, *, stopped: bool) -> None:
         """Tell clients nothing will answer any more (``stopped``: an orderly shutdown)."""
 

@@ -13,7 +13,7 @@ import time
 
 from tensordict import TensorDictBase
 
-from . import _local
+from . import local as _local
 from .base import Batch, RequestReplyTransport, ServerEndpoint
 from .errors import PeerFailureError
 

@@ -12,7 +12,7 @@ import time
 
 from tensordict import TensorDictBase
 
-from . import _local
+from . import local as _local
 from .base import Batch, RequestReplyTransport, ServerEndpoint, drain
 from .config import TransportConfig
 from .errors import PeerFailureError

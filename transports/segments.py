@@ -1,0 +1,123 @@
+"""Named shared-memory segments and slot banks: the public pieces of shared memory that services build on.
+
+Segments are named ``rlsvc_<pid>_<n>`` under ``/dev/shm`` (Linux). The creating process unlinks them on
+close and registers them with multiprocessing's resource tracker, so they are removed even if it dies;
+processes that attach by name never unlink. A :class:`SlotBank` lays TensorDicts of one
+:class:`~transports.layout.Layout` out in one segment.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import mmap
+import os
+from multiprocessing import resource_tracker
+
+import torch
+from tensordict import TensorDict
+
+from .layout import Layout
+
+SHM_PREFIX = "rlsvc_"
+_SHM_DIR = "/dev/shm"
+_counter = itertools.count()
+
+
+class Segment:
+    """A named shared-memory segment. Picklable by name: it re-attaches wherever it is unpickled.
+
+    Args:
+        size: bytes (rounded up to at least one byte).
+        name: attach to this existing segment instead of creating one.
+    """
+
+    def __init__(self, size: int, name: str | None = None):
+        self.size = max(int(size), 1)
+        self.owner = name is None
+        self.name = name or f"{SHM_PREFIX}{os.getpid()}_{next(_counter)}_{os.urandom(3).hex()}"
+        path = os.path.join(_SHM_DIR, self.name)
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if self.owner else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if self.owner:
+                os.ftruncate(fd, self.size)
+                resource_tracker.register("/" + self.name, "shared_memory")
+            self._mmap = mmap.mmap(fd, self.size)
+        finally:
+            os.close(fd)
+        self.buf = memoryview(self._mmap)
+
+    def __reduce__(self):
+        return (Segment, (self.size, self.name))
+
+    def close(self) -> None:
+        """Detach; the creator also unlinks the name. Safe to call more than once."""
+        if getattr(self, "buf", None) is None:
+            return
+        try:
+            self.buf.release()
+            self._mmap.close()
+        except BufferError:  # tensor views still alive elsewhere: the mapping goes when they do
+            pass
+        self.buf = None
+        if self.owner:
+            try:
+                os.unlink(os.path.join(_SHM_DIR, self.name))
+            except FileNotFoundError:
+                pass
+            resource_tracker.unregister("/" + self.name, "shared_memory")
+
+
+class SlotBank:
+    """``num_slots`` TensorDicts of one :class:`Layout` in one shared segment; each leaf is a tensor view.
+
+    ``bank.slots`` is a TensorDict with a leading ``num_slots`` dimension whose leaves live in shared memory:
+    ``bank.slots[i]`` reads or writes slot ``i`` without copying the bank.
+    """
+
+    def __init__(self, layout: Layout, num_slots: int, segment: Segment | None = None):
+        self.layout = layout
+        self.num_slots = num_slots
+        offsets, total = [], 0
+        for leaf in layout:
+            total = (total + 63) // 64 * 64  # cache-line aligned leaves
+            offsets.append(total)
+            total += num_slots * leaf.nbytes
+        self.segment = segment or Segment(total)
+        self.slots = TensorDict(batch_size=(num_slots, *layout.batch_size))
+        for leaf, offset in zip(layout, offsets):
+            count = num_slots * math.prod(leaf.shape)
+            flat = torch.frombuffer(self.segment.buf, dtype=leaf.dtype, count=count, offset=offset) if count else torch.empty(0, dtype=leaf.dtype)
+            self.slots.set(leaf.key, flat.view(num_slots, *leaf.shape))
+
+    def __reduce__(self):
+        return (SlotBank, (self.layout, self.num_slots, self.segment))
+
+    def close(self) -> None:
+        self.slots = None
+        self.segment.close()
+
+
+def segments_of(pids) -> list[str]:
+    """Names of the segments that processes ``pids`` created and that still exist."""
+    prefixes = tuple(f"{SHM_PREFIX}{pid}_" for pid in pids)
+    try:
+        return [name for name in os.listdir(_SHM_DIR) if name.startswith(prefixes)]
+    except FileNotFoundError:
+        return []
+
+
+def remove_segments_of(pid: int) -> list[str]:
+    """Unlink every segment a (dead) process created; returns their names. Used after a child was killed."""
+    removed = []
+    prefix = f"{SHM_PREFIX}{pid}_"
+    for name in os.listdir(_SHM_DIR):
+        if name.startswith(prefix):
+            try:
+                os.unlink(os.path.join(_SHM_DIR, name))
+            except FileNotFoundError:
+                continue
+            resource_tracker.unregister("/" + name, "shared_memory")
+            removed.append(name)
+    return removed
