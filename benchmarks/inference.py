@@ -69,7 +69,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
 from components.inference import InferenceServer, InferenceServerConfig  # noqa: E402
-from transports._shared import Segment  # noqa: E402
+from transports.segments import Segment  # noqa: E402
 from _common import stop_child  # noqa: E402  (benchmarks/_common.py, beside this script)
 from transports.config import TransportConfig  # noqa: E402
 # The workload and the measuring primitives live in the TorchRL peer script beside this one, which must stand alone
@@ -332,7 +332,8 @@ class _EchoActor:
 def run_ray_cells(cells, sizes, client_counts, quick, results, floors) -> None:
     """Ray rows: clients are threads of this driver calling the Ray inference client; the floor is a plain
     actor call with the same payload, measured in the same cluster."""
-    from components.ray_support import RayClusterConfig, import_ray, ray_cluster
+    from components.hosts.ray import RayClusterConfig, ray_cluster
+from transports.ray import import_ray
 
     ray = import_ray()
     with ray_cluster(RayClusterConfig(temp_dir=f"/tmp/rb{os.getpid()}")):

@@ -52,8 +52,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
 from components.logger import CSVLogger  # noqa: E402
-from components.process import context as mp_context  # noqa: E402
-from transports._shared import segments_of  # noqa: E402
+from components.hosts.process import context as mp_context  # noqa: E402
+from transports.segments import segments_of  # noqa: E402
 from _common import start_owner, stop_child  # noqa: E402  (benchmarks/_common.py, beside this script)
 
 PLACEMENTS = ["direct", "thread", "process"]

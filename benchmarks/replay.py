@@ -49,7 +49,7 @@ from tensordict import TensorDict
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
 from components.replay import ReplayBuffer  # noqa: E402
-from transports._shared import segments_of  # noqa: E402
+from transports.segments import segments_of  # noqa: E402
 from _common import start_owner  # noqa: E402  (benchmarks/_common.py, beside this script)
 from transports.queue import from_wire, to_wire  # noqa: E402
 
@@ -137,7 +137,7 @@ class _BatchActor:
 
 
 def ray_floor(obs: str, stack: contextlib.ExitStack):
-    from components.ray_support import import_ray
+    from transports.ray import import_ray
 
     ray = import_ray()
     actor = ray.remote(_BatchActor).options(num_cpus=0).remote(make_batch(obs))
@@ -281,7 +281,7 @@ def main() -> None:
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
         if "ray/ray" in cells:  # a local cluster on 127.0.0.1 for the ray row, stopped at the end
-            from components.ray_support import RayClusterConfig, ray_cluster
+            from components.hosts.ray import RayClusterConfig, ray_cluster
 
             stack.enter_context(ray_cluster(RayClusterConfig(temp_dir=f"/tmp/rb{os.getpid()}")))
         for obs in args.obs:

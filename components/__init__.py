@@ -1,5 +1,7 @@
-"""Services: the owner/client contract, scoped defaults, errors, the compatibility table, and one module
-or package per domain (inference, replay, logger, collector, weight sync)."""
+"""Services: the owner/client contract (:mod:`.service`), one resolution per component (:mod:`.resolution`),
+scoped defaults, errors, the compatibility table assembled from each service's declaration (:mod:`.compat`),
+one host per placement (:mod:`.hosts`), acknowledged commands (:mod:`.commands`), and one package per service:
+``inference``, ``replay``, ``logger``, ``collectors``, ``weight_sync``."""
 
 from .errors import (
     ConfigurationError,

@@ -1,11 +1,8 @@
-"""Hosting a direct owner elsewhere: on a thread, in a child process or in a Ray actor, driven by
-acknowledged commands.
-
-A service whose operations are method calls (replay buffer, logger) is built as its ``direct`` twin where
-the owner lives, and clients send ``(method, args, kwargs)`` over a request/reply transport (``thread`` in
-process, ``queue`` across processes). Every call returns the method's result or raises its exception at the
-call site; only the component's client operations are accepted (a client cannot call ``shutdown``). In a Ray
-actor the commands are Ray calls (see :mod:`components.ray_support`).
+"""Acknowledged commands: a service whose operations are method calls (replay buffer, logger, weight sync on a
+remote host) is served as a *command target*: the resource, plus a loop that runs ``(method, args, kwargs)``
+commands from a request/reply transport (``thread`` in process, ``queue`` across processes, ``ray`` in an
+actor) one at a time, in order. Every call returns the method's result or raises its exception at the call
+site; only the component's client operations are accepted (a client cannot call ``shutdown``).
 """
 
 from __future__ import annotations
@@ -15,17 +12,16 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from transports.base import Batch, RequestReplyTransport, ServerEndpoint
+from transports.base import Batch, ServerEndpoint
 from transports.errors import RemoteError, ServiceError
 
-from .process import ChildProcess
-
 POLL = 0.05
+"""Seconds the loop waits for a command before it checks whether it should stop."""
 
 
 def hosted(method):
-    """Route a domain operation called on a thread- or process-placed owner through the owner's own client
-    (``self._remote``); on a direct owner (and on the hosted twin) the method runs as written."""
+    """Route a domain operation called on a remotely placed owner through the owner's own client
+    (``self._remote``); on an owner whose resource lives in the caller the method runs as written."""
     name = method.__name__
 
     @functools.wraps(method)
@@ -78,6 +74,30 @@ class CommandLoop:
             self.endpoint.close("the service was shut down")
 
 
+class CommandTarget:
+    """What a host runs for a command service: the resource, built where the host runs it, served over the
+    server side of a request/reply transport.
+
+    Args:
+        build: picklable callable returning the resource, ready (released by its ``close()``, or by the
+            ``shutdown()`` of an owner).
+        server_side: what the serving side of the transport needs (its ``server()`` gives the endpoint).
+        allowed: the client operations.
+    """
+
+    def __init__(self, build: Callable[[], Any], server_side: Any, allowed: Allowed):
+        self.resource = build()
+        self.loop = CommandLoop(self.resource, server_side.server(), allowed)
+
+    def serve(self, stop: threading.Event) -> None:
+        self.loop.run(stop)
+
+    def close(self) -> None:
+        # a plain resource closes; a twin owner (a logger placed in its host's caller) shuts down
+        release = getattr(self.resource, "close", None) or self.resource.shutdown
+        release()
+
+
 class CommandClient:
     """Base of command clients: ``_call(method, *args, **kwargs)`` is one acknowledged round trip.
 
@@ -89,123 +109,3 @@ class CommandClient:
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         return self._endpoint.submit((method, args, kwargs)).result()
-
-
-class Host:
-    """Runs a direct twin on a thread or in a child process and hands out command endpoints.
-
-    Args:
-        name: thread or process name.
-        twin_factory: picklable callable returning the *unstarted* direct owner to host.
-        placement: ``thread``, ``process`` or ``ray``.
-        resources: :class:`~components.ray_support.ActorResources` of a ``ray`` host.
-        allowed: the client operations.
-        max_clients: command endpoints a process host can hand out.
-        startup_timeout: seconds the twin may take to start.
-    """
-
-    def __init__(self, name: str, twin_factory: Callable[[], Any], placement: str, allowed: Allowed,
-                 *, max_clients: int = 64, startup_timeout: float = 60.0, resources: Any = None):
-        self.name, self.twin_factory, self.placement, self.allowed = name, twin_factory, placement, allowed
-        self.max_clients, self.startup_timeout, self.resources = max_clients, startup_timeout, resources
-        self.transport: RequestReplyTransport | None = None
-        self.child: ChildProcess | None = None
-        self.actor: Any = None  # placement ray: the hosting RayActor
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-
-    def start(self) -> None:
-        if self.placement == "ray":
-            from .ray_support import HostActor, RayActor
-
-            self.actor = RayActor(HostActor, self.name, (self.twin_factory, self.allowed), self.resources).wait_ready()
-            return
-        if self.placement == "thread":
-            from transports.thread import ThreadTransport
-
-            self.transport = ThreadTransport()
-            ready: dict = {}
-            started = threading.Event()
-            self._thread = threading.Thread(target=self._host_thread, args=(ready, started), name=self.name, daemon=True)
-            self._thread.start()
-            started.wait()
-            if "error" in ready:
-                self._thread.join()
-                raise ready["error"]
-            self.transport.mark_serving(0)
-            return
-        from transports.queue import QueueTransport
-
-        self.transport = QueueTransport(max_clients=self.max_clients)
-        self.child = ChildProcess(
-            self.name, _host_in_child, (self.twin_factory, self.transport.server_side(), self.allowed),
-            startup_timeout=self.startup_timeout, on_death=lambda reason: self.transport.mark_dead(stopped=False),
-        )
-        self.transport.mark_serving(self.child.start())
-
-    def _host_thread(self, ready: dict, started: threading.Event) -> None:
-        try:
-            twin = self.twin_factory().start()  # the SDK is built on the thread that serves it
-        except BaseException as exc:  # noqa: BLE001 - raised at start()
-            ready["error"] = exc
-            started.set()
-            return
-        started.set()
-        try:
-            CommandLoop(twin, self.transport.server(), self.allowed).run(self._stop)
-        finally:
-            twin.shutdown()
-            if not self._stop.is_set():
-                self.transport.mark_dead(stopped=False)
-
-    def endpoint(self) -> Any:
-        if self.actor is not None:
-            from .ray_support import RayEndpoint
-
-            return RayEndpoint(self.actor.handle, self.name)
-        return self.transport.client()
-
-    @property
-    def is_alive(self) -> bool:
-        if self.actor is not None:
-            return self.actor.is_alive
-        if self._thread is not None:
-            return self._thread.is_alive()
-        return self.child is not None and self.child.is_alive
-
-    def stop(self, timeout: float | None = None) -> None:
-        if self.actor is not None:
-            self.actor.stop(timeout)
-            self.actor = None
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout if timeout is not None else 30.0)
-            self._thread = None
-        if self.child is not None:
-            self.child.stop(timeout)
-            self.child = None
-        if self.transport is not None:
-            self.transport.mark_dead(stopped=True)
-            self.transport.close()
-
-
-class _HostedChild:
-    def __init__(self, twin_factory, transport, allowed):
-        import torch
-
-        torch.set_num_threads(1)
-        self.twin = twin_factory().start()
-        self.loop = CommandLoop(self.twin, transport.server(), allowed)
-
-    def run(self, stop: threading.Event) -> None:
-        self.loop.run(stop)
-
-    def handle(self, command: str, payload: Any) -> Any:
-        raise ValueError(f"unknown command {command!r}")
-
-    def close(self) -> None:
-        self.twin.shutdown()
-
-
-def _host_in_child(twin_factory, transport, allowed) -> _HostedChild:
-    return _HostedChild(twin_factory, transport, allowed)

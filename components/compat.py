@@ -1,148 +1,73 @@
-"""The compatibility table: the single source of truth for what runs where.
+"""The compatibility table: the single source of truth for what runs where, assembled from what each
+component declares next to its code (``components/<service>/declaration.py``).
 
-Every component declares, per placement, which transports it supports, the status of each (built, or
-"not implemented yet"), and what ``auto`` resolves to. Validation, the plan, ``python -m launcher.matrix``,
-the README table and the tests all read this table; nothing else decides whether a combination is valid.
-
-A combination outside the table is rejected everywhere (the dry run included) with an
-:class:`IncompatibleCombinationError` naming the component, placement, transport, config path and the
-supported alternatives. A combination inside the table that is not built yet plans and prints (marked),
-and fails before anything starts when run, with :class:`NotImplementedYetError`.
+Validation, the plan, ``python -m launcher.matrix``, the README table and the tests all read this table;
+nothing else decides whether a combination is valid. A combination outside the table is rejected everywhere
+(the dry run included) with an :class:`IncompatibleCombinationError` naming the component, placement,
+transport, config path and the supported alternatives. A combination inside the table that is not built yet
+plans and prints (marked), and fails before anything starts when run, with :class:`NotImplementedYetError`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Mapping
+import importlib
+from typing import Mapping
 
 from transports.config import TransportConfig
 from transports.errors import IncompatibleCombinationError, NotImplementedYetError
 from transports.kinds import PLACEMENTS, TRANSPORT_KINDS
 from transports.resolver import Resolution, TransportContext, register_transport_resolver
 
-SUPPORTED = "supported"
-NOT_YET = "not implemented yet"
+from .declaration import NOT_YET, SUPPORTED, Cell, Declaration
 
-COMPONENTS: tuple[str, ...] = ("inference", "replay", "logger", "collector", "weight_sync")
+DECLARING_MODULES: tuple[str, ...] = (
+    "components.logger.declaration",
+    "components.weight_sync.declaration",
+    "components.replay.declaration",
+    "components.inference.declaration",
+    "components.collectors.declaration",
+)
+"""Where the table is read from: one declaration module per service (a new service adds its line here). Their
+order is the table's, and breaks ties in the start order."""
+
 NO_TRANSPORT = "-"
 """Shown as the transport of components that take none (collectors use their endpoints' transports)."""
 
-AutoRule = Callable[[TransportContext], "tuple[str, str]"]
+
+def _assemble() -> dict[str, Declaration]:
+    declarations = {}
+    for module in DECLARING_MODULES:
+        declaration = importlib.import_module(module).DECLARATION
+        declarations[declaration.component] = declaration
+    return declarations
 
 
-@dataclass(frozen=True)
-class Cell:
-    """One (component, placement) entry: the transports it takes, their status, and the ``auto`` rule."""
-
-    component: str
-    placement: str
-    transports: Mapping[str, str]
-    auto: AutoRule | None
-    note: str = ""
-
-    @property
-    def takes_transport(self) -> bool:
-        return self.auto is not None
-
-    @property
-    def built(self) -> bool:
-        """Whether this placement is built for at least one transport (or, without transports, at all)."""
-        if not self.takes_transport:
-            return self.note != NOT_YET
-        return any(status == SUPPORTED for status in self.transports.values())
+DECLARATIONS: Mapping[str, Declaration] = _assemble()
+COMPONENTS: tuple[str, ...] = tuple(DECLARATIONS)
+TABLE: Mapping[tuple[str, str], Cell] = {(c.component, c.placement): c for d in DECLARATIONS.values() for c in d.cells}
 
 
-def _fixed(kind: str, reason: str) -> AutoRule:
-    return lambda ctx: (kind, reason)
+def declaration(component: str) -> Declaration:
+    """The :class:`Declaration` of ``component``.
 
-
-def _process_payloads(ctx: TransportContext) -> tuple[str, str]:
-    if ctx.layouts_known and ctx.one_request_per_worker:
-        return "process_slot", "process owner, known layouts, one request in flight per worker: one fixed slot each"
-    if ctx.layouts_known:
-        return "shared_memory", "process owner with known layouts: preallocated shared-memory slots, only indices travel"
-    return "queue", "process owner without fixed layouts: pickled payloads over a local socket per client"
-
-
-def _process_replay(ctx: TransportContext) -> tuple[str, str]:
-    if ctx.layouts_known:
-        return "shared_memory", "process owner with known layouts: storage in shared memory, samples without pickling"
-    return "queue", "process owner without fixed layouts: pickled payloads over a local socket per client"
-
-
-_DIRECT = _fixed("direct", "owner in the caller's process: plain calls, no serialization")
-_THREAD = _fixed("thread", "owner on a thread: in-process queue and condition")
-_RAY = _fixed("ray", "Ray owner: Ray calls and the object store (distributed is opt-in)")
-_DIST = _fixed("distributed", "torch.distributed owner: point-to-point gloo/NCCL groups")
-
-S, N = SUPPORTED, NOT_YET
-
-
-def _cells() -> dict[tuple[str, str], Cell]:
-    rows = [
-        # inference: batched request/reply
-        Cell("inference", "direct", {"direct": S}, _DIRECT),
-        Cell("inference", "thread", {"thread": S, "direct": S}, _THREAD),
-        Cell(
-            "inference",
-            "process",
-            {"queue": S, "shared_memory": S, "process_slot": S, "distributed": N},
-            _process_payloads,
-        ),
-        Cell("inference", "ray", {"ray": S, "distributed": N}, _RAY),
-        Cell("inference", "distributed", {"distributed": N}, _DIST),
-        # replay: extend / sample / priority updates
-        Cell("replay", "direct", {"direct": S}, _DIRECT),
-        Cell("replay", "thread", {"thread": S}, _THREAD),
-        Cell("replay", "process", {"queue": S, "shared_memory": S, "distributed": N}, _process_replay),
-        Cell("replay", "ray", {"ray": S, "distributed": N}, _RAY),
-        Cell("replay", "distributed", {"distributed": N}, _DIST),
-        # logger: acknowledged commands, possibly carrying videos
-        Cell("logger", "direct", {"direct": S}, _DIRECT),
-        Cell("logger", "thread", {"thread": S}, _THREAD),
-        Cell("logger", "process", {"queue": S}, _fixed("queue", "commands and videos of any shape: pickled over local sockets")),
-        Cell("logger", "ray", {"ray": S}, _RAY),
-        Cell("logger", "distributed", {"distributed": N}, _fixed("distributed", "rank-0 logger; commands as text over gloo")),
-        # collectors take no transport: policy calls and replay writes use those endpoints' transports
-        Cell("collector", "direct", {}, None, SUPPORTED),
-        Cell("collector", "thread", {}, None, S),
-        Cell("collector", "process", {}, None, S),
-        Cell("collector", "ray", {}, None, S),
-        Cell("collector", "distributed", {}, None, N),
-        Cell("collector", "submitit", {}, None, N),
-        # weight sync: versioned state from the learner to inference owners and collectors
-        Cell("weight_sync", "direct", {"direct": S}, _fixed("direct", "same process: in-place copies, no serialization")),
-        Cell("weight_sync", "thread", {"direct": S}, _fixed("direct", "same process: snapshots, copied in place by receivers")),
-        Cell(
-            "weight_sync",
-            "process",
-            {"shared_memory": S},
-            _fixed("shared_memory", "a shared-memory state dict and a version counter"),
-        ),
-        Cell("weight_sync", "ray", {"ray": S, "distributed": N}, _fixed("ray", "versions through the Ray object store")),
-        Cell("weight_sync", "distributed", {"distributed": N}, _DIST),
-    ]
-    return {(c.component, c.placement): c for c in rows}
-
-
-TABLE: Mapping[tuple[str, str], Cell] = _cells()
-
-
-def _check_component(component: str) -> None:
-    if component not in COMPONENTS:
-        raise IncompatibleCombinationError(f"unknown component {component!r}", alternatives=COMPONENTS)
+    Raises:
+        IncompatibleCombinationError: no such component.
+    """
+    try:
+        return DECLARATIONS[component]
+    except KeyError:
+        raise IncompatibleCombinationError(f"unknown component {component!r}", alternatives=COMPONENTS) from None
 
 
 def placements_of(component: str) -> tuple[str, ...]:
     """Placements the table lists for ``component`` (built or not)."""
-    _check_component(component)
+    declaration(component)
     return tuple(p for p in PLACEMENTS if (component, p) in TABLE)
 
 
 def transports_of(component: str) -> tuple[str, ...]:
     """Every transport kind ``component`` takes in some placement (its transport vocabulary)."""
-    _check_component(component)
-    kinds = {k for (c, _), cell in TABLE.items() if c == component for k in cell.transports}
+    kinds = {k for cell in declaration(component).cells for k in cell.transports}
     return tuple(k for k in TRANSPORT_KINDS if k in kinds)
 
 
@@ -152,7 +77,7 @@ def get_cell(component: str, placement: str, *, path: str | None = None, origin:
     Raises:
         IncompatibleCombinationError: the component has no such placement.
     """
-    _check_component(component)
+    declaration(component)
     cell = TABLE.get((component, placement))
     if cell is None:
         raise IncompatibleCombinationError(
@@ -172,31 +97,28 @@ def resolve(
     requested: str | TransportConfig | None,
     context: TransportContext,
     *,
-    strict: bool = True,
-    lenient: bool = False,
+    placement_explicit: bool = True,
 ) -> Resolution:
     """Resolve the transport of ``component`` at ``context.placement``.
 
-    Args:
-        component: a name from :data:`COMPONENTS`.
-        requested: a kind, a :class:`TransportConfig`, or ``None``/``"auto"``.
-        context: placement and what is known about payloads; ``path``/``origin`` go into messages.
-        strict: an explicit choice must be valid. With ``strict=False`` (a broad default such as
-            ``transport=shared_memory`` for the whole plan), a kind the component never takes falls back to
-            ``auto`` and the reason says so; a kind it takes elsewhere but not here is still an error.
-        lenient: with ``strict=False``, fall back to ``auto`` for any kind this cell does not take (used when
-            the component's placement was set explicitly, so a plan-wide transport must not break it).
+    An explicit choice (``context.origin`` is ``None`` or ``"explicit"``) must fit. A broad default (a
+    ``transport_backend`` scope, or ``transport=X`` for the whole plan; ``context.origin`` names it) applies to
+    the components that take it: a kind the component never takes, or (when the component's placement was
+    chosen explicitly, so the default was not meant for it) a kind this placement does not take, resolves
+    ``auto`` and the reason says so; a kind it takes elsewhere but not at a placement that came from the same
+    broad defaults is an error.
 
     Raises:
         IncompatibleCombinationError: the combination is outside the table.
     """
     config = requested if isinstance(requested, TransportConfig) else TransportConfig(requested or "auto")
-    cell = get_cell(component, context.placement, origin=None)
+    broad = context.origin not in (None, "explicit", "default")
+    cell = get_cell(component, context.placement)
     if not cell.takes_transport:
-        if config.kind != "auto" and strict:
+        if config.kind != "auto" and not broad:
             raise IncompatibleCombinationError(
-                f"{component} takes no transport (got {config.kind!r}{_from(context.origin)}): its policy calls and "
-                "replay writes use the inference and replay endpoints' transports",
+                f"{component} takes no transport (got {config.kind!r}): its policy calls and replay writes use the "
+                "inference and replay endpoints' transports",
                 path=context.path,
                 alternatives=("auto",),
             )
@@ -205,10 +127,10 @@ def resolve(
         kind, reason = cell.auto(context)
         return Resolution(kind, dict(config.options), f"auto: {reason}")
     if config.kind not in cell.transports:
-        if not strict and config.kind not in transports_of(component):
+        if broad and config.kind not in transports_of(component):
             kind, reason = cell.auto(context)
             return Resolution(kind, {}, f"auto ({component} never uses {config.kind!r}): {reason}")
-        if not strict and lenient:
+        if broad and placement_explicit:
             kind, reason = cell.auto(context)
             return Resolution(kind, {}, f"auto ({config.kind!r} does not apply on {context.placement!r}): {reason}")
         raise IncompatibleCombinationError(
@@ -217,7 +139,7 @@ def resolve(
             path=context.path,
             alternatives=("auto", *cell.transports),
         )
-    return Resolution(config.kind, dict(config.options), "explicit" if strict else f"from {context.origin}")
+    return Resolution(config.kind, dict(config.options), f"from {context.origin}" if broad else "explicit")
 
 
 def status(component: str, placement: str, kind: str) -> str:
@@ -237,7 +159,7 @@ def ensure_built(component: str, placement: str, kind: str) -> None:
 
 def _register() -> None:
     for component in COMPONENTS:
-        if component == "collector":
+        if not any(cell.takes_transport for cell in DECLARATIONS[component].cells):
             continue
 
         def resolver(config: TransportConfig, context: TransportContext, _c=component) -> Resolution:
@@ -250,8 +172,6 @@ _register()
 
 
 # ---------------------------------------------------------------------------------------------- rendering
-
-
 def matrix_rows() -> list[tuple[str, str, str, str]]:
     """(component, placement, transports with status, auto) for every cell, in table order."""
     rows = []
@@ -266,9 +186,8 @@ def matrix_rows() -> list[tuple[str, str, str, str]]:
                 rows.append((component, placement, f"none: uses its endpoints' transports{mark}", NO_TRANSPORT))
                 continue
             kinds = ", ".join(k if s == SUPPORTED else f"{k} (not yet)" for k, s in cell.transports.items())
-            layouts = TransportContext(placement, layouts_known=True)
-            plain = TransportContext(placement, layouts_known=False)
-            auto_known, auto_plain = cell.auto(layouts), cell.auto(plain)
+            auto_known = cell.auto(TransportContext(placement, layouts_known=True))
+            auto_plain = cell.auto(TransportContext(placement, layouts_known=False))
             auto = auto_known[0] if auto_known[0] == auto_plain[0] else f"{auto_known[0]} (layouts known), else {auto_plain[0]}"
             rows.append((component, placement, kinds, auto))
     return rows
@@ -283,3 +202,8 @@ def render_markdown() -> str:
     for component, placement, kinds, auto in matrix_rows():
         lines.append(f"| {component} | {placement} | {kinds} | {auto or '-'} |")
     return "\n".join(lines)
+
+
+__all__ = ["COMPONENTS", "DECLARATIONS", "NOT_YET", "NO_TRANSPORT", "SUPPORTED", "TABLE", "Cell", "Declaration",
+           "declaration", "ensure_built", "get_cell", "matrix_rows", "placements_of", "render_markdown", "resolve",
+           "status", "transports_of"]

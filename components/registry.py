@@ -144,7 +144,7 @@ class RayServiceRegistry(ServiceRegistry):
 
     def __init__(self, namespace: str | None = None, directory: str = DIRECTORY) -> None:
         super().__init__()
-        from .ray_support import namespace as current_namespace, require_connection
+        from .hosts.ray import namespace as current_namespace, require_connection
 
         ray = require_connection("RayServiceRegistry")
         self.namespace = namespace or current_namespace()
@@ -154,14 +154,16 @@ class RayServiceRegistry(ServiceRegistry):
         self._mine: dict[str, tuple[Any, bool]] = {}  # names this instance registered -> (owner or None, owned)
 
     def _check_owner(self, name: str, owner: Owner) -> None:
-        if owner.placement != "ray":
+        from transports.kinds import REACH
+
+        if REACH.get(owner.transport_kind) != "cluster":  # e.g. a thread or process owner: its clients stay local
             raise ValueError(
                 f"cannot register {type(owner).__name__} as {name!r} in a RayServiceRegistry: it is placed on "
                 f"{owner.placement!r}, and only owners placed on 'ray' have clients that reach the cluster"
             )
 
     def _ask(self, method: str, *args: Any) -> Any:
-        from .ray_support import get
+        from transports.ray import get
 
         return get(getattr(self._directory, method).remote(*args), f"registry.{method}", 60.0)
 

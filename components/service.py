@@ -6,20 +6,23 @@ lifecycle; a *client* is the cheap, picklable capability workers get, with domai
 Owner contract:
     - ``start()`` returns ``self`` only once the resource is constructed and ready; starting twice raises.
     - ``shutdown(timeout=None)`` is idempotent and safe on error paths (also before ``start``).
-    - ``client()`` returns the client; for ``direct`` placement the client *is* the owner.
+    - ``client()`` returns the client; when the resource lives in the caller (``direct``) the client *is* the owner.
     - ``is_alive`` says whether the resource is serving; owners are context managers.
+
+Every owner is built from one :class:`~components.resolution.Resolved` (the plan's, or one it computes from its
+arguments) and runs its resource on the host of its placement: the owner supplies the target to host and,
+where clients reach it through a transport, the endpoint's kind; the host and the transport do the rest.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, Callable, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
-from transports.config import TransportConfig
-from transports.resolver import Resolution, TransportContext
+from transports import registry as transport_registry
 
-from . import compat
-from .scope import Choice, choose_placement, choose_transport
+from .hosts import Host, Resources
+from .resolution import Resolved, resolve_component
 
 ClientT = TypeVar("ClientT", covariant=True)
 
@@ -42,44 +45,37 @@ class Service(Protocol[ClientT]):
 
 
 class Owner(Generic[ClientT]):
-    """Base class of owners: placement/transport resolution against the table, and the lifecycle.
+    """Base class of owners: one resolution, one host, one transport, and the lifecycle.
 
-    Subclasses set :attr:`component`, implement :meth:`_start` (build the resource; return when ready),
-    :meth:`_shutdown` and, for remote placements, :meth:`_client`.
+    Subclasses set :attr:`component` and implement :meth:`_target` (a picklable factory of what the host runs)
+    and, for owners reached through a transport, :meth:`_wrap` (the client over a transport endpoint). Owners
+    with several hosts (collectors) or none override :meth:`_start`, :meth:`_shutdown` and :meth:`_alive`.
 
     Args:
-        placement: where the owner lives; ``None`` takes the ``service_backend`` context, else
-            :attr:`default_placement`.
-        transport: a kind or :class:`~transports.TransportConfig`; ``None`` takes the ``transport_backend``
-            context, else ``auto``.
+        placement: where the owner lives; ``None`` takes the ``service_backend`` context, else the default.
+        transport: a kind, a :class:`~transports.TransportConfig` or a transport instance (validated like a
+            name); ``None`` takes the ``transport_backend`` context, else ``auto``.
         layouts_known: whether fixed payload layouts are known up front (steers ``auto``).
+        options: the component's own options, checked by its declaration.
+        resolved: the plan's resolution of this component (then placement, transport and options are not read).
     """
 
     component: ClassVar[str] = ""
-    default_placement: ClassVar[str] = "direct"
 
-    def __init__(self, *, placement: str | None = None, transport: Any = None, layouts_known: bool = False):
-        self._placement_choice: Choice = choose_placement(placement, self.default_placement)
-        if transport is None or isinstance(transport, str):
-            requested = None
-            t_choice = choose_transport(transport)
-        else:  # a TransportConfig, or a transport instance: validated against the placement like a name
-            requested = transport if isinstance(transport, TransportConfig) else TransportConfig(transport.kind)
-            t_choice = choose_transport(requested.kind)
-        context = TransportContext(
-            self._placement_choice.value,
-            layouts_known=layouts_known,
-            origin=t_choice.origin,
-        )
-        compat.get_cell(self.component, context.placement, origin=self._placement_choice.origin)
-        self._resolution: Resolution = compat.resolve(
-            self.component,
-            requested if requested is not None else t_choice.value,
-            context,
-            strict=not t_choice.from_context,
-        )
-        compat.ensure_built(self.component, self.placement, self.transport_kind)
-        self.resources: Any = None  # what a ray owner's actors reserve (ActorResources); see with_resources
+    def __init__(self, *, placement: str | None = None, transport: Any = None, layouts_known: bool = False,
+                 options: Any = None, resolved: Resolved | None = None):
+        from transports.base import Transport  # tensordict: only once an owner is built
+
+        self._injected: Transport | None = transport if isinstance(transport, Transport) else None
+        if resolved is None:
+            kind = self._injected.config if self._injected is not None else transport
+            resolved = resolve_component(self.component, placement, kind, layouts_known=layouts_known, options=options)
+        resolved.ensure_built()
+        self.resolved = resolved
+        self.host_type: type[Host] = resolved.host
+        self.resources: Resources = resolved.resources
+        self._host: Host | None = None
+        self._transport: Any = None
         self._state = "new"
         self._state_lock = threading.Lock()
 
@@ -87,32 +83,39 @@ class Owner(Generic[ClientT]):
     @property
     def placement(self) -> str:
         """The resolved placement."""
-        return self._placement_choice.value
+        return self.resolved.placement
 
     @property
     def transport_kind(self) -> str:
         """The resolved transport kind (``-`` for components that take none)."""
-        return self._resolution.kind
+        return self.resolved.transport
 
     @property
     def transport_config(self):
         """The resolved transport as a :class:`~transports.TransportConfig`."""
-        return self._resolution.config
+        return self.resolved.transport_config
 
     @property
     def transport_reason(self) -> str:
         """Why this transport: ``explicit``, or the ``auto`` rule that chose it."""
-        return self._resolution.reason
+        return self.resolved.transport_reason
+
+    @property
+    def host(self) -> Host | None:
+        """The host running the resource (its ``pid`` or actor ``handle``), once started."""
+        return self._host
+
+    @property
+    def inline(self) -> bool:
+        """Whether the resource lives in the caller's thread (the owner is then its own client)."""
+        return self.host_type.inline
 
     def with_resources(self, resources: Any) -> "Owner":
-        """Set what the owner's actors reserve where it is placed (a
-        :class:`~components.ray_support.ActorResources`, or a mapping with its fields); before ``start``.
-        Placements without actors ignore it."""
+        """Set what the owner's host may use (a :class:`~components.hosts.Resources`, or a mapping with its
+        fields); before ``start``. Hosts without reservations ignore what they cannot use."""
         if self._state != "new":
             raise RuntimeError(f"{type(self).__name__}.with_resources() must come before start()")
-        from .ray_support import ActorResources
-
-        self.resources = resources if isinstance(resources, ActorResources) else ActorResources.from_config(resources)
+        self.resources = Resources.of(resources)
         return self
 
     # ------------------------------------------------------------------ lifecycle
@@ -157,14 +160,14 @@ class Owner(Generic[ClientT]):
         return self._state == "running" and self._alive()
 
     def client(self) -> ClientT:
-        """The capability to hand to workers (the owner itself for ``direct`` placement).
+        """The capability to hand to workers (the owner itself when the resource lives in the caller).
 
         Raises:
             RuntimeError: the owner is not running.
         """
         if self._state != "running":
             raise RuntimeError(f"{type(self).__name__}.client() needs a started owner (state: {self._state})")
-        if self.placement == "direct":
+        if self.inline:
             return self  # type: ignore[return-value]
         return self._client()
 
@@ -176,17 +179,71 @@ class Owner(Generic[ClientT]):
     def __exit__(self, *exc) -> None:
         self.shutdown()
 
-    # ------------------------------------------------------------------ for subclasses
+    # ------------------------------------------------------------------ the one way owners run
     def _start(self) -> None:
-        """Construct the resource; return only when it is ready."""
+        """Build the endpoint's transport (unless the resource lives in the caller), host the target, bind the
+        transport to the host."""
+        if not self.inline:
+            self._transport = self._make_transport()
+        server_side = None if self._transport is None else self._transport.server_side()
+        factory = self._target(server_side)
+        if factory is not None:
+            self._host = self._make_host(self.component.replace("_", "-"), factory, self._concurrency())
+            self._host.start()
+            if self._transport is not None:
+                self._transport.bind(self._host)
+        self._ready()
+
+    def _make_transport(self) -> Any:
+        """The request/reply transport clients reach the target through (``None``: they need none)."""
+        if self._injected is not None:
+            return self._injected
+        kind, options = self._endpoint()
+        if kind is None:
+            return None
+        return transport_registry.build(kind, options, name=self.component, **self._layouts())
+
+    def _make_host(self, name: str, factory: Callable[[], Any], concurrency: int = 1) -> Host:
+        transport = self._transport
+        on_death = None if transport is None else (lambda reason: transport.mark_dead(stopped=False))
+        return self.host_type(name, factory, resources=self.resources, on_death=on_death, concurrency=concurrency)
 
     def _shutdown(self, timeout: float | None) -> None:
-        """Release the resource."""
+        if self._host is not None:
+            self._host.stop(timeout)
+        if self._transport is not None:
+            self._transport.mark_dead(stopped=True)
+            self._transport.close()
 
     def _alive(self) -> bool:
-        return True
+        return self._host is None or self._host.is_alive
 
     def _client(self) -> ClientT:
+        return self._wrap(self._transport.client())
+
+    # ------------------------------------------------------------------ for subclasses
+    def _target(self, server_side: Any) -> Callable[[], Any] | None:
+        """A picklable factory of what the host runs (called where the placement puts it), or ``None`` when
+        nothing needs hosting; ``server_side`` is what the serving side of the endpoint's transport needs
+        (``None`` when clients need no transport)."""
+        raise NotImplementedError
+
+    def _endpoint(self) -> tuple[str | None, dict]:
+        """The transport kind and options of the endpoint clients use (default: the resolved transport)."""
+        return self.transport_kind, dict(self.resolved.transport_options)
+
+    def _concurrency(self) -> int:
+        """Calls the target must take at once (a Ray actor serving batched requests needs several)."""
+        return 1
+
+    def _layouts(self) -> dict:
+        """Layouts a fixed-layout transport is built with (``request_layout``, ``response_layout``)."""
+        return {}
+
+    def _ready(self) -> None:
+        """Called once the host (if any) is ready and the transport bound."""
+
+    def _wrap(self, endpoint: Any) -> ClientT:
         raise NotImplementedError(f"{type(self).__name__} has no remote client for placement {self.placement!r}")
 
     def _require_running(self) -> None:
@@ -197,9 +254,9 @@ class Owner(Generic[ClientT]):
         # Owners hold the resource and its lifecycle: they stay where they were created. A direct owner is
         # its own client, so this is also what pickling a direct client says.
         hint = (
-            "a 'direct' owner is its own client and works only inside its process; place it on 'thread', "
+            f"a {self.placement!r} owner is its own client and works only inside its process; place it on 'thread', "
             "'process' or 'ray' to share it across processes"
-            if self.placement == "direct"
+            if self.inline
             else "pass owner.client() to workers instead"
         )
         raise TypeError(f"cannot pickle {type(self).__name__} (placement {self.placement!r}): {hint}")

@@ -1,96 +1,58 @@
 """compose -> **plan** -> run. The plan is pure data, built without side effects.
 
-``build_plan`` resolves every component's placement and transport (explicit value > ``service`` /
-``transport`` default > component default; ``auto`` explained), validates each against the compatibility
-table and each dependency edge for reachability, derives wire layouts from the env's specs and the policy,
-and orders owners by their dependencies. A :class:`LaunchPlan` prints as a table (the dry run) and is saved
-with every run.
+``build_plan`` resolves every component once (:func:`components.resolution.resolve_component`: explicit value >
+``service`` / ``transport`` default > component default; ``auto`` explained), which checks it against the
+compatibility table, its transport's options and layouts, its own options and its resources; then it checks
+each declared call edge for reachability, derives wire layouts from the env's specs and the policy, and orders
+owners by their declared dependencies. A :class:`LaunchPlan` prints as a table (the dry run) and is saved with
+every run; each of its entries is the :class:`~components.resolution.Resolved` the owner is built from.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import MISSING as MISSING_FIELD, asdict, dataclass, field
-from typing import Any, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from components import compat
-from components.scope import choose_placement, choose_transport, service_backend, transport_backend
+from components.hosts import Resources
+from components.resolution import Resolved, resolve_component
+from components.scope import service_backend, transport_backend
 from recipes import RECIPES, Recipe, get_recipe
-from transports.config import TransportConfig
 from transports.errors import ConfigurationError, IncompatibleCombinationError
 from transports.kinds import reaches
-from transports.resolver import TransportContext
 
-from .schema import ComponentConf, ComponentsConf, ResourcesConf
+ComponentPlan = Resolved
+"""One owner of the plan: its resolution."""
 
-# Who calls whom: a dependant is started after, and stopped before, what it depends on. The logger comes
-# first so it outlives everything and can record teardown metrics.
-DEPENDENCIES: Mapping[str, tuple[str, ...]] = {
-    "logger": (),
-    "weight_sync": ("logger",),
-    "replay": ("logger", "weight_sync"),
-    "inference": ("logger", "weight_sync"),
-    "collector": ("logger", "inference", "replay"),
-}
-# Components whose clients keep one request in flight per worker (collectors step synchronously), which
-# lets `auto` give each worker its own slot.
-ONE_REQUEST_AT_A_TIME: frozenset = frozenset({"inference"})
-
-# Cross-owner traffic: (carrier, far end): the carrier's transport must reach the far end's placement.
-# Collectors call the inference server from where they run; weight sync pushes into the inference owner.
-EDGES: tuple[tuple[str, str], ...] = (("inference", "collector"), ("weight_sync", "inference"))
-# Only when the recipe asks the replay buffer to filter by policy age does it read the live version.
-VERSION_EDGE: tuple[str, str] = ("weight_sync", "replay")
-
-# Resources left at their defaults are not worth a line in the printed plan.
-def _defaults(conf_type) -> dict:
-    return {f.name: (f.default_factory() if f.default_factory is not MISSING_FIELD else f.default)
-            for f in dataclasses.fields(conf_type)}
-
-
-_RESOURCE_DEFAULTS: dict = _defaults(ResourcesConf)
-# Each component's own options (beside placement, transport and resources) and their defaults: the plan text
-# names those a run sets otherwise, as it does for resources.
-_BASE_FIELDS = {f.name for f in dataclasses.fields(ComponentConf)}
-_OPTION_DEFAULTS: dict = {f.name: {k: v for k, v in _defaults(f.default_factory).items() if k not in _BASE_FIELDS}
-                          for f in dataclasses.fields(ComponentsConf)}
+_RESOURCE_DEFAULTS: dict = asdict(Resources())
+_CONNECTION_FIELDS = ("placement", "transport", "transport_options", "resources")
 _OPTION_NOTES = {("collector", "sync", False): "workers collect the next batch while the learner trains on this one: "
                                                "policy lag <= 1"}
 
 
 @dataclass(frozen=True)
-class ComponentPlan:
-    """One owner of the plan."""
-
-    name: str
-    placement: str
-    placement_from: str
-    transport: str
-    transport_reason: str
-    status: str
-    depends_on: tuple[str, ...]
-    resources: Mapping[str, Any]
-    options: Mapping[str, Any]
-    layouts: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def built(self) -> bool:
-        return self.status == compat.SUPPORTED
-
-
-@dataclass(frozen=True)
 class LaunchPlan:
-    """The whole topology of a run, in start order."""
+    """The whole topology of a run, in start order.
+
+    Attributes:
+        recipe: the recipe's name.
+        env_id: the environment.
+        seed: the run's seed.
+        components: one :class:`~components.resolution.Resolved` per owner, in start order.
+        defaults: each component's option defaults (the printed plan names only what a run sets otherwise).
+    """
 
     recipe: str
     env_id: str
     seed: int
-    components: tuple[ComponentPlan, ...]
+    components: tuple[Resolved, ...]
+    defaults: dict = dataclasses.field(default_factory=dict, compare=False)
 
-    def __getitem__(self, name: str) -> ComponentPlan:
+    def __getitem__(self, name: str) -> Resolved:
         for c in self.components:
             if c.name == name:
                 return c
@@ -101,25 +63,20 @@ class LaunchPlan:
         return tuple(c.name for c in self.components)
 
     @property
-    def not_built(self) -> tuple[ComponentPlan, ...]:
+    def not_built(self) -> tuple[Resolved, ...]:
         return tuple(c for c in self.components if not c.built)
 
     def to_dict(self) -> dict:
-        return json.loads(json.dumps(asdict(self), default=str))
+        data = {"recipe": self.recipe, "env_id": self.env_id, "seed": self.seed,
+                "components": [{"name": c.name, **asdict(c)} for c in self.components]}
+        return json.loads(json.dumps(data, default=str))
 
     def render(self) -> str:
         """The plan as a text table (what the dry run prints)."""
         head = ("#", "component", "placement", "transport", "status", "depends on", "why")
         rows = [
-            (
-                str(i + 1),
-                c.name,
-                f"{c.placement} ({c.placement_from})",
-                c.transport,
-                "ok" if c.built else "NOT IMPLEMENTED YET",
-                ", ".join(c.depends_on) or "-",
-                c.transport_reason,
-            )
+            (str(i + 1), c.name, f"{c.placement} ({c.placement_from})", c.transport,
+             "ok" if c.built else "NOT IMPLEMENTED YET", ", ".join(c.depends_on) or "-", c.transport_reason)
             for i, c in enumerate(self.components)
         ]
         widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
@@ -130,10 +87,10 @@ class LaunchPlan:
         for c in self.components:
             for key, layout in c.layouts.items():
                 details.append(f"  {c.name}.{key}: {layout.describe() if hasattr(layout, 'describe') else layout}")
-            res = {k: v for k, v in c.resources.items() if v != _RESOURCE_DEFAULTS.get(k)}  # what was asked for
+            res = {k: v for k, v in asdict(c.resources).items() if v != _RESOURCE_DEFAULTS.get(k)}  # what was asked for
             if res:
                 details.append(f"  {c.name}.resources: {res}")
-            for key, default in _OPTION_DEFAULTS.get(c.name, {}).items():
+            for key, default in self.defaults.get(c.name, {}).items():
                 value = c.options.get(key, default)
                 if value != default:
                     note = _OPTION_NOTES.get((c.name, key, value))
@@ -169,56 +126,65 @@ def recipe_of(cfg: DictConfig) -> tuple[Recipe, Any]:
     raise ConfigurationError(f"no recipe takes a config of type {name}", path="recipe", alternatives=RECIPES)
 
 
-def resolve_components(cfg: DictConfig, needs: tuple[str, ...], *, layouts_known: bool = True) -> dict[str, tuple]:
-    """Resolve placement and transport of each needed component; validate against the table.
+def _options(cfg: DictConfig, name: str, services: dict) -> dict:
+    """A component's own options: its YAML node beside placement/transport/resources, then the recipe's needs."""
+    node = _container(cfg.components[name])
+    return {**{k: v for k, v in node.items() if k not in _CONNECTION_FIELDS}, **services.get(name, {})}
 
-    Returns:
-        ``{name: (placement Choice, placement path, Resolution)}``.
+
+def _option_defaults(cfg: DictConfig, needs: tuple[str, ...]) -> dict:
+    defaults = {}
+    for name in needs:
+        schema = OmegaConf.to_container(OmegaConf.structured(type(OmegaConf.to_object(cfg.components[name]))))
+        defaults[name] = {k: v for k, v in schema.items() if k not in _CONNECTION_FIELDS}
+    return defaults
+
+
+def resolve_components(cfg: DictConfig, needs: tuple[str, ...], services: dict, layouts: dict) -> dict[str, Resolved]:
+    """Resolve each needed component once, inside the ``service=`` / ``transport=`` scope.
 
     Raises:
-        IncompatibleCombinationError: a component, placement or transport outside the table.
+        ConfigurationError: a component, placement, transport, option or resource outside what is allowed.
     """
     service, transport = cfg.service.name, cfg.transport.name
+    one_request = {call.service for n in needs for call in compat.declaration(n).calls if call.one_request_per_worker}
     out = {}
     with service_backend(service, origin=f"service={service}"), transport_backend(transport, origin=f"transport={transport}"):
         for name in needs:
             node = cfg.components[name]
-            p_path = f"components.{name}.placement" if node.placement is not None else "service"
-            placement = choose_placement(node.placement, "direct", path=p_path)
-            compat.get_cell(name, placement.value, path=p_path, origin=None if node.placement is not None else placement.origin)
             t_explicit = node.transport is not None
-            t_path = f"components.{name}.transport" if t_explicit else "transport"
-            choice = choose_transport(node.transport, path=t_path)
             options = {**(_container(cfg.transport.options) if not t_explicit else {}), **_container(node.transport_options)}
-            resolution = compat.resolve(
-                name,
-                TransportConfig(choice.value, options),
-                TransportContext(placement.value, layouts_known=layouts_known, path=t_path,
-                                 origin=None if t_explicit else choice.origin,
-                                 one_request_per_worker=name in ONE_REQUEST_AT_A_TIME),
-                strict=t_explicit,
-                lenient=node.placement is not None,
+            out[name] = resolve_component(
+                name, node.placement, node.transport, transport_options=options,
+                layouts=layouts.get(name), layouts_known=name in layouts or None,
+                options=_options(cfg, name, services),
+                resources=_container(node.resources),
+                placement_path=f"components.{name}.placement" if node.placement is not None else "service",
+                transport_path=f"components.{name}.transport" if t_explicit else "transport",
+                one_request_per_worker=name in one_request,
             )
-            out[name] = (placement, p_path, resolution)
     return out
 
 
-def _check_edges(resolved: dict[str, tuple], edges=EDGES) -> None:
-    for carrier, far in edges:
-        if carrier not in resolved or far not in resolved:
-            continue
-        kind, where = resolved[carrier][2].kind, resolved[far][0].value
-        if not reaches(kind, where):
-            here = resolved[carrier][0].value
+def check_calls(resolved: dict[str, Resolved]) -> None:
+    """Every declared call edge: the called service's transport must reach where its caller is placed."""
+    for caller, r in resolved.items():
+        for call in compat.declaration(caller).calls:
+            far = resolved.get(call.service)
+            if far is None or (call.when is not None and r.options.get(call.when) is None):
+                continue
+            if far.transport == compat.NO_TRANSPORT or reaches(far.transport, r.placement):
+                continue
             raise IncompatibleCombinationError(
-                f"{carrier} ({here!r}) over transport {kind!r} cannot reach the {far} placed on {where!r}: "
-                f"a {kind!r} client only works close to its owner",
-                path=f"components.{carrier}.transport",
-                alternatives=tuple(k for k in compat.TABLE[(carrier, here)].transports if reaches(k, where)),
+                f"{call.service} ({far.placement!r}) over transport {far.transport!r} cannot reach the {caller} placed "
+                f"on {r.placement!r}: a {far.transport!r} client only works close to its owner",
+                path=f"components.{call.service}.transport",
+                alternatives=tuple(k for k in compat.TABLE[(call.service, far.placement)].transports
+                                   if reaches(k, r.placement)),
             )
 
 
-def _layouts(recipe: Recipe, recipe_cfg: Any, spec, num_envs: int) -> dict[str, dict[str, str]]:
+def _layouts(recipe: Recipe, recipe_cfg: Any, spec, num_envs: int) -> dict[str, dict[str, Any]]:
     import torch
     from transports.layout import Layout
 
@@ -232,16 +198,15 @@ def _layouts(recipe: Recipe, recipe_cfg: Any, spec, num_envs: int) -> dict[str, 
 
 
 def _topological(names: tuple[str, ...]) -> tuple[str, ...]:
-    canonical = tuple(DEPENDENCIES)
     order: list[str] = []
-    pending = [n for n in canonical if n in names]
+    pending = [n for n in compat.COMPONENTS if n in names]
     while pending:
         for n in pending:
-            if all(d in order or d not in names for d in DEPENDENCIES[n]):
+            if all(d in order or d not in names for d in compat.declaration(n).depends_on):
                 order.append(n)
                 pending.remove(n)
                 break
-        else:  # pragma: no cover - DEPENDENCIES is acyclic
+        else:  # pragma: no cover - the declarations are acyclic
             raise RuntimeError(f"dependency cycle among {pending}")
     return tuple(order)
 
@@ -253,42 +218,22 @@ def build_plan(cfg: DictConfig) -> LaunchPlan:
         ConfigurationError: any configuration mistake, before anything starts.
     """
     recipe, recipe_cfg = recipe_of(cfg)
-    resolved = resolve_components(cfg, recipe.needs)
-    _check_edges(resolved)
-    from components.envs import spec_of  # gymnasium and tensordict: only once the combination is valid
+    from components.envs import spec_of  # gymnasium and tensordict: only once a recipe is chosen
 
     spec = spec_of(cfg.env.id, **_container(cfg.env.kwargs))
     try:
         services = recipe.services(recipe_cfg, spec)
     except ValueError as exc:
         raise ConfigurationError(str(exc), path="recipe") from exc
-    if services.get("replay", {}).get("max_policy_lag") is not None:
-        _check_edges(resolved, (VERSION_EDGE,))
-    collector = services.get("collector", {})
     workers = int(cfg.components.collector.num_collectors)
-    if collector and (workers < 1 or collector["num_envs"] % workers):
-        raise ConfigurationError(
-            f"num_collectors={workers} must divide the recipe's num_envs={collector['num_envs']} (envs are split over workers)",
-            path="components.collector.num_collectors",
-        )
-    layouts = _layouts(recipe, recipe_cfg, spec, collector.get("num_envs", 1) // max(workers, 1))
-    plans = []
-    for name in _topological(recipe.needs):
-        placement, p_path, resolution = resolved[name]
-        node = cfg.components[name]
-        plans.append(
-            ComponentPlan(
-                name=name,
-                placement=placement.value,
-                placement_from=p_path if p_path != "service" else placement.origin,
-                transport=resolution.kind,
-                transport_reason=resolution.reason,
-                status=compat.status(name, placement.value, resolution.kind),
-                depends_on=tuple(d for d in DEPENDENCIES[name] if d in recipe.needs),
-                resources=_container(node.resources),
-                options={**{k: v for k, v in _container(node).items() if k not in ("placement", "transport", "resources")},
-                         **services.get(name, {}), "transport_options": dict(resolution.options)},
-                layouts=layouts.get(name, {}),
-            )
-        )
-    return LaunchPlan(recipe=recipe.name, env_id=spec.env_id, seed=int(cfg.seed), components=tuple(plans))
+    num_envs = services.get("collector", {}).get("num_envs", 1)
+    layouts = _layouts(recipe, recipe_cfg, spec, num_envs // workers if workers >= 1 and num_envs % workers == 0 else num_envs)
+    resolved = resolve_components(cfg, recipe.needs, services, layouts)
+    check_calls(resolved)
+    plans = tuple(
+        dataclasses.replace(resolved[name], depends_on=tuple(d for d in compat.declaration(name).depends_on
+                                                              if d in recipe.needs))
+        for name in _topological(recipe.needs)
+    )
+    return LaunchPlan(recipe=recipe.name, env_id=spec.env_id, seed=int(cfg.seed), components=plans,
+                      defaults=_option_defaults(cfg, recipe.needs))

@@ -1,5 +1,10 @@
 """compose -> plan -> **run**: start owners in plan order on an ExitStack, hand clients to the recipe,
-tear everything down in reverse (on success, on error and on Ctrl-C)."""
+tear everything down in reverse (on success, on error and on Ctrl-C).
+
+Each owner is built from its :class:`~components.resolution.Resolved` by one builder per component; each
+placement's host may open a session first (a Ray cluster joined or started, a forkserver warmed up), entered
+before the first owner starts and left after the last one stopped.
+"""
 
 from __future__ import annotations
 
@@ -12,17 +17,15 @@ from typing import Any, Callable, Mapping
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from components import compat
-from components.collector import Collector
+from components.collectors import Collector
 from components.envs import make_vector_env, spec_of
 from components.inference import InferenceDeviceConfig, InferenceServer, InferenceServerConfig
-from components.ray_support import RayClusterConfig, ray_cluster
 from components.replay import PolicyAgeFilter, ReplayBuffer
+from components.resolution import Resolved
 from components.weight_sync import WeightSync
 from recipes import Clients
-from transports.config import TransportConfig
 
-from .plan import ComponentPlan, LaunchPlan, recipe_of
+from .plan import LaunchPlan, recipe_of
 from .report import ProgressLine
 from .telemetry import EdgeReporter
 
@@ -32,58 +35,52 @@ log = logging.getLogger(__name__)
 def ensure_runnable(plan: LaunchPlan) -> None:
     """Raise :class:`NotImplementedYetError` for the first cell that is not built, before anything starts."""
     for c in plan.components:
-        compat.ensure_built(c.name, c.placement, c.transport)
+        c.ensure_built()
 
 
-def _transport(c: ComponentPlan) -> TransportConfig:
-    return TransportConfig(c.transport, dict(c.options.get("transport_options", {})))
-
-
-# One builder per component: (component plan, composed config, recipe, recipe config, env spec, clients (or, per
+# One builder per component: (its resolution, composed config, recipe, recipe config, env spec, clients (or, per
 # OWNER_DEPENDENCIES, owners) of its dependencies, run dir) -> an owner that is not started yet.
-def _logger(c, cfg, recipe, rcfg, spec, deps, run_dir):
+def _logger(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir):
     log_dir = os.path.join(run_dir, cfg.logger.log_dir)
     factory = hydra.utils.instantiate(cfg.logger, log_dir=log_dir, _partial_=True)
-    return factory(placement=c.placement, transport=_transport(c))
+    return factory(resolved=r)
 
 
-def _weight_sync(c, cfg, recipe, rcfg, spec, deps, run_dir):
-    template = recipe.make_policy(rcfg, spec) if c.placement == "process" else None
-    return WeightSync(template, placement=c.placement, transport=_transport(c))
+def _weight_sync(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir):
+    # versions kept outside this process are laid out from a template of the policy
+    template = recipe.make_policy(rcfg, spec) if r.transport == "shared_memory" else None
+    return WeightSync(template, resolved=r)
 
 
-def _replay(c, cfg, recipe, rcfg, spec, deps, run_dir):
-    o = c.options
+def _replay(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir):
+    o = r.options
     filters = ()
     if o.get("max_policy_lag") is not None:  # the live version comes from the weight-sync channel
         filters = (PolicyAgeFilter(int(o["max_policy_lag"]), deps["weight_sync"], when="sample"),)
     return ReplayBuffer(o["capacity"], o["sampler"], o["batch_size"], alpha=o.get("alpha", 0.6), beta=o.get("beta", 0.4),
-                        filters=filters, placement=c.placement, transport=_transport(c), seed=int(cfg.seed))
+                        filters=filters, seed=int(cfg.seed), resolved=r)
 
 
-def _inference(c, cfg, recipe, rcfg, spec, deps, run_dir):
-    o = c.options
+def _inference(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir):
+    o = r.options
     server_cfg = InferenceServerConfig(
-        placement=c.placement, max_batch_size=o["max_batch_size"], min_batch_size=o["min_batch_size"],
+        placement=r.placement, max_batch_size=o["max_batch_size"], min_batch_size=o["min_batch_size"],
         timeout=o["timeout"], collect_stats=o["collect_stats"], stats_window=o["stats_window"],
     )
     devices = InferenceDeviceConfig(policy_device=o["policy_device"], output_device=o["output_device"])
-    return InferenceServer(
-        policy_factory=partial(recipe.make_policy, rcfg, spec), config=server_cfg, device_config=devices,
-        transport=_transport(c), weight_sync=deps.get("weight_sync"),
-        request_layout=c.layouts.get("request"), response_layout=c.layouts.get("response"),
-    )
+    return InferenceServer(policy_factory=partial(recipe.make_policy, rcfg, spec), config=server_cfg,
+                           device_config=devices, weight_sync=deps.get("weight_sync"), resolved=r)
 
 
-def _collector(c, cfg, recipe, rcfg, spec, deps, run_dir):
-    o = c.options
+def _collector(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir):
+    o = r.options
     env_kwargs = OmegaConf.to_container(cfg.env.kwargs, resolve=True)
     # the recipe's envs are split over the workers, so a batch keeps the size the recipe asked for
     envs_per_worker = o["num_envs"] // o["num_collectors"]
     return Collector(
         partial(make_vector_env, cfg.env.id, envs_per_worker, **env_kwargs), deps["inference"],
-        o["frames_per_batch"], o["total_frames"], o["num_collectors"], placement=c.placement, seed=int(cfg.seed),
-        sync=bool(o["sync"]),
+        o["frames_per_batch"], o["total_frames"], o["num_collectors"], seed=int(cfg.seed), sync=bool(o["sync"]),
+        resolved=r,
     )
 
 
@@ -113,14 +110,13 @@ def execute(plan: LaunchPlan, cfg: DictConfig, run_dir: str, *, on_started: Call
     progress = ProgressLine(getattr(rcfg, "total_frames", 0), enabled=bool(cfg.launcher.progress))
     with ExitStack() as stack:
         stack.callback(progress.close)
-        if any(c.placement == "ray" for c in plan.components):  # joined or started before any owner, left last
-            started = stack.enter_context(ray_cluster(ray_config(cfg)))
-            log.info("ray cluster: %s", "started on 127.0.0.1" if started else f"joined {cfg.ray.address or 'the connected one'}")
+        hosts = {c.placement: c.host for c in plan.components}
+        for placement, host in hosts.items():  # each placement's session: entered before any owner, left last
+            stack.enter_context(host.session(_container(cfg.get(placement))))
         for c in plan.components:
             deps = {d: owners[d] if d in OWNER_DEPENDENCIES.get(c.name, ()) else clients[d] for d in c.depends_on}
             owner = BUILDERS[c.name](c, cfg, recipe, rcfg, spec, deps, run_dir)
-            owner.with_resources(c.resources)
-            stack.callback(_shutdown, c.name, owner)  # registered first: a failed start is torn down too
+            stack.callback(_shutdown, c.name, owner, float(cfg.launcher.shutdown_timeout))  # registered first: a failed start is torn down too
             log.info("starting %s (%s, %s)", c.name, c.placement, c.transport)
             owner.start()
             owners[c.name] = owner
@@ -141,13 +137,10 @@ def execute(plan: LaunchPlan, cfg: DictConfig, run_dir: str, *, on_started: Call
     return dict(result)
 
 
-def ray_config(cfg: DictConfig) -> RayClusterConfig:
-    """The cluster of the components placed on ``ray`` (``ray.*`` in the config)."""
-    r = cfg.ray
-    return RayClusterConfig(address=r.address, namespace=r.namespace, num_cpus=r.num_cpus,
-                            resources=OmegaConf.to_container(r.resources, resolve=True), temp_dir=r.temp_dir)
+def _container(node) -> dict:
+    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
 
 
-def _shutdown(name: str, owner: Any) -> None:
+def _shutdown(name: str, owner: Any, timeout: float) -> None:
     log.info("stopping %s", name)
-    owner.shutdown()
+    owner.shutdown(timeout)

@@ -28,7 +28,7 @@ class ResourcesConf:
     max_restarts: int = 0  # times a crashed owner is restarted (Ray)
     max_concurrency: int = 1  # concurrent calls an actor serves (Ray)
     custom: Dict[str, float] = field(default_factory=dict)  # custom resources, e.g. {node_b: 1}
-    startup_timeout: float = 120.0  # seconds a Ray actor may take to be scheduled and built
+    startup_timeout: float = 120.0  # seconds the owner's thread, child process or Ray actor may take to be ready
 
 
 @dataclass
@@ -80,14 +80,6 @@ class ServiceConf:
 
 
 @dataclass
-class ProcessServiceConf(ServiceConf):
-    name: str = "process"
-    start_method: str = "spawn"  # multiprocessing start method of owner processes
-    startup_timeout: float = 60.0  # seconds an owner may take to become ready
-    shutdown_timeout: float = 10.0  # seconds to join, then terminate, then kill
-
-
-@dataclass
 class RayServiceConf(ServiceConf):
     name: str = "ray"  # the cluster itself is configured under `ray:` (used by any component placed on ray)
 
@@ -101,14 +93,6 @@ class RayConf:
     num_cpus: Optional[float] = None  # CPUs a locally started cluster advertises (None: the machine's)
     resources: Dict[str, float] = field(default_factory=dict)  # custom resources of a locally started head node
     temp_dir: Optional[str] = None  # Ray's session dir for a locally started cluster (short path; None: a fresh one)
-
-
-@dataclass
-class DistributedServiceConf(ServiceConf):
-    name: str = "distributed"
-    backend: str = "gloo"  # gloo (CPU tensors) | nccl (CUDA tensors)
-    master_addr: str = "127.0.0.1"  # rendezvous host; loopback unless configured
-    timeout: float = 60.0  # seconds for rendezvous and collectives
 
 
 @dataclass
@@ -148,6 +132,7 @@ class LauncherConf:
     progress: bool = True  # live progress line
     plot: bool = True  # write learning_curve.png at the end
     telemetry_every: float = 5.0  # seconds between per-edge metrics (batch fill, queue wait, policy lag)
+    shutdown_timeout: float = 10.0  # seconds each owner gets to stop (asked, then terminated, then killed)
 
 
 @dataclass
@@ -168,9 +153,9 @@ SCHEMAS: Dict[str, Dict[str, type]] = {
     "service": {
         "base_direct": ServiceConf,
         "base_thread": ServiceConf,
-        "base_process": ProcessServiceConf,
+        "base_process": ServiceConf,
         "base_ray": RayServiceConf,
-        "base_distributed": DistributedServiceConf,
+        "base_distributed": ServiceConf,
     },
     "transport": {"base_transport": TransportConf},
     "env": {"base_env": EnvConf},

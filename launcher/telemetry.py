@@ -18,7 +18,7 @@ def edge_metrics(owners: Mapping[str, Any]) -> dict[str, float]:
     """One reading of every edge the owners expose."""
     out: dict[str, float] = {}
     inference = owners.get("inference")
-    if inference is not None and inference.placement != "direct":
+    if inference is not None and not inference.inline:
         stats = inference.stats()
         if stats["batches"]:
             out["edge/inference/batch_fill"] = stats["mean_batch_size"] / inference.config.max_batch_size

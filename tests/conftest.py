@@ -79,7 +79,8 @@ def our_live_actors() -> list[str]:
 def ray_cluster(tmp_path_factory):
     """One local Ray cluster per test module, on 127.0.0.1, in a temp dir of its own; on teardown no actor of
     ours is alive and the cluster is gone."""
-    from components.ray_support import RayClusterConfig, import_ray, ray_cluster as cluster
+    from components.hosts.ray import RayClusterConfig, ray_cluster as cluster
+    from transports.ray import import_ray
 
     import_ray()
     temp_dir = f"/tmp/rt{os.getpid()}_{os.urandom(2).hex()}"  # short: Ray's Unix sockets live there

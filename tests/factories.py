@@ -7,7 +7,7 @@ from functools import partial
 import torch
 from torch import nn
 
-from components.collector import Collector
+from components.collectors import Collector
 from components.envs import make_vector_env
 from components.inference import InferenceServer, InferenceServerConfig
 from components.logger import CSVLogger, TensorBoardLogger

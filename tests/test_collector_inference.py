@@ -3,7 +3,7 @@
 import torch
 from tensordict import TensorDict
 
-from components.collector import Collector
+from components.collectors import Collector
 from components.envs import VectorEnvStepper, make_vector_env, spec_of
 from components.inference import InferenceServer
 from components.weight_sync import WeightSync

@@ -8,7 +8,7 @@ from functools import partial
 import pytest
 import torch
 
-from components.collector import Collector
+from components.collectors import Collector
 from components.errors import PeerFailureError, RemoteError
 from components.inference import InferenceServer, InferenceServerConfig
 from components.replay import ReplayBuffer
@@ -26,7 +26,7 @@ def test_batches_are_time_by_env_and_workers_are_seeded_differently(placement):
                    placement=placement, seed=11) as collector:
         batches = list(collector)
         assert collector.env_spec.n_actions == 2
-        pids = [w.pid for w in collector._workers if hasattr(w, "pid")]
+        pids = [h.pid for h in collector.hosts if not h.same_process]
     assert len(batches) == 3
     batch = batches[0]
     assert batch.batch_size == torch.Size([8, 3 * workers])
@@ -129,7 +129,7 @@ def test_a_worker_crash_surfaces_with_its_traceback(placement):
 
 def test_a_killed_worker_is_a_peer_failure_within_2s():
     collector = Collector(cartpole_envs(2), LocalPolicy(), 2 * 4 * 2, -1, 2, placement="process").start()
-    pids = [w.pid for w in collector._workers]
+    pids = [w.pid for w in collector.hosts]
     try:
         next(iter(collector))
         os.kill(pids[1], signal.SIGKILL)
@@ -144,7 +144,7 @@ def test_a_killed_worker_is_a_peer_failure_within_2s():
 
 @pytest.mark.parametrize("backend", ["thread", "process"])
 def test_async_batched_collector_batches_requests_across_envs(backend):
-    from components.async_collector import AsyncBatchedCollector
+    from components.collectors import AsyncBatchedCollector
     from components.envs import make_vector_env
 
     with AsyncBatchedCollector(partial(make_vector_env, "CartPole-v1", 1), 4, 64, 192, policy_factory=CartPolePolicy,

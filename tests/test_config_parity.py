@@ -12,7 +12,7 @@ from launcher import schema
 
 from .conftest import ROOT
 
-LIFECYCLE_ARGS = {"self", "placement", "transport"}
+LIFECYCLE_ARGS = {"self", "placement", "transport", "resolved"}
 
 
 def _resolve(dotted):

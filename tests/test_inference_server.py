@@ -22,7 +22,7 @@ from components.errors import (
 from components.inference import InferenceServer, InferenceServerConfig, PolicyClientModule
 from components.service import LIFECYCLE_METHODS
 from transports import Layout
-from transports._shared import SHM_PREFIX
+from transports.segments import SHM_PREFIX
 
 from .conftest import proc_state
 from .factories import echo_factory, failing_factory
@@ -255,7 +255,7 @@ def test_waiting_clients_see_peer_failure_within_2s_of_kill_9(placement, transpo
         clients = [owner.client() for _ in range(3)]
         futures = [c.submit(request(2e6)) for c in clients]  # the server hangs on this batch
         time.sleep(0.5)
-        os.kill(owner._child.pid, signal.SIGKILL)
+        os.kill(owner.host.pid, signal.SIGKILL)
         killed = time.monotonic()
         for future in futures:
             with pytest.raises(PeerFailureError):
@@ -283,7 +283,7 @@ def test_an_error_while_building_in_the_child_surfaces_at_start():
 def _parent_that_dies(pid_file):
     owner = make_server("process", "queue").start()
     with open(pid_file, "w") as f:
-        f.write(str(owner._child.pid))
+        f.write(str(owner.host.pid))
     time.sleep(60)
 
 

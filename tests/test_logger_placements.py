@@ -114,7 +114,7 @@ def test_peer_failure_after_kill_9(tmp_path):
     try:
         client = owner.client()
         client.log_scalar("a", 1.0)
-        os.kill(owner._host.child.pid, signal.SIGKILL)
+        os.kill(owner.host.pid, signal.SIGKILL)
         start = time.monotonic()
         with pytest.raises(PeerFailureError):
             client.log_scalar("a", 2.0)

@@ -71,7 +71,7 @@ def test_per_component_overrides_win_over_service_and_transport(compose_cfg):
     assert plan["replay"].placement == "direct" and plan["replay"].placement_from == "components.replay.placement"
     assert plan["replay"].transport == "direct"  # shared_memory does not apply to a direct replay buffer
     assert plan["inference"].transport == "queue" and plan["inference"].transport_reason == "explicit"
-    assert plan["collector"].resources["num_cpus"] == 2
+    assert plan["collector"].resources.num_cpus == 2
 
 
 def test_explicit_component_mistakes_name_their_path(compose_cfg):

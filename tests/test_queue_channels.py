@@ -110,7 +110,7 @@ def test_a_client_blocked_on_a_full_channel_sees_peer_failure_within_2s_of_kill_
         flooder.start()
         time.sleep(1.0)
         assert flooder.is_alive(), "the channel should be full while the server does not read"
-        os.kill(owner._child.pid, signal.SIGKILL)
+        os.kill(owner.host.pid, signal.SIGKILL)
         killed = time.monotonic()
         flooder.join(10)
         assert not flooder.is_alive()

@@ -12,11 +12,11 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from components.collector import Collector
+from components.collectors import Collector
 from components.errors import PeerFailureError, RemoteError, ServiceTimeoutError
 from components.inference import InferenceServer, InferenceServerConfig
 from components.logger import CSVLogger
-from components.ray_support import ActorResources
+from components.hosts import Resources as ActorResources
 from components.registry import RayServiceRegistry
 from components.replay import ReplayBuffer
 from components.weight_sync import WeightSync
@@ -95,7 +95,7 @@ def test_a_killed_actor_is_a_peer_failure_within_5s():
     client = owner.client()
     try:
         assert client(obs(1))["action"][0].item() == 2.0
-        os.kill(actor_pid(owner._actor), signal.SIGKILL)
+        os.kill(owner.host.pid, signal.SIGKILL)
         start = time.monotonic()
         with pytest.raises(PeerFailureError):
             client(obs(1), timeout=30)
@@ -215,7 +215,7 @@ def test_a_restartable_worker_resumes_after_kill_9_and_no_acknowledged_write_is_
         collector.with_resources(ActorResources(max_restarts=2)).start()
         try:
             acknowledged = collector.rollout()
-            os.kill(collector._workers[1].pid, signal.SIGKILL)
+            os.kill(collector.hosts[1].pid, signal.SIGKILL)
             acknowledged += collector.rollout()  # retried on the restarted worker
             acknowledged += collector.rollout()
         finally:
@@ -228,7 +228,7 @@ def test_a_worker_without_restarts_is_a_peer_failure():
     collector = Collector(cartpole_envs(2), LocalPolicy(), 8, -1, 1, placement="ray").start()
     try:
         collector.rollout()
-        os.kill(collector._workers[0].pid, signal.SIGKILL)
+        os.kill(collector.hosts[0].pid, signal.SIGKILL)
         start = time.monotonic()
         with pytest.raises(PeerFailureError):
             collector.rollout()

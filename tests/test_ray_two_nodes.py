@@ -7,8 +7,9 @@ import shutil
 
 import pytest
 
-from components.collector import Collector
-from components.ray_support import ActorResources, import_ray
+from components.collectors import Collector
+from components.hosts import Resources as ActorResources
+from transports.ray import import_ray
 
 from .conftest import our_live_actors, run_cli
 from .factories import LocalPolicy, cartpole_envs
@@ -51,7 +52,7 @@ def test_collectors_land_on_the_node_with_the_custom_resource(two_nodes):
     _, node_b = two_nodes
     collector = Collector(cartpole_envs(2), LocalPolicy(), 16, 32, 2, placement="ray")
     with collector.with_resources(ActorResources(custom={"node_b": 1})):
-        assert [w.call("node") for w in collector._workers] == [node_b, node_b]
+        assert [w.node_id() for w in collector.hosts] == [node_b, node_b]
         assert len(list(collector)) == 2
 
 

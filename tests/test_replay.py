@@ -78,7 +78,7 @@ def test_a_wrong_payload_fails_at_the_call_site_and_the_buffer_keeps_serving():
 
 
 def test_bad_settings_are_configuration_errors():
-    with pytest.raises(ConfigurationError, match="unknown sampler 'fifo'"):
+    with pytest.raises(ConfigurationError, match="replay.sampler must be one of uniform, without_replacement, prioritized, got 'fifo'"):
         ReplayBuffer(sampler="fifo")
     with pytest.raises(ConfigurationError, match="capacity must be >= 1"):
         ReplayBuffer(capacity=0)
@@ -95,5 +95,5 @@ def test_memmap_storage_lives_on_disk(tmp_path):
         assert sum(f.stat().st_size for f in files) >= 32 * (4 * 4 + 8)  # capacity x (4 float32 + int64)
         sample = rb.sample()
         assert torch.equal(sample["observation"][:, 0].long(), sample["action"])
-    with pytest.raises(ConfigurationError, match="needs scratch_dir"):
+    with pytest.raises(ConfigurationError, match="scratch_dir must be a directory for storage 'memmap'"):
         ReplayBuffer(storage="memmap")

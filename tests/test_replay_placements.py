@@ -13,7 +13,7 @@ from tensordict import TensorDict
 from components.errors import LayoutError, PeerFailureError, RemoteError
 from components.replay import PolicyAgeFilter, ReplayBuffer
 from components.weight_sync import WeightSync
-from transports._shared import SHM_PREFIX
+from transports.segments import SHM_PREFIX
 
 CELLS = [("direct", "direct"), ("thread", "thread"), ("process", "queue"), ("process", "shared_memory")]
 
@@ -117,7 +117,7 @@ def test_peer_failure_after_kill_9_and_leak_free_shutdown(cell):
         client = owner.client()
         client.extend(rows(8))
         client.sample()
-        os.kill(owner._host.child.pid, signal.SIGKILL)
+        os.kill(owner.host.pid, signal.SIGKILL)
         start = time.monotonic()
         with pytest.raises(PeerFailureError):
             client.sample()

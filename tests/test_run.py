@@ -60,7 +60,7 @@ def test_teardown_runs_when_the_recipe_raises(compose_cfg, lifecycle_log, tmp_pa
 
 
 def test_a_failed_start_tears_down_what_started(compose_cfg, lifecycle_log, tmp_path, monkeypatch):
-    from components.collector import Collector
+    from components.collectors import Collector
 
     def failing_start(self):
         raise OSError("env creation failed")

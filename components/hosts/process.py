@@ -1,107 +1,135 @@
-"""Owners that live in a child process: start with a ready handshake, watch liveness, stop within a deadline.
+"""``process``: the target lives in a child process, started from a preloaded forkserver.
 
-``ChildProcess`` spawns ``main(*args)`` in a fresh interpreter. ``main`` builds the service there (an error
-while building surfaces at :meth:`ChildProcess.start` with the child's traceback text) and returns an object
-with ``run(stop_event)``, ``handle(command, payload)`` and ``close()``. A control pipe carries commands
-(acknowledged, errors as :class:`~transports.errors.RemoteError`); its end-of-file tells the child that its
-parent died, so it exits too. A watcher thread in the parent notices the child's death at once and calls
-``on_death``. ``stop`` asks politely, then terminates, then kills, all within one deadline.
+The child builds the target from the factory (an error while building surfaces at :meth:`ProcessHost.start`
+with the child's traceback text), runs its serving loop on its main thread and control calls on a control
+thread, fed by a pipe whose end-of-file also tells the child that its parent died (it then exits too). A
+watcher thread in the parent notices the child's death at once and calls ``on_death``. ``stop`` asks, then
+terminates, then kills, all within one deadline; shared-memory segments a killed child could not unlink are
+removed. Children ignore Ctrl-C: the driver decides when they stop (and flush).
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import threading
 import time
 import traceback
 from multiprocessing.connection import wait
-from typing import Any, Callable
+from typing import Any
 
+from transports.segments import remove_segments_of
 from transports.errors import PeerFailureError, RemoteError, ServiceTimeoutError
 
+from .base import DEFAULT_STOP_TIMEOUT, Host, Pending, close_target, run_serving_loop
 
-PRELOAD = ["torch", "tensordict", "components.hosting", "components.inference.server", "components.replay"]
+PRELOAD = ["torch", "tensordict", "components.hosts.process", "components.inference.target", "components.replay.storage",
+           "components.commands"]
+"""Imported once by the forkserver, so a child starts in tens of milliseconds instead of seconds."""
+
 _preloaded = False
 
 
-def context(method: str | None = None):
-    """The multiprocessing context owners start children with.
-
-    The default is ``forkserver`` with torch, tensordict and our services imported once in the server, so a
-    child starts in tens of milliseconds instead of re-importing torch (seconds); children are forked from
-    that clean, single-threaded server, never from a driver that runs threads.
-    """
+def context():
+    """The multiprocessing context children start from: a ``forkserver`` that imported torch, tensordict and our
+    services once, so children are forked from a clean, single-threaded server, never from a driver that runs
+    threads."""
     global _preloaded
-    method = method or "forkserver"
-    ctx = mp.get_context(method)
-    if method == "forkserver" and not _preloaded:
+    ctx = mp.get_context("forkserver")
+    if not _preloaded:
         ctx.set_forkserver_preload(PRELOAD)
         _preloaded = True
     return ctx
 
 
-class ChildProcess:
-    """A service process owned by this process.
+def warm_up() -> None:
+    """Start the forkserver now (it imports torch while the caller does other work); the first child then
+    starts at once."""
+    context()
+    from multiprocessing import forkserver
 
-    Args:
-        name: the process name (shown by ``ps``).
-        main: picklable callable building the service in the child (see the module docstring).
-        args: arguments of ``main`` (travel by multiprocessing inheritance: queues and semaphores are fine).
-        context: multiprocessing start method (default: see :func:`context`).
-        startup_timeout: seconds the child may take to become ready.
-        on_death: called (from the watcher thread) when the child dies without being asked to stop.
-    """
+    forkserver.ensure_running()
 
-    def __init__(
-        self,
-        name: str,
-        main: Callable[..., Any],
-        args: tuple = (),
-        *,
-        context: str | None = None,
-        startup_timeout: float = 60.0,
-        on_death: Callable[[str], None] | None = None,
-    ):
-        self.name, self.main, self.args = name, main, args
-        self.ctx = globals()["context"](context)
-        self.startup_timeout = startup_timeout
-        self.on_death = on_death
-        self.process = None
+
+class _Reply(Pending):
+    """The answer to one control call."""
+
+    __slots__ = ("host", "method")
+
+    def __init__(self, host: "ProcessHost", method: str):
+        self.host, self.method = host, method
+
+    def ready(self, timeout: float) -> bool:
+        conn = self.host._conn
+        return conn is None or conn.poll(timeout) or not self.host._process.is_alive()
+
+    def result(self, timeout: float | None = None) -> Any:
+        host, conn = self.host, self.host._conn
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                step = 0.1 if deadline is None else max(0.0, min(0.1, deadline - time.monotonic()))
+                if conn.poll(step):
+                    kind, value = _receive(conn)
+                    break
+                if not host._process.is_alive():
+                    raise PeerFailureError(f"the {host.name} process died during {self.method!r} "
+                                           f"(exit code {host._process.exitcode})")
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise ServiceTimeoutError(f"{host.name}: {self.method!r} not answered within {timeout} s")
+        except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as exc:
+            raise PeerFailureError(f"the {host.name} process died during {self.method!r}") from exc
+        finally:
+            host._busy.release()
+        if kind == "error":
+            raise value
+        return value
+
+
+class ProcessHost(Host):
+    """Builds and serves the target in a child process."""
+
+    placement = "process"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._process = None
         self._conn = None
-        self._lock = threading.Lock()
         self._stopping = False
+        self._busy = threading.Lock()  # one control call in flight: the pipe carries one answer at a time
         self._watcher: threading.Thread | None = None
-        self._wake_r, self._wake_w = None, None
-        self.death: str | None = None
+        self._wake_r = self._wake_w = None
 
-    # ------------------------------------------------------------------ lifecycle
-    def start(self) -> int:
-        """Spawn the child and return its pid once the service inside is ready.
+    @classmethod
+    def session(cls, settings):
+        """Start the forkserver now, so its one import of torch overlaps whatever the run does before the first
+        child starts."""
+        warm_up()
+        return super().session(settings)
 
-        Raises:
-            RemoteError: building the service in the child raised (carries the child's traceback text).
-            PeerFailureError: the child died during startup.
-            ServiceTimeoutError: the child was not ready within ``startup_timeout``.
-        """
-        parent_conn, child_conn = self.ctx.Pipe()
-        self.process = self.ctx.Process(
-            target=_child_entry, args=(self.main, child_conn, self.args), name=self.name, daemon=True
-        )
-        self.process.start()
+    def _launch(self) -> None:
+        ctx = context()
+        parent_conn, child_conn = ctx.Pipe()
+        self._process = ctx.Process(target=_child_main, args=(self.factory, child_conn), name=self.name, daemon=True)
+        self._process.start()
         child_conn.close()
         self._conn = parent_conn
-        deadline = time.monotonic() + self.startup_timeout
+
+    def wait_ready(self) -> None:
+        timeout = self.resources.startup_timeout
+        deadline = time.monotonic() + timeout
+        conn, process = self._conn, self._process
         while True:
-            ready = wait([parent_conn, self.process.sentinel], timeout=max(0.0, deadline - time.monotonic()))
-            if parent_conn in ready:
+            ready = wait([conn, process.sentinel], timeout=max(0.0, deadline - time.monotonic()))
+            if conn in ready:
                 try:
-                    kind, value = parent_conn.recv()
+                    kind, value = _receive(conn)
                 except (EOFError, OSError):
                     kind, value = "died", None
                 break
-            if self.process.sentinel in ready:
+            if process.sentinel in ready:
                 kind, value = "died", None
                 break
             if time.monotonic() >= deadline:
@@ -111,72 +139,50 @@ class ChildProcess:
             self._wake_r, self._wake_w = os.pipe()
             self._watcher = threading.Thread(target=self._watch, name=f"{self.name}-watcher", daemon=True)
             self._watcher.start()
-            return int(value)
+            return
         self._force_stop(1.0)
         if kind == "error":
             raise value
         if kind == "timeout":
-            raise ServiceTimeoutError(f"{self.name}: not ready within {self.startup_timeout} s")
-        raise PeerFailureError(f"{self.name}: the process died during startup (exit code {self.process.exitcode})")
+            raise ServiceTimeoutError(f"{self.name}: not ready within {timeout} s")
+        raise PeerFailureError(f"{self.name}: the process died during startup (exit code {process.exitcode})")
 
     def _watch(self) -> None:
-        ready = wait([self.process.sentinel, self._wake_r])
-        if self.process.sentinel in ready and not self._stopping:
-            code = self.process.exitcode
-            self.death = f"the {self.name} process died (exit code {code})"
-            if self.on_death is not None:
-                self.on_death(self.death)
+        ready = wait([self._process.sentinel, self._wake_r])
+        if self._process.sentinel in ready and not self._stopping:
+            self._died(f"the {self.name} process died (exit code {self._process.exitcode})")
 
-    @property
-    def is_alive(self) -> bool:
-        return self.process is not None and self.process.is_alive() and self.death is None
-
-    @property
-    def pid(self) -> int | None:
-        return None if self.process is None else self.process.pid
-
-    def submit(self, command: str, payload: Any = None) -> "Reply":
-        """Send ``command`` to the child's service without waiting; read the answer from the returned reply.
-        One command may be outstanding per child (use :meth:`call` from several threads instead)."""
+    # ------------------------------------------------------------------ calls
+    def submit(self, method: str, *args: Any) -> Pending:
         if not self.is_alive:
             raise PeerFailureError(self.death or f"the {self.name} process is not running")
+        self._busy.acquire()
         try:
-            self._conn.send((command, payload))
+            _send(self._conn, (method, args))
         except (BrokenPipeError, ConnectionResetError, OSError) as exc:
-            raise PeerFailureError(f"the {self.name} process died before {command!r}") from exc
-        return Reply(self, command)
+            self._busy.release()
+            raise PeerFailureError(f"the {self.name} process died before {method!r}") from exc
+        return _Reply(self, method)
 
-    def call(self, command: str, payload: Any = None, timeout: float | None = 60.0) -> Any:
-        """Run ``command`` in the child's service; return its result or raise its error here.
-
-        Raises:
-            PeerFailureError: the child is dead (or dies before answering).
-            ServiceTimeoutError: no answer within ``timeout``.
-        """
-        with self._lock:
-            return self.submit(command, payload).result(timeout)
-
+    # ------------------------------------------------------------------ stop
     def request_stop(self) -> None:
-        """Ask the child to stop without waiting (:meth:`stop` then waits); lets several children wind down
-        at once."""
-        if self.process is None or self._stopping:
+        if self._process is None or self._stopping:
             return
         self._stopping = True
-        if self.process.is_alive():
+        if self._process.is_alive():
             try:
-                self._conn.send(("stop", None))
+                _send(self._conn, ("stop", None))
             except (OSError, ValueError):
                 pass
 
     def stop(self, timeout: float | None = None) -> None:
-        """Ask the child to stop; terminate, then kill if it does not exit in time. Idempotent."""
-        if self.process is None:
+        if self._process is None:
             return
-        timeout = 10.0 if timeout is None else timeout
+        timeout = DEFAULT_STOP_TIMEOUT if timeout is None else timeout
         deadline = time.monotonic() + timeout
         self.request_stop()
-        if self.process.is_alive():
-            self.process.join(max(0.0, 0.6 * (deadline - time.monotonic())))
+        if self._process.is_alive():
+            self._process.join(max(0.0, 0.6 * (deadline - time.monotonic())))
         self._force_stop(max(0.1, deadline - time.monotonic()))
         if self._wake_w is not None:
             os.write(self._wake_w, b"x")
@@ -187,73 +193,56 @@ class ChildProcess:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
-        from transports._shared import remove_segments_of
-
-        remove_segments_of(self.process.pid)  # what a killed child could not unlink itself
-        self.process.close()
-        self.process = None
+        remove_segments_of(self._process.pid)  # what a killed child could not unlink itself
+        self._process.close()
+        self._process = None
 
     def _force_stop(self, budget: float) -> None:
         self._stopping = True
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(budget / 2)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(budget / 2 + 1.0)
+        if self._process.is_alive():
+            self._process.terminate()
+            self._process.join(budget / 2)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(budget / 2 + 1.0)
+
+    @staticmethod
+    def make_queue(maxsize: int):
+        """A bounded queue its targets can put into and the owner can read (it travels to children by
+        inheritance, inside the target's factory)."""
+        return context().Queue(maxsize=maxsize)
+
+    # ------------------------------------------------------------------ introspection
+    @property
+    def is_alive(self) -> bool:
+        return self._process is not None and self._process.is_alive() and self.death is None and not self._stopping
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
 
 
-def stop_all(children, timeout: float | None = None) -> None:
-    """Stop several children within one deadline: all are asked first, then each is waited for."""
-    timeout = 10.0 if timeout is None else timeout
-    deadline = time.monotonic() + timeout
-    for child in children:
-        child.request_stop()
-    for child in children:
-        child.stop(max(0.1, deadline - time.monotonic()))
+def _send(conn, message: Any) -> None:
+    # plain pickle: tensors travel as bytes (multiprocessing's own pickler would move each tensor's storage into
+    # a shared-memory file and pass descriptors, far slower for rollouts and answers)
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-class Reply:
-    """The answer to one :meth:`ChildProcess.submit`."""
-
-    def __init__(self, child: ChildProcess, command: str):
-        self.child, self.command = child, command
-
-    def ready(self, timeout: float) -> bool:
-        """Whether the answer arrived (or the child died) within ``timeout`` seconds."""
-        conn = self.child._conn
-        return conn is None or conn.poll(timeout) or not self.child.process.is_alive()
-
-    def result(self, timeout: float | None = None) -> Any:
-        child, conn = self.child, self.child._conn
-        deadline = None if timeout is None else time.monotonic() + timeout
-        try:
-            while True:
-                step = 0.1 if deadline is None else max(0.0, min(0.1, deadline - time.monotonic()))
-                if conn.poll(step):
-                    kind, value = conn.recv()
-                    break
-                if not child.process.is_alive():
-                    raise PeerFailureError(
-                        f"the {child.name} process died during {self.command!r} (exit code {child.process.exitcode})"
-                    )
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise ServiceTimeoutError(f"{child.name}: {self.command!r} not answered within {timeout} s")
-        except (EOFError, BrokenPipeError, ConnectionResetError) as exc:
-            raise PeerFailureError(f"the {child.name} process died during {self.command!r}") from exc
-        if kind == "error":
-            raise value
-        return value
+def _receive(conn) -> Any:
+    return pickle.loads(conn.recv_bytes())
 
 
-def _child_entry(main: Callable[..., Any], conn, args: tuple) -> None:
+def _child_main(factory, conn) -> None:
     # Ctrl-C reaches the whole process group; the parent decides when its services stop (and flush).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import torch
+
+    torch.set_num_threads(1)
     try:
-        served = main(*args)
+        target = factory()
     except BaseException as exc:  # the parent raises it at start()
         try:
-            conn.send(("error", RemoteError.from_exception(exc)))
+            _send(conn, ("error", RemoteError.from_exception(exc)))
         finally:
             conn.close()
         return
@@ -262,31 +251,34 @@ def _child_entry(main: Callable[..., Any], conn, args: tuple) -> None:
     def control() -> None:
         while not stop.is_set():
             try:
-                command, payload = conn.recv()
+                method, args = _receive(conn)
             except (EOFError, OSError):  # the parent died or closed: stop serving
                 stop.set()
                 return
-            if command == "stop":
+            if method == "stop":
                 stop.set()
                 return
             try:
-                reply = ("ok", served.handle(command, payload))
+                reply = ("ok", getattr(target, method)(*args))
             except BaseException as exc:  # noqa: BLE001 - every error goes back to the caller
                 reply = ("error", RemoteError.from_exception(exc))
             try:
-                conn.send(reply)
+                try:
+                    _send(conn, reply)
+                except (pickle.PicklingError, TypeError, AttributeError) as exc:  # an answer that cannot travel
+                    _send(conn, ("error", RemoteError.from_exception(exc)))
             except (OSError, ValueError):
                 stop.set()
                 return
 
-    conn.send(("ready", os.getpid()))
+    _send(conn, ("ready", os.getpid()))
     thread = threading.Thread(target=control, name="control", daemon=True)
     thread.start()
     try:
-        served.run(stop)
+        run_serving_loop(target, stop)
     except BaseException:
         traceback.print_exc()
         raise
     finally:
         stop.set()
-        served.close()
+        close_target(target)

@@ -1,9 +1,13 @@
-"""Inference server configuration: execution and batching, and device placement."""
+"""Inference server configuration: execution and batching, and device placement. Both check their values on
+construction, so the plan (which builds them from YAML) and a user building a server from Python get the same
+errors, naming ``components.inference.<field>``, the value and the allowed range."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Optional
+
+from ..declaration import require
 
 
 @dataclass
@@ -28,14 +32,12 @@ class InferenceServerConfig:
     stats_window: int = 1000
 
     def __post_init__(self):
-        if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size!r}")
-        if not 1 <= self.min_batch_size <= self.max_batch_size:
-            raise ValueError(
-                f"min_batch_size must be in [1, max_batch_size={self.max_batch_size}], got {self.min_batch_size!r}"
-            )
-        if self.timeout < 0:
-            raise ValueError(f"timeout must be >= 0, got {self.timeout!r}")
+        c = "inference"
+        require(c, "max_batch_size", self.max_batch_size, self.max_batch_size >= 1, ">= 1")
+        require(c, "min_batch_size", self.min_batch_size, 1 <= self.min_batch_size <= self.max_batch_size,
+                f"in [1, max_batch_size={self.max_batch_size}]")
+        require(c, "timeout", self.timeout, self.timeout >= 0, ">= 0 seconds")
+        require(c, "stats_window", self.stats_window, self.stats_window >= 1, ">= 1")
 
 
 @dataclass
@@ -49,3 +51,22 @@ class InferenceDeviceConfig:
 
     policy_device: str = "cpu"
     output_device: Optional[str] = None
+
+    def __post_init__(self):
+        for name in ("policy_device", "output_device"):
+            value = getattr(self, name)
+            if value is not None:
+                require("inference", name, value, _usable_device(value), "a device this machine has (cpu, or cuda[:N] "
+                                                                       "with CUDA available)")
+
+
+def _usable_device(name: str) -> bool:
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        return False
+    if device.type == "cuda":
+        return torch.cuda.is_available() and (device.index is None or device.index < torch.cuda.device_count())
+    return device.type in ("cpu", "meta") or hasattr(torch, device.type)

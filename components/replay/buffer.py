@@ -1,30 +1,25 @@
-"""The replay buffer owner: a TensorDict storage and a sampler behind ``extend`` / ``sample``.
+"""The replay buffer owner: hosts a :class:`~components.replay.storage.ReplayStorage` where it is placed.
 
-The storage is shaped by the first write (each leaf gets a leading ``capacity`` dimension), in memory or
-memory-mapped on disk, and written circularly. Placements: ``direct`` (the client is the owner), ``thread``,
-``process`` and ``ray`` (a direct twin hosted there, its storage and sampler built where it lives, driven by
-acknowledged commands; see :mod:`components.hosting`). Once ``extend`` returns, ``len`` counts what it wrote and it can be sampled.
+Placed ``direct`` the owner is its own client and every operation runs on the storage in the caller. Elsewhere
+the storage is built where the host runs it and the operations are acknowledged commands over the resolved
+transport (``thread``, ``queue``, ``ray``); with ``shared_memory`` the commands go over a local socket while
+the payloads of ``extend`` and ``sample`` stay in shared memory (see :mod:`components.replay.client`).
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import threading
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
-import torch
 from tensordict import TensorDict, TensorDictBase
 
-from transports.errors import ConfigurationError, LayoutError
-from transports.layout import Layout
-
-from ..hosting import Allowed, Host, hosted
+from ..commands import Allowed, CommandTarget
+from ..resolution import Resolved
 from ..service import Owner
+from .declaration import check
 from .filters import PolicyAgeFilter
-from .samplers import SAMPLERS, make_sampler
+from .storage import ReplayStorage
 
-STORAGES = ("memory", "memmap")
 CLIENT_OPERATIONS = frozenset({
     "add", "extend", "sample", "update_priority", "__len__", "empty", "state_dict", "load_state_dict",
     "_open_extend_stage", "_extend_from_stage", "_shared_storage", "_sample_indices",
@@ -32,7 +27,7 @@ CLIENT_OPERATIONS = frozenset({
 
 
 class ReplayBuffer(Owner["ReplayBuffer"]):
-    """A replay buffer owner (and, in ``direct`` placement, its own client).
+    """A replay buffer owner (and, placed ``direct``, its own client).
 
     Args:
         capacity: most transitions held; the oldest are overwritten first.
@@ -43,10 +38,11 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
         alpha: prioritized sampling exponent.
         beta: importance-weight exponent.
         filters: :class:`PolicyAgeFilter` s applied at extend or sample time.
-        placement: where the buffer lives (``direct``, ``thread``, ``process``).
+        placement: where the buffer lives (``direct``, ``thread``, ``process``, ``ray``).
         transport: ``queue`` or ``shared_memory`` for ``process`` (samples come back through shared memory
             without pickling); ``None`` takes the ``transport_backend`` context, else ``auto``.
         seed: seed of the sampler's generator.
+        resolved: the plan's resolution of this buffer.
 
     Example:
         >>> with ReplayBuffer(capacity=1000, batch_size=32) as buffer:
@@ -72,83 +68,57 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
         placement: str | None = None,
         transport=None,
         seed: int | None = None,
+        resolved: Resolved | None = None,
     ):
-        if capacity < 1:
-            raise ConfigurationError(f"capacity must be >= 1, got {capacity!r}", path="components.replay.capacity")
-        if sampler not in SAMPLERS:
-            raise ConfigurationError(f"unknown sampler {sampler!r}", path="components.replay.sampler", alternatives=SAMPLERS)
-        if batch_size < 1:
-            raise ConfigurationError(f"batch_size must be >= 1, got {batch_size!r}", path="components.replay.batch_size")
-        if storage not in STORAGES:
-            raise ConfigurationError(f"unknown storage {storage!r}", path="components.replay.storage", alternatives=STORAGES)
-        if storage == "memmap" and not scratch_dir:
-            raise ConfigurationError("storage 'memmap' needs scratch_dir", path="components.replay.scratch_dir")
-        super().__init__(placement=placement, transport=transport)
+        self._kwargs = dict(capacity=capacity, sampler=sampler, batch_size=batch_size, storage=storage,
+                            scratch_dir=scratch_dir, alpha=alpha, beta=beta, filters=tuple(filters), seed=seed)
+        options = {k: v for k, v in self._kwargs.items() if k != "filters"}
+        check(options)
+        super().__init__(placement=placement, transport=transport, resolved=resolved)
         self.capacity, self.sampler_name, self.batch_size = capacity, sampler, batch_size
-        self.storage_kind, self.scratch_dir = storage, scratch_dir
-        self.alpha, self.beta, self.filters, self.seed = alpha, beta, tuple(filters), seed
-        self._remote = None
-        self._host: Host | None = None
-        self._lock = threading.RLock()
-        self._storage: TensorDict | None = None
-        self._layout: Layout | None = None
-        self._valid: torch.Tensor | None = None
-        self._cursor = self._size = 0
-        self._generator = torch.Generator()
-        if seed is not None:
-            self._generator.manual_seed(seed)
-        self._sampler = make_sampler(sampler, capacity, self._generator, alpha, beta)
-        self._stages: list = []
-        self._share_storage = False  # set on the hosted twin of a shared_memory buffer
-        self._generation: torch.Tensor | None = None
-        self._shared: tuple | None = None  # (storage bank, generation segment) of a shared storage
+        self.filters = tuple(filters)
+        self._ops: Any = None  # the storage (in the caller) or this owner's client
 
-    # ------------------------------------------------------------------ lifecycle
-    def _twin(self) -> functools.partial:
-        """A picklable factory of the direct buffer that serves this owner where it is placed."""
-        kwargs = dict(capacity=self.capacity, sampler=self.sampler_name, batch_size=self.batch_size,
-                      storage=self.storage_kind, scratch_dir=self.scratch_dir, alpha=self.alpha, beta=self.beta,
-                      filters=self.filters, seed=self.seed)
-        return functools.partial(_make_twin, kwargs, self.transport_kind == "shared_memory")
+    @property
+    def _shares_storage(self) -> bool:
+        return self.transport_kind == "shared_memory"
 
-    def _start(self) -> None:
-        if self.placement == "direct":
-            return
-        self._host = Host("replay-buffer", self._twin(), self.placement, Allowed(CLIENT_OPERATIONS),
-                          resources=self.resources)
-        self._host.start()
-        self._remote = self._client()
+    # ------------------------------------------------------------------ hosting
+    def _target(self, server_side: Any) -> Callable[[], Any]:
+        build = functools.partial(ReplayStorage, **self._kwargs, share=self._shares_storage)
+        if server_side is None:
+            return build
+        return functools.partial(CommandTarget, build, server_side, Allowed(CLIENT_OPERATIONS))
+
+    def _endpoint(self) -> tuple[str | None, dict]:
+        if self._shares_storage:  # commands over a local socket; payloads stay in shared memory
+            return "queue", {}
+        return super()._endpoint()
+
+    def _ready(self) -> None:
+        self._ops = self._host.target if self.inline else self._client()
 
     def _shutdown(self, timeout: float | None) -> None:
-        if self._host is not None:
-            self._host.stop(timeout)
-            self._host = None
-        self._remote = None
-        for stage in self._stages:
-            stage.close()
-        self._stages = []
-        self._storage = None
+        self._ops = None
+        super()._shutdown(timeout)
 
-    def _alive(self) -> bool:
-        return self._host is None or self._host.is_alive
-
-    def _client(self):
+    def _wrap(self, endpoint: Any):
         from .client import ReplayClient
 
-        return ReplayClient(self._host.endpoint(), shared_memory=self.transport_kind == "shared_memory",
-                            batch_size=self.batch_size)
+        return ReplayClient(endpoint, shared_memory=self._shares_storage, batch_size=self.batch_size)
 
     # ------------------------------------------------------------------ domain operations
-    @hosted
-    def __len__(self) -> int:
-        return self._size
+    def _storage(self) -> Any:
+        self._require_running()
+        return self._ops
 
-    @hosted
+    def __len__(self) -> int:
+        return len(self._storage())
+
     def add(self, item: TensorDictBase) -> int:
         """Write one transition (a TensorDict without batch dimension). Returns how many were written (0 or 1)."""
-        return self._write(item.unsqueeze(0))
+        return self._storage().add(item)
 
-    @hosted
     def extend(self, batch: TensorDictBase) -> int:
         """Write every element of ``batch`` (flattened over its batch dimensions). Returns how many were written
         (fewer when a :class:`PolicyAgeFilter` at extend time drops stale ones).
@@ -156,61 +126,8 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
         Raises:
             LayoutError: ``batch`` does not match the layout fixed by the first write.
         """
-        return self._write(batch)
+        return self._storage().extend(batch)
 
-    def _write(self, batch: TensorDictBase) -> int:
-        self._require_running()
-        if batch.batch_dims < 1:
-            raise LayoutError((), "a TensorDict with a leading batch dimension", f"batch_size {list(batch.batch_size)}")
-        if batch.batch_dims > 1:
-            batch = batch.reshape(-1)
-        with self._lock:
-            if self._storage is None:
-                self._allocate(batch[0])
-            rows = _rows(batch, self._layout)
-            for f in self.filters:
-                if f.when == "extend":
-                    rows = rows[f.fresh(rows.get(f.key))]
-            n = rows.shape[0]
-            if n == 0:
-                return 0
-            if n >= self.capacity:
-                rows, n = rows[-self.capacity :], self.capacity
-            index = (torch.arange(n) + self._cursor) % self.capacity
-            if self._generation is not None:  # odd while rows are written: readers of shared storage retry
-                self._generation[index] += 1
-            first = min(n, self.capacity - self._cursor)  # one contiguous slice, or two when the write wraps
-            self._storage[self._cursor : self._cursor + first] = rows[:first]
-            if first < n:
-                self._storage[: n - first] = rows[first:]
-            if self._generation is not None:
-                self._generation[index] += 1
-            self._valid[index] = True
-            self._sampler.on_write(index)
-            self._cursor = int((self._cursor + n) % self.capacity)
-            self._size = min(self._size + n, self.capacity)
-            return n
-
-    def _allocate(self, item: TensorDictBase) -> None:
-        self._layout = Layout.from_tensordict(item)
-        if self._share_storage and self.storage_kind == "memory":
-            from transports._shared import Segment, SlotBank
-
-            bank, generation = SlotBank(self._layout, self.capacity), Segment(8 * self.capacity)
-            self._stages += [bank, generation]  # closed (and unlinked) with the other stages at shutdown
-            self._shared = (bank, generation)
-            self._storage = bank.slots
-            self._generation = torch.frombuffer(generation.buf, dtype=torch.int64, count=self.capacity)
-            self._valid = torch.zeros(self.capacity, dtype=torch.bool)
-            return
-        storage = self._layout.zeros(self.capacity)
-        if self.storage_kind == "memmap":
-            os.makedirs(self.scratch_dir, exist_ok=True)
-            storage = storage.memmap_(prefix=self.scratch_dir)
-        self._storage = storage
-        self._valid = torch.zeros(self.capacity, dtype=torch.bool)
-
-    @hosted
     def sample(self, batch_size: int | None = None) -> TensorDict:
         """Sample ``batch_size`` (default: the configured one) transitions, with their ``index`` (and
         ``_weight``, the importance weights, for the prioritized sampler).
@@ -218,135 +135,20 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
         Raises:
             RuntimeError: nothing valid to sample.
         """
-        self._require_running()
-        with self._lock:
-            index, weight = self._draw(batch_size or self.batch_size)
-            # index_select copies each leaf once (advanced indexing plus clone would copy twice, slowly)
-            out = self._storage.apply(lambda leaf: torch.index_select(leaf, 0, index), batch_size=[len(index)])
-        out.set("index", index.to(torch.long))
-        if weight is not None:
-            out.set("_weight", weight)
-        return out
+        return self._storage().sample(batch_size)
 
-    def _draw(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if self._size == 0:
-            raise RuntimeError("cannot sample from an empty replay buffer")
-        self._apply_sample_filters()
-        valid = None if bool(self._valid[: self._size].all()) else self._valid
-        return self._sampler.sample(n, self._size, valid)
-
-    def _apply_sample_filters(self) -> None:
-        for f in self.filters:
-            if f.when == "sample":
-                versions = self._storage.get(f.key)[: self._size]
-                stale = (~f.fresh(versions)) & self._valid[: self._size]
-                if stale.any():
-                    index = torch.nonzero(stale).squeeze(-1)
-                    self._valid[index] = False
-                    self._sampler.invalidate(index)
-
-    @hosted
     def update_priority(self, index, priority) -> None:
-        """Set the priorities of ``index`` (prioritized sampler only).
+        """Set the priorities of ``index`` (prioritized sampler only)."""
+        return self._storage().update_priority(index, priority)
 
-        Raises:
-            ConfigurationError: this buffer's sampler has no priorities.
-        """
-        self._require_running()
-        if self.sampler_name != "prioritized":
-            raise ConfigurationError(f"sampler {self.sampler_name!r} has no priorities to update",
-                                     path="components.replay.sampler")
-        with self._lock:
-            self._sampler.update_priority(index, priority)
-
-    @hosted
     def empty(self) -> None:
         """Forget every stored transition (the layout stays)."""
-        self._require_running()
-        with self._lock:
-            self._cursor = self._size = 0
-            if self._valid is not None:
-                index = torch.nonzero(self._valid).squeeze(-1)
-                self._valid.zero_()
-                self._sampler.invalidate(index)
+        return self._storage().empty()
 
-    @hosted
     def state_dict(self) -> dict:
         """Everything needed to resume: storage content, write position, validity, sampler state."""
-        self._require_running()
-        with self._lock:
-            return {
-                "storage": None if self._storage is None else self._storage[: self._size].clone(),
-                "valid": None if self._valid is None else self._valid[: self._size].clone(),
-                "cursor": self._cursor,
-                "size": self._size,
-                "sampler": self._sampler.state_dict(),
-                "generator": self._generator.get_state(),
-            }
+        return self._storage().state_dict()
 
-    @hosted
     def load_state_dict(self, state: dict) -> None:
         """Restore what :meth:`state_dict` returned (same capacity)."""
-        self._require_running()
-        with self._lock:
-            if state["storage"] is not None:
-                if self._storage is None:
-                    self._allocate(state["storage"][0])
-                n = state["size"]
-                self._storage[:n] = state["storage"]
-                self._valid.zero_()
-                self._valid[:n] = state["valid"]
-            self._cursor, self._size = state["cursor"], state["size"]
-            self._sampler.load_state_dict(state["sampler"])
-            self._generator.set_state(state["generator"])
-
-    # ------------------------------------------------------------------ shared-memory staging (process twin)
-    def _open_extend_stage(self, layout: Layout, rows: int):
-        from transports._shared import SlotBank
-
-        bank = SlotBank(layout, rows)
-        self._stages.append(bank)
-        return len(self._stages) - 1, bank
-
-    def _extend_from_stage(self, stage: int, n: int) -> int:
-        return self._write(self._stages[stage].slots[:n])
-
-    def _shared_storage(self):
-        """The storage bank and its per-row write generations, for clients that gather samples themselves."""
-        with self._lock:
-            if self._generation is None:
-                raise RuntimeError("cannot sample from an empty replay buffer")
-            return self._shared
-
-    def _sample_indices(self, batch_size: int):
-        """Indices (and importance weights) of a sample, with the rows' write generations at this moment
-        (as numpy arrays: they pickle several times faster than tensors)."""
-        self._require_running()
-        with self._lock:
-            index, weight = self._draw(batch_size)
-            return index.numpy(), None if weight is None else weight.numpy(), self._generation[index].numpy()
-
-
-def _make_twin(kwargs: dict, share_storage: bool) -> ReplayBuffer:
-    twin = ReplayBuffer(**kwargs, placement="direct", transport="direct")
-    twin._share_storage = share_storage
-    return twin
-
-
-def _rows(batch: TensorDictBase, layout: Layout) -> TensorDict:
-    """Select the declared leaves of ``batch`` and check them against the per-item ``layout``."""
-    out = TensorDict(batch_size=batch.batch_size[:1])
-    for leaf in layout:
-        value = batch.get(leaf.key, None)
-        if value is None:
-            raise LayoutError(leaf.key, leaf.describe(), "a missing key")
-        if tuple(value.shape[1:]) != leaf.shape or value.dtype != leaf.dtype:
-            raise LayoutError(
-                leaf.key,
-                f"shape [N, {', '.join(map(str, leaf.shape))}] dtype {str(leaf.dtype)[6:]}",
-                f"shape {list(value.shape)} dtype {str(value.dtype)[6:]}",
-            )
-        out.set(leaf.key, value)
-    return out
-
-
+        return self._storage().load_state_dict(state)

@@ -18,7 +18,7 @@ from tensordict import TensorDict, TensorDictBase
 from transports.errors import LayoutError
 from transports.layout import Layout
 
-from ..hosting import CommandClient
+from ..commands import CommandClient
 
 
 MAX_RETRIES = 10

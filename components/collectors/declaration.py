@@ -1,0 +1,42 @@
+"""Collectors' place in the compatibility table. They take no transport of their own: policy calls and replay
+writes use the inference and replay endpoints' transports."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..declaration import Calls, Cell, Declaration, N, S, require
+
+
+def check(options: Mapping[str, Any], *, inline: bool = False) -> None:
+    """Frames per batch, workers, and how envs split over them (the same checks as :class:`Collector`)."""
+    c = "collector"
+    frames, workers = options.get("frames_per_batch"), options.get("num_collectors", 1)
+    require(c, "num_collectors", workers, isinstance(workers, int) and workers >= 1, ">= 1")
+    if frames is not None:
+        require(c, "frames_per_batch", frames, frames >= 1, ">= 1")
+        require(c, "num_collectors", workers, frames % workers == 0,
+                f"a divisor of frames_per_batch={frames} (each worker collects an equal share)")
+    envs = options.get("num_envs")
+    if envs is not None:
+        require(c, "num_collectors", workers, envs % workers == 0,
+                f"a divisor of the recipe's num_envs={envs} (envs are split over workers)")
+    if inline and workers != 1:
+        require(c, "num_collectors", workers, False, "1 for a collector in the caller's thread (use thread, process "
+                                                      "or ray placement for more workers)")
+
+
+DECLARATION = Declaration(
+    component="collector",
+    cells=(
+        Cell("collector", "direct", {}, None, S),
+        Cell("collector", "thread", {}, None, S),
+        Cell("collector", "process", {}, None, S),
+        Cell("collector", "ray", {}, None, S),
+        Cell("collector", "distributed", {}, None, N),
+        Cell("collector", "submitit", {}, None, N),
+    ),
+    depends_on=("logger", "inference", "replay"),
+    calls=(Calls("inference", one_request_per_worker=True),),
+    check=check,
+)

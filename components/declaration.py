@@ -1,0 +1,102 @@
+"""What a component declares next to its code: its placements and transports (with their status and the
+``auto`` rule), what it depends on, whose clients it calls, and how its options are checked.
+
+Each service package has a ``declaration.py`` holding one :class:`Declaration`; :mod:`components.compat`
+assembles them into the one compatibility table. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from transports.resolver import TransportContext
+
+SUPPORTED = "supported"
+NOT_YET = "not implemented yet"
+S, N = SUPPORTED, NOT_YET
+
+AutoRule = Callable[[TransportContext], "tuple[str, str]"]
+
+
+def fixed(kind: str, reason: str) -> AutoRule:
+    """An ``auto`` rule that always picks ``kind``."""
+    return lambda ctx: (kind, reason)
+
+
+DIRECT = fixed("direct", "owner in the caller's process: plain calls, no serialization")
+THREAD = fixed("thread", "owner on a thread: in-process queue and condition")
+RAY = fixed("ray", "Ray owner: Ray calls and the object store (distributed is opt-in)")
+DISTRIBUTED = fixed("distributed", "torch.distributed owner: point-to-point gloo/NCCL groups")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (component, placement) entry: the transports it takes, their status, and the ``auto`` rule.
+
+    A component that takes no transport of its own (collectors) has no transports and no rule; ``note`` then
+    holds its status.
+    """
+
+    component: str
+    placement: str
+    transports: Mapping[str, str]
+    auto: AutoRule | None
+    note: str = ""
+
+    @property
+    def takes_transport(self) -> bool:
+        return self.auto is not None
+
+    @property
+    def built(self) -> bool:
+        """Whether this placement is built for at least one transport (or, without transports, at all)."""
+        if not self.takes_transport:
+            return self.note != NOT_YET
+        return any(status == SUPPORTED for status in self.transports.values())
+
+
+@dataclass(frozen=True)
+class Calls:
+    """An edge: this component's owner (or its workers) calls the client of ``service``, so ``service``'s
+    transport must reach where this component is placed. ``when``: only if this option is set (not ``None``).
+    ``one_request_per_worker``: each worker keeps one request in flight (steers ``service``'s ``auto``)."""
+
+    service: str
+    when: str | None = None
+    one_request_per_worker: bool = False
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """Everything the table and the plan know about one component.
+
+    Attributes:
+        component: its name (``components.<name>`` in YAML).
+        cells: one :class:`Cell` per placement it can take.
+        depends_on: components started before it (and stopped after it).
+        calls: components whose clients it calls from where it is placed.
+        layouts_up_front: its fixed-layout transports need request and response layouts before it starts (a
+            replay buffer's layout, by contrast, is bound by its first write).
+        check: ``check(options, inline=...)`` raises :class:`~transports.errors.ConfigurationError` naming
+            ``components.<name>.<option>``, the value and what is allowed (``inline``: the owner lives in the caller's
+            thread); the owner's constructor runs the same.
+        default_placement: where it lives when nothing says otherwise.
+    """
+
+    component: str
+    cells: tuple[Cell, ...]
+    depends_on: tuple[str, ...] = ()
+    calls: tuple[Calls, ...] = ()
+    layouts_up_front: bool = False
+    check: Callable[..., None] | None = None
+    default_placement: str = "direct"
+
+
+def require(component: str, name: str, value: Any, ok: bool, allowed: str) -> None:
+    """Raise a :class:`~transports.errors.ConfigurationError` for option ``name`` of ``component`` unless ``ok``."""
+    if not ok:
+        from transports.errors import ConfigurationError
+
+        raise ConfigurationError(f"{component}.{name} must be {allowed}, got {value!r}",
+                                 path=f"components.{component}.{name}")

@@ -1,0 +1,233 @@
+"""The host protocol: one small host per placement runs one target where that placement puts it.
+
+An owner supplies a *target factory*: a picklable callable that builds the heavy resource (a policy and its
+serving loop, a replay storage, a logging SDK, a rollout worker) and is called where the placement puts it.
+The host builds the target there, waits for the ready handshake (an error while building surfaces at
+:meth:`Host.start`), runs the target's serving loop (its ``serve(stop)`` method, when it has one), carries
+control calls to it (:meth:`Host.call`, :meth:`Host.submit`), watches it (``on_death`` is called once when it
+dies unasked) and stops it within one deadline (``close()`` runs where the target lives).
+
+A target is any object; the host looks for two optional methods:
+
+- ``serve(stop: threading.Event) -> None``: the serving loop, run until ``stop`` is set;
+- ``close() -> None``: release the resource, where it lives, after the loop returned.
+
+Control calls run other methods of the target by name, one at a time, in order, on a thread of the target's
+own (never on its serving loop).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Mapping
+
+from transports.errors import ConfigurationError
+
+DEFAULT_STOP_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one host may use and how it is supervised (``components.<name>.resources`` in YAML).
+
+    ``num_cpus=None`` reserves no CPU (several owners then share a small machine; the OS schedules them);
+    ``max_restarts`` restarts a crashed Ray actor (its interrupted calls are retried as many times);
+    ``startup_timeout`` bounds scheduling plus construction on every host.
+    """
+
+    num_cpus: float | None = None
+    num_gpus: float = 0.0
+    memory: int | None = None
+    max_restarts: int = 0
+    max_concurrency: int = 1
+    custom: Mapping[str, float] = field(default_factory=dict)
+    startup_timeout: float = 120.0
+
+    def __post_init__(self):
+        checks = [
+            ("num_cpus", self.num_cpus is None or self.num_cpus >= 0, ">= 0 or null"),
+            ("num_gpus", self.num_gpus >= 0, ">= 0"),
+            ("memory", self.memory is None or self.memory > 0, "> 0 bytes or null"),
+            ("max_restarts", self.max_restarts >= 0, ">= 0"),
+            ("max_concurrency", self.max_concurrency >= 1, ">= 1"),
+            ("startup_timeout", self.startup_timeout > 0, "> 0 seconds"),
+        ]
+        for name, ok, allowed in checks:
+            if not ok:
+                raise ConfigurationError(f"resources.{name} must be {allowed}, got {getattr(self, name)!r}",
+                                         path=f"resources.{name}")
+
+    @classmethod
+    def of(cls, conf: Any) -> "Resources":
+        """A :class:`Resources` from ``None``, an instance, or a mapping / config node with its fields."""
+        if conf is None:
+            return cls()
+        if isinstance(conf, cls):
+            return conf
+        get = conf.get if hasattr(conf, "get") else lambda k, d=None: getattr(conf, k, d)
+        fields = {k: get(k) for k in cls.__dataclass_fields__ if get(k) is not None}
+        if "custom" in fields:
+            fields["custom"] = dict(fields["custom"])
+        return cls(**fields)
+
+
+class Pending(ABC):
+    """The answer to one :meth:`Host.submit`: ``ready(timeout)`` and ``result(timeout)``."""
+
+    @abstractmethod
+    def ready(self, timeout: float) -> bool:
+        """Whether the answer (or the target's death) arrived within ``timeout`` seconds."""
+
+    @abstractmethod
+    def result(self, timeout: float | None = None) -> Any:
+        """The method's result; raises its error (as :class:`~transports.errors.RemoteError` when it crossed a
+        process boundary), :class:`~transports.errors.PeerFailureError` when the target died."""
+
+
+class Done(Pending):
+    """A :class:`Pending` that is complete already (a call that ran in the caller)."""
+
+    __slots__ = ("value", "error")
+
+    def __init__(self, value: Any = None, error: BaseException | None = None):
+        self.value, self.error = value, error
+
+    def ready(self, timeout: float) -> bool:
+        return True
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+class Host(ABC):
+    """Runs one target where a placement puts it. One subclass per placement, registered in
+    :data:`components.hosts.HOSTS`.
+
+    Args:
+        name: names the thread, process or actor (shown by ``ps`` and in messages).
+        factory: picklable callable building the target where the host runs it.
+        resources: what the host may use (see :class:`Resources`).
+        on_death: called once, with the reason, when the target dies without being asked to stop.
+        concurrency: calls the target must take at once (a Ray actor serving batched requests needs several).
+
+    Attributes:
+        placement: the placement this host implements.
+        inline: the target lives in the caller's thread: no serving loop, the owner is its own client.
+        same_process: the target shares the owner's process (and its memory).
+    """
+
+    placement: ClassVar[str] = ""
+    inline: ClassVar[bool] = False
+    same_process: ClassVar[bool] = False
+
+    def __init__(self, name: str, factory: Callable[[], Any], *, resources: Resources | None = None,
+                 on_death: Callable[[str], None] | None = None, concurrency: int = 1):
+        self.name, self.factory = name, factory
+        self.resources = resources or Resources()
+        self.on_death = on_death
+        self.concurrency = concurrency
+        self.death: str | None = None
+        self._launched = False
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> "Host":
+        """Build the target where the placement puts it; return once it is ready.
+
+        Raises:
+            RemoteError: building the target raised there (with its traceback text); or the builder's own
+                exception, for hosts in the caller's process.
+            PeerFailureError: the target died while starting.
+            ServiceTimeoutError: not ready within ``resources.startup_timeout``.
+        """
+        self.launch()
+        self.wait_ready()
+        return self
+
+    def launch(self) -> None:
+        """Begin building the target without waiting (so several hosts can start at once)."""
+        if self._launched:
+            raise RuntimeError(f"{self.name}: the host was started already")
+        self._launched = True
+        self._launch()
+
+    @abstractmethod
+    def _launch(self) -> None: ...
+
+    @abstractmethod
+    def wait_ready(self) -> None:
+        """Wait for the ready handshake of :meth:`launch` (see :meth:`start` for what it raises)."""
+
+    @abstractmethod
+    def submit(self, method: str, *args: Any) -> Pending:
+        """Run ``method(*args)`` on the target without waiting for it."""
+
+    def call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
+        """Run ``method(*args)`` on the target and return its result (or raise its error here)."""
+        return self.submit(method, *args).result(timeout)
+
+    def request_stop(self) -> None:
+        """Ask the target to stop without waiting (so several hosts wind down at once)."""
+
+    @abstractmethod
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop the target within ``timeout`` seconds (ask, then force). Idempotent."""
+
+    @classmethod
+    def session(cls, settings: Mapping[str, Any]) -> contextlib.AbstractContextManager:
+        """What this placement needs around all of its hosts in a run (entered before the first owner starts,
+        left after the last one stopped); ``settings`` is the config node named after the placement (``ray:``).
+        By default: nothing."""
+        return contextlib.nullcontext()
+
+    # ------------------------------------------------------------------ introspection
+    @property
+    @abstractmethod
+    def is_alive(self) -> bool: ...
+
+    @property
+    def pid(self) -> int | None:
+        """The pid of the process the target lives in, where there is one to report."""
+        return None
+
+    @property
+    def handle(self) -> Any:
+        """The actor handle of a target in an actor (``None`` elsewhere)."""
+        return None
+
+    def _died(self, reason: str) -> None:
+        if self.death is None:
+            self.death = reason
+            if self.on_death is not None:
+                self.on_death(reason)
+
+
+def stop_all(hosts, timeout: float | None = None) -> None:
+    """Stop several hosts within one deadline: every one is asked first, then each is waited for."""
+    import time
+
+    timeout = DEFAULT_STOP_TIMEOUT if timeout is None else timeout
+    deadline = time.monotonic() + timeout
+    for host in hosts:
+        host.request_stop()
+    for host in hosts:
+        host.stop(max(0.1, deadline - time.monotonic()))
+
+
+def run_serving_loop(target: Any, stop: threading.Event) -> None:
+    """Run the target's ``serve(stop)``, or wait for ``stop`` when it has none."""
+    serve = getattr(target, "serve", None)
+    if serve is None:
+        stop.wait()
+    else:
+        serve(stop)
+
+
+def close_target(target: Any) -> None:
+    close = getattr(target, "close", None)
+    if close is not None:
+        close()

@@ -1,0 +1,255 @@
+"""``ray``: the target lives in a Ray actor, built from the factory inside the actor.
+
+``start()`` returns once the actor's constructor built the target (an error there surfaces at ``start()``
+with the actor's traceback text); the target's serving loop runs on a thread of the actor; control calls
+are actor calls. The actor reserves what :class:`~components.hosts.base.Resources` asks for and, with
+``max_restarts``, Ray restarts it after a crash. The cluster itself is joined or started on loopback by
+:func:`ray_cluster`. Errors are ours, never raw Ray exceptions (see :mod:`transports.ray`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+from transports.errors import ConfigurationError, ServiceTimeoutError
+from transports.ray import DELIVER, RayFuture, deliver, get, import_ray, remote
+
+from .base import DEFAULT_STOP_TIMEOUT, Host, Pending, Resources, close_target, run_serving_loop
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+DEFAULT_NAMESPACE = "rl_services"
+
+
+# ---------------------------------------------------------------------------------------------- cluster
+@dataclass(frozen=True)
+class RayClusterConfig:
+    """Where Ray owners run: ``address`` joins a running cluster; ``None`` starts a local one on loopback.
+
+    Args:
+        address: ``host:port`` of a running cluster (``"auto"`` finds one started with ``ray start``).
+        namespace: namespace of named actors (registries, named owners).
+        num_cpus: CPUs a locally started cluster advertises (``None``: the machine's).
+        resources: custom resources a locally started head node advertises.
+        temp_dir: Ray's session directory for a locally started cluster (short paths only: Unix sockets
+            live there).
+    """
+
+    address: str | None = None
+    namespace: str = DEFAULT_NAMESPACE
+    num_cpus: float | None = None
+    resources: Mapping[str, float] = field(default_factory=dict)
+    temp_dir: str | None = None
+
+
+@contextlib.contextmanager
+def ray_cluster(config: RayClusterConfig | None = None) -> Iterator[bool]:
+    """Connect to Ray for the block: reuse a connection this process already has, join ``config.address``,
+    or start a local cluster bound to 127.0.0.1. Yields whether this call started the cluster; only then is
+    it stopped on exit. Call it on the main thread (a cluster started from another thread loses its
+    control daemon when that thread ends)."""
+    ray = import_ray()
+    config = config or RayClusterConfig()
+    if ray.is_initialized():
+        yield False
+        return
+    if threading.current_thread() is not threading.main_thread():
+        raise ConfigurationError("start or join the Ray cluster on the main thread", path="service")
+    common = dict(namespace=config.namespace, log_to_driver=False, configure_logging=True, logging_level="WARNING")
+    own_dir = None
+    if config.address:
+        ray.init(address=config.address, **common)
+    else:
+        # a short session dir of its own (Ray's Unix sockets live there), removed with the cluster
+        temp_dir = config.temp_dir or (own_dir := tempfile.mkdtemp(prefix="ray_", dir="/tmp"))
+        ray.init(_node_ip_address=LOOPBACK, num_cpus=config.num_cpus, resources=dict(config.resources) or None,
+                 include_dashboard=False, _temp_dir=temp_dir, **common)
+    try:
+        yield not config.address
+    finally:
+        # a joined cluster keeps running; only the connection ends
+        ray.shutdown()
+        if own_dir is not None:
+            shutil.rmtree(own_dir, ignore_errors=True)
+
+
+def namespace() -> str:
+    """The namespace of the current Ray connection."""
+    ray = import_ray()
+    return ray.get_runtime_context().namespace if ray.is_initialized() else DEFAULT_NAMESPACE
+
+
+def require_connection(what: str) -> Any:
+    ray = import_ray()
+    if not ray.is_initialized():
+        raise ConfigurationError(
+            f"{what} is placed on 'ray' but this process is not connected to a Ray cluster: run it under the "
+            "launcher (service=ray) or inside components.hosts.ray.ray_cluster()",
+            path="service",
+        )
+    return ray
+
+
+def actor_options(resources: Resources, concurrency: int = 1) -> dict:
+    """Ray actor options for ``resources`` (at least ``concurrency`` calls at once)."""
+    opts: dict[str, Any] = {
+        "num_cpus": 0 if resources.num_cpus is None else resources.num_cpus,
+        "num_gpus": resources.num_gpus,
+        "max_restarts": resources.max_restarts,
+        "max_task_retries": resources.max_restarts,
+        "max_concurrency": max(resources.max_concurrency, concurrency),
+    }
+    if resources.memory:
+        opts["memory"] = int(resources.memory)
+    if resources.custom:
+        opts["resources"] = dict(resources.custom)
+    return opts
+
+
+# ---------------------------------------------------------------------------------------------- host
+class HostActor:
+    """The body of every hosting actor: builds the target in its constructor, serves it on a thread, runs
+    control calls on it, and hands transport requests to their endpoints inside the actor."""
+
+    def __init__(self, factory):
+        import torch
+
+        torch.set_num_threads(1)
+        self.target = factory()
+        self._stop = threading.Event()
+        self._serving = None
+        if getattr(self.target, "serve", None) is not None:
+            self._serving = threading.Thread(target=run_serving_loop, args=(self.target, self._stop),
+                                             name="serve", daemon=True)
+            self._serving.start()
+
+    def ready(self) -> int:
+        return os.getpid()
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+
+    def call(self, method: str, args: tuple) -> Any:
+        return getattr(self.target, method)(*args)
+
+    def deliver(self, endpoint_id: str, payload: Any) -> Any:
+        return deliver(endpoint_id, payload)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._serving is not None:
+            self._serving.join(DEFAULT_STOP_TIMEOUT)
+        close_target(self.target)
+
+
+assert HostActor.deliver.__name__ == DELIVER
+
+
+class RayHost(Host):
+    """Builds the target in a Ray actor of the connected cluster."""
+
+    placement = "ray"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._handle: Any = None
+        self._pid: int | None = None
+        self._ready_ref: Any = None
+
+    def _launch(self) -> None:
+        ray = require_connection(self.name)
+        options = actor_options(self.resources, self.concurrency)
+        self._handle = ray.remote(HostActor).options(**options).remote(self.factory)
+        self._ready_ref = self._handle.ready.remote()
+
+    def wait_ready(self) -> None:
+        ray, timeout = import_ray(), self.resources.startup_timeout
+        try:
+            self._pid = int(get(self._ready_ref, f"{self.name} start", timeout))
+        except ServiceTimeoutError:
+            ray.kill(self._handle)
+            self._handle = None
+            raise ServiceTimeoutError(
+                f"{self.name}: the Ray actor was not ready within {timeout} s (are the requested resources "
+                f"{dict(self.resources.custom)} and num_cpus={self.resources.num_cpus or 0} available in the cluster?)"
+            ) from None
+        except BaseException:
+            ray.kill(self._handle)
+            self._handle = None
+            raise
+
+    @classmethod
+    @contextlib.contextmanager
+    def session(cls, settings: Mapping[str, Any]):
+        """Join the cluster at ``settings['address']`` (left running) or start a local one on 127.0.0.1 (stopped at
+        the end); ``settings`` holds :class:`RayClusterConfig` fields (``ray.*`` in YAML)."""
+        config = RayClusterConfig(**{k: v for k, v in settings.items() if v is not None})
+        with ray_cluster(config) as started:
+            log.info("ray cluster: %s", "started on 127.0.0.1" if started else f"joined {config.address or 'the connected one'}")
+            yield
+
+    def submit(self, method: str, *args: Any) -> Pending:
+        return _RayPending(remote(self._handle, "call", (method, args), f"{self.name}.{method}"))
+
+    def node_id(self) -> str:
+        """The Ray node the actor runs on."""
+        return get(self._handle.node_id.remote(), f"{self.name}.node_id", 60.0)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Let the target release its resource, then end the actor. Idempotent; never raises for a dead actor."""
+        if self._handle is None:
+            return
+        ray = import_ray()
+        handle, self._handle = self._handle, None
+        if not ray.is_initialized():
+            return
+        try:
+            ray.get(handle.stop.remote(), timeout=DEFAULT_STOP_TIMEOUT if timeout is None else timeout)
+        except Exception:  # noqa: BLE001 - dead or stuck: killed below either way
+            pass
+        try:
+            ray.kill(handle, no_restart=True)
+        except Exception:  # noqa: BLE001
+            pass
+
+    @property
+    def is_alive(self) -> bool:
+        """Whether the actor is alive, as the cluster's control store sees it."""
+        ray = import_ray()
+        if self._handle is None or not ray.is_initialized():
+            return False
+        from ray._private import state
+
+        info = state.actors(actor_id=self._handle._actor_id.hex())
+        return bool(info) and info.get("State") == "ALIVE"
+
+    @property
+    def pid(self) -> int | None:
+        return self._pid
+
+    @property
+    def handle(self) -> Any:
+        return self._handle
+
+
+class _RayPending(Pending):
+    __slots__ = ("future",)
+
+    def __init__(self, future: RayFuture):
+        self.future = future
+
+    def ready(self, timeout: float) -> bool:
+        return self.future.ready(timeout)
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self.future.result(timeout)

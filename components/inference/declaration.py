@@ -1,0 +1,43 @@
+"""The inference server's place in the compatibility table: batched request/reply."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from transports.resolver import TransportContext
+
+from ..declaration import DIRECT, DISTRIBUTED, RAY, THREAD, Calls, Cell, Declaration, N, S
+
+
+def _process_auto(ctx: TransportContext) -> tuple[str, str]:
+    if ctx.layouts_known and ctx.one_request_per_worker:
+        return "process_slot", "process owner, known layouts, one request in flight per worker: one fixed slot each"
+    if ctx.layouts_known:
+        return "shared_memory", "process owner with known layouts: preallocated shared-memory slots, only indices travel"
+    return "queue", "process owner without fixed layouts: pickled payloads over a local socket per client"
+
+
+def check(options: Mapping[str, Any], *, inline: bool = False) -> None:
+    """Batching, statistics and device options (the same checks as :class:`InferenceServerConfig`)."""
+    from .config import InferenceDeviceConfig, InferenceServerConfig
+
+    batching = {k: options[k] for k in InferenceServerConfig.__dataclass_fields__ if k in options and k != "placement"}
+    devices = {k: options[k] for k in InferenceDeviceConfig.__dataclass_fields__ if k in options}
+    InferenceServerConfig(**batching)
+    InferenceDeviceConfig(**devices)
+
+
+DECLARATION = Declaration(
+    component="inference",
+    cells=(
+        Cell("inference", "direct", {"direct": S}, DIRECT),
+        Cell("inference", "thread", {"thread": S, "direct": S}, THREAD),
+        Cell("inference", "process", {"queue": S, "shared_memory": S, "process_slot": S, "distributed": N}, _process_auto),
+        Cell("inference", "ray", {"ray": S, "distributed": N}, RAY),
+        Cell("inference", "distributed", {"distributed": N}, DISTRIBUTED),
+    ),
+    depends_on=("logger", "weight_sync"),
+    calls=(Calls("weight_sync"),),
+    layouts_up_front=True,
+    check=check,
+)

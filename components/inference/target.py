@@ -1,0 +1,87 @@
+"""What runs where the inference server is placed: the policy, its device and weights, and (behind a
+transport) the serving loop.
+
+``ServedPolicy`` is built by the host of the server's placement from a picklable factory of the policy. Behind
+a transport it serves batches with :class:`~components.inference.core.ServingCore` (weight updates applied
+between batches); in the caller's thread (``direct``) it is called directly, one forward per call.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable, Mapping
+
+import torch
+from tensordict import TensorDictBase
+
+from .config import InferenceDeviceConfig, InferenceServerConfig
+from .core import ServingCore, copy_weights
+
+UPDATE_TIMEOUT = 60.0
+
+
+def keep(policy: torch.nn.Module) -> torch.nn.Module:
+    """A factory for a policy object built already (hosts in the owner's process only)."""
+    return policy
+
+
+class ServedPolicy:
+    """The policy where it lives.
+
+    Args:
+        build: picklable callable returning the policy (a TensorDict module).
+        server_side: the serving side of the endpoint's transport, or ``None`` (called in the caller's thread).
+        config: batching settings.
+        device_config: devices.
+        weight_sync: a weight-sync client polled between batches (or before each direct call).
+        collate_fn: combines requests into a batch.
+    """
+
+    def __init__(self, build: Callable[[], torch.nn.Module], server_side: Any, config: InferenceServerConfig,
+                 device_config: InferenceDeviceConfig, weight_sync: Any = None, collate_fn: Callable | None = None):
+        self.device = torch.device(device_config.policy_device)
+        self.output_device = device_config.output_device
+        self.policy = build().to(self.device).eval()
+        self.weight_sync = weight_sync
+        self._version = 0
+        self._lock = threading.Lock()
+        self.core = None if server_side is None else ServingCore(
+            self.policy, server_side.server(), config, device_config, weight_sync, collate_fn)
+
+    def serve(self, stop: threading.Event) -> None:
+        self.core.run(stop)
+
+    # ------------------------------------------------------------------ control calls
+    def version(self) -> int:
+        return self._version if self.core is None else self.core.version
+
+    def update_weights(self, state: Mapping[str, torch.Tensor], version: int | None) -> int:
+        if self.core is not None:
+            return self.core.request_update(state, version).result(UPDATE_TIMEOUT)
+        with self._lock:
+            copy_weights(self.policy, state)
+            self._version = self._version + 1 if version is None else int(version)
+            return self._version
+
+    def stats(self) -> dict:
+        if self.core is None:
+            return {"batches": 0, "requests": 0, "mean_batch_size": 0.0, "batch_size_histogram": {}}
+        return self.core.stats.snapshot()
+
+    # ------------------------------------------------------------------ in the caller's thread
+    @torch.no_grad()
+    def forward(self, td: TensorDictBase) -> TensorDictBase:
+        """One forward on ``td`` with ``policy_version`` stamped, outputs on the output (or request's) device."""
+        with self._lock:
+            if self.weight_sync is not None:
+                update = self.weight_sync.poll(self._version, into=self.policy)
+                if update is not None:
+                    self._version = update
+            source_device = td.device
+            out = self.policy(td.to(self.device) if td.device != self.device else td)
+            version = self._version
+        out.set("policy_version", torch.full(out.batch_size, version, dtype=torch.long, device=out.device))
+        target = self.output_device or source_device
+        if target is not None and out.device != torch.device(target):
+            out = out.to(target)
+        return out

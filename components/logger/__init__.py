@@ -1,0 +1,30 @@
+"""The logger service: acknowledged ``log_*`` calls into a logging SDK built where the logger lives.
+
+Its place in the compatibility table is :mod:`components.logger.declaration` (imported without torch); the
+loggers load on first use. Name your own logger class (a subclass of :class:`Logger`) by ``_target_`` in YAML.
+"""
+
+from __future__ import annotations
+
+_EXPORTS = {
+    "Logger": "base",
+    "CLIENT_OPERATIONS": "base",
+    "_as_float": "base",
+    "LoggerClient": "client",
+    "CSVLogger": "csv",
+    "TensorBoardLogger": "tensorboard",
+    "VideoRecorder": "video",
+    "video_frames": "video",
+    "write_gif": "video",
+}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = sorted(n for n in _EXPORTS if not n.startswith("_"))

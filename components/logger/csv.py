@@ -1,0 +1,92 @@
+"""``CSVLogger``: scalars to a CSV file (and TensorBoard event files beside it, when tensorboard is installed)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from typing import Any, Mapping
+
+from transports.errors import ConfigurationError
+
+from ..resolution import Resolved
+from .base import Logger
+
+
+class CSVLogger(Logger):
+    """Scalars to ``<log_dir>/metrics.csv`` (columns: tag, step, value, wall_time), hparams to ``hparams.json``,
+    videos to ``<log_dir>/videos/*.gif``; with ``tensorboard`` also TensorBoard event files under
+    ``<log_dir>/tensorboard`` when the tensorboard package is installed.
+
+    Args:
+        log_dir: output directory.
+        flush_every: flush the file after this many rows (shutdown always flushes).
+        tensorboard: also write TensorBoard event files (skipped quietly if tensorboard is not installed).
+        placement: where the logger lives.
+        transport: transport kind.
+    """
+
+    def __init__(self, log_dir: str = ".", flush_every: int = 100, tensorboard: bool = True, *,
+                 placement: str | None = None, transport=None, resolved: Resolved | None = None):
+        if flush_every < 1:
+            raise ConfigurationError(f"flush_every must be >= 1, got {flush_every!r}", path="logger.flush_every")
+        super().__init__(log_dir, placement=placement, transport=transport, resolved=resolved,
+                         flush_every=flush_every, tensorboard=tensorboard)
+        self.flush_every = flush_every
+        self.tensorboard = tensorboard
+        self._file = None
+        self._writer = None
+        self._events = None  # a TensorBoard SummaryWriter beside the CSV, when the package is installed
+        self._pending = 0
+
+    @property
+    def path(self) -> str:
+        return os.path.join(self.log_dir, "metrics.csv")
+
+    def _open(self) -> None:
+        new = not os.path.exists(self.path)
+        self._file = open(self.path, "a", newline="")
+        self._writer = csv.writer(self._file)
+        if new:
+            self._writer.writerow(["tag", "step", "value", "wall_time"])
+        if self.tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                return
+            self._events = SummaryWriter(log_dir=os.path.join(self.log_dir, "tensorboard"))
+
+    def _close(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+            self._file.close()
+            self._file = None
+        if self._events is not None:
+            self._events.close()
+            self._events = None
+
+    def _write_scalar(self, name: str, value: float, step: int | None) -> None:
+        self._writer.writerow([name, "" if step is None else int(step), repr(value) if math.isfinite(value) else str(value),
+                               f"{time.time():.3f}"])
+        if self._events is not None:
+            self._events.add_scalar(name, value, global_step=step)
+        self._pending += 1
+        if self._pending >= self.flush_every:
+            self._flush()
+
+    def _write_hparams(self, hparams: Mapping[str, Any]) -> None:
+        with open(os.path.join(self.log_dir, "hparams.json"), "w") as f:
+            json.dump(hparams, f, indent=2, sort_keys=True)
+        if self._events is not None:
+            self._events.add_text("hparams", json.dumps(hparams, indent=2, sort_keys=True))
+
+    def _flush(self) -> None:
+        if self._file is not None:
+            self._file.flush()
+        if self._events is not None:
+            self._events.flush()
+        self._pending = 0
+
+

@@ -1,0 +1,16 @@
+"""The logger's place in the compatibility table: acknowledged commands, possibly carrying videos."""
+
+from __future__ import annotations
+
+from ..declaration import DIRECT, RAY, THREAD, Cell, Declaration, N, S, fixed
+
+DECLARATION = Declaration(
+    component="logger",
+    cells=(
+        Cell("logger", "direct", {"direct": S}, DIRECT),
+        Cell("logger", "thread", {"thread": S}, THREAD),
+        Cell("logger", "process", {"queue": S}, fixed("queue", "commands and videos of any shape: pickled over local sockets")),
+        Cell("logger", "ray", {"ray": S}, RAY),
+        Cell("logger", "distributed", {"distributed": N}, fixed("distributed", "rank-0 logger; commands as text over gloo")),
+    ),
+)

@@ -1,0 +1,55 @@
+"""``TensorBoardLogger``: scalars and hyperparameters to TensorBoard event files (the ``tensorboard`` extra)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from transports.errors import ConfigurationError
+
+from ..resolution import Resolved
+from .base import Logger
+
+
+class TensorBoardLogger(Logger):
+    """Scalars and hparams to TensorBoard event files in ``log_dir`` (needs the ``tensorboard`` extra);
+    videos to ``<log_dir>/videos/*.gif``.
+
+    Args:
+        log_dir: output directory of the event files.
+        placement: where the logger lives.
+        transport: transport kind.
+    """
+
+    def __init__(self, log_dir: str = ".", *, placement: str | None = None, transport=None,
+                 resolved: Resolved | None = None):
+        super().__init__(log_dir, placement=placement, transport=transport, resolved=resolved)
+        self._writer = None
+
+    def _open(self) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise ConfigurationError(
+                "the tensorboard logger needs the tensorboard package: pip install '.[tensorboard]'",
+                path="logger",
+                alternatives=("csv",),
+            ) from exc
+        self._writer = SummaryWriter(log_dir=self.log_dir)
+
+    def _close(self) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+            self._writer.close()
+            self._writer = None
+
+    def _write_scalar(self, name: str, value: float, step: int | None) -> None:
+        self._writer.add_scalar(name, value, global_step=step)
+
+    def _write_hparams(self, hparams: Mapping[str, Any]) -> None:
+        self._writer.add_text("hparams", json.dumps(hparams, indent=2, sort_keys=True))
+
+    def _flush(self) -> None:
+        self._writer.flush()
+
+

@@ -1,0 +1,78 @@
+"""Videos: checking and laying out uint8 frames, writing GIFs, and recording env frames into one video."""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+
+
+def video_frames(video: torch.Tensor) -> torch.Tensor:
+    """Check a uint8 ``T x C x H x W`` video (or ``N x T x C x H x W``, laid out as a grid); return ``T x H x W x C``.
+
+    Raises:
+        TypeError: not a uint8 tensor of 4 or 5 dimensions.
+    """
+    if not isinstance(video, torch.Tensor) or video.dtype != torch.uint8 or video.dim() not in (4, 5):
+        got = f"{video.dtype} {list(video.shape)}" if isinstance(video, torch.Tensor) else type(video).__name__
+        raise TypeError(f"log_video needs a uint8 tensor T x C x H x W or N x T x C x H x W, got {got}")
+    video = video.detach().cpu()
+    if video.dim() == 5:  # N videos side by side: a grid with ceil(sqrt(N)) columns
+        n, t, c, h, w = video.shape
+        cols = math.ceil(math.sqrt(n))
+        rows = math.ceil(n / cols)
+        grid = torch.zeros((t, c, rows * h, cols * w), dtype=torch.uint8)
+        for i in range(n):
+            r, q = divmod(i, cols)
+            grid[:, :, r * h : (r + 1) * h, q * w : (q + 1) * w] = video[i]
+        video = grid
+    return video.permute(0, 2, 3, 1).contiguous()
+
+
+def write_gif(frames: torch.Tensor, path: str, fps: int) -> str:
+    """Write ``T x H x W x C`` uint8 frames (C = 1 or 3) as an animated GIF; return the path."""
+    from PIL import Image
+
+    images = [Image.fromarray(f.squeeze(-1).numpy() if f.shape[-1] == 1 else f.numpy()) for f in frames]
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    images[0].save(path, save_all=True, append_images=images[1:], duration=max(1, int(1000 / fps)), loop=0)
+    return path
+
+
+class VideoRecorder:
+    """Collects environment frames and logs them as one video.
+
+    Args:
+        logger: a logger owner (its client is used) or a logger client.
+        tag: the video's name.
+        fps: frames per second of the written video.
+
+    Example:
+        >>> recorder = VideoRecorder(logger_owner, tag="eval/video", fps=30)
+        >>> recorder.record(env.render())          # H x W x C uint8, or N x H x W x C for vector envs
+        >>> path = recorder.flush(step=1000)
+    """
+
+    def __init__(self, logger: Any, tag: str, fps: int = 30):
+        from ..service import Owner
+
+        self.logger = logger.client() if isinstance(logger, Owner) else logger
+        self.tag, self.fps = tag, fps
+        self.frames: list[torch.Tensor] = []
+
+    def record(self, frame) -> None:
+        frame = torch.as_tensor(frame)
+        if frame.dtype != torch.uint8 or frame.dim() not in (3, 4):
+            raise TypeError(f"frames must be uint8 H x W x C (or N x H x W x C), got {frame.dtype} {list(frame.shape)}")
+        self.frames.append(frame)
+
+    def flush(self, step: int | None = None) -> str | None:
+        """Log the recorded frames as a video (a grid for vector envs) and start afresh; returns the artifact path."""
+        if not self.frames:
+            return None
+        video = torch.stack(self.frames)  # T x H x W x C or T x N x H x W x C
+        video = video.permute(0, 3, 1, 2) if video.dim() == 4 else video.permute(1, 0, 4, 2, 3)
+        self.frames = []
+        return self.logger.log_video(self.tag, video.contiguous(), step=step, fps=self.fps)

@@ -1,0 +1,257 @@
+"""The replay storage: a TensorDict storage and a sampler behind ``extend`` / ``sample``; the resource a
+:class:`~components.replay.ReplayBuffer` owner hosts where it is placed.
+
+The storage is shaped by the first write (each leaf gets a leading ``capacity`` dimension), in memory or
+memory-mapped on disk, and written circularly. Once ``extend`` returns, ``len`` counts what it wrote and it can
+be sampled. With ``share=True`` (a buffer reached over ``shared_memory``) the storage lives in shared memory
+and clients stage writes and gather samples themselves (see :class:`~components.replay.client.ReplayClient`).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Sequence
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from transports.errors import ConfigurationError, LayoutError
+from transports.layout import Layout
+from transports.segments import Segment, SlotBank
+
+from .filters import PolicyAgeFilter
+from .samplers import make_sampler
+
+
+class ReplayStorage:
+    """Storage, sampler and filters of one replay buffer, where it lives.
+
+    Args:
+        capacity: most transitions held; the oldest are overwritten first.
+        sampler: ``uniform``, ``without_replacement`` or ``prioritized``.
+        batch_size: default ``sample()`` size.
+        storage: ``memory`` or ``memmap`` (files under ``scratch_dir``).
+        scratch_dir: directory of the memory-mapped storage (``memmap`` only).
+        alpha: prioritized sampling exponent.
+        beta: importance-weight exponent.
+        filters: :class:`PolicyAgeFilter` s applied at extend or sample time.
+        seed: seed of the sampler's generator.
+        share: keep the storage in shared memory and accept staged writes (the ``shared_memory`` transport).
+    """
+
+    def __init__(self, capacity: int, sampler: str, batch_size: int, storage: str = "memory",
+                 scratch_dir: str | None = None, alpha: float = 0.6, beta: float = 0.4,
+                 filters: Sequence[PolicyAgeFilter] = (), seed: int | None = None, share: bool = False):
+        self.capacity, self.sampler_name, self.batch_size = capacity, sampler, batch_size
+        self.storage_kind, self.scratch_dir = storage, scratch_dir
+        self.filters = tuple(filters)
+        self._share_storage = share
+        self._lock = threading.RLock()
+        self._storage: TensorDict | None = None
+        self._layout: Layout | None = None
+        self._valid: torch.Tensor | None = None
+        self._cursor = self._size = 0
+        self._generator = torch.Generator()
+        if seed is not None:
+            self._generator.manual_seed(seed)
+        self._sampler = make_sampler(sampler, capacity, self._generator, alpha, beta)
+        self._stages: list = []
+        self._generation: torch.Tensor | None = None
+        self._shared: tuple | None = None  # (storage bank, generation segment) of a shared storage
+
+    def close(self) -> None:
+        """Release the shared segments (storage and staging banks)."""
+        for stage in self._stages:
+            stage.close()
+        self._stages = []
+        self._storage = None
+
+    # ------------------------------------------------------------------ operations
+    def __len__(self) -> int:
+        return self._size
+
+    def add(self, item: TensorDictBase) -> int:
+        """Write one transition (a TensorDict without batch dimension). Returns how many were written (0 or 1)."""
+        return self._write(item.unsqueeze(0))
+
+    def extend(self, batch: TensorDictBase) -> int:
+        """Write every element of ``batch`` (flattened over its batch dimensions). Returns how many were written
+        (fewer when a :class:`PolicyAgeFilter` at extend time drops stale ones).
+
+        Raises:
+            LayoutError: ``batch`` does not match the layout fixed by the first write.
+        """
+        return self._write(batch)
+
+    def _write(self, batch: TensorDictBase) -> int:
+        if batch.batch_dims < 1:
+            raise LayoutError((), "a TensorDict with a leading batch dimension", f"batch_size {list(batch.batch_size)}")
+        if batch.batch_dims > 1:
+            batch = batch.reshape(-1)
+        with self._lock:
+            if self._storage is None:
+                self._allocate(batch[0])
+            rows = _rows(batch, self._layout)
+            for f in self.filters:
+                if f.when == "extend":
+                    rows = rows[f.fresh(rows.get(f.key))]
+            n = rows.shape[0]
+            if n == 0:
+                return 0
+            if n >= self.capacity:
+                rows, n = rows[-self.capacity :], self.capacity
+            index = (torch.arange(n) + self._cursor) % self.capacity
+            if self._generation is not None:  # odd while rows are written: readers of shared storage retry
+                self._generation[index] += 1
+            first = min(n, self.capacity - self._cursor)  # one contiguous slice, or two when the write wraps
+            self._storage[self._cursor : self._cursor + first] = rows[:first]
+            if first < n:
+                self._storage[: n - first] = rows[first:]
+            if self._generation is not None:
+                self._generation[index] += 1
+            self._valid[index] = True
+            self._sampler.on_write(index)
+            self._cursor = int((self._cursor + n) % self.capacity)
+            self._size = min(self._size + n, self.capacity)
+            return n
+
+    def _allocate(self, item: TensorDictBase) -> None:
+        self._layout = Layout.from_tensordict(item)
+        if self._share_storage and self.storage_kind == "memory":
+            bank, generation = SlotBank(self._layout, self.capacity), Segment(8 * self.capacity)
+            self._stages += [bank, generation]  # closed (and unlinked) with the other stages at shutdown
+            self._shared = (bank, generation)
+            self._storage = bank.slots
+            self._generation = torch.frombuffer(generation.buf, dtype=torch.int64, count=self.capacity)
+            self._valid = torch.zeros(self.capacity, dtype=torch.bool)
+            return
+        storage = self._layout.zeros(self.capacity)
+        if self.storage_kind == "memmap":
+            os.makedirs(self.scratch_dir, exist_ok=True)
+            storage = storage.memmap_(prefix=self.scratch_dir)
+        self._storage = storage
+        self._valid = torch.zeros(self.capacity, dtype=torch.bool)
+
+    def sample(self, batch_size: int | None = None) -> TensorDict:
+        """Sample ``batch_size`` (default: the configured one) transitions, with their ``index`` (and
+        ``_weight``, the importance weights, for the prioritized sampler).
+
+        Raises:
+            RuntimeError: nothing valid to sample.
+        """
+        with self._lock:
+            index, weight = self._draw(batch_size or self.batch_size)
+            # index_select copies each leaf once (advanced indexing plus clone would copy twice, slowly)
+            out = self._storage.apply(lambda leaf: torch.index_select(leaf, 0, index), batch_size=[len(index)])
+        out.set("index", index.to(torch.long))
+        if weight is not None:
+            out.set("_weight", weight)
+        return out
+
+    def _draw(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self._size == 0:
+            raise RuntimeError("cannot sample from an empty replay buffer")
+        self._apply_sample_filters()
+        valid = None if bool(self._valid[: self._size].all()) else self._valid
+        return self._sampler.sample(n, self._size, valid)
+
+    def _apply_sample_filters(self) -> None:
+        for f in self.filters:
+            if f.when == "sample":
+                versions = self._storage.get(f.key)[: self._size]
+                stale = (~f.fresh(versions)) & self._valid[: self._size]
+                if stale.any():
+                    index = torch.nonzero(stale).squeeze(-1)
+                    self._valid[index] = False
+                    self._sampler.invalidate(index)
+
+    def update_priority(self, index, priority) -> None:
+        """Set the priorities of ``index`` (prioritized sampler only).
+
+        Raises:
+            ConfigurationError: this buffer's sampler has no priorities.
+        """
+        if self.sampler_name != "prioritized":
+            raise ConfigurationError(f"sampler {self.sampler_name!r} has no priorities to update",
+                                     path="components.replay.sampler")
+        with self._lock:
+            self._sampler.update_priority(index, priority)
+
+    def empty(self) -> None:
+        """Forget every stored transition (the layout stays)."""
+        with self._lock:
+            self._cursor = self._size = 0
+            if self._valid is not None:
+                index = torch.nonzero(self._valid).squeeze(-1)
+                self._valid.zero_()
+                self._sampler.invalidate(index)
+
+    def state_dict(self) -> dict:
+        """Everything needed to resume: storage content, write position, validity, sampler state."""
+        with self._lock:
+            return {
+                "storage": None if self._storage is None else self._storage[: self._size].clone(),
+                "valid": None if self._valid is None else self._valid[: self._size].clone(),
+                "cursor": self._cursor,
+                "size": self._size,
+                "sampler": self._sampler.state_dict(),
+                "generator": self._generator.get_state(),
+            }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned (same capacity)."""
+        with self._lock:
+            if state["storage"] is not None:
+                if self._storage is None:
+                    self._allocate(state["storage"][0])
+                n = state["size"]
+                self._storage[:n] = state["storage"]
+                self._valid.zero_()
+                self._valid[:n] = state["valid"]
+            self._cursor, self._size = state["cursor"], state["size"]
+            self._sampler.load_state_dict(state["sampler"])
+            self._generator.set_state(state["generator"])
+
+    # ------------------------------------------------------------------ shared-memory staging (process twin)
+    def _open_extend_stage(self, layout: Layout, rows: int):
+        bank = SlotBank(layout, rows)
+        self._stages.append(bank)
+        return len(self._stages) - 1, bank
+
+    def _extend_from_stage(self, stage: int, n: int) -> int:
+        return self._write(self._stages[stage].slots[:n])
+
+    def _shared_storage(self):
+        """The storage bank and its per-row write generations, for clients that gather samples themselves."""
+        with self._lock:
+            if self._generation is None:
+                raise RuntimeError("cannot sample from an empty replay buffer")
+            return self._shared
+
+    def _sample_indices(self, batch_size: int):
+        """Indices (and importance weights) of a sample, with the rows' write generations at this moment
+        (as numpy arrays: they pickle several times faster than tensors)."""
+        with self._lock:
+            index, weight = self._draw(batch_size)
+            return index.numpy(), None if weight is None else weight.numpy(), self._generation[index].numpy()
+
+
+
+def _rows(batch: TensorDictBase, layout: Layout) -> TensorDict:
+    """Select the declared leaves of ``batch`` and check them against the per-item ``layout``."""
+    out = TensorDict(batch_size=batch.batch_size[:1])
+    for leaf in layout:
+        value = batch.get(leaf.key, None)
+        if value is None:
+            raise LayoutError(leaf.key, leaf.describe(), "a missing key")
+        if tuple(value.shape[1:]) != leaf.shape or value.dtype != leaf.dtype:
+            raise LayoutError(
+                leaf.key,
+                f"shape [N, {', '.join(map(str, leaf.shape))}] dtype {str(leaf.dtype)[6:]}",
+                f"shape {list(value.shape)} dtype {str(value.dtype)[6:]}",
+            )
+        out.set(leaf.key, value)
+    return out
+
+

@@ -1,0 +1,147 @@
+"""Weight sync: a versioned channel from the learner to inference owners and collectors.
+
+``push(module)`` publishes a new version; receivers ``poll(since, into=module)`` between their batches and
+copy a newer version in place; versions are monotonic. How versions move is the resolved transport's:
+
+- ``direct``: a board in this owner. Placed ``direct`` (receivers share the caller's thread) a push hands over
+  references; placed on ``thread`` it snapshots the state so a receiver never sees a torn one.
+- ``shared_memory`` (placement ``process``): the state lives in one shared-memory segment laid out from a
+  template state dict, guarded by a sequence counter (a reader retries if a push overlapped its copy). The
+  client is picklable by segment name and reaches receivers in any process of the host.
+- ``ray``: the versions live in an actor; pushes and polls are actor calls, tensors go through the object
+  store, and the client reaches receivers anywhere in the cluster.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from transports import local as _local
+from transports.errors import ConfigurationError
+
+from ..commands import Allowed, CommandTarget
+from ..resolution import Resolved
+from ..service import Owner
+from .channels import LocalWeights, RayWeights, SharedWeights, StateDict, _copy_into, _state
+
+REMOTE_OPERATIONS = frozenset({"push", "pull", "_newer_than", "_current_version"})
+
+
+class WeightSync(Owner["WeightSync"]):
+    """A versioned weight channel.
+
+    Args:
+        template: a module or state dict with the layout of the weights (required for ``shared_memory``).
+        placement: where receivers live; ``None`` takes the ``service_backend`` context, else ``direct``.
+        transport: transport kind; ``None`` takes the ``transport_backend`` context, else ``auto``.
+        resolved: the plan's resolution of this channel.
+
+    Example:
+        >>> sync = WeightSync().start()
+        >>> server = InferenceServer(policy_factory=make_policy, weight_sync=sync.client()).start()
+        >>> sync.push(learner)
+        1
+    """
+
+    component = "weight_sync"
+
+    def __init__(self, template: nn.Module | StateDict | None = None, *, placement: str | None = None, transport=None,
+                 resolved: Resolved | None = None):
+        super().__init__(placement=placement, transport=transport, resolved=resolved)
+        if self.transport_kind == "shared_memory" and template is None:
+            raise ConfigurationError(
+                f"weight sync placed on {self.placement!r} needs a template (a module or state dict) to lay out "
+                "shared memory",
+                path="components.weight_sync",
+            )
+        self._template = None if template is None else {k: v.detach() for k, v in _state(template).items()}
+        self._version = 0
+        self._latest: dict[str, torch.Tensor] | None = None
+        self._lock = threading.Lock()
+        self._shared: SharedWeights | RayWeights | None = None
+        self._local_id = _local.register(self)
+
+    # ------------------------------------------------------------------ hosting
+    def _endpoint(self) -> tuple[str | None, dict]:
+        # only versions kept in an actor need an endpoint; the board and shared memory are reached directly
+        return ("ray", {}) if self.transport_kind == "ray" else (None, {})
+
+    def _target(self, server_side: Any) -> Callable[[], Any] | None:
+        if server_side is None:
+            return None
+        board = functools.partial(WeightSync, placement="direct", transport="direct")
+        return functools.partial(CommandTarget, functools.partial(_started, board), server_side,
+                                 Allowed(REMOTE_OPERATIONS))
+
+    def _ready(self) -> None:
+        if self._transport is not None:
+            self._shared = RayWeights(self._transport.client())
+        elif self.transport_kind == "shared_memory":
+            self._shared = SharedWeights.create(self._template)
+
+    def _shutdown(self, timeout: float | None) -> None:
+        super()._shutdown(timeout)
+        with self._lock:
+            self._latest = None
+        if isinstance(self._shared, SharedWeights):
+            self._shared._release()
+        self._shared = None
+
+    def _client(self):
+        if self._shared is not None:
+            return self._shared.attached()
+        return LocalWeights(self._local_id)
+
+    # ------------------------------------------------------------------ domain operations
+    @property
+    def version(self) -> int:
+        """The latest published version (0 before the first push)."""
+        return self._shared.version if self._shared is not None else self._version
+
+    def push(self, weights: nn.Module | StateDict) -> int:
+        """Publish ``weights`` as a new version. Returns the version."""
+        self._require_running()
+        if self._shared is not None:
+            return self._shared.push(weights)
+        state = _state(weights)
+        if not self.inline:  # receivers on other threads: a snapshot, never a state torn by the next step
+            state = {k: v.detach().clone() for k, v in state.items()}
+        with self._lock:
+            self._version += 1
+            self._latest = state
+            return self._version
+
+    def poll(self, since: int, into: nn.Module) -> int | None:
+        """If a version newer than ``since`` exists, copy it into ``into`` in place and return it."""
+        if self._shared is not None:
+            return self._shared.poll(since, into)
+        with self._lock:
+            version, state = self._version, self._latest
+        if version <= since or state is None:
+            return None
+        _copy_into(into, state)
+        return version
+
+    def pull(self) -> tuple[int, StateDict | None]:
+        """The latest ``(version, state_dict)``; the state is ``None`` before the first push."""
+        if self._shared is not None:
+            return self._shared.pull()
+        with self._lock:
+            return self._version, self._latest
+
+    def _newer_than(self, since: int) -> tuple[int, StateDict] | None:
+        """``(version, state)`` if a version newer than ``since`` exists: one round trip for a remote poll."""
+        version, state = self.pull()
+        return None if version <= since or state is None else (version, state)
+
+    def _current_version(self) -> int:
+        return self.version
+
+
+def _started(build: Callable[[], WeightSync]) -> WeightSync:
+    return build().start()
