@@ -13,8 +13,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from recipes.dqn import DQNConfig
-from recipes.ppo import PPOConfig
+from recipes.configs import DQNConfig, PPOConfig
 
 
 # ---------------------------------------------------------------------------------------------- components
