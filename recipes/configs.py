@@ -7,7 +7,7 @@ each recipe (``recipes/<name>.py``) imports its config from here and reads on wi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 
 @dataclass
@@ -30,7 +30,11 @@ class PPOConfig:
         ent_coef: entropy bonus coefficient.
         vf_coef: value loss coefficient.
         max_grad_norm: gradient norm clipping.
-        hidden: width of the two hidden layers of actor and critic.
+        hidden: width of the two hidden layers of the built-in actor and critic.
+        network: your own network instead of the built-in MLP: a node whose ``_target_`` names a callable
+            ``(in_features: int, out_features: int, **kwargs) -> nn.Module``, called with the node's other keys
+            once for the actor (``out_features``: actions) and once for the critic (``out_features`` = 1), where
+            the policy is built. ``None``: the built-in MLP of ``hidden`` units.
         norm_adv: normalise advantages within each minibatch.
         reward_scale: rewards are multiplied by this before advantage estimation.
         init_log_std: initial log standard deviation of continuous actions.
@@ -52,6 +56,7 @@ class PPOConfig:
     vf_coef: float = 0.5
     max_grad_norm: float = 0.5
     hidden: int = 64
+    network: Optional[Any] = None  # a _target_ node (Any: a None Dict field cannot be set from the CLI)
     norm_adv: bool = True
     reward_scale: float = 1.0
     init_log_std: float = 0.0
@@ -90,7 +95,10 @@ class DQNConfig:
         alpha: prioritized replay exponent.
         beta: importance-sampling exponent.
         max_policy_lag: transitions from behaviour policies more than this many pushes old are not sampled.
-        hidden: width of the two hidden layers.
+        hidden: width of the two hidden layers of the built-in Q-network.
+        network: your own Q-network instead of the built-in MLP: a node whose ``_target_`` names a callable
+            ``(in_features: int, out_features: int, **kwargs) -> nn.Module`` (``out_features``: actions), called
+            with the node's other keys for the online and the target network. ``None``: the built-in MLP.
         max_grad_norm: gradient norm clipping.
     """
 
@@ -115,6 +123,7 @@ class DQNConfig:
     beta: float = 0.4
     max_policy_lag: int = 2_000
     hidden: int = 128
+    network: Optional[Any] = None  # a _target_ node (Any: a None Dict field cannot be set from the CLI)
     max_grad_norm: float = 10.0
 
     @property

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from components.targets import instantiate_target
+
 from .base import Clients, EpisodeStats, Recipe
 from .configs import DQNConfig  # torch-free, so composing a config never imports torch
 
@@ -24,8 +26,12 @@ from .configs import DQNConfig  # torch-free, so composing a config never import
 # ============================================================================ networks
 
 
-def q_network(cfg: DQNConfig, spec) -> nn.Sequential:
+def q_network(cfg: DQNConfig, spec) -> nn.Module:
+    """The built-in MLP, or the module ``cfg.network`` names by ``_target_`` (built here, where the policy lives)."""
     obs = math.prod(spec.observation_shape)
+    if cfg.network is not None:
+        return instantiate_target(cfg.network, "recipe.network", expect=nn.Module, in_features=obs,
+                                  out_features=spec.n_actions)
     return nn.Sequential(nn.Linear(obs, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, cfg.hidden), nn.ReLU(),
                          nn.Linear(cfg.hidden, spec.n_actions))
 

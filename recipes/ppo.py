@@ -15,6 +15,8 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Normal
 
+from components.targets import instantiate_target
+
 from .base import Clients, EpisodeStats, Recipe
 from .configs import PPOConfig  # torch-free, so composing a config never imports torch
 
@@ -33,6 +35,13 @@ def _mlp(inp: int, out: int, hidden: int, out_std: float) -> nn.Sequential:
     return nn.Sequential(_layer(inp, hidden), nn.Tanh(), _layer(hidden, hidden), nn.Tanh(), _layer(hidden, out, out_std))
 
 
+def _network(cfg: PPOConfig, inp: int, out: int, out_std: float) -> nn.Module:
+    """The built-in MLP, or the module ``cfg.network`` names by ``_target_`` (built here, where the policy lives)."""
+    if cfg.network is None:
+        return _mlp(inp, out, cfg.hidden, out_std)
+    return instantiate_target(cfg.network, "recipe.network", expect=nn.Module, in_features=inp, out_features=out)
+
+
 class Actor(nn.Module):
     """The stochastic policy: logits for discrete actions, a Gaussian for continuous ones."""
 
@@ -41,10 +50,10 @@ class Actor(nn.Module):
         obs_dim = math.prod(spec.observation_shape)
         self.discrete = spec.discrete
         if self.discrete:
-            self.net = _mlp(obs_dim, spec.n_actions, cfg.hidden, 0.01)
+            self.net = _network(cfg, obs_dim, spec.n_actions, 0.01)
         else:
             act_dim = math.prod(spec.action_shape)
-            self.net = _mlp(obs_dim, act_dim, cfg.hidden, 0.01)
+            self.net = _network(cfg, obs_dim, act_dim, 0.01)
             self.log_std = nn.Parameter(torch.full((act_dim,), cfg.init_log_std))
 
     def dist(self, obs: torch.Tensor):
@@ -88,7 +97,7 @@ class Learner(nn.Module):
     def __init__(self, cfg: PPOConfig, spec):
         super().__init__()
         self.policy = make_policy(cfg, spec)
-        self.critic = _mlp(math.prod(spec.observation_shape), 1, cfg.hidden, 1.0)
+        self.critic = _network(cfg, math.prod(spec.observation_shape), 1, 1.0)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs).squeeze(-1)
