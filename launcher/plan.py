@@ -255,9 +255,9 @@ def build_plan(cfg: DictConfig) -> LaunchPlan:
     recipe, recipe_cfg = recipe_of(cfg)
     resolved = resolve_components(cfg, recipe.needs)
     _check_edges(resolved)
-    from components.envs import spec_of  # gymnasium and tensordict: only once the combination is valid
+    from components.envs import EnvMaker  # gymnasium and tensordict: only once the combination is valid
 
-    spec = spec_of(cfg.env.id, **_container(cfg.env.kwargs))
+    spec = EnvMaker.from_config(cfg.env).spec()
     try:
         services = recipe.services(recipe_cfg, spec)
     except ValueError as exc:

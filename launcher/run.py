@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from components import compat
 from components.collector import Collector
-from components.envs import make_vector_env, spec_of
+from components.envs import EnvMaker
 from components.inference import InferenceDeviceConfig, InferenceServer, InferenceServerConfig
 from components.ray_support import RayClusterConfig, ray_cluster
 from components.replay import PolicyAgeFilter, ReplayBuffer
@@ -77,11 +77,10 @@ def _inference(c, cfg, recipe, rcfg, spec, deps, run_dir):
 
 def _collector(c, cfg, recipe, rcfg, spec, deps, run_dir):
     o = c.options
-    env_kwargs = OmegaConf.to_container(cfg.env.kwargs, resolve=True)
     # the recipe's envs are split over the workers, so a batch keeps the size the recipe asked for
     envs_per_worker = o["num_envs"] // o["num_collectors"]
     return Collector(
-        partial(make_vector_env, cfg.env.id, envs_per_worker, **env_kwargs), deps["inference"],
+        partial(EnvMaker.from_config(cfg.env).vector, envs_per_worker), deps["inference"],
         o["frames_per_batch"], o["total_frames"], o["num_collectors"], placement=c.placement, seed=int(cfg.seed),
         sync=bool(o["sync"]),
     )
@@ -107,7 +106,7 @@ def execute(plan: LaunchPlan, cfg: DictConfig, run_dir: str, *, on_started: Call
     """
     ensure_runnable(plan)
     recipe, rcfg = recipe_of(cfg)
-    spec = spec_of(cfg.env.id, **OmegaConf.to_container(cfg.env.kwargs, resolve=True))
+    spec = EnvMaker.from_config(cfg.env).spec()
     owners: dict[str, Any] = {}
     clients: dict[str, Any] = {}
     progress = ProgressLine(getattr(rcfg, "total_frames", 0), enabled=bool(cfg.launcher.progress))

@@ -10,9 +10,10 @@ import pytest
 from omegaconf import OmegaConf
 from torch import nn
 
-from components.envs import spec_of
+from components.envs import EnvMaker, spec_of
 from components.errors import ConfigurationError
 from launcher.plan import build_plan
+from launcher.run import execute
 from recipes import get_recipe
 from recipes.examples.custom_mlp import CustomMLP
 
@@ -93,3 +94,50 @@ def test_a_bad_target_exits_2_before_anything_starts(tmp_path):
     assert proc.stderr.startswith("configuration error: cannot import 'my_nets.missing'")
     assert "full_key: recipe.network._target_" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "plan.json").exists() and not (tmp_path / "metrics.csv").exists()
+
+
+# ---------------------------------------------------------------------------------------------- environments
+CORRIDOR = ("env.id=null", "env._target_=tests.user_code.make_corridor", "+env.kwargs.length=7")
+TINY = ("+recipe=ppo", "recipe.num_envs=4", "recipe.num_steps=16", "recipe.total_frames=128", "recipe.target_return=null",
+        "launcher.progress=false")
+
+
+def test_a_user_env_factory_named_by_target_is_used(compose_cfg, tmp_path):
+    cfg = compose_cfg(*TINY, *CORRIDOR)
+    plan = build_plan(cfg)
+    assert plan.env_id == "tests.user_code.make_corridor"
+    assert plan["inference"].layouts["request"].describe() == "observation [4, 3] float32"  # the corridor's 3 features
+    result = execute(plan, cfg, str(tmp_path))
+    # every episode lasts exactly `length` steps of reward 1: the kwargs reached the factory in every env
+    assert result["frames"] == 128 and result["episodes"] == 4 * (32 // 7)
+    assert result["final_mean_return"] == 7.0
+
+
+def test_env_ids_keep_working_through_the_same_maker():
+    maker = EnvMaker.from_config({"id": "CartPole-v1", "kwargs": {"max_episode_steps": 20}})
+    assert maker.spec() == spec_of("CartPole-v1")
+    env = maker.vector(3)
+    try:
+        assert env.num_envs == 3 and [e.spec.max_episode_steps for e in env.envs] == [20, 20, 20]  # the kwargs
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("overrides, path, needle", [
+    (("env._target_=tests.user_code.make_corridor",), "env", "both name an environment"),
+    (("env.id=null",), "env.id", "no environment"),
+    (("env.id=null", "env._target_=tests.user_code.no_such_env"), "env._target_", "cannot import"),
+    (("env.id=null", "env._target_=tests.user_code.two_layer_net", "+env.kwargs.in_features=3",
+      "+env.kwargs.out_features=1"), "env._target_", "not a gymnasium.core.Env"),
+    (("env.id=null", "env._target_=tests.user_code.make_corridor", "+env.kwargs.width=3"), "env",
+     "unexpected keyword argument 'width'"),
+], ids=["both", "neither", "not-importable", "not-an-env", "wrong-argument"])
+def test_a_bad_env_fails_at_planning_naming_its_config_path(compose_cfg, overrides, path, needle):
+    with pytest.raises(ConfigurationError) as info:
+        build_plan(compose_cfg("+recipe=ppo", *overrides))
+    assert info.value.path == path and needle in info.value.message, info.value
+
+
+def test_an_untyped_env_node_with_other_keys_is_refused():
+    with pytest.raises(ConfigurationError, match=r"unknown keys \['length'\]; the callable's arguments go under env.kwargs"):
+        EnvMaker.from_config({"_target_": "tests.user_code.make_corridor", "length": 7})
