@@ -256,8 +256,10 @@ def build_plan(cfg: DictConfig) -> LaunchPlan:
     resolved = resolve_components(cfg, recipe.needs)
     _check_edges(resolved)
     from components.envs import EnvMaker  # gymnasium and tensordict: only once the combination is valid
+    from components.logger import logger_class
 
     spec = EnvMaker.from_config(cfg.env).spec()
+    logger_class(cfg.logger)  # a logger _target_ that does not fit fails here, before anything starts
     try:
         services = recipe.services(recipe_cfg, spec)
     except ValueError as exc:

@@ -12,12 +12,15 @@ from torch import nn
 
 from components.envs import EnvMaker, spec_of
 from components.errors import ConfigurationError
+from components.logger import logger_class
 from launcher.plan import build_plan
 from launcher.run import execute
 from recipes import get_recipe
 from recipes.examples.custom_mlp import CustomMLP
 
-from .conftest import run_cli
+from .conftest import ROOT, run_cli
+from .loggers import CustomLogger
+from .user_code import JsonLinesLogger
 
 NET = "{_target_:tests.user_code.two_layer_net,width:16}"
 
@@ -141,3 +144,59 @@ def test_a_bad_env_fails_at_planning_naming_its_config_path(compose_cfg, overrid
 def test_an_untyped_env_node_with_other_keys_is_refused():
     with pytest.raises(ConfigurationError, match=r"unknown keys \['length'\]; the callable's arguments go under env.kwargs"):
         EnvMaker.from_config({"_target_": "tests.user_code.make_corridor", "length": 7})
+
+
+# ---------------------------------------------------------------------------------------------- loggers
+def test_a_user_logger_class_named_on_the_command_line_is_used(compose_cfg, tmp_path):
+    cfg = compose_cfg(*TINY, "logger._target_=tests.loggers.CustomLogger")
+    owners = {}
+    execute(build_plan(cfg), cfg, str(tmp_path), on_started=owners.update)
+    assert type(owners["logger"]) is CustomLogger
+    assert "train/mean_return" in (tmp_path / "metrics.csv").read_text()
+
+
+def test_a_user_logger_yaml_with_options_of_its_own_is_used(compose_cfg, tmp_path):
+    # a YAML in the user's own config directory (python -m launcher --config-dir DIR logger=jsonl), untyped
+    (tmp_path / "conf" / "logger").mkdir(parents=True)
+    (tmp_path / "conf" / "logger" / "jsonl.yaml").write_text(
+        "_target_: tests.user_code.JsonLinesLogger\nlog_dir: logs\nfilename: scalars.jsonl\n")
+    cfg = compose_cfg(*TINY, f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "logger=jsonl")
+    owners = {}
+    execute(build_plan(cfg), cfg, str(tmp_path / "run"), on_started=owners.update)
+    assert type(owners["logger"]) is JsonLinesLogger
+    rows = [json.loads(line) for line in (tmp_path / "run" / "logs" / "scalars.jsonl").read_text().splitlines()]
+    assert {"hparams"} <= set(rows[0]) and any(r.get("name") == "train/mean_return" for r in rows)
+
+
+@pytest.mark.parametrize("overrides, path, needle", [
+    (("logger._target_=tests.loggers.NoSuchLogger",), "logger._target_", "cannot import 'tests.loggers.NoSuchLogger'"),
+    (("logger._target_=tests.user_code.NotALogger",), "logger._target_", "is not a subclass of components.logger.Logger"),
+    (("logger._target_=components.logger.TensorBoardLogger",), "logger",  # csv's options, TensorBoard's class
+     "does not take the options ['flush_every', 'log_dir', 'tensorboard']"),
+], ids=["not-importable", "not-a-logger", "wrong-options"])
+def test_a_bad_logger_fails_at_planning_naming_its_config_path(compose_cfg, overrides, path, needle):
+    with pytest.raises(ConfigurationError) as info:
+        build_plan(compose_cfg("+recipe=ppo", *overrides))
+    assert info.value.path == path and needle in info.value.message, info.value
+
+
+def test_an_untyped_logger_yaml_without_log_dir_is_refused():
+    with pytest.raises(ConfigurationError, match="logger.log_dir is missing") as info:
+        logger_class({"_target_": "tests.user_code.JsonLinesLogger", "filename": "x.jsonl"})
+    assert info.value.path == "logger.log_dir"
+    assert logger_class({"_target_": "tests.user_code.JsonLinesLogger", "log_dir": "."}) is JsonLinesLogger
+
+
+# ---------------------------------------------------------------------------------------------- all three, elsewhere
+@pytest.mark.slow
+def test_user_code_is_built_in_child_processes_from_the_picklable_config(tmp_path):
+    # every owner in its own process: the network (inference server, weight sync), the env factory (collector) and
+    # the logger class are each built from the config where their owner lives
+    run_dir = tmp_path / "run"
+    proc = run_cli(*TINY, "service=process", f"recipe.network={NET}", *CORRIDOR,
+                   "logger._target_=tests.loggers.CustomLogger", f"hydra.run.dir={run_dir}", cwd=ROOT, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["frames"] == 128 and summary["final_mean_return"] == 7.0
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert {c["placement"] for c in plan["components"]} == {"process"} and plan["env_id"] == "tests.user_code.make_corridor"
