@@ -86,7 +86,8 @@ def spec_of(env_id: str, **kwargs: Any) -> EnvSpec:
 def spec_from_spaces(env_id: str, obs_space: gym.Space, act_space: gym.Space, *, path: str = "env.id") -> EnvSpec:
     """Build an :class:`EnvSpec` from one env's observation and action spaces (``path``: the config that named it)."""
     if not isinstance(obs_space, gym.spaces.Box):
-        raise ConfigurationError(f"env {env_id!r}: only Box observation spaces are supported, got {obs_space}", path=path)
+        raise ConfigurationError(f"env {env_id!r}: only Box observation spaces are supported, got {obs_space}",
+                                 path=path)
     obs_dtype = _TORCH_DTYPES.get(np.dtype(obs_space.dtype), torch.float32)
     if isinstance(act_space, gym.spaces.Discrete):
         return EnvSpec(env_id, tuple(obs_space.shape), obs_dtype, True, int(act_space.n), ())
@@ -101,7 +102,8 @@ def spec_from_spaces(env_id: str, obs_space: gym.Space, act_space: gym.Space, *,
             tuple(float(x) for x in np.ravel(act_space.low)),
             tuple(float(x) for x in np.ravel(act_space.high)),
         )
-    raise ConfigurationError(f"env {env_id!r}: only Discrete or Box action spaces are supported, got {act_space}", path=path)
+    raise ConfigurationError(f"env {env_id!r}: only Discrete or Box action spaces are supported, got {act_space}",
+                             path=path)
 
 
 def make_vector_env(env_id: str, num_envs: int, **kwargs: Any) -> gym.vector.VectorEnv:

@@ -5,7 +5,11 @@ Each is named in the config, built where it is used, and a bad name fails before
 """
 
 import json
+import pickle
+from functools import partial
 
+import gymnasium as gym
+import numpy as np
 import pytest
 from omegaconf import OmegaConf
 from torch import nn
@@ -66,7 +70,7 @@ def test_the_shipped_example_selects_the_custom_mlp(compose_cfg):
 
 
 @pytest.mark.parametrize("network, path, needle", [
-    ("{_target_:tests.user_code.no_such_net}", "recipe.network._target_", "cannot import 'tests.user_code.no_such_net'"),
+    ("{_target_:tests.user_code.no_such_net}", "recipe.network._target_", "cannot import 'tests.user_code.no_such"),
     ("{_target_:tests.user_code.two_layer_net,depth:3}", "recipe.network", "unexpected keyword argument 'depth'"),
     ("{_target_:tests.user_code.not_a_module}", "recipe.network._target_", "returned a dict, not a torch.nn"),
     ("{_target_:recipes.examples.custom_mlp.CustomMLP,activation:Sigmoidal}", "recipe.network", "Sigmoidal"),
@@ -101,8 +105,8 @@ def test_a_bad_target_exits_2_before_anything_starts(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- environments
 CORRIDOR = ("env.id=null", "env._target_=tests.user_code.make_corridor", "+env.kwargs.length=7")
-TINY = ("+recipe=ppo", "recipe.num_envs=4", "recipe.num_steps=16", "recipe.total_frames=128", "recipe.target_return=null",
-        "launcher.progress=false")
+TINY = ("+recipe=ppo", "recipe.num_envs=4", "recipe.num_steps=16", "recipe.total_frames=128",
+        "recipe.target_return=null", "launcher.progress=false")
 
 
 def test_a_user_env_factory_named_by_target_is_used(compose_cfg, tmp_path):
@@ -114,6 +118,21 @@ def test_a_user_env_factory_named_by_target_is_used(compose_cfg, tmp_path):
     # every episode lasts exactly `length` steps of reward 1: the kwargs reached the factory in every env
     assert result["frames"] == 128 and result["episodes"] == 4 * (32 // 7)
     assert result["final_mean_return"] == 7.0
+
+
+def test_a_user_env_factory_travels_pickled_and_is_vectorized_with_same_step_autoreset():
+    maker = EnvMaker.from_config({"_target_": "tests.user_code.make_corridor", "kwargs": {"length": 2}})
+    env = pickle.loads(pickle.dumps(partial(maker.vector, 3)))()  # what a collector process receives
+    try:
+        assert isinstance(env, gym.vector.SyncVectorEnv) and env.num_envs == 3
+        assert env.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP
+        env.reset(seed=0)
+        env.step(np.zeros(3, dtype=np.int64))
+        obs, _, terminated, _, info = env.step(np.zeros(3, dtype=np.int64))
+        assert terminated.all() and (obs[:, 0] == 0).all()  # the same step already holds the reset observation
+        assert (info["final_obs"][0] == [2.0, 0.0, 1.0]).all()
+    finally:
+        env.close()
 
 
 def test_env_ids_keep_working_through_the_same_maker():
@@ -142,7 +161,7 @@ def test_a_bad_env_fails_at_planning_naming_its_config_path(compose_cfg, overrid
 
 
 def test_an_untyped_env_node_with_other_keys_is_refused():
-    with pytest.raises(ConfigurationError, match=r"unknown keys \['length'\]; the callable's arguments go under env.kwargs"):
+    with pytest.raises(ConfigurationError, match=r"unknown keys \['length'\]; the callable's arguments go under env"):
         EnvMaker.from_config({"_target_": "tests.user_code.make_corridor", "length": 7})
 
 
@@ -170,7 +189,7 @@ def test_a_user_logger_yaml_with_options_of_its_own_is_used(compose_cfg, tmp_pat
 
 @pytest.mark.parametrize("overrides, path, needle", [
     (("logger._target_=tests.loggers.NoSuchLogger",), "logger._target_", "cannot import 'tests.loggers.NoSuchLogger'"),
-    (("logger._target_=tests.user_code.NotALogger",), "logger._target_", "is not a subclass of components.logger.Logger"),
+    (("logger._target_=tests.user_code.NotALogger",), "logger._target_", "is not a subclass of components.logger"),
     (("logger._target_=components.logger.TensorBoardLogger",), "logger",  # csv's options, TensorBoard's class
      "does not take the options ['flush_every', 'log_dir', 'tensorboard']"),
 ], ids=["not-importable", "not-a-logger", "wrong-options"])
@@ -199,4 +218,5 @@ def test_user_code_is_built_in_child_processes_from_the_picklable_config(tmp_pat
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["frames"] == 128 and summary["final_mean_return"] == 7.0
     plan = json.loads((run_dir / "plan.json").read_text())
-    assert {c["placement"] for c in plan["components"]} == {"process"} and plan["env_id"] == "tests.user_code.make_corridor"
+    assert {c["placement"] for c in plan["components"]} == {"process"}
+    assert plan["env_id"] == "tests.user_code.make_corridor"
