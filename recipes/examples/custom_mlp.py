@@ -31,6 +31,7 @@ class CustomMLP(nn.Sequential):
         layer_norm: normalise each hidden layer's pre-activations.
 
     Example:
+        >>> import torch
         >>> CustomMLP(4, 2, hidden=[32], activation="ReLU")(torch.zeros(8, 4)).shape
         torch.Size([8, 2])
     """
