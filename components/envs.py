@@ -8,7 +8,7 @@ step is already the reset one. Episode return and length are tracked per env.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import gymnasium as gym
 import numpy as np
@@ -17,6 +17,8 @@ from tensordict import TensorDict
 
 from transports.errors import ConfigurationError
 from transports.layout import Layout
+
+from .targets import instantiate_target
 
 
 @dataclass(frozen=True)
@@ -81,10 +83,11 @@ def spec_of(env_id: str, **kwargs: Any) -> EnvSpec:
         env.close()
 
 
-def spec_from_spaces(env_id: str, obs_space: gym.Space, act_space: gym.Space) -> EnvSpec:
-    """Build an :class:`EnvSpec` from one env's observation and action spaces."""
+def spec_from_spaces(env_id: str, obs_space: gym.Space, act_space: gym.Space, *, path: str = "env.id") -> EnvSpec:
+    """Build an :class:`EnvSpec` from one env's observation and action spaces (``path``: the config that named it)."""
     if not isinstance(obs_space, gym.spaces.Box):
-        raise ConfigurationError(f"env {env_id!r}: only Box observation spaces are supported, got {obs_space}", path="env.id")
+        raise ConfigurationError(f"env {env_id!r}: only Box observation spaces are supported, got {obs_space}",
+                                 path=path)
     obs_dtype = _TORCH_DTYPES.get(np.dtype(obs_space.dtype), torch.float32)
     if isinstance(act_space, gym.spaces.Discrete):
         return EnvSpec(env_id, tuple(obs_space.shape), obs_dtype, True, int(act_space.n), ())
@@ -99,7 +102,8 @@ def spec_from_spaces(env_id: str, obs_space: gym.Space, act_space: gym.Space) ->
             tuple(float(x) for x in np.ravel(act_space.low)),
             tuple(float(x) for x in np.ravel(act_space.high)),
         )
-    raise ConfigurationError(f"env {env_id!r}: only Discrete or Box action spaces are supported, got {act_space}", path="env.id")
+    raise ConfigurationError(f"env {env_id!r}: only Discrete or Box action spaces are supported, got {act_space}",
+                             path=path)
 
 
 def make_vector_env(env_id: str, num_envs: int, **kwargs: Any) -> gym.vector.VectorEnv:
@@ -111,6 +115,77 @@ def make_vector_env(env_id: str, num_envs: int, **kwargs: Any) -> gym.vector.Vec
         vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
         **kwargs,
     )
+
+
+class EnvMaker:
+    """Makes one environment as the ``env`` config says: ``gymnasium.make(id, **kwargs)``, or your own callable
+    ``_target_(**kwargs) -> gymnasium.Env``. Plain data, so it pickles: collectors make their envs where they run.
+
+    Args:
+        id: a registered gymnasium id (``CartPole-v1``).
+        _target_: instead of ``id``, the dotted name of a callable that returns one gymnasium env.
+        kwargs: keyword arguments of ``gymnasium.make``, or of the ``_target_`` callable.
+
+    Raises:
+        ConfigurationError: neither or both of ``id`` and ``_target_`` are set.
+
+    Example:
+        >>> EnvMaker(_target_="my_envs.make_maze", kwargs={"size": 5}).vector(8)   # a SyncVectorEnv of 8 mazes
+    """
+
+    def __init__(self, id: str | None = None, _target_: str | None = None, kwargs: Mapping[str, Any] | None = None):
+        if id is not None and _target_ is not None:
+            raise ConfigurationError(f"env.id={id!r} and env._target_={_target_!r} both name an environment: keep one "
+                                     "(e.g. env.id=null)", path="env")
+        if id is None and _target_ is None:
+            raise ConfigurationError("no environment: set env.id (a gymnasium id) or env._target_ (a callable that "
+                                     "returns one gymnasium env)", path="env.id")
+        self.id, self.target, self.kwargs = id, _target_, dict(kwargs or {})
+
+    @classmethod
+    def from_config(cls, node: Any) -> "EnvMaker":
+        """From the ``env`` config node (a DictConfig or a mapping of ``id``, ``_target_``, ``kwargs``).
+
+        Raises:
+            ConfigurationError: the node holds other keys, or neither or both of ``id`` and ``_target_``.
+        """
+        from omegaconf import OmegaConf
+
+        data = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
+        unknown = sorted(set(data) - {"id", "_target_", "kwargs"})
+        if unknown:
+            raise ConfigurationError(f"env: unknown keys {unknown}; the callable's arguments go under env.kwargs",
+                                     path=f"env.{unknown[0]}", alternatives=("id", "_target_", "kwargs"))
+        return cls(**data)
+
+    @property
+    def name(self) -> str:
+        """The gymnasium id, or the callable's dotted name."""
+        return self.id if self.id is not None else self.target
+
+    def __call__(self) -> gym.Env:
+        """One environment."""
+        if self.id is not None:
+            return make_env(self.id, **self.kwargs)
+        return instantiate_target({"_target_": self.target, **self.kwargs}, "env", expect=gym.Env)
+
+    def spec(self) -> EnvSpec:
+        """The :class:`EnvSpec`, read from a throwaway instance (closed before returning)."""
+        env = self()
+        try:
+            return spec_from_spaces(self.name, env.observation_space, env.action_space,
+                                    path="env.id" if self.id is not None else "env._target_")
+        finally:
+            env.close()
+
+    def vector(self, num_envs: int) -> gym.vector.VectorEnv:
+        """``num_envs`` environments in one synchronous vector env with same-step autoreset."""
+        if self.id is not None:
+            return make_vector_env(self.id, num_envs, **self.kwargs)
+        return gym.vector.SyncVectorEnv([self] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+    def __repr__(self) -> str:
+        return f"EnvMaker({self.name!r}, kwargs={self.kwargs!r})"
 
 
 class VectorEnvStepper:

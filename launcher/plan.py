@@ -218,9 +218,11 @@ def build_plan(cfg: DictConfig) -> LaunchPlan:
         ConfigurationError: any configuration mistake, before anything starts.
     """
     recipe, recipe_cfg = recipe_of(cfg)
-    from components.envs import spec_of  # gymnasium and tensordict: only once a recipe is chosen
+    from components.envs import EnvMaker  # gymnasium and tensordict: only once a recipe is chosen
+    from components.logger import logger_class
 
-    spec = spec_of(cfg.env.id, **_container(cfg.env.kwargs))
+    spec = EnvMaker.from_config(cfg.env).spec()
+    logger_class(cfg.logger)  # a logger _target_ that does not fit fails here, before anything starts
     try:
         services = recipe.services(recipe_cfg, spec)
     except ValueError as exc:

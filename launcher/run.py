@@ -8,6 +8,7 @@ before the first owner starts and left after the last one stopped.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 from contextlib import ExitStack
@@ -18,7 +19,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from components.collectors import Collector
-from components.envs import make_vector_env, spec_of
+from components.envs import EnvMaker
 from components.inference import InferenceDeviceConfig, InferenceServer, InferenceServerConfig
 from components.replay import PolicyAgeFilter, ReplayBuffer
 from components.resolution import Resolved
@@ -43,7 +44,15 @@ def ensure_runnable(plan: LaunchPlan) -> None:
 def _logger(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir):
     log_dir = os.path.join(run_dir, cfg.logger.log_dir)
     factory = hydra.utils.instantiate(cfg.logger, log_dir=log_dir, _partial_=True)
-    return factory(resolved=r)
+    if _takes(factory.func, "resolved"):
+        return factory(resolved=r)
+    # a user's logger that takes only placement and transport: it resolves the same values again
+    return factory(placement=r.placement, transport=r.transport_config).with_resources(r.resources)
+
+
+def _takes(cls: type, name: str) -> bool:
+    params = inspect.signature(cls).parameters
+    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 def _weight_sync(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir):
@@ -74,11 +83,10 @@ def _inference(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir):
 
 def _collector(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir):
     o = r.options
-    env_kwargs = OmegaConf.to_container(cfg.env.kwargs, resolve=True)
     # the recipe's envs are split over the workers, so a batch keeps the size the recipe asked for
     envs_per_worker = o["num_envs"] // o["num_collectors"]
     return Collector(
-        partial(make_vector_env, cfg.env.id, envs_per_worker, **env_kwargs), deps["inference"],
+        partial(EnvMaker.from_config(cfg.env).vector, envs_per_worker), deps["inference"],
         o["frames_per_batch"], o["total_frames"], o["num_collectors"], seed=int(cfg.seed), sync=bool(o["sync"]),
         resolved=r,
     )
@@ -104,7 +112,7 @@ def execute(plan: LaunchPlan, cfg: DictConfig, run_dir: str, *, on_started: Call
     """
     ensure_runnable(plan)
     recipe, rcfg = recipe_of(cfg)
-    spec = spec_of(cfg.env.id, **OmegaConf.to_container(cfg.env.kwargs, resolve=True))
+    spec = EnvMaker.from_config(cfg.env).spec()
     owners: dict[str, Any] = {}
     clients: dict[str, Any] = {}
     progress = ProgressLine(getattr(rcfg, "total_frames", 0), enabled=bool(cfg.launcher.progress))

@@ -13,8 +13,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from recipes.dqn import DQNConfig
-from recipes.ppo import PPOConfig
+from recipes.configs import DQNConfig, PPOConfig
 
 
 # ---------------------------------------------------------------------------------------------- components
@@ -105,10 +104,11 @@ class TransportConf:
 
 @dataclass
 class EnvConf:
-    """A gymnasium environment."""
+    """The environment (EnvMaker): a gymnasium id, or your own callable that returns one env; set one of them."""
 
-    id: str = MISSING  # gymnasium id, e.g. CartPole-v1
-    kwargs: Dict[str, Any] = field(default_factory=dict)  # keyword arguments of gymnasium.make
+    id: Optional[str] = None  # gymnasium id, e.g. CartPole-v1
+    _target_: Optional[str] = None  # instead of id: dotted name of a callable (**kwargs) -> gymnasium.Env
+    kwargs: Dict[str, Any] = field(default_factory=dict)  # keyword arguments of gymnasium.make, or of _target_
 
 
 @dataclass
@@ -167,6 +167,7 @@ SCHEMAS: Dict[str, Dict[str, type]] = {
 PARITY: List[tuple] = [
     (CSVLoggerConf, ("components.logger.CSVLogger",), ("_target_",)),
     (TensorBoardLoggerConf, ("components.logger.TensorBoardLogger",), ("_target_",)),
+    (EnvConf, ("components.envs.EnvMaker",), ()),  # _target_ is an argument here: the env's own callable
     (
         InferenceConf,
         ("components.inference.config.InferenceServerConfig", "components.inference.config.InferenceDeviceConfig"),

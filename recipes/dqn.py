@@ -1,10 +1,10 @@
 """Deep Q-learning (double DQN with n-step returns, prioritized replay, a target network and an epsilon schedule),
 written against service clients only.
 
-Reads top to bottom: the config, the networks, the n-step transitions, the loss, then ``run``: every collected
-batch is folded into n-step transitions that go into the (prioritized) replay buffer; after ``learning_starts``
-frames the learner samples minibatches, weights the TD errors with the importance weights, updates the
-priorities, and periodically syncs the target network.
+Reads top to bottom: the config (``DQNConfig``, plain data in ``recipes/configs.py``), the networks, the n-step
+transitions, the loss, then ``run``: every collected batch is folded into n-step transitions that go into the
+(prioritized) replay buffer; after ``learning_starts`` frames the learner samples minibatches, weights the TD
+errors with the importance weights, updates the priorities, and periodically syncs the target network.
 The behaviour policy (Q-network plus its epsilon) is pushed to the inference server after every batch.
 Transitions older than ``max_policy_lag`` pushes are filtered out of sampling by the replay buffer.
 """
@@ -12,78 +12,26 @@ Transitions older than ``max_policy_lag`` pushes are filtered out of sampling by
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from components.targets import instantiate_target
+
 from .base import Clients, EpisodeStats, Recipe
-
-
-@dataclass
-class DQNConfig:
-    """DQN hyperparameters.
-
-    Attributes:
-        num_envs: parallel environments in the collector's vector env.
-        num_steps: steps per environment per collected batch.
-        total_frames: frame budget; training stops earlier once ``target_return`` is reached.
-        target_return: stop when the mean return of the last ``window`` episodes reaches this (``None``: never).
-        window: how many recent episodes the mean return covers.
-        buffer_size: replay capacity (transitions).
-        batch_size: minibatch size.
-        learning_starts: frames collected before learning begins.
-        updates_per_batch: gradient steps after each collected batch.
-        lr: Adam learning rate.
-        gamma: discount factor.
-        n_step: steps summed into each TD target (1: one-step Q-learning); an episode's end cuts the sum short.
-        tau: soft target-network update rate per gradient step (1.0: hard copy every ``target_every`` steps).
-        target_every: gradient steps between target updates.
-        eps_start: initial exploration rate.
-        eps_end: final exploration rate.
-        eps_frames: frames over which epsilon decays linearly.
-        alpha: prioritized replay exponent.
-        beta: importance-sampling exponent.
-        max_policy_lag: transitions from behaviour policies more than this many pushes old are not sampled.
-        hidden: width of the two hidden layers.
-        max_grad_norm: gradient norm clipping.
-    """
-
-    num_envs: int = 8
-    num_steps: int = 8
-    total_frames: int = 200_000
-    target_return: Optional[float] = 475.0
-    window: int = 20
-    buffer_size: int = 50_000
-    batch_size: int = 128
-    learning_starts: int = 1_000
-    updates_per_batch: int = 2
-    lr: float = 1e-3
-    gamma: float = 0.99
-    n_step: int = 20
-    tau: float = 0.01
-    target_every: int = 1
-    eps_start: float = 1.0
-    eps_end: float = 0.005
-    eps_frames: int = 10_000
-    alpha: float = 0.6
-    beta: float = 0.4
-    max_policy_lag: int = 2_000
-    hidden: int = 128
-    max_grad_norm: float = 10.0
-
-    @property
-    def frames_per_batch(self) -> int:
-        return self.num_envs * self.num_steps
+from .configs import DQNConfig  # torch-free, so composing a config never imports torch
 
 
 # ============================================================================ networks
 
 
-def q_network(cfg: DQNConfig, spec) -> nn.Sequential:
+def q_network(cfg: DQNConfig, spec) -> nn.Module:
+    """The built-in MLP, or the module ``cfg.network`` names by ``_target_`` (built here, where the policy lives)."""
     obs = math.prod(spec.observation_shape)
+    if cfg.network is not None:
+        return instantiate_target(cfg.network, "recipe.network", expect=nn.Module, in_features=obs,
+                                  out_features=spec.n_actions)
     return nn.Sequential(nn.Linear(obs, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, cfg.hidden), nn.ReLU(),
                          nn.Linear(cfg.hidden, spec.n_actions))
 

@@ -1,77 +1,24 @@
 """Proximal Policy Optimization (clipped objective, GAE), written against service clients only.
 
-Reads top to bottom: the config, the networks, advantage estimation, then ``run``: collect a batch through
-the collector (which calls the inference client), estimate advantages, write the batch to the replay buffer,
-optimise on minibatches sampled without replacement, push the new weights to the inference server.
+Reads top to bottom: the config (``PPOConfig``, plain data in ``recipes/configs.py``), the networks,
+advantage estimation, then ``run``: collect a batch through the collector (which calls the inference client),
+estimate advantages, write the batch to the replay buffer, optimise on minibatches sampled without
+replacement, push the new weights to the inference server.
 Nothing here knows where those services live.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Optional
 
 import torch
 from torch import nn
 from torch.distributions import Categorical, Normal
 
+from components.targets import instantiate_target
+
 from .base import Clients, EpisodeStats, Recipe
-
-
-@dataclass
-class PPOConfig:
-    """PPO hyperparameters.
-
-    Attributes:
-        num_envs: parallel environments in the collector's vector env.
-        num_steps: steps per environment per batch (a batch holds ``num_envs * num_steps`` frames).
-        total_frames: frame budget; training stops earlier once ``target_return`` is reached.
-        target_return: stop when the mean return of the last ``window`` episodes reaches this (``None``: never).
-        window: how many recent episodes the mean return covers.
-        lr: Adam learning rate.
-        anneal_lr: decay the learning rate linearly to 0 over ``total_frames``.
-        gamma: discount factor.
-        gae_lambda: GAE lambda.
-        num_minibatches: minibatches per epoch.
-        update_epochs: passes over each batch.
-        clip_coef: PPO ratio clipping.
-        ent_coef: entropy bonus coefficient.
-        vf_coef: value loss coefficient.
-        max_grad_norm: gradient norm clipping.
-        hidden: width of the two hidden layers of actor and critic.
-        norm_adv: normalise advantages within each minibatch.
-        reward_scale: rewards are multiplied by this before advantage estimation.
-        init_log_std: initial log standard deviation of continuous actions.
-    """
-
-    num_envs: int = 16
-    num_steps: int = 32
-    total_frames: int = 200_000
-    target_return: Optional[float] = 475.0
-    window: int = 20
-    lr: float = 5e-3
-    anneal_lr: bool = True
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    num_minibatches: int = 4
-    update_epochs: int = 4
-    clip_coef: float = 0.2
-    ent_coef: float = 0.01
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    hidden: int = 64
-    norm_adv: bool = True
-    reward_scale: float = 1.0
-    init_log_std: float = 0.0
-
-    @property
-    def frames_per_batch(self) -> int:
-        return self.num_envs * self.num_steps
-
-    @property
-    def minibatch_size(self) -> int:
-        return self.frames_per_batch // self.num_minibatches
+from .configs import PPOConfig  # torch-free, so composing a config never imports torch
 
 
 # ============================================================================ networks
@@ -88,6 +35,13 @@ def _mlp(inp: int, out: int, hidden: int, out_std: float) -> nn.Sequential:
     return nn.Sequential(_layer(inp, hidden), nn.Tanh(), _layer(hidden, hidden), nn.Tanh(), _layer(hidden, out, out_std))
 
 
+def _network(cfg: PPOConfig, inp: int, out: int, out_std: float) -> nn.Module:
+    """The built-in MLP, or the module ``cfg.network`` names by ``_target_`` (built here, where the policy lives)."""
+    if cfg.network is None:
+        return _mlp(inp, out, cfg.hidden, out_std)
+    return instantiate_target(cfg.network, "recipe.network", expect=nn.Module, in_features=inp, out_features=out)
+
+
 class Actor(nn.Module):
     """The stochastic policy: logits for discrete actions, a Gaussian for continuous ones."""
 
@@ -96,10 +50,10 @@ class Actor(nn.Module):
         obs_dim = math.prod(spec.observation_shape)
         self.discrete = spec.discrete
         if self.discrete:
-            self.net = _mlp(obs_dim, spec.n_actions, cfg.hidden, 0.01)
+            self.net = _network(cfg, obs_dim, spec.n_actions, 0.01)
         else:
             act_dim = math.prod(spec.action_shape)
-            self.net = _mlp(obs_dim, act_dim, cfg.hidden, 0.01)
+            self.net = _network(cfg, obs_dim, act_dim, 0.01)
             self.log_std = nn.Parameter(torch.full((act_dim,), cfg.init_log_std))
 
     def dist(self, obs: torch.Tensor):
@@ -143,7 +97,7 @@ class Learner(nn.Module):
     def __init__(self, cfg: PPOConfig, spec):
         super().__init__()
         self.policy = make_policy(cfg, spec)
-        self.critic = _mlp(math.prod(spec.observation_shape), 1, cfg.hidden, 1.0)
+        self.critic = _network(cfg, math.prod(spec.observation_shape), 1, 1.0)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs).squeeze(-1)

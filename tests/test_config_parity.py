@@ -4,6 +4,8 @@ import dataclasses
 import importlib
 import inspect
 import os
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -88,3 +90,27 @@ def test_unknown_keys_are_rejected_at_compose_time(compose_cfg):
         compose_cfg("+recipe=ppo", "components.replay.colour=blue")
     with pytest.raises(ConfigCompositionException):
         compose_cfg("+recipe=ppo", "recipe.learning_rate=0.1")
+
+
+COMPOSE_IN_A_FRESH_INTERPRETER = """
+import sys
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+import launcher.schema
+from launcher.cli import normalize_argv
+
+launcher.schema.register()
+with initialize_config_module(config_module="conf", version_base=None):
+    for name in ("ppo", "dqn"):
+        cfg = compose(config_name="config", overrides=normalize_argv([f"+recipe={name}"]))
+        print(name, OmegaConf.get_type(cfg.recipe).__name__)
+print("heavy:", sorted(m for m in ("torch", "tensordict", "gymnasium") if m in sys.modules))
+"""
+
+
+def test_composing_a_config_imports_no_torch():
+    # a fresh interpreter: this test process imported torch long ago
+    proc = subprocess.run([sys.executable, "-c", COMPOSE_IN_A_FRESH_INTERPRETER], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["ppo PPOConfig", "dqn DQNConfig", "heavy: []"], proc.stdout

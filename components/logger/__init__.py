@@ -8,6 +8,7 @@ from __future__ import annotations
 
 _EXPORTS = {
     "Logger": "base",
+    "logger_class": "base",
     "CLIENT_OPERATIONS": "base",
     "_as_float": "base",
     "LoggerClient": "client",

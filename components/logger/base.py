@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
+from transports.errors import ConfigurationError
+
 from ..commands import Allowed, CommandTarget, hosted
 from ..resolution import Resolved
 from ..service import Owner
@@ -154,3 +156,32 @@ class _InPlace:
 def _started_twin(cls: type, options: dict) -> Logger:
     """The logger that does the work where a remote logger lives: the same class, placed in its host's caller."""
     return cls(**options, placement="direct", transport="direct").start()
+
+
+def logger_class(node: Mapping[str, Any], path: str = "logger") -> type[Logger]:
+    """The :class:`Logger` subclass a logger config names by ``_target_``, checked against the config's other keys
+    (the launcher adds ``placement`` and ``transport``), so a wrong backend fails before anything starts.
+
+    Raises:
+        ConfigurationError: no ``_target_``, it does not import or is no ``Logger`` subclass, there is no
+            ``log_dir`` (relative to the run directory), or the class does not take the config's keys.
+    """
+    import inspect
+
+    from ..targets import locate
+
+    cls = locate(node, path)
+    if not (isinstance(cls, type) and issubclass(cls, Logger)):
+        raise ConfigurationError(f"{node['_target_']!r} is not a subclass of components.logger.Logger "
+                                 "(subclass it and implement _open, _close, _write_scalar, _write_hparams)",
+                                 path=f"{path}._target_")
+    options = {k: v for k, v in node.items() if k != "_target_"}
+    if "log_dir" not in options:
+        raise ConfigurationError(f"{path}.log_dir is missing: the directory the logger writes, relative to the run "
+                                 "directory (e.g. log_dir: .)", path=f"{path}.log_dir")
+    try:
+        inspect.signature(cls).bind(**options, placement=None, transport=None)
+    except TypeError as exc:
+        raise ConfigurationError(f"{node['_target_']} does not take the options {sorted(options)}: {exc}",
+                                 path=path) from exc
+    return cls

@@ -1,0 +1,81 @@
+"""Code a user would write in their own package and name in YAML by ``_target_`` (importable by child processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import gymnasium as gym
+import numpy as np
+from torch import nn
+
+from components.logger import Logger
+
+
+def two_layer_net(in_features: int, out_features: int, width: int = 8) -> nn.Module:
+    """A network factory with the signature recipes call: ``(in_features, out_features, **kwargs)``."""
+    return nn.Sequential(nn.Linear(in_features, width), nn.ReLU(), nn.Linear(width, out_features))
+
+
+def not_a_module(in_features: int, out_features: int) -> dict:
+    return {"in": in_features, "out": out_features}
+
+
+class Corridor(gym.Env):
+    """Walk right for ``length`` steps: reward 1 per step, the episode ends after exactly ``length`` steps.
+
+    Its observation (three features) differs from every built-in env's, so a plan shows whether it was used.
+    """
+
+    observation_space = gym.spaces.Box(-np.inf, np.inf, shape=(3,), dtype=np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, length: int = 5):
+        self.length = length
+        self._t = 0
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self._t, self.length - self._t, 1.0], dtype=np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self._t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self._t += 1
+        return self._obs(), 1.0, self._t >= self.length, False, {}
+
+
+def make_corridor(length: int = 5) -> gym.Env:
+    """An env factory as a user writes one: a plain function returning a single gymnasium env."""
+    return Corridor(length)
+
+
+class NotALogger:
+    def __init__(self, log_dir: str = ".", **kwargs):
+        self.log_dir = log_dir
+
+
+class JsonLinesLogger(Logger):
+    """A logger backend of one's own, with an option of its own: one JSON object per scalar in ``filename``."""
+
+    def __init__(self, log_dir: str = ".", filename: str = "scalars.jsonl", *, placement=None, transport=None):
+        super().__init__(log_dir, placement=placement, transport=transport, filename=filename)
+        self.filename = filename
+        self._file = None
+
+    def _open(self) -> None:
+        self._file = open(os.path.join(self.log_dir, self.filename), "a")
+
+    def _close(self) -> None:
+        self._file.close()
+
+    def _write_scalar(self, name: str, value: float, step) -> None:
+        self._file.write(json.dumps({"name": name, "value": value, "step": step}) + "\n")
+
+    def _write_hparams(self, hparams) -> None:
+        self._file.write(json.dumps({"hparams": dict(hparams)}) + "\n")
+
+    def _flush(self) -> None:
+        self._file.flush()
