@@ -28,8 +28,9 @@ EXIT_INTERRUPTED = 130
 
 def launch(cfg: DictConfig, run_dir: str) -> dict | None:
     """Plan, then print (dry run) or execute. Returns the recipe's result (``None`` for a dry run)."""
-    from .plan import build_plan
+    from .plan import build_plan, prepare_placements
 
+    prepare_placements(cfg)
     plan = build_plan(cfg)
     if cfg.launcher.dry_run:
         print(plan.render())

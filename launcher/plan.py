@@ -156,7 +156,7 @@ def resolve_components(cfg: DictConfig, needs: tuple[str, ...], services: dict, 
             options = {**(_container(cfg.transport.options) if not t_explicit else {}), **_container(node.transport_options)}
             out[name] = resolve_component(
                 name, node.placement, node.transport, transport_options=options,
-                layouts=layouts.get(name), layouts_known=name in layouts or None,
+                layouts=layouts.get(name), layouts_known=True,  # the plan derives layouts; a replay binds its own
                 options=_options(cfg, name, services),
                 resources=_container(node.resources),
                 placement_path=f"components.{name}.placement" if node.placement is not None else "service",
@@ -209,6 +209,16 @@ def _topological(names: tuple[str, ...]) -> tuple[str, ...]:
         else:  # pragma: no cover - the declarations are acyclic
             raise RuntimeError(f"dependency cycle among {pending}")
     return tuple(order)
+
+
+def prepare_placements(cfg: DictConfig) -> None:
+    """Let the host of every placement the config names begin its preparation (a forkserver importing torch)
+    while the plan is built. Starts no owner; an unknown or unbuilt placement is left to the plan to report."""
+    from components.hosts import HOSTS, host_class
+
+    named = {cfg.service.name, *(node.placement for node in cfg.components.values() if node.placement)}
+    for placement in named & set(HOSTS):
+        host_class(placement).prepare()
 
 
 def build_plan(cfg: DictConfig) -> LaunchPlan:

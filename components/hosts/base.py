@@ -178,6 +178,11 @@ class Host(ABC):
         """Stop the target within ``timeout`` seconds (ask, then force). Idempotent."""
 
     @classmethod
+    def prepare(cls) -> None:
+        """Begin, without waiting, what this placement's first host would otherwise wait for (called as soon as a
+        run knows it will use the placement). By default: nothing."""
+
+    @classmethod
     def session(cls, settings: Mapping[str, Any]) -> contextlib.AbstractContextManager:
         """What this placement needs around all of its hosts in a run (entered before the first owner starts,
         left after the last one stopped); ``settings`` is the config node named after the placement (``ray:``).

@@ -20,7 +20,6 @@ import traceback
 from multiprocessing.connection import wait
 from typing import Any
 
-from transports.segments import remove_segments_of
 from transports.errors import PeerFailureError, RemoteError, ServiceTimeoutError
 
 from .base import DEFAULT_STOP_TIMEOUT, Host, Pending, close_target, run_serving_loop
@@ -103,11 +102,10 @@ class ProcessHost(Host):
         self._wake_r = self._wake_w = None
 
     @classmethod
-    def session(cls, settings):
+    def prepare(cls) -> None:
         """Start the forkserver now, so its one import of torch overlaps whatever the run does before the first
-        child starts."""
+        child starts (planning, the driver's own imports)."""
         warm_up()
-        return super().session(settings)
 
     def _launch(self) -> None:
         ctx = context()
@@ -193,6 +191,8 @@ class ProcessHost(Host):
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        from transports.segments import remove_segments_of  # torch: imported once a child ran, never to warm up
+
         remove_segments_of(self._process.pid)  # what a killed child could not unlink itself
         self._process.close()
         self._process = None
