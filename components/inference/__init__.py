@@ -6,6 +6,8 @@ the server, its clients and configs load on first use.
 
 from __future__ import annotations
 
+from ..exports import lazy_exports
+
 _EXPORTS = {
     "InferenceClient": "client",
     "PolicyClientModule": "client",
@@ -14,13 +16,5 @@ _EXPORTS = {
     "InferenceServer": "server",
 }
 
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)

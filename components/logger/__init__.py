@@ -6,6 +6,8 @@ loggers load on first use. Name your own logger class (a subclass of :class:`Log
 
 from __future__ import annotations
 
+from ..exports import lazy_exports
+
 _EXPORTS = {
     "Logger": "base",
     "logger_class": "base",
@@ -19,13 +21,5 @@ _EXPORTS = {
     "write_gif": "video",
 }
 
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(n for n in _EXPORTS if not n.startswith("_"))

@@ -5,15 +5,9 @@ Its place in the compatibility table is :mod:`components.weight_sync.declaration
 
 from __future__ import annotations
 
+from ..exports import lazy_exports
+
 _EXPORTS = {"WeightSync": "sync", "LocalWeights": "channels", "RayWeights": "channels", "SharedWeights": "channels"}
 
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        import importlib
-
-        return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
+__getattr__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)
