@@ -19,7 +19,7 @@ from recipes.configs import DQNConfig, PPOConfig
 # ---------------------------------------------------------------------------------------------- components
 @dataclass
 class ResourcesConf:
-    """What an owner may use where it is placed (Ray actors and Slurm jobs read these)."""
+    """What an owner's host may use where it is placed (components.hosts.Resources; Ray actors read every field)."""
 
     num_cpus: Optional[float] = None  # CPUs reserved for the owner (None: the placement's default)
     num_gpus: float = 0.0  # GPUs reserved for the owner
