@@ -168,6 +168,7 @@ PARITY: List[tuple] = [
     (CSVLoggerConf, ("components.logger.CSVLogger",), ("_target_",)),
     (TensorBoardLoggerConf, ("components.logger.TensorBoardLogger",), ("_target_",)),
     (EnvConf, ("components.envs.EnvMaker",), ()),  # _target_ is an argument here: the env's own callable
+    (ResourcesConf, ("components.hosts.base.Resources",), ()),
     (
         InferenceConf,
         ("components.inference.config.InferenceServerConfig", "components.inference.config.InferenceDeviceConfig"),
