@@ -1,0 +1,53 @@
+"""Every check runs before anything starts: a value out of range fails the plan (and so the dry run) with one
+message naming its config path, the value and what is allowed."""
+
+import pytest
+
+from components.errors import ConfigurationError
+from launcher.plan import build_plan
+
+BAD = [
+    (("components.inference.max_batch_size=-5",), "components.inference.max_batch_size", "got -5", ">= 1"),
+    (("components.inference.min_batch_size=100",), "components.inference.min_batch_size", "got 100",
+     "in [1, max_batch_size=64]"),
+    (("components.inference.timeout=-1",), "components.inference.timeout", "got -1", ">= 0 seconds"),
+    (("components.inference.policy_device=cuda:7",), "components.inference.policy_device", "got 'cuda:7'",
+     "a device this machine has"),
+    (("service=thread", "components.collector.num_collectors=3"), "components.collector.num_collectors", "got 3",
+     "a divisor of"),
+    (("components.collector.num_collectors=2",), "components.collector.num_collectors", "got 2",
+     "1 for a collector in the caller's thread"),
+    (("service=process", "+components.inference.transport_options.bogus=1"),
+     "components.inference.transport_options.bogus", "takes no option 'bogus'", "supported: num_slots"),
+    (("service=ray", "components.replay.resources.max_concurrency=0"), "components.replay.resources.max_concurrency",
+     "got 0", ">= 1"),
+]
+
+
+@pytest.mark.parametrize("overrides, path, got, allowed", BAD, ids=[b[1] + ":" + b[0][-1].split("=")[-1] for b in BAD])
+def test_out_of_range_values_fail_the_plan_with_their_path(compose_cfg, overrides, path, got, allowed):
+    with pytest.raises(ConfigurationError) as info:
+        build_plan(compose_cfg("+recipe=ppo", *overrides))
+    message = str(info.value)
+    assert f"full_key: {path}" in message
+    assert got in message and allowed in message
+
+
+def test_an_owner_built_from_python_runs_the_same_checks():
+    from components.inference import InferenceServerConfig
+
+    with pytest.raises(ConfigurationError) as info:
+        InferenceServerConfig(max_batch_size=-5)
+    assert "full_key: components.inference.max_batch_size" in str(info.value)
+
+
+def test_a_partial_fixed_layout_is_refused_at_construction():
+    import torch
+    from tensordict import TensorDict
+
+    from components.inference import InferenceServer, InferenceServerConfig
+
+    request = TensorDict({"observation": torch.zeros(4)})
+    with pytest.raises(ConfigurationError, match="needs both request_layout and response_layout"):
+        InferenceServer(policy_factory=dict, config=InferenceServerConfig(placement="process"),
+                        transport="shared_memory", request_layout=request)
