@@ -10,12 +10,12 @@ import pytest
 from components.collector import Collector
 from components.ray_support import ActorResources, import_ray
 
-from .conftest import our_live_actors, run_cli
-from .factories import LocalPolicy, cartpole_envs
+from tests.helpers import our_live_actors, run_cli
+from tests.factories import LocalPolicy, cartpole_envs
 
 
 @pytest.fixture(scope="module")
-def two_nodes():
+def two_nodes(own_ray_cluster):
     ray = import_ray()
     from ray.cluster_utils import Cluster
 

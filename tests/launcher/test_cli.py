@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .conftest import run_cli
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.slow
 

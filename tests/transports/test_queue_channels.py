@@ -19,7 +19,7 @@ from components.inference import InferenceServer, InferenceServerConfig
 from transports.config import TransportConfig
 from transports.queue import frame
 
-from .factories import echo_factory
+from tests.factories import echo_factory
 
 BIG = 1 << 18  # float32 elements: 1 MiB per request and per answer
 

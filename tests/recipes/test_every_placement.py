@@ -7,7 +7,7 @@ import pytest
 
 from recipes import RECIPES
 
-from .conftest import run_cli
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.slow
 

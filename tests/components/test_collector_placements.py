@@ -13,8 +13,8 @@ from components.errors import PeerFailureError, RemoteError
 from components.inference import InferenceServer, InferenceServerConfig
 from components.replay import ReplayBuffer
 
-from .conftest import proc_state
-from .factories import CartPolePolicy, LocalPolicy, cartpole_envs, crashing_envs
+from tests.helpers import proc_state
+from tests.factories import CartPolePolicy, LocalPolicy, cartpole_envs, crashing_envs
 
 PLACEMENTS = ["direct", "thread", "process"]
 

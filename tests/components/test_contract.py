@@ -11,7 +11,7 @@ import pytest
 from components import compat
 from components.service import LIFECYCLE_METHODS, Service
 
-from .factories import owner_factories
+from tests.factories import owner_factories
 
 PLACEMENTS = ["direct", "thread", "process", "ray"]
 COMPONENTS = list(owner_factories("/tmp").keys())

@@ -12,7 +12,7 @@ from components.registry import ServiceRegistry
 from components.replay import ReplayBuffer
 from components.weight_sync import WeightSync
 
-from .factories import CartPolePolicy
+from tests.factories import CartPolePolicy
 
 
 def test_registry_owns_what_it_creates_and_never_what_it_was_given(tmp_path):

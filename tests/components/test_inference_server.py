@@ -24,8 +24,8 @@ from components.service import LIFECYCLE_METHODS
 from transports import Layout
 from transports._shared import SHM_PREFIX
 
-from .conftest import proc_state
-from .factories import echo_factory, failing_factory
+from tests.helpers import proc_state
+from tests.factories import echo_factory, failing_factory
 
 CELLS = [("thread", "thread"), ("thread", "direct"), ("process", "queue"), ("process", "shared_memory"),
          ("process", "process_slot")]
