@@ -139,6 +139,7 @@ finally:
 """
 
 
+@pytest.mark.slow  # a real interpreter, interrupted like Ctrl-C
 def test_sigint_flushes_a_process_logger(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", SIGINT_SCRIPT, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=default_sigint)

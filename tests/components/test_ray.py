@@ -24,7 +24,7 @@ from components.weight_sync import WeightSync
 from tests.helpers import our_live_actors, run_cli, wait_until
 from tests.factories import CartPolePolicy, LocalPolicy, cartpole_envs, crashing_envs, echo_factory
 
-pytestmark = pytest.mark.usefixtures("ray_cluster")
+pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]  # every actor is a new worker process: seconds
 
 
 def ray():

@@ -79,6 +79,7 @@ def _receive(client, queue):
     queue.put((client.poll(0, into=receiver), receiver.net.weight.sum().item()))
 
 
+@pytest.mark.slow  # a spawned interpreter imports torch: seconds
 def test_process_weight_sync_reaches_another_process():
     learner = CartPolePolicy(seed=4)
     with WeightSync(learner, placement="process") as sync:
