@@ -11,9 +11,8 @@ def start_owner(owner: Any, pids: set) -> float:
     """Start ``owner``; add the pid of its child process (if it has one) to ``pids``; return seconds taken."""
     t0 = time.perf_counter()
     owner.start()
-    host = getattr(owner, "_host", None)
-    if host is not None and host.child is not None:
-        pids.add(host.child.pid)
+    if owner.host is not None and not owner.host.same_process:
+        pids.add(owner.host.pid)
     return time.perf_counter() - t0
 
 

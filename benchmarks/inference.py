@@ -333,7 +333,7 @@ def run_ray_cells(cells, sizes, client_counts, quick, results, floors) -> None:
     """Ray rows: clients are threads of this driver calling the Ray inference client; the floor is a plain
     actor call with the same payload, measured in the same cluster."""
     from components.hosts.ray import RayClusterConfig, ray_cluster
-from transports.ray import import_ray
+    from transports.ray import import_ray
 
     ray = import_ray()
     with ray_cluster(RayClusterConfig(temp_dir=f"/tmp/rb{os.getpid()}")):

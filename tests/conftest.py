@@ -1,24 +1,37 @@
-"""Shared fixtures: composing the real config tree, a small policy, and leak checks."""
+"""Shared fixtures: composing the real config tree, leak checks, and one Ray cluster for the session.
+
+Plain helpers (bounded waits, the CLI, process states) live in ``tests/helpers.py``; small real building blocks
+(policies, env factories, owners) in ``tests/factories.py``.
+"""
 
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
-import threading
 
-import pytest
-import torch
-from hydra import compose, initialize_config_module
+# The checkout under test comes first, here and in every child: multiprocessing children get this sys.path, Ray
+# workers and ``python -m launcher`` subprocesses get PYTHONPATH. So ``tests`` and the packages are this tree's.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if sys.path[0] != ROOT:
+    sys.path.insert(0, ROOT)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [ROOT, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != ROOT)])
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before Ray is first imported: loopback only
 
-import launcher.schema
-from launcher.cli import normalize_argv
+import shutil  # noqa: E402
+import threading  # noqa: E402
+from contextlib import ExitStack  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hydra import compose, initialize_config_module  # noqa: E402
+
+import launcher.schema  # noqa: E402
+from launcher.cli import normalize_argv  # noqa: E402
+from tests.helpers import our_live_actors, wait_until  # noqa: E402
 
 launcher.schema.register()
 torch.set_num_threads(1)
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
@@ -32,18 +45,6 @@ def compose_cfg():
     return _compose
 
 
-def run_cli(*args: str, cwd: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -m launcher`` in a subprocess (bounded in time) and capture its output."""
-    return subprocess.run(
-        [sys.executable, "-m", "launcher", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
-
-
 @pytest.fixture(autouse=True)
 def no_leaked_threads():
     """Every test leaves no thread of ours behind."""
@@ -53,41 +54,85 @@ def no_leaked_threads():
     assert not leaked, f"threads left running: {leaked}"
 
 
-def proc_state(pid: int) -> str:
-    """The state letter of process ``pid`` (``Z`` for a zombie), or ``gone``."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return "gone"
-
-
-def process_gone(pid: int) -> bool:
-    return proc_state(pid) in ("gone", "Z")
-
-
 # ---------------------------------------------------------------------------------------------- Ray
-def our_live_actors() -> list[str]:
-    """Class names of the actors still alive in the connected cluster (the registry directory excepted)."""
-    from ray._private import state
+class SharedRayCluster:
+    """The session's local Ray cluster on 127.0.0.1, in a temp dir of its own: started on first use, stopped at
+    the end of the session, or earlier by a test that needs a cluster of its own (``stop``; the next user starts
+    a fresh one). A cold start costs 3-6 s and a shutdown ~1.5 s, so the tests share it."""
 
-    return sorted(a.get("ActorClassName", "?") for a in state.actors().values()
-                  if a.get("State") == "ALIVE" and a.get("ActorClassName") != "_Directory")
+    def __init__(self):
+        self._stack: ExitStack | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._stack is not None
+
+    def ensure(self) -> None:
+        if self._stack is not None:
+            return
+        from components.hosts.ray import RayClusterConfig, ray_cluster
+        from transports.ray import import_ray
+
+        ray = import_ray()
+        assert not ray.is_initialized(), "another Ray connection is open: whoever opened it must close it"
+        temp_dir = f"/tmp/rt{os.getpid()}_{os.urandom(2).hex()}"  # short: Ray's Unix sockets live there
+        stack = ExitStack()
+        stack.callback(shutil.rmtree, temp_dir, ignore_errors=True)  # the session's logs and sockets
+        try:
+            started = stack.enter_context(ray_cluster(RayClusterConfig(num_cpus=2, temp_dir=temp_dir, namespace="tests")))
+            assert started
+        except BaseException:
+            stack.close()
+            raise
+        self._stack = stack
+
+    def stop(self) -> None:
+        """Stop the cluster (if running); no actor of ours may be alive at that point."""
+        if self._stack is None:
+            return
+        stack, self._stack = self._stack, None
+        with stack:
+            try:
+                wait_until(lambda: our_live_actors() == [], timeout=10)
+            except AssertionError:
+                assert our_live_actors() == [], "actors left alive"
+
+
+@pytest.fixture(scope="session")
+def shared_ray():
+    """The session's :class:`SharedRayCluster` (not started by this fixture)."""
+    shared = SharedRayCluster()
+    yield shared
+    shared.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_session(shared_ray):
+    """A running shared cluster, for module fixtures that hold owners across tests."""
+    shared_ray.ensure()
+    return shared_ray
+
+
+@pytest.fixture
+def ray_cluster(shared_ray):
+    """The shared local Ray cluster, running; the test leaves no actor of its own alive."""
+    shared_ray.ensure()
+    before = our_live_actors()
+    yield
+    if shared_ray.running:
+        try:
+            wait_until(lambda: our_live_actors() == before, timeout=10)
+        except AssertionError:
+            assert our_live_actors() == before, "actors left alive"
+
+
+def pytest_collection_modifyitems(config, items):
+    # Tests with a Ray cluster of their own stop the shared one; run them last, so it starts only once.
+    items.sort(key=lambda item: "own_ray_cluster" in getattr(item, "fixturenames", ()))
 
 
 @pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory):
-    """One local Ray cluster per test module, on 127.0.0.1, in a temp dir of its own; on teardown no actor of
-    ours is alive and the cluster is gone."""
-    from components.hosts.ray import RayClusterConfig, ray_cluster as cluster
-    from transports.ray import import_ray
-
-    import_ray()
-    temp_dir = f"/tmp/rt{os.getpid()}_{os.urandom(2).hex()}"  # short: Ray's Unix sockets live there
-    try:
-        with cluster(RayClusterConfig(num_cpus=2, temp_dir=temp_dir, namespace="tests")) as started:
-            assert started
-            yield
-            assert our_live_actors() == [], f"actors left alive: {our_live_actors()}"
-    finally:
-        shutil.rmtree(temp_dir, ignore_errors=True)  # the session's logs and sockets
+def own_ray_cluster(shared_ray):
+    """For a module that builds a Ray cluster of its own (e.g. two raylets): the shared one is stopped first (and
+    started again by its next user; ``pytest_collection_modifyitems`` runs these modules last)."""
+    shared_ray.stop()

@@ -65,12 +65,14 @@ class EchoPolicy(nn.Module):
     """A real policy for server tests: ``action = 2 * observation``; records which pass served each request.
 
     Markers in the observation: a value below -1000 raises ``ValueError`` (a failing batch); a value above
-    1e6 blocks for 30 s (a hung server, to be killed); ``delay`` slows every pass down (to force batching).
+    1e6 blocks for 30 s (a hung server, to be killed; ``hang_marker``, a file path, is created when it starts
+    blocking, so a test can wait for that); ``delay`` slows every pass down (to force batching).
     """
 
-    def __init__(self, delay: float = 0.0):
+    def __init__(self, delay: float = 0.0, hang_marker: str | None = None):
         super().__init__()
         self.delay = delay
+        self.hang_marker = hang_marker
         self.scale = nn.Parameter(torch.tensor(2.0))
         self.calls = 0
 
@@ -81,6 +83,8 @@ class EchoPolicy(nn.Module):
         if (obs < -1000).any():
             raise ValueError("negative marker in the batch")
         if (obs > 1e6).any():
+            if self.hang_marker:
+                open(self.hang_marker, "w").close()
             time.sleep(30)
         if self.delay:
             time.sleep(self.delay)
@@ -90,8 +94,8 @@ class EchoPolicy(nn.Module):
         return td
 
 
-def echo_factory(delay: float = 0.0):
-    return EchoPolicy(delay)
+def echo_factory(delay: float = 0.0, hang_marker: str | None = None):
+    return EchoPolicy(delay, hang_marker)
 
 
 def failing_factory():

@@ -1,4 +1,4 @@
-"""Ray placement against a real local Ray cluster on 127.0.0.1 (one per module, see conftest.ray_cluster)."""
+"""Ray placement against a real local Ray cluster on 127.0.0.1 (shared by the session, see conftest.ray_cluster)."""
 
 import csv
 import json
@@ -21,10 +21,10 @@ from components.registry import RayServiceRegistry
 from components.replay import ReplayBuffer
 from components.weight_sync import WeightSync
 
-from .conftest import our_live_actors, run_cli
-from .factories import CartPolePolicy, LocalPolicy, cartpole_envs, crashing_envs, echo_factory
+from tests.helpers import our_live_actors, run_cli, wait_until
+from tests.factories import CartPolePolicy, LocalPolicy, cartpole_envs, crashing_envs, echo_factory
 
-pytestmark = pytest.mark.usefixtures("ray_cluster")
+pytestmark = [pytest.mark.usefixtures("ray_cluster"), pytest.mark.slow]  # every actor is a new worker process: seconds
 
 
 def ray():
@@ -48,11 +48,12 @@ def test_every_node_is_on_loopback():
 
 # ---------------------------------------------------------------------------------------------- inference
 @pytest.fixture(scope="module")
-def server():
+def server(ray_session):
     owner = InferenceServer(policy_factory=partial(echo_factory, 0.005),
                             config=InferenceServerConfig(placement="ray", max_batch_size=16, timeout=0.01)).start()
     yield owner
     owner.shutdown()
+    wait_until(lambda: our_live_actors() == [], timeout=10, what="the server's actor to stop")
 
 
 def test_inference_batches_concurrent_callers_and_answers_each(server):
@@ -121,7 +122,7 @@ def _broken_policy():
 def test_unavailable_resources_fail_start_with_a_clear_timeout():
     before = our_live_actors()
     owner = ReplayBuffer(capacity=8, placement="ray").with_resources(
-        {"custom": {"node_that_does_not_exist": 1}, "startup_timeout": 3.0})
+        {"custom": {"node_that_does_not_exist": 1}, "startup_timeout": 0.5})  # never schedules: any timeout fires
     with pytest.raises(ServiceTimeoutError, match="node_that_does_not_exist"):
         owner.start()
     assert our_live_actors() == before
@@ -271,6 +272,7 @@ def test_ray_registry_lets_independent_workers_find_services_by_name():
 
 
 # ---------------------------------------------------------------------------------------------- launcher
+@pytest.mark.slow  # a second driver process (python -m launcher) joins this cluster by its address
 def test_launcher_joins_a_running_cluster_with_a_mixed_plan_and_leaves_it_running(tmp_path):
     address = ray().get_runtime_context().gcs_address
     before = our_live_actors()

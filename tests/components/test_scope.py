@@ -61,7 +61,7 @@ def _report(queue):
     queue.put((s and s.value, t and t.value))
 
 
-@pytest.mark.parametrize("method", ["spawn", "fork"])
+@pytest.mark.parametrize("method", [pytest.param("spawn", marks=pytest.mark.slow), "fork"])  # spawn: seconds
 def test_child_processes_ignore_the_scope(method):
     ctx = mp.get_context(method)
     queue = ctx.Queue()

@@ -10,13 +10,15 @@ import pytest
 from components.collectors import Collector
 from components.hosts import Resources as ActorResources
 from transports.ray import import_ray
+from launcher.cli import launch
+from tests.factories import LocalPolicy, cartpole_envs
+from tests.helpers import our_live_actors, wait_until
 
-from .conftest import our_live_actors, run_cli
-from .factories import LocalPolicy, cartpole_envs
+pytestmark = pytest.mark.slow  # a cluster of two raylets of its own: ~10 s to start on 2 cores
 
 
 @pytest.fixture(scope="module")
-def two_nodes():
+def two_nodes(own_ray_cluster):
     ray = import_ray()
     from ray.cluster_utils import Cluster
 
@@ -56,14 +58,16 @@ def test_collectors_land_on_the_node_with_the_custom_resource(two_nodes):
         assert len(list(collector)) == 2
 
 
-def test_a_run_trains_with_its_collectors_on_the_second_node(two_nodes, tmp_path):
+def test_a_run_trains_with_its_collectors_on_the_second_node(two_nodes, compose_cfg, tmp_path):
+    # the launcher in this process: it joins the connection this process holds (to the two-node cluster)
     cluster, _ = two_nodes
     run_dir = tmp_path / "run"
-    proc = run_cli("+recipe=ppo", "service=ray", f"ray.address={cluster.address}", "ray.namespace=tests_two_nodes_cli",
-                   "components.collector.num_collectors=2", "+components.collector.resources.custom.node_b=1",
-                   "recipe.num_envs=4", "recipe.num_steps=16", "recipe.total_frames=512", "recipe.target_return=null",
-                   "launcher.progress=false", f"hydra.run.dir={run_dir}", cwd=str(tmp_path), timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg = compose_cfg("+recipe=ppo", "service=ray", f"ray.address={cluster.address}",
+                      "components.collector.num_collectors=2", "+components.collector.resources.custom.node_b=1",
+                      "recipe.num_envs=4", "recipe.num_steps=16", "recipe.total_frames=512", "recipe.target_return=null",
+                      "launcher.progress=false", "launcher.plot=false")
+    launch(cfg, str(run_dir))
+    wait_until(lambda: our_live_actors() == [], timeout=10, what="the run's actors to stop")
     plan = json.loads((run_dir / "plan.json").read_text())
     collector = next(c for c in plan["components"] if c["name"] == "collector")
     assert collector["placement"] == "ray" and collector["resources"]["custom"] == {"node_b": 1}

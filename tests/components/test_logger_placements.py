@@ -13,8 +13,8 @@ import torch
 from components.errors import PeerFailureError, RemoteError
 from components.logger import CSVLogger, TensorBoardLogger, VideoRecorder
 
-from .conftest import ROOT
-from .loggers import CustomLogger
+from tests.helpers import ROOT, default_sigint
+from tests.loggers import CustomLogger
 
 PLACEMENTS = ["direct", "thread", "process"]
 
@@ -139,9 +139,10 @@ finally:
 """
 
 
+@pytest.mark.slow  # a real interpreter, interrupted like Ctrl-C
 def test_sigint_flushes_a_process_logger(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", SIGINT_SCRIPT, str(tmp_path)], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=default_sigint)
     try:
         assert proc.stdout.readline().strip() == "ready"
         os.killpg(proc.pid, signal.SIGINT)  # like Ctrl-C: the whole process group

@@ -24,8 +24,8 @@ from components.service import LIFECYCLE_METHODS
 from transports import Layout
 from transports.segments import SHM_PREFIX
 
-from .conftest import proc_state
-from .factories import echo_factory, failing_factory
+from tests.helpers import process_gone, wait_until
+from tests.factories import echo_factory, failing_factory
 
 CELLS = [("thread", "thread"), ("thread", "direct"), ("process", "queue"), ("process", "shared_memory"),
          ("process", "process_slot")]
@@ -38,14 +38,14 @@ def request(value: float) -> TensorDict:
     return TensorDict({"observation": torch.full((4,), float(value))})
 
 
-def make_server(placement, transport, *, delay=0.0, num_slots=64, **config):
+def make_server(placement, transport, *, delay=0.0, num_slots=64, hang_marker=None, **config):
     options = {"num_slots": num_slots} if transport in ("shared_memory", "process_slot") else {}
     if transport == "queue":
         options = {"max_clients": 128}
     from transports.config import TransportConfig
 
     return InferenceServer(
-        policy_factory=partial(echo_factory, delay),
+        policy_factory=partial(echo_factory, delay, hang_marker),
         config=InferenceServerConfig(placement=placement, **config),
         transport=TransportConfig(transport, options),
         request_layout=REQUEST,
@@ -155,6 +155,7 @@ def _call_in_child(client, queue):
         queue.put(("error", repr(exc)))
 
 
+@pytest.mark.slow  # spawned interpreters import torch: seconds
 def test_clients_travel_to_where_they_are_used(server, cell):
     client = server.client()
     if cell[0] == "thread":  # in-process transports: a pickled client works inside the owner's process
@@ -174,11 +175,13 @@ def test_clients_travel_to_where_they_are_used(server, cell):
     assert worker.exitcode == 0
 
 
-def _call_then_wait(client, queue, leave):
+def _call_then_wait(client, queue, leave, turn):
+    turn.wait(60)  # the second process calls only once the first one has its answer
     _call_in_child(client, queue)
     leave.wait(60)  # stay alive: the endpoint stays claimed while its process lives
 
 
+@pytest.mark.slow  # spawned interpreters import torch: seconds
 @pytest.mark.parametrize("transport", ["queue", "shared_memory", "process_slot"])
 def test_one_client_copied_into_two_processes(transport):
     """shared_memory clients share the slot bank; queue and process_slot endpoints answer one process, and a
@@ -189,13 +192,15 @@ def test_one_client_copied_into_two_processes(transport):
 
 def _one_client_in_two_processes(client, transport):
     ctx = mp.get_context("spawn")
-    queue, leave = ctx.Queue(), ctx.Event()
-    workers = []
+    queue, leave, turns = ctx.Queue(), ctx.Event(), [ctx.Event(), ctx.Event()]
+    # both start at once (a spawned interpreter takes seconds to import torch) and call one after the other
+    workers = [ctx.Process(target=_call_then_wait, args=(client, queue, leave, turn)) for turn in turns]
     try:
         results = []
-        for _ in range(2):
-            workers.append(ctx.Process(target=_call_then_wait, args=(client, queue, leave)))
-            workers[-1].start()
+        for worker in workers:
+            worker.start()
+        for turn in turns:
+            turn.set()
             results.append(queue.get(timeout=60))
     finally:
         leave.set()
@@ -248,13 +253,14 @@ PROCESS_CELLS = [c for c in CELLS if c[0] == "process"]
 
 
 @pytest.mark.parametrize("placement, transport", PROCESS_CELLS, ids=[t for _, t in PROCESS_CELLS])
-def test_waiting_clients_see_peer_failure_within_2s_of_kill_9(placement, transport):
+def test_waiting_clients_see_peer_failure_within_2s_of_kill_9(placement, transport, tmp_path):
     before = our_segments()
-    owner = make_server(placement, transport).start()
+    hung = tmp_path / "hung"
+    owner = make_server(placement, transport, hang_marker=str(hung)).start()
     try:
         clients = [owner.client() for _ in range(3)]
         futures = [c.submit(request(2e6)) for c in clients]  # the server hangs on this batch
-        time.sleep(0.5)
+        wait_until(hung.exists, timeout=30, what="the server to hang in its forward pass")
         os.kill(owner.host.pid, signal.SIGKILL)
         killed = time.monotonic()
         for future in futures:
@@ -287,21 +293,15 @@ def _parent_that_dies(pid_file):
     time.sleep(60)
 
 
+@pytest.mark.slow  # spawned interpreters import torch: seconds
 def test_the_child_exits_when_its_parent_dies(tmp_path):
     pid_file = tmp_path / "child.pid"
     parent = mp.get_context("spawn").Process(target=_parent_that_dies, args=(str(pid_file),))
     parent.start()
-    deadline = time.monotonic() + 60
-    while not pid_file.exists() or not pid_file.read_text():
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
-    child = int(pid_file.read_text())
+    child = int(wait_until(lambda: pid_file.exists() and pid_file.read_text(), timeout=60, what="the server's pid"))
     os.kill(parent.pid, signal.SIGKILL)
     parent.join()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and os.path.exists(f"/proc/{child}") and "Z" not in proc_state(child):
-        time.sleep(0.1)
-    assert not os.path.exists(f"/proc/{child}") or "Z" in proc_state(child), "server child outlived its parent"
+    wait_until(lambda: process_gone(child), timeout=10, what="the server child to exit after its parent")
 
 
 

@@ -19,7 +19,8 @@ from components.inference import InferenceServer, InferenceServerConfig
 from transports.config import TransportConfig
 from transports.queue import frame
 
-from .factories import echo_factory
+from tests.factories import echo_factory
+from tests.helpers import wait_until
 
 BIG = 1 << 18  # float32 elements: 1 MiB per request and per answer
 
@@ -97,10 +98,13 @@ def test_a_client_blocked_on_a_full_channel_sees_peer_failure_within_2s_of_kill_
         hung = client.submit(small(2e6))  # the server hangs in this forward pass and stops reading
         outcome: dict = {}
 
+        sent = []
+
         def flood():
             try:
                 for i in range(64):  # 64 MiB: far more than the channel holds
                     client.submit(big(i))
+                    sent.append(i)
                 outcome["error"] = None
             except BaseException as exc:  # noqa: BLE001 - checked below
                 outcome["error"] = exc
@@ -108,7 +112,7 @@ def test_a_client_blocked_on_a_full_channel_sees_peer_failure_within_2s_of_kill_
 
         flooder = threading.Thread(target=flood, daemon=True)
         flooder.start()
-        time.sleep(1.0)
+        wait_until(lambda: _stalled(sent), timeout=30, what="the flood to stall")
         assert flooder.is_alive(), "the channel should be full while the server does not read"
         os.kill(owner.host.pid, signal.SIGKILL)
         killed = time.monotonic()
@@ -120,6 +124,13 @@ def test_a_client_blocked_on_a_full_channel_sees_peer_failure_within_2s_of_kill_
             hung.result(timeout=5)
     finally:
         owner.shutdown()
+
+
+def _stalled(sent: list, quiet: float = 0.2) -> bool:
+    """True once ``sent`` has not grown for ``quiet`` seconds (a blocked writer: 1 MiB takes about a millisecond)."""
+    count = len(sent)
+    time.sleep(quiet)
+    return len(sent) == count
 
 
 def _open_fds() -> int:
@@ -180,6 +191,7 @@ def _polling_child(n: int, seconds: float):
         spinners.close()
 
 
+@pytest.mark.slow  # a spawned interpreter imports torch: seconds
 def test_a_client_polls_only_while_no_other_client_does():
     with _polling_child(4, 30.0) as (spinners, child, release):
         calls = []
@@ -194,12 +206,11 @@ def test_a_client_polls_only_while_no_other_client_does():
         assert not spinners._until.any()  # a failing poll leaves no entry behind
 
 
+@pytest.mark.slow  # a spawned interpreter imports torch: seconds
 def test_the_entry_of_a_client_killed_while_polling_expires():
     with _polling_child(2, 1.0) as (spinners, child, _):
         os.kill(child.pid, signal.SIGKILL)
         child.join(30)
         assert spinners._until[1] > 0  # left behind by the killed client...
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not spinners.spin(0, lambda: True, 0.01):
-            time.sleep(0.05)
+        wait_until(lambda: spinners.spin(0, lambda: True, 0.01), timeout=10, what="the entry to expire")
         assert spinners.spin(0, lambda: True, 0.01)  # ...but it expires, and the others poll again

@@ -12,7 +12,7 @@ import yaml
 
 from launcher import schema
 
-from .conftest import ROOT
+from tests.helpers import ROOT
 
 LIFECYCLE_ARGS = {"self", "placement", "transport", "resolved"}
 

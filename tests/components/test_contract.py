@@ -11,7 +11,7 @@ import pytest
 from components import compat
 from components.service import LIFECYCLE_METHODS, Service
 
-from .factories import owner_factories
+from tests.factories import owner_factories
 
 PLACEMENTS = ["direct", "thread", "process", "ray"]
 COMPONENTS = list(owner_factories("/tmp").keys())
@@ -19,7 +19,8 @@ COMPONENTS = list(owner_factories("/tmp").keys())
 CASES = [(p, c) for p in PLACEMENTS for c in COMPONENTS if compat.TABLE[(c.split("/")[0], p)].built]
 
 
-@pytest.fixture(params=CASES, ids=[f"{p}-{c}" for p, c in CASES])
+@pytest.fixture(params=[pytest.param(case, marks=[pytest.mark.slow] if case[0] == "ray" else []) for case in CASES],
+                ids=[f"{p}-{c}" for p, c in CASES])  # a Ray actor is a new worker process: seconds each
 def owner_factory(request, tmp_path):
     placement, component = request.param
     if placement == "ray":

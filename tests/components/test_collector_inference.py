@@ -8,7 +8,7 @@ from components.envs import VectorEnvStepper, make_vector_env, spec_of
 from components.inference import InferenceServer
 from components.weight_sync import WeightSync
 
-from .factories import CartPolePolicy, cartpole_envs
+from tests.factories import CartPolePolicy, cartpole_envs
 
 
 def test_inference_stamps_policy_version_and_applies_weight_updates():

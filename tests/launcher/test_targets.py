@@ -22,9 +22,9 @@ from launcher.run import execute
 from recipes import get_recipe
 from recipes.examples.custom_mlp import CustomMLP
 
-from .conftest import ROOT, run_cli
-from .loggers import CustomLogger
-from .user_code import JsonLinesLogger
+from tests.helpers import ROOT, run_cli
+from tests.loggers import CustomLogger
+from tests.user_code import JsonLinesLogger
 
 NET = "{_target_:tests.user_code.two_layer_net,width:16}"
 

@@ -12,7 +12,7 @@ from components.registry import ServiceRegistry
 from components.replay import ReplayBuffer
 from components.weight_sync import WeightSync
 
-from .factories import CartPolePolicy
+from tests.factories import CartPolePolicy
 
 
 def test_registry_owns_what_it_creates_and_never_what_it_was_given(tmp_path):
@@ -79,6 +79,7 @@ def _receive(client, queue):
     queue.put((client.poll(0, into=receiver), receiver.net.weight.sum().item()))
 
 
+@pytest.mark.slow  # a spawned interpreter imports torch: seconds
 def test_process_weight_sync_reaches_another_process():
     learner = CartPolePolicy(seed=4)
     with WeightSync(learner, placement="process") as sync:

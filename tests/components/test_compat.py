@@ -12,7 +12,7 @@ from launcher.matrix import README_BEGIN, README_END
 from transports import TRANSPORT_KINDS, PLACEMENTS, TransportConfig
 from transports.resolver import TransportContext, resolve_transport
 
-from .conftest import ROOT
+from tests.helpers import ROOT
 
 ALL = list(itertools.product(compat.COMPONENTS, PLACEMENTS, [k for k in TRANSPORT_KINDS if k != "auto"]))
 

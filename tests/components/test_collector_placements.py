@@ -13,8 +13,8 @@ from components.errors import PeerFailureError, RemoteError
 from components.inference import InferenceServer, InferenceServerConfig
 from components.replay import ReplayBuffer
 
-from .conftest import proc_state
-from .factories import CartPolePolicy, LocalPolicy, cartpole_envs, crashing_envs
+from tests.helpers import proc_state, wait_until
+from tests.factories import CartPolePolicy, LocalPolicy, cartpole_envs, crashing_envs
 
 PLACEMENTS = ["direct", "thread", "process"]
 
@@ -99,14 +99,19 @@ def test_unsynchronised_collection_yields_each_workers_rollout(placement):
 def test_sync_collects_after_the_last_push_and_async_runs_one_batch_ahead(sync):
     # The driver takes a batch, waits (as a learner would while training), then pushes new weights. In sync mode
     # the next batch is collected only when asked for, so all of it sees the pushed version; unsynchronised, the
-    # worker collected it during the wait, with the weights of before.
+    # worker collected it during the wait, with the weights of before. Each batch is 4 steps: 4 policy requests.
     with InferenceServer(policy_factory=CartPolePolicy, config=InferenceServerConfig(placement="process"),
                          transport="process_slot", request_layout=_request(2), response_layout=_response(2)) as server:
         with Collector(cartpole_envs(2), server, 2 * 4, 2 * 4 * 3, 1, placement="process", sync=sync) as collector:
             versions = []
             for i, batch in enumerate(collector):
                 versions.append(set(batch["policy_version"].unique().tolist()))
-                time.sleep(0.5)  # "training"; 4 steps of 2 envs take a few ms, so an async worker finishes meanwhile
+                served = server.stats()["requests"]
+                if i < 2 and not sync:  # "training" until the worker has collected batch i + 1 meanwhile
+                    wait_until(lambda: server.stats()["requests"] >= 4 * (i + 2), timeout=30, what="the next batch")
+                elif sync:  # "training" 0.2 s, dozens of times what 4 steps of 2 envs take: nothing is collected
+                    time.sleep(0.2)
+                    assert server.stats()["requests"] == served
                 server.update_weights(CartPolePolicy().state_dict())  # version i + 1
     assert versions[0] == {0}
     if sync:

@@ -1,19 +1,23 @@
-"""Every recipe in every placement (and every process transport) through the CLI, on a tiny budget."""
+"""Every recipe in every placement (and every process transport) through the launcher, on a tiny budget.
+
+``launcher.cli.launch`` runs in this process (what ``python -m launcher`` calls once Hydra has composed the config;
+tests/launcher/test_cli.py runs the real command): the run directory, the plan, the metrics are the same, and
+the leak checks of conftest apply to every run.
+"""
 
 import json
 import os
 
 import pytest
 
+from launcher.cli import launch
 from recipes import RECIPES
 
-from .conftest import run_cli
-
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow  # seconds each: every run starts its owners and trains
 
 RUNS = [(r, ["service=direct"]) for r in RECIPES] + [(r, ["service=thread"]) for r in RECIPES] + [
     (r, ["service=process", f"transport={t}"]) for r in RECIPES for t in ("queue", "shared_memory", "process_slot")
-] + [(r, ["service=ray"]) for r in RECIPES] + [  # each starts (and stops) its own local cluster on 127.0.0.1
+] + [(r, ["service=ray"]) for r in RECIPES] + [  # joins the session's local cluster on 127.0.0.1
     (r, ["service=process", "transport=process_slot", "components.collector.sync=false"]) for r in RECIPES
 ]  # collection overlapping learning
 TINY = {
@@ -24,11 +28,12 @@ TINY = {
 
 
 @pytest.mark.parametrize("recipe, overrides", RUNS, ids=[f"{r}-{'-'.join(o)}" for r, o in RUNS])
-def test_recipe_runs_in_every_placement(recipe, overrides, tmp_path):
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")  # a thread's traceback fails it
+def test_recipe_runs_in_every_placement(recipe, overrides, compose_cfg, request, tmp_path, capfd):
+    if "service=ray" in overrides:
+        request.getfixturevalue("ray_cluster")
     run_dir = tmp_path / "run"
-    proc = run_cli(f"+recipe={recipe}", *overrides, *TINY[recipe], "launcher.progress=false",
-                   f"hydra.run.dir={run_dir}", cwd=str(tmp_path), timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    launch(compose_cfg(f"+recipe={recipe}", *overrides, *TINY[recipe], "launcher.progress=false"), str(run_dir))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["frames"] >= 256 and summary["fps"] > 0
     plan = json.loads((run_dir / "plan.json").read_text())
@@ -45,4 +50,4 @@ def test_recipe_runs_in_every_placement(recipe, overrides, tmp_path):
     assert "edge/replay/size" in metrics and "edge/policy_lag" in metrics  # per-edge figures, read at the end
     if service != "direct":
         assert "edge/inference/batch_fill" in metrics
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in capfd.readouterr().err

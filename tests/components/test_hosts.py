@@ -1,0 +1,148 @@
+"""The host protocol, run against every host built: the same assertions for each placement."""
+
+import os
+import signal
+import threading
+
+import pytest
+
+from components.hosts import HOSTS, host_class, stop_all
+from components.hosts.base import Resources
+from transports.errors import PeerFailureError, RemoteError
+
+from tests.helpers import process_gone, wait_until
+
+
+class Target:
+    """A small target: remembers where it was built, serves until stopped, answers control calls."""
+
+    def __init__(self, fail: bool = False):
+        if fail:
+            raise RuntimeError("cannot build this target here")
+        self.built_in = (os.getpid(), threading.get_ident())
+        self.served = threading.Event()
+        self.closed = False
+
+    def serve(self, stop):
+        self.served.set()
+        stop.wait()
+
+    def where(self):
+        return self.built_in
+
+    def serving(self):
+        return self.served.wait(5)
+
+    def add(self, a, b):
+        return a + b
+
+    def boom(self):
+        raise KeyError("the target refused")
+
+    def close(self):
+        self.closed = True
+
+
+def make(fail=False):
+    return Target(fail)
+
+
+def make_failing():
+    return Target(fail=True)
+
+
+PLACEMENTS = [p for p in HOSTS if p != "ray"] + ["ray"]
+
+
+@pytest.fixture(params=PLACEMENTS)
+def host_type(request):
+    if request.param == "ray":
+        request.getfixturevalue("ray_cluster")
+    return host_class(request.param)
+
+
+def test_start_builds_where_the_placement_puts_it(host_type):
+    host = host_type("probe", make, resources=Resources(startup_timeout=60))
+    host.start()
+    try:
+        assert host.is_alive and host.placement in HOSTS
+        pid, thread = host.call("where")
+        assert (pid == os.getpid()) == host_type.same_process
+        if host_type.inline:
+            assert thread == threading.get_ident()
+        elif host_type.same_process:
+            assert thread != threading.get_ident()
+        if not host_type.inline:  # a serving loop runs apart from control calls
+            assert host.call("serving") is True
+        assert host.call("add", 2, 3) == 5
+        assert host.submit("add", 4, 5).result(30) == 9
+    finally:
+        host.stop()
+    assert not host.is_alive
+    host.stop()  # idempotent
+
+
+def test_a_builder_error_surfaces_at_start(host_type):
+    host = host_type("broken", make_failing, resources=Resources(startup_timeout=60))
+    with pytest.raises((RuntimeError, RemoteError), match="cannot build this target here"):
+        host.start()
+    host.stop()
+    assert not host.is_alive
+
+
+def test_a_control_call_error_is_raised_at_the_call_site(host_type):
+    with _started(host_type) as host:
+        with pytest.raises((KeyError, RemoteError), match="the target refused"):
+            host.call("boom")
+        assert host.call("add", 1, 1) == 2  # still serving
+
+
+def test_stop_all_winds_several_hosts_down_together(host_type):
+    hosts = [host_type(f"many-{i}", make) for i in range(2)]
+    for host in hosts:
+        host.launch()
+    for host in hosts:
+        host.wait_ready()
+    stop_all(hosts, timeout=20)
+    assert not any(h.is_alive for h in hosts)
+
+
+def test_a_killed_child_is_reported_once_and_calls_fail():
+    deaths = []
+    host = host_class("process")("doomed", make, on_death=deaths.append).start()
+    try:
+        pid = host.pid
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: deaths, timeout=10, what="the death report")
+        assert deaths == [f"the doomed process died (exit code {-signal.SIGKILL})"]
+        with pytest.raises(PeerFailureError):
+            host.call("add", 1, 2)
+    finally:
+        host.stop()
+    assert process_gone(pid)
+
+
+def test_a_thread_loop_that_ends_on_its_own_is_reported():
+    deaths = []
+
+    class Quits(Target):
+        def serve(self, stop):
+            return  # ends without being asked
+
+    host = host_class("thread")("quitter", Quits, on_death=deaths.append).start()
+    try:
+        wait_until(lambda: deaths, timeout=10, what="the death report")
+        assert "stopped on its own" in deaths[0]
+    finally:
+        host.stop()
+
+
+class _started:
+    def __init__(self, host_type):
+        self.host = host_type("ctx", make)
+
+    def __enter__(self):
+        return self.host.start()
+
+    def __exit__(self, *exc):
+        self.host.stop()

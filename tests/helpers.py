@@ -1,0 +1,98 @@
+"""Plain helpers the tests share (fixtures live in ``conftest.py``): bounded waits, processes, the CLI, Ray.
+
+Import them as ``from tests.helpers import ...``. The test tree is a package (``tests/__init__.py``) imported with
+``--import-mode=importlib``, and ``conftest.py`` puts the repository root first on ``sys.path`` and ``PYTHONPATH``,
+so ``tests`` is this folder in the test process and in every child (multiprocessing, Ray workers, ``python -m
+launcher``), even where some installed distribution ships a top-level ``tests`` package of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable, TypeVar
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+T = TypeVar("T")
+
+
+def wait_until(condition: Callable[[], T], timeout: float = 30.0, interval: float = 0.01, what: str = "") -> T:
+    """Poll ``condition`` until it returns something truthy (returned), failing the test after ``timeout`` s.
+
+    Never a fixed sleep: returns as soon as the condition holds; the interval grows to at most 0.1 s.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
+        time.sleep(interval)
+        interval = min(interval * 1.5, 0.1)
+
+
+def default_sigint() -> None:
+    # A runner started in the background (``cmd &`` in a script, nohup, some CI agents) ignores SIGINT, and a
+    # child inherits that; Python then installs no KeyboardInterrupt handler. Ctrl-C tests need the default.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def popen_cli(*args: str, cwd: str, **kwargs) -> subprocess.Popen:
+    """Start ``python -m launcher`` as a user would, with the default SIGINT disposition, in a session of its own
+    (so a test can signal its whole process group)."""
+    return subprocess.Popen([sys.executable, "-m", "launcher", *args], cwd=cwd, preexec_fn=default_sigint,
+                            start_new_session=True, text=True, **kwargs)
+
+
+def run_cli(*args: str, cwd: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m launcher`` in a subprocess (bounded in time) and capture its output."""
+    return subprocess.run(
+        [sys.executable, "-m", "launcher", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        preexec_fn=default_sigint,
+    )
+
+
+def proc_state(pid: int) -> str:
+    """The state letter of process ``pid`` (``Z`` for a zombie), or ``gone``."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+def process_gone(pid: int) -> bool:
+    return proc_state(pid) in ("gone", "Z")
+
+
+def pgroup_members(pgid: int) -> list[int]:
+    """Processes of process group ``pgid``."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid:
+                members.append(int(entry))
+    return members
+
+
+def our_live_actors() -> list[str]:
+    """Class names of the actors still alive in the connected cluster (the registry directory excepted)."""
+    from ray._private import state
+
+    return sorted(a.get("ActorClassName", "?") for a in state.actors().values()
+                  if a.get("State") == "ALIVE" and a.get("ActorClassName") != "_Directory")

@@ -1,0 +1,138 @@
+"""``python -m launcher``: what the composed config and the plan decide, checked in this process through
+``launcher.cli.launch``; and, as a user runs it (real subprocesses, marked slow), what only a real process shows:
+exit codes and stderr, the run directory Hydra makes, Ctrl-C."""
+
+import json
+import os
+import signal
+
+import pytest
+
+from components.errors import ConfigurationError, NotImplementedYetError
+from launcher.cli import EXIT_CONFIG, launch
+from tests.helpers import pgroup_members, popen_cli, run_cli, wait_until
+
+
+def _error_text(compose_cfg, *overrides: str) -> str:
+    """What Hydra prints for a composition error: the error and its cause."""
+    with pytest.raises(Exception) as info:
+        compose_cfg(*overrides)
+    text, exc = [], info.value
+    while exc is not None:
+        text.append(str(exc))
+        exc = exc.__cause__
+    return "\n".join(text)
+
+
+# ---------------------------------------------------------------------------------------------- in this process
+def test_incompatible_plan_is_a_configuration_error_naming_everything(compose_cfg, tmp_path):
+    cfg = compose_cfg("+recipe=ppo", "service=ray", "transport=shared_memory", "launcher.dry_run=true")
+    with pytest.raises(ConfigurationError) as info:  # the CLI prints it after "configuration error: ", exits 2
+        launch(cfg, str(tmp_path))
+    for needle in ("placed on 'ray'", "transport 'shared_memory'", "full_key: transport", "supported: auto, ray, distributed"):
+        assert needle in str(info.value)
+    assert os.listdir(tmp_path) == []
+
+
+def test_dry_run_prints_the_plan_and_starts_nothing(compose_cfg, tmp_path, capsys):
+    cfg = compose_cfg("+recipe=ppo", "service=process", "transport=shared_memory", "launcher.dry_run=true")
+    assert launch(cfg, str(tmp_path)) is None
+    out = capsys.readouterr().out
+    assert "NOT IMPLEMENTED YET" not in out and "shared_memory" in out
+    assert "inference.request: observation [16, 4] float32" in out
+    assert "collector.sync" not in out  # the default is not worth a line
+    assert not (tmp_path / "metrics.csv").exists()
+
+
+def test_dry_run_says_when_collection_overlaps_learning(compose_cfg, tmp_path, capsys):
+    launch(compose_cfg("+recipe=ppo", "service=process", "components.collector.sync=false", "launcher.dry_run=true"),
+           str(tmp_path))
+    out = capsys.readouterr().out
+    assert "collector.sync: false" in out and "policy lag <= 1" in out
+    error = _error_text(compose_cfg, "+recipe=ppo", "components.collector.sync=maybe", "launcher.dry_run=true")
+    assert "components.collector.sync" in error and "maybe" in error
+
+
+def test_dry_run_marks_cells_not_built_yet(compose_cfg, tmp_path, capsys):
+    launch(compose_cfg("+recipe=ppo", "service=distributed", "launcher.dry_run=true"), str(tmp_path))
+    out = capsys.readouterr().out
+    assert out.count("NOT IMPLEMENTED YET") == 5 + 1  # five components and the footnote
+    assert "this plan cannot run yet" in out
+
+
+def test_running_a_plan_not_built_yet_fails_before_anything_starts(compose_cfg, tmp_path):
+    with pytest.raises(NotImplementedYetError, match="is not implemented yet") as info:
+        launch(compose_cfg("+recipe=ppo", "service=distributed"), str(tmp_path))
+    assert isinstance(info.value, ConfigurationError)  # what the CLI turns into exit status 2
+    assert not (tmp_path / "metrics.csv").exists() and not (tmp_path / "plan.json").exists()
+
+
+def test_plain_recipe_form_works_too(compose_cfg, tmp_path, capsys):
+    launch(compose_cfg("recipe=ppo", "launcher.dry_run=true"), str(tmp_path))
+    assert "plan: recipe=ppo env=CartPole-v1 seed=0" in capsys.readouterr().out
+
+
+def test_schema_errors_name_the_config_path(compose_cfg):
+    error = _error_text(compose_cfg, "+recipe=ppo", "recipe.lr=fast")
+    assert "recipe.lr" in error and "fast" in error
+    error = _error_text(compose_cfg, "+recipe=ppo", "service=cloud")
+    assert "service" in error and "process" in error
+
+
+# ---------------------------------------------------------------------------------------------- real processes
+@pytest.mark.slow
+def test_incompatible_plan_exits_2_with_a_short_message(tmp_path):
+    proc = run_cli("+recipe=ppo", "service=ray", "transport=shared_memory", "launcher.dry_run=true",
+                   f"hydra.run.dir={tmp_path}", cwd=str(tmp_path))
+    assert proc.returncode == EXIT_CONFIG == 2
+    assert proc.stderr.startswith("configuration error: ")
+    for needle in ("placed on 'ray'", "transport 'shared_memory'", "full_key: transport", "supported: auto, ray, distributed"):
+        assert needle in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+@pytest.mark.slow
+def test_tiny_ppo_run_writes_the_run_directory(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli("+recipe=ppo", "recipe.num_envs=4", "recipe.num_steps=32", "recipe.total_frames=1024",
+                   "recipe.target_return=null", "logger=tensorboard", f"hydra.run.dir={run_dir}", cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("ppo CartPole-v1 finished: 1,024 frames in ") and str(run_dir) in last
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["frames"] == 1024 and summary["episodes"] > 0 and summary["fps"] > 0
+    assert (run_dir / "learning_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert [c["name"] for c in plan["components"]] == ["logger", "weight_sync", "replay", "inference", "collector"]
+    assert "recipe:" in (run_dir / "resolved_config.yaml").read_text()
+    assert os.listdir(run_dir / "tensorboard")
+    log = (run_dir / "launcher.log").read_text()
+    assert log.index("stopping collector") < log.index("stopping logger")
+
+
+@pytest.mark.slow
+def test_ctrl_c_tears_everything_down(tmp_path):
+    run_dir = tmp_path / "run"
+    with open(tmp_path / "stdout", "w") as out, open(tmp_path / "stderr", "w") as err:
+        proc = popen_cli("+recipe=ppo", "recipe.total_frames=10000000", "recipe.target_return=null",
+                         "logger.flush_every=1000000", f"hydra.run.dir={run_dir}", cwd=str(tmp_path), stdout=out, stderr=err)
+    try:
+        # training is under way once the first progress line is out (the recipe logs its metrics just before)
+        wait_until(lambda: proc.poll() is not None or "[progress] frames=" in (tmp_path / "stderr").read_text(),
+                   timeout=60, what="the first trained batch")
+        assert proc.poll() is None, (tmp_path / "stderr").read_text()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = (tmp_path / "stderr").read_text()
+    assert proc.returncode == 130, err
+    assert "interrupted: every service was shut down" in err
+    text = (run_dir / "launcher.log").read_text()
+    for name in ("collector", "inference", "replay", "weight_sync", "logger"):
+        assert f"stopping {name}" in text
+    rows = (run_dir / "metrics.csv").read_text().splitlines()
+    assert len(rows) > 1, "the logger did not flush on Ctrl-C"
+    assert pgroup_members(proc.pid) == []
