@@ -4,6 +4,7 @@ exit codes and stderr, the run directory Hydra makes, Ctrl-C."""
 
 import json
 import os
+import shutil
 import signal
 
 import pytest
@@ -136,3 +137,35 @@ def test_ctrl_c_tears_everything_down(tmp_path):
     rows = (run_dir / "metrics.csv").read_text().splitlines()
     assert len(rows) > 1, "the logger did not flush on Ctrl-C"
     assert pgroup_members(proc.pid) == []
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if text.encode() in f.read():
+                        found.append(int(entry))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.slow
+def test_a_ray_run_starts_a_local_cluster_of_its_own_and_stops_it(tmp_path):
+    # the one run that starts a cluster (the other Ray runs join the session's): its processes all end with it
+    run_dir, temp_dir = tmp_path / "run", f"/tmp/rl{os.getpid()}_{os.urandom(2).hex()}"  # short: Unix sockets
+    proc = run_cli("+recipe=ppo", "service=ray", f"ray.temp_dir={temp_dir}", "recipe.num_envs=4", "recipe.num_steps=16",
+                   "recipe.total_frames=256", "recipe.target_return=null", "launcher.progress=false",
+                   f"hydra.run.dir={run_dir}", cwd=str(tmp_path), timeout=240)
+    try:
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr
+        plan = json.loads((run_dir / "plan.json").read_text())
+        assert {c["placement"] for c in plan["components"]} == {"ray"}
+        assert json.loads((run_dir / "summary.json").read_text())["frames"] >= 256
+        assert "ray cluster: started on 127.0.0.1" in (run_dir / "launcher.log").read_text()
+        wait_until(lambda: _processes_mentioning(temp_dir) == [], timeout=30, what="the cluster's processes to end")
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
