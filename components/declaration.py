@@ -74,8 +74,10 @@ class Declaration:
     Attributes:
         component: its name (``components.<name>`` in YAML).
         cells: one :class:`Cell` per placement it can take.
-        depends_on: components started before it (and stopped after it).
+        depends_on: components whose clients it is built with: started (ready) before it, stopped after it.
         calls: components whose clients it calls from where it is placed.
+        first: started before (and so stopped after) every other component, whatever the dependencies: a logger
+            records the others' teardown.
         layouts_up_front: its fixed-layout transports need request and response layouts before it starts (a
             replay buffer's layout, by contrast, is bound by its first write).
         check: ``check(options, inline=...)`` raises :class:`~transports.errors.ConfigurationError` naming
@@ -88,6 +90,7 @@ class Declaration:
     cells: tuple[Cell, ...]
     depends_on: tuple[str, ...] = ()
     calls: tuple[Calls, ...] = ()
+    first: bool = False
     layouts_up_front: bool = False
     check: Callable[..., None] | None = None
     default_placement: str = "direct"

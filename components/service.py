@@ -49,7 +49,8 @@ class Owner(Generic[ClientT]):
 
     Subclasses set :attr:`component` and implement :meth:`_target` (a picklable factory of what the host runs)
     and, for owners reached through a transport, :meth:`_wrap` (the client over a transport endpoint). Owners
-    with several hosts (collectors) or none override :meth:`_start`, :meth:`_shutdown` and :meth:`_alive`.
+    with several hosts (collectors) override :meth:`_launch`, :meth:`_finish`, :meth:`_shutdown` and
+    :meth:`_alive`.
 
     Args:
         placement: where the owner lives; ``None`` takes the ``service_backend`` context, else the default.
@@ -120,7 +121,16 @@ class Owner(Generic[ClientT]):
 
     # ------------------------------------------------------------------ lifecycle
     def start(self):
-        """Build the resource and return ``self`` once it is ready.
+        """Build the resource and return ``self`` once it is ready (:meth:`launch`, then :meth:`wait_ready`).
+
+        Raises:
+            RuntimeError: the owner was already started (or shut down).
+        """
+        return self.launch().wait_ready()
+
+    def launch(self):
+        """Begin building the resource without waiting for it to be ready, so owners that do not depend on each
+        other start at the same time; :meth:`wait_ready` completes the start. Returns ``self``.
 
         Raises:
             RuntimeError: the owner was already started (or shut down).
@@ -129,8 +139,24 @@ class Owner(Generic[ClientT]):
             if self._state != "new":
                 raise RuntimeError(f"{type(self).__name__}.start() called twice (state: {self._state})")
             self._state = "starting"
+        self._guarded(self._launch)
+        return self
+
+    def wait_ready(self):
+        """Return ``self`` once the launched resource is ready; on error it is torn down and the error raised.
+
+        Raises:
+            RuntimeError: the owner was not launched.
+        """
+        if self._state != "starting":
+            raise RuntimeError(f"{type(self).__name__}.wait_ready() needs a launched owner (state: {self._state})")
+        self._guarded(self._finish)
+        self._state = "running"
+        return self
+
+    def _guarded(self, step: Callable[[], None]) -> None:
         try:
-            self._start()
+            step()
         except BaseException:
             self._state = "stopping"
             try:
@@ -138,8 +164,6 @@ class Owner(Generic[ClientT]):
             finally:
                 self._state = "stopped"
             raise
-        self._state = "running"
-        return self
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop the service and release its resources. Idempotent; safe before ``start``."""
@@ -180,16 +204,20 @@ class Owner(Generic[ClientT]):
         self.shutdown()
 
     # ------------------------------------------------------------------ the one way owners run
-    def _start(self) -> None:
-        """Build the endpoint's transport (unless the resource lives in the caller), host the target, bind the
-        transport to the host."""
+    def _launch(self) -> None:
+        """Build the endpoint's transport (unless the resource lives in the caller) and launch the host."""
         if not self.inline:
             self._transport = self._make_transport()
         server_side = None if self._transport is None else self._transport.server_side()
         factory = self._target(server_side)
         if factory is not None:
             self._host = self._make_host(self.component.replace("_", "-"), factory, self._concurrency())
-            self._host.start()
+            self._host.launch()
+
+    def _finish(self) -> None:
+        """Wait for the host's ready handshake, then bind the transport to it."""
+        if self._host is not None:
+            self._host.wait_ready()
             if self._transport is not None:
                 self._transport.bind(self._host)
         self._ready()

@@ -63,6 +63,15 @@ class LaunchPlan:
         return tuple(c.name for c in self.components)
 
     @property
+    def levels(self) -> tuple[tuple[Resolved, ...], ...]:
+        """The components in start order, grouped so that each group depends only on earlier ones: the owners of
+        one group start at the same time."""
+        level: dict[str, int] = {}
+        for c in self.components:
+            level[c.name] = 1 + max((level[d] for d in c.depends_on), default=-1)
+        return tuple(tuple(c for c in self.components if level[c.name] == i) for i in range(max(level.values()) + 1))
+
+    @property
     def not_built(self) -> tuple[Resolved, ...]:
         return tuple(c for c in self.components if not c.built)
 
@@ -199,7 +208,7 @@ def _layouts(recipe: Recipe, recipe_cfg: Any, spec, num_envs: int) -> dict[str, 
 
 def _topological(names: tuple[str, ...]) -> tuple[str, ...]:
     order: list[str] = []
-    pending = [n for n in compat.COMPONENTS if n in names]
+    pending = sorted((n for n in compat.COMPONENTS if n in names), key=lambda n: not compat.declaration(n).first)
     while pending:
         for n in pending:
             if all(d in order or d not in names for d in compat.declaration(n).depends_on):

@@ -1,5 +1,5 @@
-"""compose -> plan -> **run**: start owners in plan order on an ExitStack, hand clients to the recipe,
-tear everything down in reverse (on success, on error and on Ctrl-C).
+"""compose -> plan -> **run**: start owners in plan order on an ExitStack (those that do not depend on each other at
+the same time), hand clients to the recipe, tear everything down in reverse (on success, on error and on Ctrl-C).
 
 Each owner is built from its :class:`~components.resolution.Resolved` by one builder per component; each
 placement's host may open a session first (a Ray cluster joined or started, a forkserver warmed up), entered
@@ -121,14 +121,19 @@ def execute(plan: LaunchPlan, cfg: DictConfig, run_dir: str, *, on_started: Call
         hosts = {c.placement: c.host for c in plan.components}
         for placement, host in hosts.items():  # each placement's session: entered before any owner, left last
             stack.enter_context(host.session(_container(cfg.get(placement))))
-        for c in plan.components:
-            deps = {d: owners[d] if d in OWNER_DEPENDENCIES.get(c.name, ()) else clients[d] for d in c.depends_on}
-            owner = BUILDERS[c.name](c, cfg, recipe, rcfg, spec, deps, run_dir)
-            stack.callback(_shutdown, c.name, owner, float(cfg.launcher.shutdown_timeout))  # registered first: a failed start is torn down too
-            log.info("starting %s (%s, %s)", c.name, c.placement, c.transport)
-            owner.start()
-            owners[c.name] = owner
-            clients[c.name] = owner.client()
+        for level in plan.levels:  # the owners of one level start at the same time, after those they depend on
+            launched = []
+            for c in level:
+                deps = {d: owners[d] if d in OWNER_DEPENDENCIES.get(c.name, ()) else clients[d] for d in c.depends_on}
+                owner = BUILDERS[c.name](c, cfg, recipe, rcfg, spec, deps, run_dir)
+                # registered before the launch: a failed start is torn down too
+                stack.callback(_shutdown, c.name, owner, float(cfg.launcher.shutdown_timeout))
+                log.info("starting %s (%s, %s)", c.name, c.placement, c.transport)
+                launched.append((c.name, owner.launch()))
+            for name, owner in launched:
+                owners[name] = owner.wait_ready()
+                clients[name] = owner.client()
+                log.info("%s ready", name)
         if on_started is not None:
             on_started(owners)
         reporter = EdgeReporter(owners, clients["logger"], every=float(cfg.launcher.telemetry_every)).start()

@@ -114,7 +114,7 @@ class AsyncBatchedCollector(Owner["AsyncBatchedCollector"]):
         config = dataclasses.replace(self.server_config, placement=self.placement)
         return InferenceServer(policy_factory=self.policy_factory, config=config, resolved=resolved)
 
-    def _start(self) -> None:
+    def _launch(self) -> None:
         if self.server is None:
             self._own_server = self._make_server().start()
         server = self.server or self._own_server
@@ -124,6 +124,8 @@ class AsyncBatchedCollector(Owner["AsyncBatchedCollector"]):
                 EnvLoop, self.create_env_fn, server.client(), self.seed + i, i, self._out))
             self.hosts.append(host)
             host.launch()
+
+    def _finish(self) -> None:
         for host in self.hosts:
             host.wait_ready()
 

@@ -90,11 +90,13 @@ class Collector(Owner["Collector"]):
         return functools.partial(Worker, self.create_env_fn, policy, self.frames_per_batch // self.num_collectors,
                                  self.seed + w * SEED_STRIDE, replay)
 
-    def _start(self) -> None:
+    def _launch(self) -> None:
         for w in range(self.num_collectors):  # launched together, then waited for: their start-ups overlap
             host = self._make_host(f"collector-{w}", self._worker(w))
             self.hosts.append(host)
             host.launch()
+
+    def _finish(self) -> None:
         for host in self.hosts:
             host.wait_ready()
         self._spec = self.hosts[0].call("spec")

@@ -36,7 +36,7 @@ DECLARATION = Declaration(
         Cell("collector", "distributed", {}, None, N),
         Cell("collector", "submitit", {}, None, N),
     ),
-    depends_on=("logger", "inference", "replay"),
+    depends_on=("inference", "replay"),
     calls=(Calls("inference", one_request_per_worker=True),),
     check=check,
 )

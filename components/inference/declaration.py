@@ -36,7 +36,7 @@ DECLARATION = Declaration(
         Cell("inference", "ray", {"ray": S, "distributed": N}, RAY),
         Cell("inference", "distributed", {"distributed": N}, DISTRIBUTED),
     ),
-    depends_on=("logger", "weight_sync"),
+    depends_on=("weight_sync",),
     calls=(Calls("weight_sync"),),
     layouts_up_front=True,
     check=check,

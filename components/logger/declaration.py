@@ -13,4 +13,5 @@ DECLARATION = Declaration(
         Cell("logger", "ray", {"ray": S}, RAY),
         Cell("logger", "distributed", {"distributed": N}, fixed("distributed", "rank-0 logger; commands as text over gloo")),
     ),
+    first=True,
 )

@@ -47,7 +47,7 @@ DECLARATION = Declaration(
         Cell("replay", "ray", {"ray": S, "distributed": N}, RAY),
         Cell("replay", "distributed", {"distributed": N}, DISTRIBUTED),
     ),
-    depends_on=("logger", "weight_sync"),
+    depends_on=("weight_sync",),
     calls=(Calls("weight_sync", when="max_policy_lag"),),
     check=check,
 )

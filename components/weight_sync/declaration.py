@@ -14,5 +14,4 @@ DECLARATION = Declaration(
         Cell("weight_sync", "ray", {"ray": S, "distributed": N}, fixed("ray", "versions through the Ray object store")),
         Cell("weight_sync", "distributed", {"distributed": N}, DISTRIBUTED),
     ),
-    depends_on=("logger",),
 )

@@ -16,17 +16,23 @@ TINY = ("+recipe=ppo", "recipe.num_envs=4", "recipe.num_steps=16", "recipe.total
 @pytest.fixture
 def lifecycle_log(monkeypatch):
     events = []
-    real_start, real_shutdown = Owner.start, Owner.shutdown
+    real_launch, real_ready, real_shutdown = Owner.launch, Owner.wait_ready, Owner.shutdown
 
-    def start(self):
+    def launch(self):
         events.append(("start", self.component))
-        return real_start(self)
+        return real_launch(self)
+
+    def wait_ready(self):
+        out = real_ready(self)
+        events.append(("ready", self.component))
+        return out
 
     def shutdown(self, timeout=None):
         events.append(("stop", self.component))
         return real_shutdown(self, timeout)
 
-    monkeypatch.setattr(Owner, "start", start)
+    monkeypatch.setattr(Owner, "launch", launch)
+    monkeypatch.setattr(Owner, "wait_ready", wait_ready)
     monkeypatch.setattr(Owner, "shutdown", shutdown)
     return events
 
@@ -42,6 +48,13 @@ def test_start_in_dependency_order_and_stop_in_reverse(compose_cfg, lifecycle_lo
     assert started == ["logger", "weight_sync", "replay", "inference", "collector"]
     assert stopped == list(reversed(started))
     assert all(not o.is_alive for o in owners.values())
+    # an owner launches only once what it depends on is ready; owners that do not depend on each other launch
+    # together (logger and weight sync, then replay and inference), before either of them is waited for
+    at = {event: i for i, event in enumerate(lifecycle_log)}
+    for c in plan.components:
+        assert all(at[("ready", d)] < at[("start", c.name)] for d in c.depends_on)
+    assert at[("start", "weight_sync")] < at[("ready", "logger")]
+    assert at[("start", "inference")] < at[("ready", "replay")]
 
 
 def test_teardown_runs_when_the_recipe_raises(compose_cfg, lifecycle_log, tmp_path, monkeypatch):
@@ -65,7 +78,7 @@ def test_a_failed_start_tears_down_what_started(compose_cfg, lifecycle_log, tmp_
     def failing_start(self):
         raise OSError("env creation failed")
 
-    monkeypatch.setattr(Collector, "_start", failing_start)
+    monkeypatch.setattr(Collector, "_launch", failing_start)
     cfg = compose_cfg(*TINY)
     with pytest.raises(OSError, match="env creation failed"):
         execute(build_plan(cfg), cfg, str(tmp_path))
