@@ -12,8 +12,8 @@ A target is any object; the host looks for two optional methods:
 - ``serve(stop: threading.Event) -> None``: the serving loop, run until ``stop`` is set;
 - ``close() -> None``: release the resource, where it lives, after the loop returned.
 
-Control calls run other methods of the target by name, one at a time, in order, on a thread of the target's
-own (never on its serving loop).
+Control calls run other methods of the target by name, one at a time, in order: on a thread of the target's
+own (never on its serving loop), or in the caller for a target that lives there (``direct``).
 """
 
 from __future__ import annotations
