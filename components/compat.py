@@ -16,7 +16,7 @@ from typing import Mapping
 from transports.config import TransportConfig
 from transports.errors import IncompatibleCombinationError, NotImplementedYetError
 from transports.kinds import PLACEMENTS, TRANSPORT_KINDS
-from transports.resolver import Resolution, TransportContext, register_transport_resolver
+from transports.resolver import Resolution, TransportContext
 
 from .declaration import NOT_YET, SUPPORTED, Cell, Declaration
 
@@ -155,20 +155,6 @@ def ensure_built(component: str, placement: str, kind: str) -> None:
     if status(component, placement, kind) != SUPPORTED:
         over = "" if kind == NO_TRANSPORT else f" over transport {kind!r}"
         raise NotImplementedYetError(f"{component} placed on {placement!r}{over} is not implemented yet")
-
-
-def _register() -> None:
-    for component in COMPONENTS:
-        if not any(cell.takes_transport for cell in DECLARATIONS[component].cells):
-            continue
-
-        def resolver(config: TransportConfig, context: TransportContext, _c=component) -> Resolution:
-            return resolve(_c, config, context)
-
-        register_transport_resolver(component, resolver, replace=True)
-
-
-_register()
 
 
 # ---------------------------------------------------------------------------------------------- rendering

@@ -18,7 +18,7 @@ from .errors import (
     TransportError,
 )
 from .kinds import PLACEMENTS, TRANSPORT_KINDS, normalize_placement, normalize_transport_kind
-from .resolver import Resolution, TransportContext, register_transport_resolver, resolve_transport
+from .resolver import Resolution, TransportContext
 
 
 def __getattr__(name: str):
@@ -57,6 +57,4 @@ __all__ = [
     "as_transport_config",
     "normalize_placement",
     "normalize_transport_kind",
-    "register_transport_resolver",
-    "resolve_transport",
 ]

@@ -8,9 +8,10 @@ import pytest
 from components import compat
 from components.errors import IncompatibleCombinationError, NotImplementedYetError
 from components.replay import ReplayBuffer
+from components.resolution import resolve_component
 from launcher.matrix import README_BEGIN, README_END
 from transports import TRANSPORT_KINDS, PLACEMENTS, TransportConfig
-from transports.resolver import TransportContext, resolve_transport
+from transports.resolver import TransportContext
 
 from tests.helpers import ROOT
 
@@ -92,12 +93,13 @@ def test_pinned_messages():
     assert str(info.value) == "inference placed on 'ray' over transport 'distributed' is not implemented yet"
 
 
-def test_registry_resolves_each_domain_through_the_table():
+def test_one_resolution_per_component_through_the_table():
     for component in ("inference", "replay", "logger", "weight_sync"):
-        resolution = resolve_transport(component, TransportConfig("auto"), TransportContext("direct"))
-        assert resolution.kind == "direct"
-    with pytest.raises(IncompatibleCombinationError):
-        resolve_transport("logger", "shared_memory", TransportContext("process"))
+        resolved = resolve_component(component, "direct", TransportConfig("auto"))
+        assert (resolved.placement, resolved.transport, resolved.placement_from) == ("direct", "direct", "explicit")
+        assert resolved.transport_reason.startswith("auto: ") and resolved.built
+    with pytest.raises(IncompatibleCombinationError, match="logger placed on 'process' does not support transport"):
+        resolve_component("logger", "process", "shared_memory")
 
 
 def test_owner_construction_checks_the_table_before_anything_starts():
