@@ -1,8 +1,9 @@
 """Payload transports: how TensorDicts and commands move between clients and owners.
 
 This package knows no domain (no inference, replay or logging): it holds the vocabulary of kinds, the
-``TransportConfig`` value, the per-domain resolver registry, wire ``Layout`` s, the error hierarchy, and one
-module per transport over :class:`transports.base.Transport`.
+``TransportConfig`` value and the data of a transport choice, wire ``Layout`` s, the error hierarchy, shared-memory
+segments, the registry that builds a transport by kind (:mod:`transports.registry`), and one module per transport
+over :class:`transports.base.Transport`.
 """
 
 from .config import TransportConfig, as_transport_config
