@@ -3,17 +3,18 @@
 Later placements add their factories to ``PLACEMENTS``; the assertions stay the same.
 """
 
-import multiprocessing as mp
 import pickle
 
 import pytest
 
 from components import compat
+from components.hosts import HOSTS
+from components.hosts.process import context as process_context
 from components.service import LIFECYCLE_METHODS, Service
 
 from tests.factories import owner_factories
 
-PLACEMENTS = ["direct", "thread", "process", "ray"]
+PLACEMENTS = list(HOSTS)  # every placement with a host; a new one is tested the day it is registered
 COMPONENTS = list(owner_factories("/tmp").keys())
 # every (placement, component) the table says is built; nothing is skipped
 CASES = [(p, c) for p in PLACEMENTS for c in COMPONENTS if compat.TABLE[(c.split("/")[0], p)].built]
@@ -28,7 +29,8 @@ def owner_factory(request, tmp_path):
     return placement, owner_factories(tmp_path, placement)[component]
 
 
-def test_start_returns_self_ready_and_alive(owner_factory):
+def test_lifecycle_start_once_ready_alive_then_stopped_for_good(owner_factory):
+    # one start per case (a Ray owner's start takes seconds): every lifecycle promise on the same owner
     placement, factory = owner_factory
     owner = factory()
     assert isinstance(owner, Service)
@@ -37,32 +39,26 @@ def test_start_returns_self_ready_and_alive(owner_factory):
         assert owner.start() is owner
         assert owner.is_alive
         assert owner.placement == placement
-    finally:
-        owner.shutdown()
-    assert not owner.is_alive
-
-
-def test_start_twice_raises(owner_factory):
-    _, factory = owner_factory
-    owner = factory().start()
-    try:
         with pytest.raises(RuntimeError, match="start\\(\\) called twice"):
             owner.start()
     finally:
         owner.shutdown()
+    assert not owner.is_alive
+    owner.shutdown()  # idempotent
+    owner.shutdown(timeout=1.0)
+    assert not owner.is_alive
     with pytest.raises(RuntimeError):
         owner.start()  # a stopped owner does not restart either
+    with pytest.raises(RuntimeError):
+        owner.client()  # nor hand out clients
 
 
-def test_shutdown_is_idempotent_and_safe_before_start(owner_factory):
+def test_shutdown_is_safe_before_start(owner_factory):
     _, factory = owner_factory
     never_started = factory()
     never_started.shutdown()
     never_started.shutdown()
-    owner = factory().start()
-    owner.shutdown()
-    owner.shutdown(timeout=1.0)
-    assert not owner.is_alive
+    assert not never_started.is_alive
 
 
 def test_client_needs_a_running_owner(owner_factory):
@@ -72,26 +68,34 @@ def test_client_needs_a_running_owner(owner_factory):
         owner.client()
 
 
-def test_client_is_picklable_and_restricted(owner_factory):
+def test_context_manager_starts_and_stops_and_the_client_is_picklable_and_restricted(owner_factory):
     placement, factory = owner_factory
     with factory() as owner:
-        client = owner.client()
-        if placement == "direct":
-            assert client is owner  # no proxy in one process
-            with pytest.raises(TypeError, match="'direct' owner is its own client and works only inside its process"):
-                pickle.dumps(client)
-            return
-        for name in LIFECYCLE_METHODS:
-            assert not hasattr(client, name), f"client exposes lifecycle method {name!r}"
-        if type(client).__name__ == "CollectorClient":  # iterated in the driver only
-            with pytest.raises(TypeError, match="iterated in the driver"):
-                pickle.dumps(client)
-            return
-        if placement == "thread" or not _needs_inheritance(client):
-            clone = pickle.loads(pickle.dumps(client))
-        else:  # multiprocessing queues and semaphores travel to worker processes as Process arguments
-            clone = _through_a_child(client)
-        assert type(clone) is type(client)
+        assert owner.is_alive
+        _check_client(owner, placement)
+    assert not owner.is_alive
+
+
+def _check_client(owner, placement):
+    """A remote client has no lifecycle methods and travels (by pickling, or to a child process); a direct
+    owner is its own client and refuses to travel."""
+    client = owner.client()
+    if placement == "direct":
+        assert client is owner  # no proxy in one process
+        with pytest.raises(TypeError, match="'direct' owner is its own client and works only inside its process"):
+            pickle.dumps(client)
+        return
+    for name in LIFECYCLE_METHODS:
+        assert not hasattr(client, name), f"client exposes lifecycle method {name!r}"
+    if type(client).__name__ == "CollectorClient":  # iterated in the driver only
+        with pytest.raises(TypeError, match="iterated in the driver"):
+            pickle.dumps(client)
+        return
+    if placement == "thread" or not _needs_inheritance(client):
+        clone = pickle.loads(pickle.dumps(client))
+    else:  # multiprocessing queues and semaphores travel to worker processes as Process arguments
+        clone = _through_a_child(client)
+    assert type(clone) is type(client)
 
 
 def _needs_inheritance(client) -> bool:
@@ -108,7 +112,7 @@ def _echo_type(client, queue):
 
 
 def _through_a_child(client):
-    ctx = mp.get_context("spawn")
+    ctx = process_context()  # the preloaded forkserver owners use: a child starts in milliseconds
     queue = ctx.Queue()
     child = ctx.Process(target=_echo_type, args=(client, queue))
     child.start()
@@ -125,18 +129,3 @@ def test_owners_stay_where_they_were_created(owner_factory):
     owner = factory()
     with pytest.raises(TypeError, match="cannot pickle"):
         pickle.dumps(owner)
-
-
-def test_context_manager_starts_and_stops(owner_factory):
-    _, factory = owner_factory
-    with factory() as owner:
-        assert owner.is_alive
-    assert not owner.is_alive
-
-
-def test_operations_after_shutdown_raise(owner_factory):
-    _, factory = owner_factory
-    owner = factory().start()
-    owner.shutdown()
-    with pytest.raises(RuntimeError):
-        owner.client()
