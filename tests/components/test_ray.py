@@ -16,7 +16,7 @@ from components.collectors import Collector
 from components.errors import PeerFailureError, RemoteError, ServiceTimeoutError
 from components.inference import InferenceServer, InferenceServerConfig
 from components.logger import CSVLogger
-from components.hosts import Resources as ActorResources
+from components.hosts import Resources
 from components.registry import RayServiceRegistry
 from components.replay import ReplayBuffer
 from components.weight_sync import WeightSync
@@ -213,7 +213,7 @@ def test_a_worker_crash_surfaces_with_its_traceback():
 def test_a_restartable_worker_resumes_after_kill_9_and_no_acknowledged_write_is_lost():
     with ReplayBuffer(capacity=10_000, batch_size=8, placement="ray") as rb:
         collector = Collector(cartpole_envs(2), LocalPolicy(), 2 * 4 * 2, -1, 2, placement="ray", replay_buffer=rb)
-        collector.with_resources(ActorResources(max_restarts=2)).start()
+        collector.with_resources(Resources(max_restarts=2)).start()
         try:
             acknowledged = collector.rollout()
             os.kill(collector.hosts[1].pid, signal.SIGKILL)

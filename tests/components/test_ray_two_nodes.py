@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from components.collectors import Collector
-from components.hosts import Resources as ActorResources
+from components.hosts import Resources
 from transports.ray import import_ray
 from launcher.cli import launch
 from tests.factories import LocalPolicy, cartpole_envs
@@ -53,7 +53,7 @@ def test_both_raylets_are_alive_on_loopback(two_nodes):
 def test_collectors_land_on_the_node_with_the_custom_resource(two_nodes):
     _, node_b = two_nodes
     collector = Collector(cartpole_envs(2), LocalPolicy(), 16, 32, 2, placement="ray")
-    with collector.with_resources(ActorResources(custom={"node_b": 1})):
+    with collector.with_resources(Resources(custom={"node_b": 1})):
         assert [w.node_id() for w in collector.hosts] == [node_b, node_b]
         assert len(list(collector)) == 2
 
