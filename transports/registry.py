@@ -80,11 +80,9 @@ def build(kind: str, options: Mapping[str, Any] | None = None, *, request_layout
         response_layout: one response's layout (fixed-layout kinds).
         name: names the endpoint in messages.
     """
-    options = dict(options or {})
-    check_options(kind, options)
+    options = dict(options or {})  # checked with the resolution (check_options, check_layouts)
     cls = transport_class(kind)
     if kind in FIXED_LAYOUT:
-        check_layouts(kind, request_layout is not None and response_layout is not None)
         return cls(request_layout, response_layout, **options)
     if "name" in inspect.signature(cls.__init__).parameters:
         return cls(name=name, **options)

@@ -16,7 +16,6 @@ from tensordict import TensorDict, TensorDictBase
 from ..commands import Allowed, CommandTarget
 from ..resolution import Resolved
 from ..service import Owner
-from .declaration import check
 from .filters import PolicyAgeFilter
 from .storage import ReplayStorage
 
@@ -73,8 +72,7 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
         self._kwargs = dict(capacity=capacity, sampler=sampler, batch_size=batch_size, storage=storage,
                             scratch_dir=scratch_dir, alpha=alpha, beta=beta, filters=tuple(filters), seed=seed)
         options = {k: v for k, v in self._kwargs.items() if k != "filters"}
-        check(options)
-        super().__init__(placement=placement, transport=transport, resolved=resolved)
+        super().__init__(placement=placement, transport=transport, resolved=resolved, options=options)
         self.capacity, self.sampler_name, self.batch_size = capacity, sampler, batch_size
         self.filters = tuple(filters)
         self._ops: Any = None  # the storage (in the caller) or this owner's client

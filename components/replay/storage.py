@@ -27,16 +27,7 @@ from .samplers import make_sampler
 class ReplayStorage:
     """Storage, sampler and filters of one replay buffer, where it lives.
 
-    Args:
-        capacity: most transitions held; the oldest are overwritten first.
-        sampler: ``uniform``, ``without_replacement`` or ``prioritized``.
-        batch_size: default ``sample()`` size.
-        storage: ``memory`` or ``memmap`` (files under ``scratch_dir``).
-        scratch_dir: directory of the memory-mapped storage (``memmap`` only).
-        alpha: prioritized sampling exponent.
-        beta: importance-weight exponent.
-        filters: :class:`PolicyAgeFilter` s applied at extend or sample time.
-        seed: seed of the sampler's generator.
+    Args: those of :class:`~components.replay.ReplayBuffer` (which checked them), and
         share: keep the storage in shared memory and accept staged writes (the ``shared_memory`` transport).
     """
 
