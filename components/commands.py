@@ -7,10 +7,11 @@ site; only the component's client operations are accepted (a client cannot call 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from transports.base import Batch, ServerEndpoint
 from transports.errors import RemoteError, ServiceError
@@ -45,10 +46,12 @@ class Allowed:
 
 
 class CommandLoop:
-    """Executes commands from ``endpoint`` on ``target`` until ``stop`` is set, one at a time, in order."""
+    """Executes commands from ``endpoint`` on ``target`` until ``stop`` is set, one at a time, in order (under
+    ``lock`` when another loop serves the same target)."""
 
-    def __init__(self, target: Any, endpoint: ServerEndpoint, allowed: Allowed):
+    def __init__(self, target: Any, endpoint: ServerEndpoint, allowed: Allowed, lock: Any = None):
         self.target, self.endpoint, self.allowed = target, endpoint, allowed
+        self.lock = lock or contextlib.nullcontext()
 
     def run(self, stop: threading.Event) -> None:
         try:
@@ -62,7 +65,8 @@ class CommandLoop:
                         self.endpoint.fail(single, RemoteError("PermissionError", f"{method!r} is not a client operation"))
                         continue
                     try:
-                        result = getattr(self.target, method)(*args, **kwargs)
+                        with self.lock:
+                            result = getattr(self.target, method)(*args, **kwargs)
                     except ServiceError as exc:  # our own errors (layout, configuration) keep their type
                         self.endpoint.fail(single, exc)
                         continue
@@ -74,23 +78,71 @@ class CommandLoop:
             self.endpoint.close("the service was shut down")
 
 
+class PayloadLoop:
+    """Serves the fixed-layout operations of a payload transport (``distributed``) on ``target``: each request's
+    channel names its operation, ``ops[name](target, request)`` computes the answer TensorDict."""
+
+    def __init__(self, target: Any, endpoint: ServerEndpoint, ops: Mapping[str, Callable], lock: Any):
+        self.target, self.endpoint, self.ops, self.lock = target, endpoint, ops, lock
+
+    def run(self, stop: threading.Event) -> None:
+        try:
+            while not stop.is_set():
+                batch = self.endpoint.collect(64, 1, 0.0, POLL)
+                if batch is None:
+                    continue
+                for handle, request, enqueued in zip(batch.handles, batch.requests, batch.enqueued):
+                    single = Batch([handle], enqueued=[enqueued])
+                    op = self.ops.get(handle[0].op)
+                    try:
+                        if op is None:
+                            raise RemoteError("PermissionError", f"{handle[0].op!r} is not a payload operation")
+                        with self.lock:
+                            answer = op(self.target, request)
+                    except ServiceError as exc:
+                        self.endpoint.fail(single, exc)
+                        continue
+                    except Exception as exc:  # noqa: BLE001 - raised again at the call site
+                        self.endpoint.fail(single, RemoteError.from_exception(exc))
+                        continue
+                    self.endpoint.reply(single, [answer])
+        finally:
+            self.endpoint.close("the service was shut down")
+
+
 class CommandTarget:
     """What a host runs for a command service: the resource, built where the host runs it, served over the
-    server side of a request/reply transport.
+    server side of a request/reply transport (and, where its bulk payloads take their own transport, the
+    fixed-layout operations over that one, on a second thread).
 
     Args:
         build: picklable callable returning the resource, ready (released by its ``close()``, or by the
             ``shutdown()`` of an owner).
         server_side: what the serving side of the transport needs (its ``server()`` gives the endpoint).
         allowed: the client operations.
+        payload_side: the serving side of a payload transport, or ``None``.
+        payload_ops: operation name -> ``fn(resource, request TensorDict) -> answer TensorDict``.
     """
 
-    def __init__(self, build: Callable[[], Any], server_side: Any, allowed: Allowed):
+    def __init__(self, build: Callable[[], Any], server_side: Any, allowed: Allowed, payload_side: Any = None,
+                 payload_ops: Mapping[str, Callable] | None = None):
         self.resource = build()
-        self.loop = CommandLoop(self.resource, server_side.server(), allowed)
+        lock = threading.Lock() if payload_side is not None else None
+        self.loop = CommandLoop(self.resource, server_side.server(), allowed, lock)
+        self.payload = None if payload_side is None else PayloadLoop(self.resource, payload_side.server(),
+                                                                     dict(payload_ops or {}), lock)
 
     def serve(self, stop: threading.Event) -> None:
-        self.loop.run(stop)
+        if self.payload is None:
+            self.loop.run(stop)
+            return
+        thread = threading.Thread(target=self.payload.run, args=(stop,), name="payload", daemon=True)
+        thread.start()
+        try:
+            self.loop.run(stop)
+        finally:
+            stop.set()
+            thread.join()
 
     def close(self) -> None:
         # a plain resource closes; a twin owner (a logger placed in its host's caller) shuts down

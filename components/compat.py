@@ -139,6 +139,10 @@ def resolve(
             path=context.path,
             alternatives=("auto", *cell.transports),
         )
+    if broad and cell.transports[config.kind] != SUPPORTED:  # the plan-wide default is not built here: say so
+        kind, reason = cell.auto(context)
+        return Resolution(kind, {}, f"auto ({config.kind!r} is not built yet for {component} on "
+                                    f"{context.placement!r}): {reason}")
     return Resolution(config.kind, dict(config.options), f"from {context.origin}" if broad else "explicit")
 
 

@@ -35,7 +35,8 @@ class Cell:
     """One (component, placement) entry: the transports it takes, their status, and the ``auto`` rule.
 
     A component that takes no transport of its own (collectors) has no transports and no rule; ``note`` then
-    holds its status.
+    holds its status. ``discovers_layouts``: the placement has a control channel through which fixed layouts are
+    discovered on first use, so they need not be known before the owner starts.
     """
 
     component: str
@@ -43,6 +44,7 @@ class Cell:
     transports: Mapping[str, str]
     auto: AutoRule | None
     note: str = ""
+    discovers_layouts: bool = False
 
     @property
     def takes_transport(self) -> bool:

@@ -111,7 +111,7 @@ def resolve_component(
     layouts = dict(layouts or {})
     known = ("request" in layouts and "response" in layouts) if layouts_known is None else layouts_known
     p = choose_placement(placement, declaration.default_placement, path=placement_path)
-    compat.get_cell(component, p.value, path=placement_path, origin=p.origin)
+    cell = compat.get_cell(component, p.value, path=placement_path, origin=p.origin)
     kind = transport.kind if isinstance(transport, TransportConfig) else transport
     t = choose_transport(kind, path=transport_path)
     given = dict(transport.options) if isinstance(transport, TransportConfig) else {}
@@ -124,7 +124,7 @@ def resolve_component(
     )
     t_path = transport_path or f"components.{component}.transport"
     if resolution.kind != compat.NO_TRANSPORT:
-        if declaration.layouts_up_front:
+        if declaration.layouts_up_front and not cell.discovers_layouts:
             transport_registry.check_layouts(resolution.kind, known, path=t_path)
         transport_registry.check_options(resolution.kind, resolution.options,
                                          path=f"components.{component}.transport_options")

@@ -77,6 +77,7 @@ class Owner(Generic[ClientT]):
         self.resources: Resources = resolved.resources
         self._host: Host | None = None
         self._transport: Any = None
+        self._payload: Any = None  # a payload transport beside the command transport (see _payload_transport)
         self._state = "new"
         self._state_lock = threading.Lock()
 
@@ -208,6 +209,7 @@ class Owner(Generic[ClientT]):
         """Build the endpoint's transport (unless the resource lives in the caller) and launch the host."""
         if not self.inline:
             self._transport = self._make_transport()
+            self._payload = self._payload_transport()
         server_side = None if self._transport is None else self._transport.server_side()
         factory = self._target(server_side)
         if factory is not None:
@@ -218,8 +220,8 @@ class Owner(Generic[ClientT]):
         """Wait for the host's ready handshake, then bind the transport to it."""
         if self._host is not None:
             self._host.wait_ready()
-            if self._transport is not None:
-                self._transport.bind(self._host)
+            for transport in self._transports():
+                transport.bind(self._host)
         self._ready()
 
     def _make_transport(self) -> Any:
@@ -231,17 +233,25 @@ class Owner(Generic[ClientT]):
             return None
         return transport_registry.build(kind, options, name=self.component, **self._layouts())
 
+    def _transports(self) -> list:
+        return [t for t in (self._transport, self._payload) if t is not None]
+
     def _make_host(self, name: str, factory: Callable[[], Any], concurrency: int = 1) -> Host:
-        transport = self._transport
-        on_death = None if transport is None else (lambda reason: transport.mark_dead(stopped=False))
-        return self.host_type(name, factory, resources=self.resources, on_death=on_death, concurrency=concurrency)
+        transports = self._transports()
+
+        def on_death(reason: str) -> None:
+            for transport in transports:
+                transport.mark_dead(stopped=False)
+
+        return self.host_type(name, factory, resources=self.resources, on_death=on_death if transports else None,
+                              concurrency=concurrency)
 
     def _shutdown(self, timeout: float | None) -> None:
         if self._host is not None:
             self._host.stop(timeout)
-        if self._transport is not None:
-            self._transport.mark_dead(stopped=True)
-            self._transport.close()
+        for transport in self._transports():
+            transport.mark_dead(stopped=True)
+            transport.close()
 
     def _alive(self) -> bool:
         return self._host is None or self._host.is_alive
@@ -259,6 +269,11 @@ class Owner(Generic[ClientT]):
     def _endpoint(self) -> tuple[str | None, dict]:
         """The transport kind and options of the endpoint clients use (default: the resolved transport)."""
         return self.transport_kind, dict(self.resolved.transport_options)
+
+    def _payload_transport(self) -> Any:
+        """A second transport for bulk payloads beside the command transport (a replay buffer's tensors over
+        ``distributed`` while its other operations stay commands), or ``None``."""
+        return None
 
     def _concurrency(self) -> int:
         """Calls the target must take at once (a Ray actor serving batched requests needs several)."""

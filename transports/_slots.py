@@ -12,7 +12,6 @@ Slot states: FREE -> CLAIMED (a client holds it) -> READY (request written, serv
 from __future__ import annotations
 
 import functools
-import json
 import multiprocessing as mp
 import time
 
@@ -24,7 +23,7 @@ from ._shared import PeerStatus, spin, wait_for
 from .segments import Segment, SlotBank
 from .base import RequestReplyTransport, ResponseFuture
 from .config import TransportConfig
-from .errors import ConfigurationError, LayoutError, PeerFailureError, RemoteError
+from .errors import ConfigurationError, PeerFailureError, error_from_text, error_to_text
 from .layout import Layout
 
 FREE, CLAIMED, READY, SERVING, ANSWERED, FAILED = range(6)
@@ -56,34 +55,13 @@ class _Control:
         return (_Control, (self.num_slots, self.segment))
 
     def write_error(self, slot: int, error: BaseException) -> None:
-        if isinstance(error, LayoutError):
-            record = {"layout": [list(error.key), error.expected, error.got]}
-        elif isinstance(error, PeerFailureError):
-            record = {"peer": str(error)}
-        else:
-            remote = error if isinstance(error, RemoteError) else RemoteError.from_exception(error)
-            record = {"remote": [remote.remote_type, remote.remote_message, remote.remote_traceback]}
-        data = json.dumps(record).encode()
-        if len(data) > ERROR_BYTES - 8:  # keep the head of a huge traceback, and valid JSON
-            remote = record.get("remote")
-            if remote:
-                remote[2] = remote[2][-(ERROR_BYTES // 2) :]
-            data = json.dumps(record).encode()[: ERROR_BYTES - 8]
+        data = error_to_text(error, ERROR_BYTES - 8).encode()[: ERROR_BYTES - 8]
         self.errors[slot, :8] = np.frombuffer(len(data).to_bytes(8, "little"), dtype=np.uint8)
         self.errors[slot, 8 : 8 + len(data)] = np.frombuffer(data, dtype=np.uint8)
 
     def read_error(self, slot: int) -> BaseException:
         n = int.from_bytes(self.errors[slot, :8].tobytes(), "little")
-        try:
-            record = json.loads(self.errors[slot, 8 : 8 + n].tobytes())
-        except ValueError:
-            return RemoteError("unknown", "the server's error text was cut off")
-        if "layout" in record:
-            key, expected, got = record["layout"]
-            return LayoutError(tuple(key), expected, got)
-        if "peer" in record:
-            return PeerFailureError(record["peer"])
-        return RemoteError(*record["remote"])
+        return error_from_text(self.errors[slot, 8 : 8 + n].tobytes())
 
     def close(self) -> None:
         self.state = self.enqueued = self.errors = None

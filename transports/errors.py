@@ -133,3 +133,41 @@ class RemoteError(ServiceError):
 
     def __reduce__(self):
         return (RemoteError, (self.remote_type, self.remote_message, self.remote_traceback))
+
+
+def error_to_text(error: BaseException, limit: int = 8192) -> str:
+    """``error`` as JSON text that travels between processes without pickling (at most ``limit`` UTF-8 bytes: the
+    head of a huge traceback is dropped first). :func:`error_from_text` rebuilds it."""
+    import json
+
+    if isinstance(error, LayoutError):
+        record = {"layout": [list(error.key), error.expected, error.got]}
+    elif isinstance(error, PeerFailureError):
+        record = {"peer": str(error)}
+    else:
+        remote = error if isinstance(error, RemoteError) else RemoteError.from_exception(error)
+        record = {"remote": [remote.remote_type, remote.remote_message, remote.remote_traceback]}
+    text = json.dumps(record)
+    if len(text.encode()) > limit and "remote" in record:
+        record["remote"][2] = record["remote"][2][-(limit // 2):]
+        record["remote"][1] = record["remote"][1][: limit // 4]
+        text = json.dumps(record)
+    return text
+
+
+def error_from_text(text: str | bytes) -> BaseException:
+    """The error :func:`error_to_text` wrote; text that is not such a record becomes a :class:`RemoteError` saying
+    so (nothing in it is executed)."""
+    import json
+
+    try:
+        record = json.loads(text)
+        if "layout" in record:
+            key, expected, got = record["layout"]
+            return LayoutError(tuple(str(k) for k in key), str(expected), str(got))
+        if "peer" in record:
+            return PeerFailureError(str(record["peer"]))
+        kind, message, tb = record["remote"]
+        return RemoteError(str(kind), str(message), str(tb))
+    except (ValueError, KeyError, TypeError):
+        return RemoteError("unknown", "the peer's error text could not be read (cut off or malformed)")

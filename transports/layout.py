@@ -8,6 +8,7 @@ and raises :class:`~transports.errors.LayoutError` naming the key, what was expe
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -156,9 +157,51 @@ class Layout:
             td.set(leaf.key, torch.zeros(tuple(leading) + leaf.shape, dtype=leaf.dtype, device=leaf.device))
         return td
 
+    def to_text(self) -> str:
+        """The layout as JSON text (what a connecting client announces; read back with :meth:`from_text`)."""
+        return json.dumps({"batch_size": list(self.batch_size),
+                           "leaves": [[list(l.key), list(l.shape), _dtype_name(l.dtype), l.device] for l in self.leaves]})
+
+    @classmethod
+    def from_text(cls, text: str | bytes, *, max_bytes: int = 1 << 30) -> "Layout":
+        """Read a layout written by :meth:`to_text` from an untrusted peer: only plain JSON is parsed (nothing is
+        executed or unpickled), dtypes come from a fixed list, and a payload over ``max_bytes`` is refused.
+
+        Raises:
+            LayoutError: the text is not a valid layout.
+        """
+        try:
+            record = json.loads(text)
+            batch_size = tuple(_count(n) for n in record["batch_size"])
+            leaves = []
+            for key, shape, dtype, device in record["leaves"]:
+                if not key or not all(isinstance(k, str) and k for k in key) or not isinstance(device, str):
+                    raise ValueError(f"bad key or device {key!r} {device!r}")
+                if dtype not in _DTYPES:
+                    raise ValueError(f"dtype {dtype!r} is not one a layout may hold")
+                torch.device(device)
+                leaves.append(LeafSpec(tuple(key), tuple(_count(n) for n in shape), _DTYPES[dtype], device))
+        except (ValueError, KeyError, TypeError, RuntimeError) as exc:
+            raise LayoutError((), "a layout (JSON: batch_size and leaves)", f"unreadable text ({exc})") from None
+        layout = cls(tuple(sorted(leaves, key=lambda leaf: leaf.key)), batch_size)
+        if len({leaf.key for leaf in leaves}) != len(leaves) or layout.nbytes > max_bytes:
+            raise LayoutError((), f"distinct keys and at most {max_bytes} bytes", f"{layout.nbytes} bytes, "
+                              f"{len(leaves)} leaves")
+        return layout
+
     def describe(self) -> str:
         """One line per leaf: ``key shape dtype``."""
         return "; ".join(f"{'.'.join(leaf.key)} {list(leaf.shape)} {_dtype_name(leaf.dtype)}" for leaf in self.leaves)
+
+
+_DTYPES = {_dtype_name(d): d for d in (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                                       torch.float16, torch.bfloat16, torch.float32, torch.float64)}
+
+
+def _count(n) -> int:
+    if type(n) is not int or not 0 <= n < 1 << 40:
+        raise ValueError(f"{n!r} is not a size")
+    return n
 
 
 def _any_leaf(cls) -> bool:

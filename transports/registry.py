@@ -20,6 +20,7 @@ TRANSPORTS: dict[str, str] = {
     "shared_memory": "transports.shared_memory:SharedMemoryTransport",
     "process_slot": "transports.process_slot:ProcessSlotTransport",
     "ray": "transports.ray:RayTransport",
+    "distributed": "transports.distributed:DistributedTransport",
 }
 """kind -> ``module:class`` of its request/reply transport (imported on first use)."""
 
@@ -82,8 +83,8 @@ def build(kind: str, options: Mapping[str, Any] | None = None, *, request_layout
     """
     options = dict(options or {})  # checked with the resolution (check_options, check_layouts)
     cls = transport_class(kind)
+    if "name" in inspect.signature(cls.__init__).parameters:
+        options["name"] = name
     if kind in FIXED_LAYOUT:
         return cls(request_layout, response_layout, **options)
-    if "name" in inspect.signature(cls.__init__).parameters:
-        return cls(name=name, **options)
     return cls(**options)

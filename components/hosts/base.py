@@ -119,11 +119,14 @@ class Host(ABC):
         placement: the placement this host implements.
         inline: the target lives in the caller's thread: no serving loop, the owner is its own client.
         same_process: the target shares the owner's process (and its memory).
+        command_transport: the request/reply kind that carries commands to a target hosted here when its bulk
+            payloads take a transport of their own (``distributed``).
     """
 
     placement: ClassVar[str] = ""
     inline: ClassVar[bool] = False
     same_process: ClassVar[bool] = False
+    command_transport: ClassVar[str] = "queue"
 
     def __init__(self, name: str, factory: Callable[[], Any], *, resources: Resources | None = None,
                  on_death: Callable[[str], None] | None = None, concurrency: int = 1):

@@ -159,6 +159,7 @@ class RayHost(Host):
     """Builds the target in a Ray actor of the connected cluster."""
 
     placement = "ray"
+    command_transport = "ray"
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -45,6 +45,7 @@ class ThreadHost(Host):
 
     placement = "thread"
     same_process = True
+    command_transport = "thread"
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -39,6 +39,39 @@ class InferenceClient:
         return td
 
 
+class DiscoveringEndpoint:
+    """A ``distributed`` endpoint of a Ray-owned server built without layouts: the first request goes to the actor
+    through Ray, where a probe forward on a clone of it gives the answer's layout; both layouts bind the endpoint,
+    and the request itself then goes through it. Later requests must keep that layout (fixed per endpoint).
+
+    Args:
+        handle: the hosting actor (its ``call("probe", (td,))``).
+        endpoint: an unbound client of the server's distributed transport.
+    """
+
+    def __init__(self, handle: Any, endpoint: Any):
+        self.handle, self.endpoint = handle, endpoint
+        self._bound = None
+        self._lock = threading.Lock()
+
+    def __reduce__(self):
+        return (DiscoveringEndpoint, (self.handle, self.endpoint))
+
+    def submit(self, td: TensorDictBase):
+        bound = self._bound
+        if bound is None:
+            with self._lock:
+                if self._bound is None:
+                    from transports.layout import Layout
+                    from transports.ray import remote
+
+                    request = Layout.from_tensordict(td)  # a request that cannot travel fails before the probe
+                    answer = remote(self.handle, "call", ("probe", (td,)), "inference layout probe").result()
+                    self._bound = self.endpoint.bind(self.endpoint.op, request, Layout.from_tensordict(answer))
+                bound = self._bound
+        return bound.submit(td)
+
+
 class PolicyClientModule(TensorDictModuleBase):
     """A TensorDict module that serves ``in_keys`` -> ``out_keys`` through an inference server.
 

@@ -32,8 +32,8 @@ DECLARATION = Declaration(
     cells=(
         Cell("inference", "direct", {"direct": S}, DIRECT),
         Cell("inference", "thread", {"thread": S, "direct": S}, THREAD),
-        Cell("inference", "process", {"queue": S, "shared_memory": S, "process_slot": S, "distributed": N}, _process_auto),
-        Cell("inference", "ray", {"ray": S, "distributed": N}, RAY),
+        Cell("inference", "process", {"queue": S, "shared_memory": S, "process_slot": S, "distributed": S}, _process_auto),
+        Cell("inference", "ray", {"ray": S, "distributed": S}, RAY, discovers_layouts=True),
         Cell("inference", "distributed", {"distributed": N}, DISTRIBUTED),
     ),
     depends_on=("weight_sync",),

@@ -21,7 +21,7 @@ from transports.errors import ConfigurationError
 
 from ..resolution import Resolved
 from ..service import Owner
-from .client import InferenceClient
+from .client import DiscoveringEndpoint, InferenceClient
 from .config import InferenceDeviceConfig, InferenceServerConfig
 from .target import UPDATE_TIMEOUT, ServedPolicy, keep
 
@@ -101,6 +101,12 @@ class InferenceServer(Owner["InferenceServer"]):
 
     def _concurrency(self) -> int:
         return max(self.config.max_batch_size, 2) + 2  # a Ray actor takes that many requests at once, to batch them
+
+    def _client(self) -> InferenceClient:
+        endpoint = self._transport.client()
+        if self.transport_kind == "distributed" and self.request_layout is None:  # a Ray owner discovers them
+            endpoint = DiscoveringEndpoint(self._host.handle, endpoint)
+        return self._wrap(endpoint)
 
     def _wrap(self, endpoint: Any) -> InferenceClient:
         return InferenceClient(endpoint)

@@ -15,7 +15,7 @@ import torch
 from tensordict import TensorDictBase
 
 from .config import InferenceDeviceConfig, InferenceServerConfig
-from .core import ServingCore, copy_weights
+from .core import ServingCore, copy_weights, default_collate
 
 UPDATE_TIMEOUT = 60.0
 
@@ -67,6 +67,19 @@ class ServedPolicy:
         if self.core is None:
             return {"batches": 0, "requests": 0, "mean_batch_size": 0.0, "batch_size_histogram": {}}
         return self.core.stats.snapshot()
+
+    @torch.no_grad()
+    def probe(self, td: TensorDictBase) -> TensorDictBase:
+        """The answer a request like ``td`` gets, from a forward on a clone (collated, on the policy device, stamped,
+        on the output device) without serving it: its layout binds a discovering endpoint. A policy whose forward
+        changes state should be given explicit layouts instead."""
+        collate = self.core.collate if self.core is not None else default_collate
+        batch = collate([td.clone()])
+        out = self.policy(batch.to(self.device) if batch.device != self.device else batch)
+        out = out.exclude(*batch.keys(True, True))
+        out.set("policy_version", torch.full(out.batch_size, self.version(), dtype=torch.long, device=out.device))
+        target = torch.device(self.output_device or "cpu")
+        return (out.to(target) if out.device != target else out)[0]
 
     # ------------------------------------------------------------------ in the caller's thread
     @torch.no_grad()

@@ -13,10 +13,13 @@ from typing import Any, Callable, Sequence
 
 from tensordict import TensorDict, TensorDictBase
 
+from transports import registry as transport_registry
+
 from ..commands import Allowed, CommandTarget
 from ..resolution import Resolved
 from ..service import Owner
 from .filters import PolicyAgeFilter
+from .payload import SERVER_OPS
 from .storage import ReplayStorage
 
 CLIENT_OPERATIONS = frozenset({
@@ -86,12 +89,20 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
         build = functools.partial(ReplayStorage, **self._kwargs, share=self._shares_storage)
         if server_side is None:
             return build
-        return functools.partial(CommandTarget, build, server_side, Allowed(CLIENT_OPERATIONS))
+        payload = None if self._payload is None else self._payload.server_side()
+        return functools.partial(CommandTarget, build, server_side, Allowed(CLIENT_OPERATIONS), payload, SERVER_OPS)
 
     def _endpoint(self) -> tuple[str | None, dict]:
         if self._shares_storage:  # commands over a local socket; payloads stay in shared memory
             return "queue", {}
+        if self.transport_kind == "distributed":  # commands over the placement's own channel, tensors over gloo
+            return self.host_type.command_transport, {}
         return super()._endpoint()
+
+    def _payload_transport(self) -> Any:
+        if self.transport_kind != "distributed":
+            return None
+        return transport_registry.build("distributed", self.resolved.transport_options, name="replay")
 
     def _ready(self) -> None:
         self._ops = self._host.target if self.inline else self._client()
@@ -103,7 +114,8 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
     def _wrap(self, endpoint: Any):
         from .client import ReplayClient
 
-        return ReplayClient(endpoint, shared_memory=self._shares_storage, batch_size=self.batch_size)
+        payload = None if self._payload is None else self._payload.client()
+        return ReplayClient(endpoint, shared_memory=self._shares_storage, batch_size=self.batch_size, payload=payload)
 
     # ------------------------------------------------------------------ domain operations
     def _storage(self) -> Any:

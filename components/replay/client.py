@@ -19,6 +19,7 @@ from transports.errors import LayoutError
 from transports.layout import Layout
 
 from ..commands import CommandClient
+from .payload import PayloadChannels
 
 
 MAX_RETRIES = 10
@@ -27,8 +28,10 @@ MAX_RETRIES = 10
 class ReplayClient(CommandClient):
     """``add``, ``extend``, ``sample``, ``update_priority``, ``len``, ``empty``, ``state_dict``, ``load_state_dict``."""
 
-    def __init__(self, endpoint, *, shared_memory: bool = False, batch_size: int = 256):
+    def __init__(self, endpoint, *, shared_memory: bool = False, batch_size: int = 256, payload=None):
         super().__init__(endpoint)
+        self._payload_endpoint = payload
+        self._channels = None if payload is None else PayloadChannels(payload, self._call)
         self.shared_memory = shared_memory
         self.batch_size = batch_size
         self._lock = threading.Lock()
@@ -38,10 +41,12 @@ class ReplayClient(CommandClient):
         self._layout: Layout | None = None
 
     def __getstate__(self):
-        return {"endpoint": self._endpoint, "shared_memory": self.shared_memory, "batch_size": self.batch_size}
+        return {"endpoint": self._endpoint, "shared_memory": self.shared_memory, "batch_size": self.batch_size,
+                "payload": self._payload_endpoint}
 
     def __setstate__(self, state):
-        self.__init__(state["endpoint"], shared_memory=state["shared_memory"], batch_size=state["batch_size"])
+        self.__init__(state["endpoint"], shared_memory=state["shared_memory"], batch_size=state["batch_size"],
+                      payload=state.get("payload"))
 
     def __len__(self) -> int:
         return self._call("__len__")
@@ -50,6 +55,8 @@ class ReplayClient(CommandClient):
         return self.extend(item.unsqueeze(0))
 
     def extend(self, batch: TensorDictBase) -> int:
+        if self._channels is not None:
+            return self._channels.extend(batch)
         if not self.shared_memory:
             return self._call("extend", batch)
         if batch.batch_dims > 1:
@@ -74,6 +81,8 @@ class ReplayClient(CommandClient):
 
     def sample(self, batch_size: int | None = None) -> TensorDict:
         n = batch_size or self.batch_size
+        if self._channels is not None:
+            return self._channels.sample(n)
         if not self.shared_memory:
             return self._call("sample", n)
         with self._lock:
@@ -100,6 +109,8 @@ class ReplayClient(CommandClient):
         return out
 
     def update_priority(self, index, priority) -> None:
+        if self._channels is not None:
+            return self._channels.update_priority(index, priority)
         return self._call("update_priority", index, priority)
 
     def empty(self) -> None:

@@ -43,8 +43,8 @@ DECLARATION = Declaration(
     cells=(
         Cell("replay", "direct", {"direct": S}, DIRECT),
         Cell("replay", "thread", {"thread": S}, THREAD),
-        Cell("replay", "process", {"queue": S, "shared_memory": S, "distributed": N}, _process_auto),
-        Cell("replay", "ray", {"ray": S, "distributed": N}, RAY),
+        Cell("replay", "process", {"queue": S, "shared_memory": S, "distributed": S}, _process_auto),
+        Cell("replay", "ray", {"ray": S, "distributed": S}, RAY),
         Cell("replay", "distributed", {"distributed": N}, DISTRIBUTED),
     ),
     depends_on=("weight_sync",),

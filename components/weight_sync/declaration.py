@@ -9,7 +9,7 @@ DECLARATION = Declaration(
     cells=(
         Cell("weight_sync", "direct", {"direct": S}, fixed("direct", "same process: in-place copies, no serialization")),
         Cell("weight_sync", "thread", {"direct": S}, fixed("direct", "same process: snapshots, copied in place by receivers")),
-        Cell("weight_sync", "process", {"shared_memory": S},
+        Cell("weight_sync", "process", {"shared_memory": S, "distributed": N},
              fixed("shared_memory", "a shared-memory state dict and a version counter")),
         Cell("weight_sync", "ray", {"ray": S, "distributed": N}, fixed("ray", "versions through the Ray object store")),
         Cell("weight_sync", "distributed", {"distributed": N}, DISTRIBUTED),

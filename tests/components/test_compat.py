@@ -89,8 +89,8 @@ def test_pinned_messages():
         "    full_key: components.logger.placement"
     )
     with pytest.raises(NotImplementedYetError) as info:
-        compat.ensure_built("inference", "ray", "distributed")
-    assert str(info.value) == "inference placed on 'ray' over transport 'distributed' is not implemented yet"
+        compat.ensure_built("weight_sync", "ray", "distributed")
+    assert str(info.value) == "weight_sync placed on 'ray' over transport 'distributed' is not implemented yet"
 
 
 def test_one_resolution_per_component_through_the_table():
@@ -103,8 +103,8 @@ def test_one_resolution_per_component_through_the_table():
 
 
 def test_owner_construction_checks_the_table_before_anything_starts():
-    with pytest.raises(NotImplementedYetError, match="replay placed on 'ray' over transport 'distributed'"):
-        ReplayBuffer(capacity=8, placement="ray", transport="distributed")
+    with pytest.raises(NotImplementedYetError, match="replay placed on 'distributed' over transport 'distributed'"):
+        ReplayBuffer(capacity=8, placement="distributed", transport="distributed")
     with pytest.raises(IncompatibleCombinationError, match="does not support transport 'process_slot'"):
         ReplayBuffer(capacity=8, placement="process", transport="process_slot")
     with pytest.raises(IncompatibleCombinationError, match="cannot be placed on 'submitit'"):

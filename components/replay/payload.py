@@ -1,0 +1,110 @@
+"""Replay operations over a payload transport (``distributed``): the tensors of ``extend``, ``sample`` and
+``update_priority`` travel over fixed-layout channels while every other operation stays a command.
+
+Each operation's layout is bound by its first call, which goes over the command channel (and is applied
+there, once); its request and answer fix the layouts of that operation's channel for this client in this
+process. Later calls with another layout raise :class:`~transports.errors.LayoutError` in the caller (other keys,
+shapes or dtypes; a ``sample`` of another size): never a silent fallback to commands. ``extend`` batches of a
+new length (a learner's first, shorter n-step batch) bind one more channel each, up to :data:`MAX_EXTEND_SIZES`.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from transports.errors import LayoutError
+from transports.layout import Layout
+
+
+def _extend(storage: Any, request: TensorDictBase) -> TensorDict:
+    return TensorDict({"written": torch.tensor(storage.extend(request), dtype=torch.int64)})
+
+
+def _sample(storage: Any, request: TensorDictBase) -> TensorDictBase:
+    return storage.sample(int(request["batch_size"]))
+
+
+def _update_priority(storage: Any, request: TensorDictBase) -> TensorDict:
+    storage.update_priority(request["index"], request["priority"])
+    return TensorDict()
+
+
+MAX_EXTEND_SIZES = 8
+"""Distinct ``extend`` lengths one client binds a channel for; another length then raises LayoutError."""
+
+SERVER_OPS: dict[str, Callable] = {"extend": _extend, "sample": _sample, "update_priority": _update_priority}
+"""What the owner runs for each payload operation (see :class:`components.commands.PayloadLoop`)."""
+
+
+class PayloadChannels:
+    """The per-operation channels of one replay client, bound by each operation's first call.
+
+    Args:
+        endpoint: an unbound client of the owner's payload transport.
+        call: ``call(method, *args)``: one command over the command channel.
+    """
+
+    def __init__(self, endpoint: Any, call: Callable):
+        self.endpoint, self._call = endpoint, call
+        self._bound: dict[str, Any] = {}
+        self._sample_size: int | None = None
+        self._lock = threading.Lock()
+
+    def extend(self, batch: TensorDictBase) -> int:
+        rows = tuple(batch.batch_size)
+        channel = self._bound.get(("extend", rows))
+        if channel is not None:
+            return int(channel.submit(batch).result()["written"])
+        request = Layout.from_tensordict(batch)  # a layout that cannot travel fails here, before anything is written
+        row = _row_layout(request)
+        bound = [key for key in self._bound if key[0] == "extend"]
+        if bound:
+            first = _row_layout(self._bound[bound[0]].request_layout)
+            if row != first:
+                raise LayoutError((), f"rows of {first.describe()} (fixed by this endpoint's first extend)",
+                                  row.describe())
+            if len(bound) >= MAX_EXTEND_SIZES:
+                raise LayoutError(("batch_size",), f"one of the lengths bound already {sorted(k[1] for k in bound)}",
+                                  str(list(rows)), hint=f"at most {MAX_EXTEND_SIZES} extend lengths per endpoint")
+        written = self._call("extend", batch)
+        self._bind(("extend", rows), request, TensorDict({"written": torch.tensor(0)}))
+        return written
+
+    def sample(self, n: int) -> TensorDictBase:
+        channel = self._bound.get("sample")
+        if channel is not None:
+            if n != self._sample_size:
+                raise LayoutError(("batch_size",), f"{self._sample_size} (fixed by this endpoint's first sample)",
+                                  str(n), hint="the sample layout of a distributed replay endpoint is fixed")
+            return channel.submit(TensorDict({"batch_size": torch.tensor(n)})).result()
+        out = self._call("sample", n)
+        self._sample_size = n
+        self._bind("sample", TensorDict({"batch_size": torch.tensor(n)}), out)
+        return out
+
+    def update_priority(self, index: Any, priority: Any) -> None:
+        request = TensorDict({"index": torch.as_tensor(index), "priority": torch.as_tensor(priority)})
+        channel = self._bound.get("update_priority")
+        if channel is not None:
+            channel.submit(request).result()
+            return
+        Layout.from_tensordict(request)
+        self._call("update_priority", request["index"], request["priority"])
+        self._bind("update_priority", request, TensorDict())
+
+    def _bind(self, key: Any, request: Any, response: Any) -> None:
+        op = key[0] if isinstance(key, tuple) else key
+        with self._lock:
+            self._bound.setdefault(key, self.endpoint.bind(op, request, response))
+
+
+def _row_layout(layout: Layout) -> Layout:
+    """The layout of one row of a batch layout (its first batch dimension dropped)."""
+    from transports.layout import LeafSpec
+
+    return Layout(tuple(LeafSpec(leaf.key, leaf.shape[1:], leaf.dtype, leaf.device) for leaf in layout),
+                  layout.batch_size[1:])

@@ -1,0 +1,237 @@
+"""The mechanics under the ``distributed`` transport: a rendezvous store bound where we say, standalone
+point-to-point process groups, and the framing of one message on a pair of them.
+
+Nothing here touches the application's default process group: every group is built directly from a store of
+its own (``ProcessGroupGloo(store, rank, 2, options)``), so ``init_process_group`` / ``destroy_process_group``
+in user code are unaffected, before and after.
+
+A message is a fixed 32-byte header (:data:`HEADER`: magic, kind, request id, an auxiliary count) and, for
+requests and replies, the payload's leaves packed in the layout's key order. Errors and shutdown reasons are
+UTF-8 JSON text of the length the header announces (at most :data:`MAX_TEXT_BYTES`). Nothing received is
+unpickled: a header with the wrong magic, an unknown kind or an oversized count is a
+:class:`MalformedMessage`, and the channel that carried it is dropped.
+"""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import struct
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from .errors import ConfigurationError, PeerFailureError, TransportError
+from .layout import Layout
+
+HEADER = struct.Struct("<QqqQ")
+"""magic, kind, request id, auxiliary count (text length of ERROR / SHUTDOWN)."""
+MAGIC = 0x31445352_4C52  # "RLRSD1"
+REQUEST, REPLY, ERROR, SHUTDOWN, BYE = 1, 2, 3, 4, 5
+KINDS = {REQUEST: "request", REPLY: "reply", ERROR: "error", SHUTDOWN: "shutdown", BYE: "bye"}
+MAX_TEXT_BYTES = 1 << 16
+IDLE = datetime.timedelta(days=30)
+"""The groups' operation timeout. An idle gloo receive that times out closes its pair, and a channel waits for
+requests as long as its peer lives: peers end channels with messages (SHUTDOWN / BYE) or by dying, which gloo
+reports at once (the connection closes)."""
+BACKENDS = ("gloo", "nccl")
+SEND_TIMEOUT_S = 10.0
+"""Seconds a send waits for its peer to post the matching receive (peers always keep one posted)."""
+POLL_S = (0.0005, 0.02)
+"""Store polling pauses: the first, and the longest (the pause doubles while nothing comes)."""
+
+
+class MalformedMessage(TransportError):
+    """A control message that is not one of ours: the channel that carried it is dropped, nothing is executed."""
+
+
+def check_backend(backend: str, path: str = "transport_options.backend") -> None:
+    """Refuse an unknown backend, and ``nccl`` on a machine without CUDA (before anything starts)."""
+    if backend not in BACKENDS:
+        raise ConfigurationError(f"unknown distributed backend {backend!r}", path=path, alternatives=BACKENDS)
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ConfigurationError("backend 'nccl' moves CUDA tensors and this machine has no CUDA device; use "
+                                 "backend 'gloo' for CPU tensors", path=path, alternatives=("gloo",))
+
+
+def open_store(host: str, port: int, timeout: float):
+    """A store server listening on ``host:port`` only (``port`` 0: a free one), and its port.
+
+    torch's own TCPStore server listens on every interface; handing it a socket bound here keeps it where the
+    configuration says (127.0.0.1 by default).
+    """
+    from torch.distributed import TCPStore
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((host, port))
+        sock.listen(512)
+    except OSError as exc:
+        sock.close()
+        raise ConfigurationError(f"the distributed transport cannot listen on {host}:{port} ({exc})",
+                                 path="transport_options.host") from None
+    port = sock.getsockname()[1]
+    store = TCPStore(host, port, None, True, timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False,
+                     master_listen_fd=sock.detach(), use_libuv=True)
+    return store, port
+
+
+def connect_store(host: str, port: int, timeout: float, what: str):
+    """A client connection to the store at ``host:port``.
+
+    Raises:
+        PeerFailureError: nothing answers there (the owner is gone).
+    """
+    from torch.distributed import TCPStore
+
+    try:
+        return TCPStore(host, port, None, False, timeout=datetime.timedelta(seconds=timeout))
+    except Exception as exc:  # noqa: BLE001 - torch raises several types for a refused connection
+        raise PeerFailureError(f"{what}: no rendezvous store answers at {host}:{port} ({type(exc).__name__})") from None
+
+
+def pair(store, prefix: str, rank: int, host: str, backend: str = "gloo") -> Any:
+    """A standalone two-rank group through ``store`` under ``prefix`` (both ranks call it with the same prefix)."""
+    from torch.distributed import PrefixStore
+
+    scoped = PrefixStore(prefix, store)
+    if backend == "gloo":
+        from torch._C._distributed_c10d import ProcessGroupGloo
+
+        options = ProcessGroupGloo._Options()
+        options._devices = [ProcessGroupGloo.create_device(hostname=host)]
+        options._timeout = IDLE
+        return ProcessGroupGloo(scoped, rank, 2, options)
+    from torch._C._distributed_c10d import ProcessGroupNCCL  # pragma: no cover - needs CUDA
+
+    options = ProcessGroupNCCL.Options()  # pragma: no cover
+    options._timeout = IDLE  # pragma: no cover
+    return ProcessGroupNCCL(scoped, rank, 2, options)  # pragma: no cover
+
+
+class Wire:
+    """One side of one endpoint: sends on one group, receives on the other, through preallocated buffers.
+
+    With gloo the header and the payload travel as one message; with NCCL the header (and any text) rides the
+    gloo control groups and the payload the NCCL groups, posted only once a header announced it.
+
+    Args:
+        out: ``(control group, payload group or None)`` this side sends on.
+        inp: the same for receiving.
+        send_layout: layout of what this side sends (``None``: control messages only).
+        recv_layout: layout of what it receives.
+        peer: the other rank.
+    """
+
+    def __init__(self, out: tuple, inp: tuple, send_layout: Layout | None, recv_layout: Layout | None, peer: int):
+        self.out, self.inp, self.peer = out, inp, peer
+        self.send_layout, self.recv_layout = send_layout, recv_layout
+        self._send_buf, self._send_views = _buffers(send_layout, out[1] is None)
+        self._recv_buf, self._recv_views = _buffers(recv_layout, inp[1] is None)
+        self._header = torch.zeros(HEADER.size, dtype=torch.uint8)
+        self._recv_header = self._recv_buf[: HEADER.size] if inp[1] is None else torch.zeros(HEADER.size,
+                                                                                             dtype=torch.uint8)
+        self.lock = threading.Lock()  # one sender at a time on this side
+
+    def send(self, kind: int, rid: int, values: TensorDictBase | None = None, text: str = "",
+             timeout: float = SEND_TIMEOUT_S) -> None:
+        """Send one message (``values``: exactly the send layout's keys; ``text``: for ERROR / SHUTDOWN).
+
+        A gloo send completes only once the peer posts its receive; a peer that has not within ``timeout``
+        seconds (hung, stopped) loses the channel: torch raises here and closes the pair, and the peer sees a
+        closed connection.
+        """
+        wait = datetime.timedelta(seconds=timeout)
+        data = text.encode()[:MAX_TEXT_BYTES]
+        with self.lock:
+            combined = self.out[1] is None
+            header = self._send_buf[: HEADER.size] if combined else self._header
+            header.numpy()[:] = np.frombuffer(HEADER.pack(MAGIC, kind, rid, len(data)), dtype=np.uint8)
+            n = HEADER.size
+            if values is not None:
+                for leaf in self.send_layout:
+                    self._send_views[leaf.key].copy_(values.get(leaf.key))
+                if combined:
+                    n = self._send_buf.numel()
+            self.out[0].send([self._send_buf[:n] if combined else header], self.peer, 0).wait(wait)
+            if values is not None and not combined:  # pragma: no cover - NCCL
+                self.out[1].send([self._send_buf], self.peer, 0).wait(wait)
+            if data:
+                self.out[0].send([torch.frombuffer(bytearray(data), dtype=torch.uint8)], self.peer, 0).wait(wait)
+
+    def recv(self, expect: frozenset) -> tuple[int, int, Any]:
+        """Wait for one message of a kind in ``expect``: ``(kind, request id, payload TensorDict or text)``.
+
+        Raises:
+            MalformedMessage: not one of ours.
+            RuntimeError: the connection closed (the peer died); raised by torch.
+        """
+        combined = self.inp[1] is None
+        self.inp[0].recv([self._recv_buf if combined else self._recv_header], self.peer, 0).wait()
+        magic, kind, rid, aux = HEADER.unpack(self._recv_header.numpy().tobytes())
+        if magic != MAGIC or kind not in expect or aux > MAX_TEXT_BYTES:
+            raise MalformedMessage(f"malformed control message (magic {magic:#x}, kind {kind}, count {aux})")
+        if kind in (REQUEST, REPLY):
+            if not combined:  # pragma: no cover - NCCL
+                self.inp[1].recv([self._recv_buf], self.peer, 0).wait()
+            out = TensorDict(batch_size=self.recv_layout.batch_size)
+            for leaf in self.recv_layout:
+                out.set(leaf.key, self._recv_views[leaf.key].clone())  # the buffer is reused by the next message
+            return kind, rid, out
+        text = ""
+        if aux:
+            buf = torch.empty(aux, dtype=torch.uint8)
+            self.inp[0].recv([buf], self.peer, 0).wait()
+            text = buf.numpy().tobytes().decode("utf-8", errors="replace")
+        return kind, rid, text
+
+
+def _buffers(layout: Layout | None, with_header: bool) -> tuple[torch.Tensor, dict]:
+    """One flat buffer for a layout (after the header when they travel together) and a typed view per leaf."""
+    offsets, end = [], HEADER.size if with_header else 0
+    for leaf in layout or ():
+        offsets.append(end)
+        end += -(-leaf.nbytes // 8) * 8  # every leaf starts 8-byte aligned, so any dtype views it
+    device = "cpu" if with_header or layout is None or not layout.leaves else layout.leaves[0].device
+    buf = torch.zeros(end, dtype=torch.uint8, device=device)
+    views = {leaf.key: buf[start:start + leaf.nbytes].view(leaf.dtype).view(leaf.shape)
+             for leaf, start in zip(layout or (), offsets)}
+    return buf, views
+
+
+def wait_answer(store, n: int, timeout: float, what: str) -> bytes:
+    """The server's answer to announcement ``n`` (``ok`` or ``reject <error text>``), polled from the store.
+
+    Raises:
+        PeerFailureError: the owner marked the server dead, or no answer within ``timeout`` seconds.
+    """
+    deadline, pause = time.monotonic() + timeout, POLL_S[0]
+    while not store.check([f"answer/{n}"]):
+        if store.check(["status"]):
+            status = store.get("status").decode("utf-8", errors="replace")
+            if status != "serving":
+                raise PeerFailureError(f"{what}: {status}")
+        if time.monotonic() > deadline:
+            raise PeerFailureError(f"{what}: the server did not accept the endpoint within {timeout} s")
+        time.sleep(pause)
+        pause = min(pause * 2, POLL_S[1])
+    return store.get(f"answer/{n}")
+
+
+def groups(store, prefix: str, rank: int, host: str, backend: str) -> tuple[tuple, tuple]:
+    """Both directions' groups of one endpoint, built in the same order on both sides: ``(out, inp)`` for
+    ``rank`` (0: the server). NCCL payload groups get gloo control groups beside them."""
+    groups = {}
+    for direction in ("request", "response"):
+        control = pair(store, f"{prefix}{direction}/", rank, host)
+        data = pair(store, f"{prefix}{direction}/data/", rank, host, backend) if backend != "gloo" else None
+        groups[direction] = (control, data)
+    if rank == 0:
+        return groups["response"], groups["request"]
+    return groups["request"], groups["response"]
+
+

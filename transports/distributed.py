@@ -1,0 +1,388 @@
+"""``distributed``: fixed-layout TensorDict payloads over standalone torch.distributed point-to-point groups.
+
+Rules:
+
+- The owner's side holds a rendezvous store (``torch.distributed.TCPStore``) listening on ``host`` (127.0.0.1
+  unless configured) and nothing else; the application's default process group is never created, changed or
+  destroyed.
+- A client is picklable anywhere (it carries the store's address, the endpoint generation, an operation name
+  and its layouts) and connects the first time it is used in a process: it takes an endpoint number from the
+  store, announces its layouts there as JSON, and once the server accepts, both build two two-rank groups, one
+  per direction (gloo for CPU tensors; NCCL for CUDA tensors, with gloo control groups beside them). Creating a
+  client never waits for the owner.
+- Each message is a 32-byte binary header and the payload's leaves in the layout's key order, through buffers
+  allocated once per endpoint; errors are JSON text. Nothing received from the store or the network is
+  unpickled: a malformed announcement is refused with a reason, a malformed header drops its channel.
+- Layouts are fixed per endpoint: extra keys are not sent; a missing key or a wrong shape, dtype or device raises
+  :class:`~transports.errors.LayoutError` in the caller, before anything is sent. A server built with layouts
+  accepts only clients announcing the same; one built without (a Ray owner discovering them) accepts what each
+  client announces.
+- Shutdown is a message each way; a peer that dies closes its connections, and whoever waits on it gets
+  :class:`~transports.errors.PeerFailureError` at once. A restarted owner is a new store and a new generation.
+
+Security: the store accepts unauthenticated connections on the address it listens on and payloads travel
+unencrypted, as everywhere in torch.distributed; keep ``host`` on loopback or a trusted, isolated network.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tensordict import TensorDictBase
+
+from ._gloo import BYE, ERROR, REPLY, REQUEST, SHUTDOWN, MalformedMessage, Wire, check_backend, connect_store, \
+    POLL_S, SEND_TIMEOUT_S, groups, open_store, wait_answer
+from .base import Batch, RequestReplyTransport, ServerEndpoint, drain
+from .config import TransportConfig
+from .errors import LayoutError, PeerFailureError, TransportError, error_from_text, error_to_text
+from .layout import Layout
+from .local import LocalFuture
+
+log = logging.getLogger(__name__)
+
+CALL = "call"
+"""The operation of a plain request/reply endpoint (inference)."""
+
+
+@dataclass(frozen=True)
+class Address:
+    """Where an endpoint's owner listens, and which generation of it (what every client carries)."""
+
+    host: str
+    port: int
+    generation: str
+    backend: str
+    name: str
+    connect_timeout: float
+    max_bytes: int
+
+
+class DistributedTransport(RequestReplyTransport):
+    """Request/reply over standalone point-to-point process groups.
+
+    Args:
+        request_layout: layout of one request (``None``: announced by each client, for owners that discover it).
+        response_layout: layout of one response.
+        backend: ``gloo`` (CPU tensors) or ``nccl`` (CUDA tensors).
+        host: the address the store and the groups listen on.
+        port: the store's port (0: a free one).
+        connect_timeout: seconds a client waits for the server to accept it.
+        max_payload_mb: the largest payload an announced layout may describe.
+        name: names the endpoint in messages.
+    """
+
+    kind = "distributed"
+    fixed_layout = True
+    cross_process = True
+
+    def __init__(self, request_layout=None, response_layout=None, backend: str = "gloo", host: str = "127.0.0.1",
+                 port: int = 0, connect_timeout: float = 30.0, max_payload_mb: float = 1024, name: str = "service"):
+        super().__init__()
+        check_backend(backend)
+        self.request_layout = _as_layout(request_layout)
+        self.response_layout = _as_layout(response_layout)
+        self._options = {"backend": backend, "host": host, "port": port, "connect_timeout": connect_timeout,
+                         "max_payload_mb": max_payload_mb}
+        self._store, port = open_store(host, port, connect_timeout)
+        self.address = Address(host, port, os.urandom(8).hex(), backend, name, float(connect_timeout),
+                               int(max_payload_mb * (1 << 20)))
+
+    @property
+    def config(self) -> TransportConfig:
+        return TransportConfig(self.kind, self._options)
+
+    def server_side(self) -> "ServerSpec":
+        return ServerSpec(self.address, self.request_layout, self.response_layout)
+
+    def server(self) -> "DistributedServer":
+        return self.server_side().server()
+
+    def client(self, op: str = CALL, request_layout=None, response_layout=None) -> "DistributedClient":
+        """A client endpoint of operation ``op`` (layouts default to the transport's)."""
+        request = _as_layout(request_layout) or self.request_layout
+        response = _as_layout(response_layout) or self.response_layout
+        return DistributedClient(self.address, op, request, response)
+
+    def mark_serving(self, pid: int) -> None:
+        if self._store is not None:
+            self._store.set("status", "serving")
+
+    def mark_dead(self, *, stopped: bool) -> None:
+        if self._store is not None:
+            self._store.set("status", "the server was shut down" if stopped else "the server died")
+
+    def _close(self) -> None:
+        self._store = None  # the store stops listening; connected channels are ended by their own messages
+
+
+def _as_layout(value) -> Layout | None:
+    if value is None or isinstance(value, Layout):
+        return value
+    return Layout.from_tensordict(value)
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """What the serving process needs (picklable): the address and the layouts the server insists on."""
+
+    address: Address
+    request_layout: Layout | None = None
+    response_layout: Layout | None = None
+
+    def server(self) -> "DistributedServer":
+        return DistributedServer(self)
+
+
+class _Channel:
+    """One accepted endpoint on the server: its operation, its wire and its receiving thread."""
+
+    def __init__(self, number: int, op: str, wire: Wire, pid: int):
+        self.number, self.op, self.wire, self.pid = number, op, wire, pid
+        self.thread: threading.Thread | None = None
+        self.open = True
+
+
+class DistributedServer(ServerEndpoint):
+    """The serving side: accepts endpoints announced in the store, receives on one thread per endpoint, answers
+    from the serving loop. Batches hold one request TensorDict per caller (each a private copy); each handle
+    is ``(channel, request id)`` and ``handle[0].op`` says which operation it asked for."""
+
+    private_copies = True
+
+    def __init__(self, spec: ServerSpec):
+        self.spec, self.address = spec, spec.address
+        a = self.address
+        self._store = connect_store(a.host, a.port, a.connect_timeout, f"the {a.name} server")
+        self.inbox: queue.Queue = queue.Queue()
+        self.channels: dict[int, _Channel] = {}
+        self._stop = threading.Event()
+        self._accepting = threading.Thread(target=self._accept, name=f"{a.name}-accept", daemon=True)
+        self._accepting.start()
+
+    # ------------------------------------------------------------------ accepting
+    def _accept(self) -> None:
+        n, pause = 0, POLL_S[0]
+        while not self._stop.is_set():
+            try:
+                if not self._store.check([f"hello/{n}"]):
+                    self._stop.wait(pause)
+                    pause = min(pause * 2, POLL_S[1])
+                    continue
+                pause = POLL_S[0]
+                self._admit(n, self._store.get(f"hello/{n}"))
+            except Exception as exc:  # noqa: BLE001 - one bad endpoint never stops the others
+                if self._stop.is_set():
+                    return
+                log.warning("%s: endpoint %d dropped: %s", self.address.name, n, exc)
+            n += 1
+
+    def _admit(self, n: int, text: bytes) -> None:
+        try:
+            op, request, response, pid = self._read_hello(text)
+        except (LayoutError, ValueError, KeyError, TypeError) as exc:
+            reason = exc if isinstance(exc, LayoutError) else TransportError(f"malformed announcement ({exc})")
+            self._store.set(f"answer/{n}", "reject " + error_to_text(reason))
+            log.warning("%s: endpoint %d refused: %s", self.address.name, n, reason)
+            return
+        self._store.set(f"answer/{n}", "ok")
+        prefix, host = f"{self.address.generation}/{n}/", self.address.host
+        out, inp = groups(self._store, prefix, 0, host, self.address.backend)
+        channel = _Channel(n, op, Wire(out, inp, response, request, peer=1), pid)
+        channel.thread = threading.Thread(target=self._receive, args=(channel,), name=f"{self.address.name}-rx{n}",
+                                          daemon=True)
+        self.channels[n] = channel
+        channel.thread.start()
+
+    def _read_hello(self, text: bytes) -> tuple[str, Layout, Layout, int]:
+        hello = json.loads(text)
+        if hello["generation"] != self.address.generation:
+            raise ValueError("an endpoint of another generation of this owner (it was restarted)")
+        op, pid = hello["op"], hello["pid"]
+        if not isinstance(op, str) or not 0 < len(op) <= 64 or type(pid) is not int:
+            raise ValueError("bad operation or pid")
+        limit = self.address.max_bytes
+        request = Layout.from_text(hello["request"], max_bytes=limit)
+        response = Layout.from_text(hello["response"], max_bytes=limit)
+        for mine, theirs, what in ((self.spec.request_layout, request, "request"),
+                                   (self.spec.response_layout, response, "response")):
+            if mine is not None and mine != theirs:
+                raise LayoutError((), f"the server's {what} layout ({mine.describe()})", theirs.describe())
+        return op, request, response, pid
+
+    def _receive(self, channel: _Channel) -> None:
+        try:
+            while True:
+                kind, rid, payload = channel.wire.recv(frozenset({REQUEST, BYE}))
+                if kind == BYE:
+                    return
+                self.inbox.put(((channel, rid), payload, time.monotonic()))
+        except MalformedMessage as exc:
+            log.warning("%s: endpoint %d (pid %d) dropped: %s", self.address.name, channel.number, channel.pid, exc)
+        except Exception:  # noqa: BLE001 - the client's process ended: its connection closed
+            pass
+        finally:
+            channel.open = False
+            self.channels.pop(channel.number, None)
+
+    # ------------------------------------------------------------------ serving
+    def collect(self, max_n: int, min_n: int, timeout: float, poll: float) -> Batch | None:
+        items = drain(self.inbox, max_n, min_n, timeout, poll)
+        if not items:
+            return None
+        return Batch(handles=[h for h, _, _ in items], requests=[td for _, td, _ in items],
+                     enqueued=[t for _, _, t in items])
+
+    def reply(self, batch: Batch, out: Any) -> None:
+        for i, (channel, rid) in enumerate(batch.handles):
+            try:
+                values = channel.wire.send_layout.validate(out[i])
+            except LayoutError as exc:  # the answer does not fit this endpoint's response layout
+                self._send(channel, ERROR, rid, text=error_to_text(exc))
+                continue
+            self._send(channel, REPLY, rid, values)
+
+    def fail(self, batch: Batch, error: BaseException) -> None:
+        text = error_to_text(error)
+        for channel, rid in batch.handles:
+            self._send(channel, ERROR, rid, text=text)
+
+    def _send(self, channel: _Channel, kind: int, rid: int, values: TensorDictBase | None = None, text: str = "",
+              timeout: float = SEND_TIMEOUT_S):
+        if not channel.open:
+            return  # its caller is gone
+        try:
+            channel.wire.send(kind, rid, values, text, timeout)
+        except Exception as exc:  # noqa: BLE001 - the caller's process died: nobody waits for this answer
+            log.debug("%s: endpoint %d gone: %s", self.address.name, channel.number, exc)
+            channel.open = False
+
+    def close(self, reason: str = "the server was shut down", timeout: float = 2.0) -> None:
+        """Stop accepting, tell every connected client (which answers BYE), and wait for the channels to end."""
+        self._stop.set()
+        self._accepting.join(timeout)
+        channels = list(self.channels.values())
+        for channel in channels:
+            self._send(channel, SHUTDOWN, 0, text=reason, timeout=1.0)
+        deadline = time.monotonic() + timeout
+        for channel in channels:
+            if channel.thread is not None:
+                channel.thread.join(max(0.0, deadline - time.monotonic()))
+        self._store = None
+
+
+class _Connection:
+    """A client's connected endpoint in one process: its wire, the requests in flight, the receiving thread."""
+
+    def __init__(self, wire: Wire, name: str):
+        self.wire, self.name = wire, name
+        self.pending: dict[int, LocalFuture] = {}
+        self.lock = threading.Lock()
+        self.problem: str | None = None
+        self.ids = itertools.count(1)
+        self.thread = threading.Thread(target=self._receive, name=f"{name}-client-rx", daemon=True)
+        self.thread.start()
+
+    def _receive(self) -> None:
+        problem = f"the {self.name} server closed the connection (its process died)"
+        try:
+            while True:
+                kind, rid, payload = self.wire.recv(frozenset({REPLY, ERROR, SHUTDOWN}))
+                if kind == SHUTDOWN:
+                    problem = f"the {self.name} server shut down ({payload or 'no reason given'})"
+                    self.wire.send(BYE, 0)  # ends the server's receiving thread for this endpoint
+                    return
+                with self.lock:
+                    future = self.pending.pop(rid, None)
+                if future is not None:
+                    future.future.set_result(payload) if kind == REPLY else future.future.set_exception(error_from_text(payload))
+        except MalformedMessage as exc:
+            problem = f"the {self.name} server sent {exc}"
+        except Exception:  # noqa: BLE001 - the connection closed
+            pass
+        finally:
+            with self.lock:
+                self.problem = problem
+                pending, self.pending = self.pending, {}
+            for future in pending.values():
+                future.future.set_exception(PeerFailureError(problem))
+
+
+class DistributedClient:
+    """A client endpoint of a :class:`DistributedTransport`: ``submit(td)`` returns a future.
+
+    Picklable to any process that reaches the owner's host; each process connects its own endpoint the first
+    time it submits (several threads may submit at once; answers may complete out of order).
+    """
+
+    def __init__(self, address: Address, op: str = CALL, request_layout: Layout | None = None,
+                 response_layout: Layout | None = None):
+        self.address, self.op = address, op
+        self.request_layout, self.response_layout = request_layout, response_layout
+        self._connection: _Connection | None = None
+        self._pid = None
+        self._lock = threading.Lock()
+
+    def __reduce__(self):
+        return (DistributedClient, (self.address, self.op, self.request_layout, self.response_layout))
+
+    def bind(self, op: str, request_layout, response_layout) -> "DistributedClient":
+        """An endpoint of operation ``op`` to the same owner with these layouts (layouts or representative
+        TensorDicts; discovered through the owner's control channel)."""
+        return DistributedClient(self.address, op, _as_layout(request_layout), _as_layout(response_layout))
+
+    @property
+    def connected(self) -> bool:
+        return self._connection is not None and self._pid == os.getpid()
+
+    def submit(self, td: TensorDictBase) -> LocalFuture:
+        if self.request_layout is None or self.response_layout is None:
+            raise TransportError(f"the {self.address.name} {self.op!r} endpoint has no layouts bound yet")
+        values = self.request_layout.validate(td)  # LayoutError here, before anything is sent
+        connection = self._connect()
+        future = LocalFuture()
+        with connection.lock:
+            if connection.problem is not None:
+                raise PeerFailureError(connection.problem)
+            rid = next(connection.ids)
+            connection.pending[rid] = future
+        try:
+            connection.wire.send(REQUEST, rid, values)
+        except Exception as exc:  # noqa: BLE001 - the connection closed under us
+            with connection.lock:
+                connection.pending.pop(rid, None)
+            raise PeerFailureError(connection.problem or f"the {self.address.name} server is unreachable "
+                                   f"({type(exc).__name__})") from None
+        return future
+
+    def _connect(self) -> _Connection:
+        if self._connection is not None and self._pid == os.getpid():
+            return self._connection
+        with self._lock:
+            if self._connection is None or self._pid != os.getpid():
+                self._connection, self._pid = self._open(), os.getpid()
+            return self._connection
+
+    def _open(self) -> _Connection:
+        a = self.address
+        what = f"the {a.name} {self.op!r} endpoint"
+        store = connect_store(a.host, a.port, a.connect_timeout, what)
+        n = store.add("endpoints", 1) - 1
+        store.set(f"hello/{n}", json.dumps({
+            "generation": a.generation, "op": self.op, "pid": os.getpid(),
+            "request": self.request_layout.to_text(), "response": self.response_layout.to_text()}))
+        answer = wait_answer(store, n, a.connect_timeout, what)
+        if answer != b"ok":
+            error = error_from_text(answer[len(b"reject "):])
+            if isinstance(error, LayoutError):
+                raise error
+            raise TransportError(f"{what} was refused: {error}")
+        out, inp = groups(store, f"{a.generation}/{n}/", 1, a.host, a.backend)
+        return _Connection(Wire(out, inp, self.request_layout, self.response_layout, peer=0), a.name)
