@@ -78,9 +78,11 @@ from torchrl_peer import (  # noqa: E402
     MIN_PER_CLIENT, SIZES, EchoPolicy, counts, request_td, response_td, round_trips, summarize)
 
 CELLS = [("thread", "thread"), ("thread", "direct"), ("process", "queue"), ("process", "shared_memory"),
-         ("process", "process_slot"), ("ray", "ray")]
-FLOOR_OF = {"queue": "b", "ray": "c"}  # every other transport is compared with floor (a)
-FLOOR_NAMES = {"a": "floor (a) shm + semaphore", "b": "floor (b) mp.Queue bytes", "c": "floor (c) Ray actor call"}
+         ("process", "process_slot"), ("process", "distributed"), ("ray", "ray"), ("ray", "distributed")]
+FLOOR_OF = {"queue": "b", "ray": "c", "distributed": "d"}  # every other transport is compared with floor (a)
+FLOOR_NAMES = {"a": "floor (a) shm + semaphore", "b": "floor (b) mp.Queue bytes", "c": "floor (c) Ray actor call",
+               "d": "floor (d) gloo send/recv"}
+LOCAL_FLOORS = ("a", "b", "d")  # measured between two processes in the interleaved rounds
 TARGETS = [("shared_memory", "a"), ("process_slot", "a"), ("queue", "b")]
 # our transport -> TorchRL's corresponding one, as benchmarks/torchrl_peer.py names it
 PEER_TRANSPORT = {"thread": "thread", "direct": "direct", "queue": "mp", "shared_memory": "shared_memory",
@@ -116,7 +118,38 @@ class FloorChannel:
         self.resp_seg.close()
 
 
-def _floor_server(conn, channels: dict) -> None:
+class GlooFloor:
+    """Floor (d): one standalone two-rank gloo group per payload size (rank 0 echoes, rank 1 calls), through a
+    store of the main process on 127.0.0.1; the payload goes there and back as one message each way."""
+
+    def __init__(self, address: tuple[str, int]):
+        self.address, self.groups = address, {}
+
+    def group(self, size: str, rank: int):
+        if size not in self.groups:
+            from transports._gloo import connect_store, pair
+
+            store = connect_store(*self.address, 60, "gloo floor")
+            self.groups[size] = (store, pair(store, f"floor/{size}/", rank, self.address[0]))
+        return self.groups[size][1]
+
+    def echo(self, size: str, nbytes: int, n: int) -> None:
+        pg, buf = self.group(size, 0), torch.empty(nbytes, dtype=torch.uint8)
+        for _ in range(n):
+            pg.recv([buf], 1, 0).wait()
+            pg.send([buf], 1, 0).wait()
+
+    def call(self, size: str, nbytes: int):
+        pg = self.group(size, 1)
+        payload, out = torch.ones(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
+
+        def call():
+            pg.send([payload], 0, 0).wait()
+            pg.recv([out], 0, 0).wait()
+        return call
+
+
+def _floor_server(conn, channels: dict, gloo: GlooFloor) -> None:
     """Serve exactly the round trips the main process announces, floor by floor."""
     torch.set_num_threads(1)
     views = {size: ch.tensors() for size, ch in channels.items()}
@@ -126,7 +159,9 @@ def _floor_server(conn, channels: dict) -> None:
             break
         floor, size, n = msg
         ch = channels[size]
-        if floor == "a":
+        if floor == "d":
+            gloo.echo(size, ch.nbytes, n)
+        elif floor == "a":
             req, resp = views[size]
             for _ in range(n):
                 ch.req_sem.acquire()
@@ -142,7 +177,9 @@ def _floor_server(conn, channels: dict) -> None:
         ch.resp_seg.close()
 
 
-def floor_call(ch: FloorChannel, floor: str, size: str):
+def floor_call(ch: FloorChannel, floor: str, size: str, gloo: GlooFloor | None = None):
+    if floor == "d":
+        return gloo.call(size, ch.nbytes)
     if floor == "a":
         req, resp = ch.tensors()
         payload = torch.ones(ch.nbytes, dtype=torch.uint8)
@@ -163,7 +200,7 @@ def floor_call(ch: FloorChannel, floor: str, size: str):
 
 
 # ---------------------------------------------------------------------------------------------- workers
-def _worker(conn, clients: dict, channels: dict | None) -> None:
+def _worker(conn, clients: dict, channels: dict | None, gloo: GlooFloor | None = None) -> None:
     """A client process: runs the round trips the main process asks for and sends back the latencies."""
     torch.set_num_threads(1)
     conn.send("ready")
@@ -175,7 +212,7 @@ def _worker(conn, clients: dict, channels: dict | None) -> None:
         try:
             if key[0] == "floor":
                 _, floor, size = key
-                call = floor_call(channels[size], floor, size)
+                call = floor_call(channels[size], floor, size, gloo)
             else:
                 client, td = clients[key], request_td(key[1])
                 call = lambda: client.submit(td).result(30)  # noqa: E731
@@ -202,6 +239,9 @@ def _gather(conns) -> list:
 # ---------------------------------------------------------------------------------------------- servers
 def make_server(placement: str, transport: str, size: str, max_clients: int) -> InferenceServer:
     options = {}
+    if transport == "distributed" and placement == "ray":  # the Ray owner discovers them on the first request
+        return InferenceServer(policy_factory=make_policy, config=InferenceServerConfig(placement=placement),
+                               transport=transport)
     if transport in ("shared_memory", "process_slot"):
         options = {"num_slots": max_clients}
     elif transport == "queue":
@@ -263,8 +303,13 @@ def run_process_cells(cells, sizes, client_counts, quick, results, floors) -> No
             except BaseException as exc:  # noqa: BLE001 - raised below
                 errors.append(exc)
         starters = [threading.Thread(target=start, args=(s,)) for s in servers.values()]
+        from transports._gloo import open_store
+
+        floor_store, port = open_store("127.0.0.1", 0, 60)
+        stack.callback(lambda: floor_store)  # referenced until the floors are done, then released
+        gloo = GlooFloor(("127.0.0.1", port))
         floor_conn, floor_child = ctx.Pipe()
-        floor_proc = ctx.Process(target=_floor_server, args=(floor_child, channels), daemon=True)
+        floor_proc = ctx.Process(target=_floor_server, args=(floor_child, channels, gloo), daemon=True)
         floor_proc.start()
         stack.callback(_stop_process, floor_proc, floor_conn)
         for t in starters:
@@ -278,7 +323,8 @@ def run_process_cells(cells, sizes, client_counts, quick, results, floors) -> No
         for i in range(max_clients if servers else 1):
             clients = {key: s.client() for key, s in servers.items()}
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker, args=(child, clients, channels if i == 0 else None), daemon=True)
+            proc = ctx.Process(target=_worker, args=(child, clients, channels if i == 0 else None,
+                                                     gloo if i == 0 else None), daemon=True)
             proc.start()
             stack.callback(_stop_process, proc, parent)
             conns.append(parent)
@@ -293,7 +339,7 @@ def run_process_cells(cells, sizes, client_counts, quick, results, floors) -> No
             warmup, n = max(10, warmup // ROUNDS), max(MIN_PER_CLIENT // 2, n // ROUNDS)
             parts: dict = {}
             for _ in range(ROUNDS):
-                for floor in ("a", "b"):
+                for floor in LOCAL_FLOORS:
                     floor_conn.send((floor, size, warmup + n))
                     conns[0].send((("floor", floor, size), warmup, n))
                     parts.setdefault(floor, []).extend(_gather(conns[:1]))
@@ -301,7 +347,7 @@ def run_process_cells(cells, sizes, client_counts, quick, results, floors) -> No
                 for placement, transport in cells if 1 in client_counts else ():
                     conns[0].send(((transport, size), warmup, n))
                     parts.setdefault(transport, []).extend(_gather(conns[:1]))
-            for floor in ("a", "b"):
+            for floor in LOCAL_FLOORS:
                 floors[(floor, size)] = _pooled(parts[floor])
                 progress(FLOOR_NAMES[floor], size, 1, {(FLOOR_NAMES[floor], size, 1): floors[(floor, size)]})
             for placement, transport in cells if 1 in client_counts else ():
@@ -377,7 +423,7 @@ def run_peer(python: str, quick: bool, client_counts, sizes, transports) -> dict
     it answers by shutting its servers and clients down, then SIGKILL."""
     command = [python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrl_peer.py"),
                "--clients", *map(str, client_counts), "--sizes", *sizes,
-               "--transports", *[PEER_TRANSPORT[t] for t in transports]] + (["--quick"] if quick else [])
+               "--transports", *[PEER_TRANSPORT[t] for t in transports if t in PEER_TRANSPORT]] + (["--quick"] if quick else [])
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=PEER_TIMEOUT)
@@ -421,7 +467,7 @@ def report(results, floors, sizes, client_counts, cells, peer=None) -> bool:
         print(f"\n### {size}: {SIZES[size][0]}\n")
         print("| transport | clients | p50 us | p95 us | req/s | floor p50 us | ratio |")
         print("|---|---|---|---|---|---|---|")
-        for floor in ("a", "b", "c"):
+        for floor in ("a", "b", "c", "d"):
             f = floors.get((floor, size))
             if f:
                 print(f"| {FLOOR_NAMES[floor]} | 1 | {f['p50']:.1f} | {f['p95']:.1f} | {f['rps']:.0f} | "
@@ -433,7 +479,7 @@ def report(results, floors, sizes, client_counts, cells, peer=None) -> bool:
                 r = results.get((f"{placement}/{transport}", size, n_clients))
                 if r is not None:
                     _row(f"{placement}/{transport}", n_clients, r, floor, f)
-            for n_clients in client_counts:
+            for n_clients in client_counts if transport in PEER_TRANSPORT else ():
                 r = peer_rows.get((PEER_TRANSPORT[transport], size, n_clients))
                 if r is not None:
                     _row(peer_label(peer, PEER_TRANSPORT[transport]), n_clients, r, floor, f)
@@ -451,11 +497,24 @@ def report(results, floors, sizes, client_counts, cells, peer=None) -> bool:
         print(f"- {'PASS' if ok else 'MISS'} process/{transport}: p50 {r['p50']:.1f} us vs {FLOOR_NAMES[floor]} "
               f"{f['p50']:.1f} us; median of the per-round ratios {ratio:.2f}x (rounds, p50 us ours/floor: "
               f"{', '.join(f'{a:.1f}/{b:.1f}' for a, b in rounds)}); target <= 2.00x")
+    print("\n### Targets (ray/distributed, 1 client: p50 at most 1.5x floor (d); at least 3x the req/s of ray/ray)\n")
+    for size in ("28KB", "1MiB"):
+        ours, ray_row = results.get(("ray/distributed", size, 1)), results.get(("ray/ray", size, 1))
+        f = floors.get(("d", size))
+        if ours is None or f is None or ray_row is None:
+            print(f"- ray/distributed at {size}: not measured in this run")
+            continue
+        ratio, speedup = ours["p50"] / f["p50"], ours["rps"] / ray_row["rps"]
+        ok = ratio <= 1.5 and speedup >= 3.0
+        all_pass &= ok
+        print(f"- {'PASS' if ok else 'MISS'} ray/distributed at {size}: p50 {ours['p50']:.1f} us = {ratio:.2f}x floor (d) "
+              f"{f['p50']:.1f} us (target <= 1.50x); {ours['rps']:.0f} req/s = {speedup:.2f}x ray/ray's "
+              f"{ray_row['rps']:.0f} (target >= 3.00x)")
     if peer_rows:
         print(f"\nBeside TorchRL {peer['torchrl']} (16B, 1 client, p50):\n")
         for placement, transport in cells:
             ours = results.get((f"{placement}/{transport}", "16B", 1))
-            theirs = peer_rows.get((PEER_TRANSPORT[transport], "16B", 1))
+            theirs = peer_rows.get((PEER_TRANSPORT.get(transport), "16B", 1))
             if ours is not None and theirs is not None:
                 label = peer_label(peer, PEER_TRANSPORT[transport])
                 print(f"- {placement}/{transport} {ours['p50']:.1f} us vs {label} {theirs['p50']:.1f} us "
@@ -498,7 +557,7 @@ def main() -> None:
             peer_note = (f"TorchRL peer ({args.peer_python}): torchrl {peer['torchrl']}, tensordict "
                          f"{peer['tensordict']}, measured right after ours ({time.monotonic() - peer_started:.0f} s). "
                          f"Its rows follow our corresponding transport's and use its floor: "
-                         + ", ".join(f"{PEER_TRANSPORT[t]} ~ {p}/{t}" for p, t in cells)
+                         + ", ".join(f"{PEER_TRANSPORT[t]} ~ {p}/{t}" for p, t in cells if t in PEER_TRANSPORT)
                          + f". Skipped: {skipped}.")
 
     print(f"# Inference round trips (median over round trips; {os.cpu_count()} CPUs; torch {torch.__version__}; "

@@ -36,7 +36,9 @@ PLACEMENTS = [
     ("process/queue", ["service=process", "transport=queue"]),
     ("process/shared_memory", ["service=process", "transport=shared_memory"]),
     ("process/process_slot", ["service=process", "transport=process_slot"]),
+    ("process/distributed", ["service=process", "transport=distributed"]),
     ("ray", ["service=ray"]),  # each run starts (and stops) a local Ray cluster on 127.0.0.1
+    ("ray/distributed", ["service=ray", "transport=distributed"]),  # Ray owners, payloads over gloo
 ]
 # ... and where collection can overlap learning (a worker beside the learner), the same with
 # components.collector.sync=false: the worker collects the next batch while the learner trains (policy lag <= 1).

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict
 
-from .errors import ConfigurationError, PeerFailureError, TransportError
+from .errors import ConfigurationError, LayoutError, PeerFailureError, TransportError
 from .layout import Layout
 
 HEADER = struct.Struct("<QqqQ")
@@ -114,10 +114,12 @@ def pair(store, prefix: str, rank: int, host: str, backend: str = "gloo") -> Any
 
 
 class Wire:
-    """One side of one endpoint: sends on one group, receives on the other, through preallocated buffers.
+    """One side of one endpoint: sends on one group, receives on the other.
 
     With gloo the header and the payload travel as one message; with NCCL the header (and any text) rides the
-    gloo control groups and the payload the NCCL groups, posted only once a header announced it.
+    gloo control groups and the payload the NCCL groups, posted only once a header announced it. Sends copy the
+    payload's leaves into one buffer allocated once (checking each leaf against the layout on the way); receives
+    land in a fresh buffer whose views become the received TensorDict's leaves (no copy after the receive).
 
     Args:
         out: ``(control group, payload group or None)`` this side sends on.
@@ -130,38 +132,65 @@ class Wire:
     def __init__(self, out: tuple, inp: tuple, send_layout: Layout | None, recv_layout: Layout | None, peer: int):
         self.out, self.inp, self.peer = out, inp, peer
         self.send_layout, self.recv_layout = send_layout, recv_layout
-        self._send_buf, self._send_views = _buffers(send_layout, out[1] is None)
-        self._recv_buf, self._recv_views = _buffers(recv_layout, inp[1] is None)
+        self._combined_out, self._combined_in = out[1] is None, inp[1] is None
+        self._send_buf, self._send_views = _buffers(send_layout, self._combined_out)
+        self._recv_size = _buffers(recv_layout, self._combined_in, allocate=False)
         self._header = torch.zeros(HEADER.size, dtype=torch.uint8)
-        self._recv_header = self._recv_buf[: HEADER.size] if inp[1] is None else torch.zeros(HEADER.size,
-                                                                                             dtype=torch.uint8)
+        self._flat = recv_layout is None or all(len(leaf.key) == 1 for leaf in recv_layout)
         self.lock = threading.Lock()  # one sender at a time on this side
+        self._inflight: list = []  # (work, tensors it reads) of sends not yet known complete
 
-    def send(self, kind: int, rid: int, values: TensorDictBase | None = None, text: str = "",
+    def send(self, kind: int, rid: int, values: Any = None, row: int | None = None, text: str = "",
              timeout: float = SEND_TIMEOUT_S) -> None:
-        """Send one message (``values``: exactly the send layout's keys; ``text``: for ERROR / SHUTDOWN).
+        """Send one message: ``values`` (a TensorDict holding at least the send layout's keys; ``row``: take row
+        ``row`` of each leaf) for REQUEST / REPLY, ``text`` for ERROR / SHUTDOWN.
 
         A gloo send completes only once the peer posts its receive; a peer that has not within ``timeout``
         seconds (hung, stopped) loses the channel: torch raises here and closes the pair, and the peer sees a
         closed connection.
+
+        Raises:
+            LayoutError: a declared key is missing or its value has another shape, dtype or device (nothing is sent).
         """
         wait = datetime.timedelta(seconds=timeout)
         data = text.encode()[:MAX_TEXT_BYTES]
         with self.lock:
-            combined = self.out[1] is None
-            header = self._send_buf[: HEADER.size] if combined else self._header
-            header.numpy()[:] = np.frombuffer(HEADER.pack(MAGIC, kind, rid, len(data)), dtype=np.uint8)
+            self._settle(wait)  # the previous message left the buffer (its completion is off the critical path)
+            header = self._send_buf[: HEADER.size] if self._combined_out else self._header
             n = HEADER.size
             if values is not None:
-                for leaf in self.send_layout:
-                    self._send_views[leaf.key].copy_(values.get(leaf.key))
-                if combined:
+                self._fill(values, row)
+                if self._combined_out:
                     n = self._send_buf.numel()
-            self.out[0].send([self._send_buf[:n] if combined else header], self.peer, 0).wait(wait)
-            if values is not None and not combined:  # pragma: no cover - NCCL
-                self.out[1].send([self._send_buf], self.peer, 0).wait(wait)
+            header.numpy()[:] = np.frombuffer(HEADER.pack(MAGIC, kind, rid, len(data)), dtype=np.uint8)
+            sent = [self._send_buf[:n] if self._combined_out else header]
+            self._inflight.append((self.out[0].send(sent, self.peer, 0), sent))
+            if values is not None and not self._combined_out:  # pragma: no cover - NCCL
+                self._inflight.append((self.out[1].send([self._send_buf], self.peer, 0), None))
             if data:
-                self.out[0].send([torch.frombuffer(bytearray(data), dtype=torch.uint8)], self.peer, 0).wait(wait)
+                text_buf = [torch.frombuffer(bytearray(data), dtype=torch.uint8)]
+                self._inflight.append((self.out[0].send(text_buf, self.peer, 0), text_buf))
+            if kind not in (REQUEST, REPLY):
+                self._settle(wait)  # control messages are rare: wait, so the caller knows they left
+
+    def _settle(self, wait: datetime.timedelta) -> None:
+        """Wait for the sends still in flight (the buffers they read are reused next)."""
+        while self._inflight:
+            work, _ = self._inflight[0]
+            work.wait(wait)
+            self._inflight.pop(0)
+
+    def _fill(self, values: Any, row: int | None) -> None:
+        views = self._send_views
+        for leaf in self.send_layout:
+            value = values.get(leaf.key, None)
+            if not isinstance(value, torch.Tensor):
+                raise LayoutError(leaf.key, leaf.describe(), "a missing key" if value is None else type(value).__name__)
+            if row is not None:
+                value = value[row]
+            if value.shape != leaf.shape or value.dtype != leaf.dtype or str(value.device) != leaf.device:
+                self.send_layout.validate(values if row is None else values[row])  # raises the precise error
+            views[leaf.key].copy_(value)
 
     def recv(self, expect: frozenset) -> tuple[int, int, Any]:
         """Wait for one message of a kind in ``expect``: ``(kind, request id, payload TensorDict or text)``.
@@ -170,36 +199,59 @@ class Wire:
             MalformedMessage: not one of ours.
             RuntimeError: the connection closed (the peer died); raised by torch.
         """
-        combined = self.inp[1] is None
-        self.inp[0].recv([self._recv_buf if combined else self._recv_header], self.peer, 0).wait()
-        magic, kind, rid, aux = HEADER.unpack(self._recv_header.numpy().tobytes())
+        buf = torch.empty(self._recv_size, dtype=torch.uint8)
+        header = buf[: HEADER.size] if self._combined_in else self._header
+        self.inp[0].recv([buf if self._combined_in else header], self.peer, 0).wait()
+        magic, kind, rid, aux = HEADER.unpack(header.numpy().tobytes())
         if magic != MAGIC or kind not in expect or aux > MAX_TEXT_BYTES:
             raise MalformedMessage(f"malformed control message (magic {magic:#x}, kind {kind}, count {aux})")
         if kind in (REQUEST, REPLY):
-            if not combined:  # pragma: no cover - NCCL
-                self.inp[1].recv([self._recv_buf], self.peer, 0).wait()
-            out = TensorDict(batch_size=self.recv_layout.batch_size)
-            for leaf in self.recv_layout:
-                out.set(leaf.key, self._recv_views[leaf.key].clone())  # the buffer is reused by the next message
-            return kind, rid, out
+            if not self._combined_in:  # pragma: no cover - NCCL
+                buf = _buffers(self.recv_layout, False)[0]
+                self.inp[1].recv([buf], self.peer, 0).wait()
+            return kind, rid, self._payload(buf)
         text = ""
         if aux:
-            buf = torch.empty(aux, dtype=torch.uint8)
-            self.inp[0].recv([buf], self.peer, 0).wait()
-            text = buf.numpy().tobytes().decode("utf-8", errors="replace")
+            data = torch.empty(aux, dtype=torch.uint8)
+            self.inp[0].recv([data], self.peer, 0).wait()
+            text = data.numpy().tobytes().decode("utf-8", errors="replace")
         return kind, rid, text
 
+    def _payload(self, buf: torch.Tensor) -> TensorDict:
+        layout, start = self.recv_layout, HEADER.size if self._combined_in else 0
+        leaves = {}
+        for leaf, offset in zip(layout, _offsets(layout, start)):
+            leaves[leaf.key if not self._flat else leaf.key[0]] = (
+                buf[offset:offset + leaf.nbytes].view(leaf.dtype).view(leaf.shape))
+        if self._flat:
+            return TensorDict._new_unsafe(leaves, batch_size=torch.Size(layout.batch_size))
+        out = TensorDict(batch_size=layout.batch_size)
+        for key, value in leaves.items():
+            out.set(key, value)
+        return out
 
-def _buffers(layout: Layout | None, with_header: bool) -> tuple[torch.Tensor, dict]:
-    """One flat buffer for a layout (after the header when they travel together) and a typed view per leaf."""
-    offsets, end = [], HEADER.size if with_header else 0
-    for leaf in layout or ():
+
+def _offsets(layout: Layout, start: int) -> list[int]:
+    """Where each leaf starts in a message buffer: 8-byte aligned, so any dtype views it."""
+    offsets, end = [], start
+    for leaf in layout:
         offsets.append(end)
-        end += -(-leaf.nbytes // 8) * 8  # every leaf starts 8-byte aligned, so any dtype views it
+        end += -(-leaf.nbytes // 8) * 8
+    return offsets
+
+
+def _buffers(layout: Layout | None, with_header: bool, allocate: bool = True):
+    """One flat buffer for a layout (after the header when they travel together) and a typed view per leaf; with
+    ``allocate=False`` only its size."""
+    start = HEADER.size if with_header else 0
+    offsets = _offsets(layout, start) if layout is not None else []
+    size = (offsets[-1] + -(-layout.leaves[-1].nbytes // 8) * 8) if offsets else start
+    if not allocate:
+        return size
     device = "cpu" if with_header or layout is None or not layout.leaves else layout.leaves[0].device
-    buf = torch.zeros(end, dtype=torch.uint8, device=device)
-    views = {leaf.key: buf[start:start + leaf.nbytes].view(leaf.dtype).view(leaf.shape)
-             for leaf, start in zip(layout or (), offsets)}
+    buf = torch.zeros(size, dtype=torch.uint8, device=device)
+    views = {leaf.key: buf[offset:offset + leaf.nbytes].view(leaf.dtype).view(leaf.shape)
+             for leaf, offset in zip(layout or (), offsets)}
     return buf, views
 
 

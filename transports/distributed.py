@@ -241,25 +241,26 @@ class DistributedServer(ServerEndpoint):
                      enqueued=[t for _, _, t in items])
 
     def reply(self, batch: Batch, out: Any) -> None:
+        rows = isinstance(out, TensorDictBase)  # one batched answer (row i for request i), or a list of answers
         for i, (channel, rid) in enumerate(batch.handles):
             try:
-                values = channel.wire.send_layout.validate(out[i])
+                self._send(channel, REPLY, rid, out if rows else out[i], row=i if rows else None)
             except LayoutError as exc:  # the answer does not fit this endpoint's response layout
                 self._send(channel, ERROR, rid, text=error_to_text(exc))
-                continue
-            self._send(channel, REPLY, rid, values)
 
     def fail(self, batch: Batch, error: BaseException) -> None:
         text = error_to_text(error)
         for channel, rid in batch.handles:
             self._send(channel, ERROR, rid, text=text)
 
-    def _send(self, channel: _Channel, kind: int, rid: int, values: TensorDictBase | None = None, text: str = "",
-              timeout: float = SEND_TIMEOUT_S):
+    def _send(self, channel: _Channel, kind: int, rid: int, values: Any = None, row: int | None = None,
+              text: str = "", timeout: float = SEND_TIMEOUT_S):
         if not channel.open:
             return  # its caller is gone
         try:
-            channel.wire.send(kind, rid, values, text, timeout)
+            channel.wire.send(kind, rid, values, row, text, timeout)
+        except LayoutError:
+            raise
         except Exception as exc:  # noqa: BLE001 - the caller's process died: nobody waits for this answer
             log.debug("%s: endpoint %d gone: %s", self.address.name, channel.number, exc)
             channel.open = False
@@ -345,7 +346,8 @@ class DistributedClient:
     def submit(self, td: TensorDictBase) -> LocalFuture:
         if self.request_layout is None or self.response_layout is None:
             raise TransportError(f"the {self.address.name} {self.op!r} endpoint has no layouts bound yet")
-        values = self.request_layout.validate(td)  # LayoutError here, before anything is sent
+        if not isinstance(td, TensorDictBase):
+            raise LayoutError((), "a TensorDict", type(td).__name__)
         connection = self._connect()
         future = LocalFuture()
         with connection.lock:
@@ -354,10 +356,12 @@ class DistributedClient:
             rid = next(connection.ids)
             connection.pending[rid] = future
         try:
-            connection.wire.send(REQUEST, rid, values)
+            connection.wire.send(REQUEST, rid, td)  # checks every leaf: LayoutError here, before anything is sent
         except Exception as exc:  # noqa: BLE001 - the connection closed under us
             with connection.lock:
                 connection.pending.pop(rid, None)
+            if isinstance(exc, LayoutError):
+                raise
             raise PeerFailureError(connection.problem or f"the {self.address.name} server is unreachable "
                                    f"({type(exc).__name__})") from None
         return future

@@ -210,7 +210,7 @@ def test_garbage_on_the_control_channel_drops_only_that_channel(served):
     # a message of the size the channel expects whose header is not ours (gloo itself aborts on a message larger
     # than the posted buffer: that is torch.distributed's trusted-network model, see the README's security notes)
     channel = wait_until(lambda: server.endpoint.channels.get(n), timeout=10, what="the server accepts the channel")
-    garbage = torch.full((channel.wire._recv_buf.numel(),), 0xAB, dtype=torch.uint8)
+    garbage = torch.full((channel.wire._recv_size,), 0xAB, dtype=torch.uint8)
     out[0].send([garbage], 0, 0).wait()
     wait_until(lambda: n not in server.endpoint.channels, timeout=10, what="the bad channel is dropped")
     assert good.submit(request(2.0)).result(10)["action"][0].item() == 5.0  # the others keep being served
