@@ -236,7 +236,8 @@ class Owner(Generic[ClientT]):
     def _transports(self) -> list:
         return [t for t in (self._transport, self._payload) if t is not None]
 
-    def _make_host(self, name: str, factory: Callable[[], Any], concurrency: int = 1) -> Host:
+    def _make_host(self, name: str, factory: Callable[[], Any], concurrency: int = 1,
+                   index: tuple[int, int] = (0, 1)) -> Host:
         transports = self._transports()
 
         def on_death(reason: str) -> None:
@@ -244,7 +245,7 @@ class Owner(Generic[ClientT]):
                 transport.mark_dead(stopped=False)
 
         return self.host_type(name, factory, resources=self.resources, on_death=on_death if transports else None,
-                              concurrency=concurrency)
+                              concurrency=concurrency, index=index)
 
     def _shutdown(self, timeout: float | None) -> None:
         if self._host is not None:

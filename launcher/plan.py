@@ -23,7 +23,7 @@ from components.resolution import Resolved, resolve_component
 from components.scope import service_backend, transport_backend
 from recipes import RECIPES, Recipe, get_recipe
 from transports.errors import ConfigurationError, IncompatibleCombinationError
-from transports.kinds import reaches
+from transports.kinds import DISTANCE, reaches
 
 ComponentPlan = Resolved
 """One owner of the plan: its resolution."""
@@ -158,21 +158,59 @@ def resolve_components(cfg: DictConfig, needs: tuple[str, ...], services: dict, 
     service, transport = cfg.service.name, cfg.transport.name
     one_request = {call.service for n in needs for call in compat.declaration(n).calls if call.one_request_per_worker}
     out = {}
+
+    def resolve(name: str, placement: Any = None, kind: Any = None) -> Resolved:
+        node = cfg.components[name]
+        t_explicit = node.transport is not None
+        options = {**(_container(cfg.transport.options) if not t_explicit else {}), **_container(node.transport_options)}
+        return resolve_component(
+            name, placement or node.placement, kind or node.transport, transport_options=options,
+            layouts=layouts.get(name), layouts_known=True,  # the plan derives layouts; a replay binds its own
+            options=_options(cfg, name, services),
+            resources=_container(node.resources),
+            placement_path=f"components.{name}.placement" if node.placement is not None else "service",
+            transport_path=f"components.{name}.transport" if t_explicit else "transport",
+            one_request_per_worker=name in one_request,
+        )
+
     with service_backend(service, origin=f"service={service}"), transport_backend(transport, origin=f"transport={transport}"):
         for name in needs:
-            node = cfg.components[name]
-            t_explicit = node.transport is not None
-            options = {**(_container(cfg.transport.options) if not t_explicit else {}), **_container(node.transport_options)}
-            out[name] = resolve_component(
-                name, node.placement, node.transport, transport_options=options,
-                layouts=layouts.get(name), layouts_known=True,  # the plan derives layouts; a replay binds its own
-                options=_options(cfg, name, services),
-                resources=_container(node.resources),
-                placement_path=f"components.{name}.placement" if node.placement is not None else "service",
-                transport_path=f"components.{name}.transport" if t_explicit else "transport",
-                one_request_per_worker=name in one_request,
-            )
+            out[name] = resolve(name)
+        for caller, callee, placement, kind in _moves_for_remote_callers(cfg, out):
+            was, where = out[callee].placement, out[caller].placement
+            out[callee] = dataclasses.replace(
+                resolve(callee, placement, kind), placement_from=f"for the {caller} on {where!r}",
+                transport_reason=f"not {was!r}: the {caller} on {where!r} reaches it over {kind!r}, served from a "
+                                 f"{placement}")
     return out
+
+
+_NEARER = ("thread", "process")
+"""Where a service nobody placed moves so that remote callers reach it: in the driver's process first."""
+
+
+def _moves_for_remote_callers(cfg: DictConfig, resolved: dict[str, Resolved]) -> list[tuple[str, str, str, str]]:
+    """Services whose placement nobody chose (the service scope or the default) and whose transport cannot reach a
+    caller placed on another machine's reach (collectors as worker ranks or Ray actors): the nearest placement, in the driver's process
+    first, with a built transport that reaches it, as ``(caller, callee, placement, transport)``."""
+    moves = []
+    for caller, r in resolved.items():
+        for call in compat.declaration(caller).calls:
+            far = resolved.get(call.service)
+            if far is None or (call.when is not None and r.options.get(call.when) is None):
+                continue
+            node = cfg.components[call.service]
+            if node.placement is not None or node.transport is not None or far.transport == compat.NO_TRANSPORT \
+                    or reaches(far.transport, r.placement) or DISTANCE[r.placement] != "cluster":
+                continue
+            for nearer in _NEARER:
+                cell = compat.TABLE.get((call.service, nearer))
+                kinds = [k for k, status in (cell.transports.items() if cell else ())
+                         if status == compat.SUPPORTED and reaches(k, r.placement)]
+                if kinds:
+                    moves.append((caller, call.service, nearer, kinds[0]))
+                    break
+    return moves
 
 
 def check_calls(resolved: dict[str, Resolved]) -> None:

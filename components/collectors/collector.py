@@ -92,7 +92,7 @@ class Collector(Owner["Collector"]):
 
     def _launch(self) -> None:
         for w in range(self.num_collectors):  # launched together, then waited for: their start-ups overlap
-            host = self._make_host(f"collector-{w}", self._worker(w))
+            host = self._make_host(f"collector-{w}", self._worker(w), index=(w, self.num_collectors))
             self.hosts.append(host)
             host.launch()
 

@@ -33,7 +33,7 @@ DECLARATION = Declaration(
         Cell("collector", "thread", {}, None, S),
         Cell("collector", "process", {}, None, S),
         Cell("collector", "ray", {}, None, S),
-        Cell("collector", "distributed", {}, None, N),
+        Cell("collector", "distributed", {}, None, S),
         Cell("collector", "submitit", {}, None, N),
     ),
     depends_on=("inference", "replay"),

@@ -18,6 +18,7 @@ HOSTS: dict[str, str] = {
     "thread": "components.hosts.thread:ThreadHost",
     "process": "components.hosts.process:ProcessHost",
     "ray": "components.hosts.ray:RayHost",
+    "distributed": "components.hosts.distributed:DistributedHost",
 }
 """placement -> ``module:class`` of its host (imported on first use)."""
 

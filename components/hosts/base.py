@@ -114,6 +114,7 @@ class Host(ABC):
         resources: what the host may use (see :class:`Resources`).
         on_death: called once, with the reason, when the target dies without being asked to stop.
         concurrency: calls the target must take at once (a Ray actor serving batched requests needs several).
+        index: ``(position, count)`` of this host among its owner's hosts (a collector's workers): a worker rank.
 
     Attributes:
         placement: the placement this host implements.
@@ -129,8 +130,9 @@ class Host(ABC):
     command_transport: ClassVar[str] = "queue"
 
     def __init__(self, name: str, factory: Callable[[], Any], *, resources: Resources | None = None,
-                 on_death: Callable[[str], None] | None = None, concurrency: int = 1):
-        self.name, self.factory = name, factory
+                 on_death: Callable[[str], None] | None = None, concurrency: int = 1,
+                 index: tuple[int, int] = (0, 1)):
+        self.name, self.factory, self.index = name, factory, index
         self.resources = resources or Resources()
         self.on_death = on_death
         self.concurrency = concurrency

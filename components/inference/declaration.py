@@ -31,7 +31,7 @@ DECLARATION = Declaration(
     component="inference",
     cells=(
         Cell("inference", "direct", {"direct": S}, DIRECT),
-        Cell("inference", "thread", {"thread": S, "direct": S}, THREAD),
+        Cell("inference", "thread", {"thread": S, "direct": S, "distributed": S}, THREAD),
         Cell("inference", "process", {"queue": S, "shared_memory": S, "process_slot": S, "distributed": S}, _process_auto),
         Cell("inference", "ray", {"ray": S, "distributed": S}, RAY, discovers_layouts=True),
         Cell("inference", "distributed", {"distributed": N}, DISTRIBUTED),

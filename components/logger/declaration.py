@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..declaration import DIRECT, RAY, THREAD, Cell, Declaration, N, S, fixed
+from ..declaration import DIRECT, RAY, THREAD, Cell, Declaration, S, fixed
 
 DECLARATION = Declaration(
     component="logger",
@@ -11,7 +11,6 @@ DECLARATION = Declaration(
         Cell("logger", "thread", {"thread": S}, THREAD),
         Cell("logger", "process", {"queue": S}, fixed("queue", "commands and videos of any shape: pickled over local sockets")),
         Cell("logger", "ray", {"ray": S}, RAY),
-        Cell("logger", "distributed", {"distributed": N}, fixed("distributed", "rank-0 logger; commands as text over gloo")),
     ),
     first=True,
 )

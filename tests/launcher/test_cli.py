@@ -55,15 +55,16 @@ def test_dry_run_says_when_collection_overlaps_learning(compose_cfg, tmp_path, c
 
 
 def test_dry_run_marks_cells_not_built_yet(compose_cfg, tmp_path, capsys):
-    launch(compose_cfg("+recipe=ppo", "service=distributed", "launcher.dry_run=true"), str(tmp_path))
+    launch(compose_cfg("+recipe=ppo", "service=ray", "components.inference.placement=distributed",
+                       "components.replay.placement=distributed", "launcher.dry_run=true"), str(tmp_path))
     out = capsys.readouterr().out
-    assert out.count("NOT IMPLEMENTED YET") == 5 + 1  # five components and the footnote
+    assert out.count("NOT IMPLEMENTED YET") == 2 + 1  # two components and the footnote
     assert "this plan cannot run yet" in out
 
 
 def test_running_a_plan_not_built_yet_fails_before_anything_starts(compose_cfg, tmp_path):
     with pytest.raises(NotImplementedYetError, match="is not implemented yet") as info:
-        launch(compose_cfg("+recipe=ppo", "service=distributed"), str(tmp_path))
+        launch(compose_cfg("+recipe=ppo", "service=ray", "components.weight_sync.transport=distributed"), str(tmp_path))
     assert isinstance(info.value, ConfigurationError)  # what the CLI turns into exit status 2
     assert not (tmp_path / "metrics.csv").exists() and not (tmp_path / "plan.json").exists()
 

@@ -20,6 +20,9 @@ def test_every_service_transport_pair_plans_or_is_rejected(compose_cfg, service,
         plan = build_plan(cfg)
     except IncompatibleCombinationError as exc:
         message = str(exc)
+        if service == "distributed":  # the logger stays with the driver: a placement the table rejects
+            assert message.startswith("logger cannot be placed on 'distributed' (the value came from service=distributed)")
+            return
         assert f"transport {transport!r}" in message and f"{service!r}" in message
         assert "full_key: transport" in message and "supported: auto" in message
         assert f"(the value came from transport={transport})" in message
@@ -31,7 +34,7 @@ def test_every_service_transport_pair_plans_or_is_rejected(compose_cfg, service,
         if cell.takes_transport:
             assert c.transport in cell.transports
             # the broad default applies wherever the component takes that kind at all
-            if transport != "auto" and transport in compat.transports_of(c.name):
+            if transport != "auto" and cell.transports.get(transport) == compat.SUPPORTED:
                 assert c.transport == transport
         assert c.status in (compat.SUPPORTED, compat.NOT_YET)
     rendered = plan.render()
@@ -97,6 +100,20 @@ def test_unreachable_dependencies_are_rejected(compose_cfg):
     # weight sync in the driver cannot push into a process-owned server over direct copies
     with pytest.raises(IncompatibleCombinationError, match="cannot reach the inference placed on 'process'"):
         build_plan(compose_cfg("+recipe=ppo", "components.inference.placement=process"))
+
+
+def test_worker_ranks_move_an_unplaced_server_within_reach(compose_cfg):
+    plan = build_plan(compose_cfg("+recipe=ppo", "components.collector.placement=distributed",
+                                  "components.collector.num_collectors=2"))
+    inference = plan["inference"]
+    assert (inference.placement, inference.transport) == ("thread", "distributed") and inference.built
+    assert inference.placement_from == "for the collector on 'distributed'"
+    assert "not 'direct': the collector on 'distributed' reaches it over 'distributed'" in inference.transport_reason
+    assert plan["replay"].placement == "direct"  # the learner, in the driver, is its only caller
+    # a placement the user chose is kept, and a server out of reach is an error naming what would reach
+    with pytest.raises(IncompatibleCombinationError, match="cannot reach the collector placed on 'distributed'"):
+        build_plan(compose_cfg("+recipe=ppo", "components.collector.placement=distributed",
+                               "components.inference.placement=direct"))
 
 
 def test_no_recipe_is_a_clear_error(compose_cfg):

@@ -16,8 +16,9 @@ from recipes import RECIPES
 pytestmark = pytest.mark.slow  # seconds each: every run starts its owners and trains
 
 RUNS = [(r, ["service=direct"]) for r in RECIPES] + [(r, ["service=thread"]) for r in RECIPES] + [
-    (r, ["service=process", f"transport={t}"]) for r in RECIPES for t in ("queue", "shared_memory", "process_slot")
-] + [(r, ["service=ray"]) for r in RECIPES] + [  # joins the session's local cluster on 127.0.0.1
+    (r, ["service=process", f"transport={t}"]) for r in RECIPES
+    for t in ("queue", "shared_memory", "process_slot", "distributed")
+] + [(r, ["service=ray", f"transport={t}"]) for r in RECIPES for t in ("ray", "distributed")] + [  # the session's cluster
     (r, ["service=process", "transport=process_slot", "components.collector.sync=false"]) for r in RECIPES
 ]  # collection overlapping learning
 TINY = {
@@ -44,10 +45,27 @@ def test_recipe_runs_in_every_placement(recipe, overrides, compose_cfg, request,
     if len(overrides) > 1:
         transport = overrides[1].split("=")[1]
         assert next(c for c in plan["components"] if c["name"] == "inference")["transport"] == transport
+        if transport == "distributed":  # the plan says which edges use gloo: inference and replay, not the others
+            kinds = {c["name"]: c["transport"] for c in plan["components"]}
+            assert kinds["replay"] == "distributed" and kinds["logger"] != "distributed"
     metrics = (run_dir / "metrics.csv").read_text()
     assert metrics.count("train/mean_return") >= 1
     assert os.listdir(run_dir / "tensorboard"), "no TensorBoard event files beside the CSV"
     assert "edge/replay/size" in metrics and "edge/policy_lag" in metrics  # per-edge figures, read at the end
     if service != "direct":
         assert "edge/inference/batch_fill" in metrics
+    assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_collectors_as_worker_ranks(recipe, compose_cfg, tmp_path, capfd):
+    run_dir = tmp_path / "run"
+    launch(compose_cfg(f"+recipe={recipe}", "components.collector.placement=distributed",
+                       "components.collector.num_collectors=2", *TINY[recipe], "launcher.progress=false"), str(run_dir))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["frames"] >= 256 and summary["fps"] > 0
+    plan = {c["name"]: c for c in json.loads((run_dir / "plan.json").read_text())["components"]}
+    assert plan["collector"]["placement"] == "distributed"
+    # nobody placed the inference server: the plan serves it from a thread of the driver, over gloo, for the ranks
+    assert (plan["inference"]["placement"], plan["inference"]["transport"]) == ("thread", "distributed")
     assert "Traceback" not in capfd.readouterr().err
