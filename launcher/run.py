@@ -9,6 +9,7 @@ before the first owner starts and left after the last one stopped.
 from __future__ import annotations
 
 import inspect
+import json
 import logging
 import os
 from contextlib import ExitStack
@@ -136,6 +137,8 @@ def execute(plan: LaunchPlan, cfg: DictConfig, run_dir: str, *, on_started: Call
                 log.info("%s ready", name)
         if on_started is not None:
             on_started(owners)
+        if cfg.launcher.probe:
+            _probe(plan, clients, recipe.make_policy(rcfg, spec), run_dir)
         reporter = EdgeReporter(owners, clients["logger"], every=float(cfg.launcher.telemetry_every)).start()
         stack.callback(reporter.report)  # a last reading before the services stop
         stack.callback(reporter.stop)
@@ -148,6 +151,20 @@ def execute(plan: LaunchPlan, cfg: DictConfig, run_dir: str, *, on_started: Call
             ),
         )
     return dict(result)
+
+
+def _probe(plan: LaunchPlan, clients: dict, policy: Any, run_dir: str) -> None:
+    from .probe import probe, render
+
+    records = probe(plan, clients, policy)
+    print(render(records), flush=True)
+    log.info("%s", render(records))
+    path = os.path.join(run_dir, "plan.json")
+    with open(path) as f:
+        written = json.load(f)
+    written["probe"] = records
+    with open(path, "w") as f:
+        json.dump(written, f, indent=2)
 
 
 def _container(node) -> dict:

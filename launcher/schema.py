@@ -133,6 +133,7 @@ class LauncherConf:
     plot: bool = True  # write learning_curve.png at the end
     telemetry_every: float = 5.0  # seconds between per-edge metrics (batch fill, queue wait, policy lag)
     shutdown_timeout: float = 10.0  # seconds each owner gets to stop (asked, then terminated, then killed)
+    probe: bool = False  # time round trips on every edge once the owners run, before training (printed, plan.json)
 
 
 @dataclass

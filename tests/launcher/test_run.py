@@ -83,3 +83,19 @@ def test_a_failed_start_tears_down_what_started(compose_cfg, lifecycle_log, tmp_
     with pytest.raises(OSError, match="env creation failed"):
         execute(build_plan(cfg), cfg, str(tmp_path))
     assert [c for e, c in lifecycle_log if e == "stop"] == ["collector", "inference", "replay", "weight_sync", "logger"]
+
+
+def test_probe_times_every_edge_and_writes_it_into_the_plan(compose_cfg, tmp_path, capsys):
+    import json
+
+    from launcher.cli import launch
+
+    launch(compose_cfg(*TINY, "service=thread", "launcher.probe=true"), str(tmp_path))
+    out = capsys.readouterr().out
+    assert "probe (round trips from the driver; us):" in out
+    records = {r["edge"]: r for r in json.loads((tmp_path / "plan.json").read_text())["probe"]}
+    assert set(records) == {"collector -> inference", "learner -> replay (command)", "learner -> weight push"}
+    inference = records["collector -> inference"]
+    assert (inference["placement"], inference["transport"]) == ("thread", "thread")
+    assert all(0 < r["p50_us"] <= r["p95_us"] for r in records.values())
+    assert (tmp_path / "summary.json").exists()  # training ran after the probe
