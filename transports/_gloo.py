@@ -15,6 +15,7 @@ unpickled: a header with the wrong magic, an unknown kind or an oversized count 
 from __future__ import annotations
 
 import datetime
+import os
 import socket
 import struct
 import threading
@@ -103,14 +104,31 @@ def pair(store, prefix: str, rank: int, host: str, backend: str = "gloo") -> Any
         from torch._C._distributed_c10d import ProcessGroupGloo
 
         options = ProcessGroupGloo._Options()
-        options._devices = [ProcessGroupGloo.create_device(hostname=host)]
+        options._devices = [_device(host)]
         options._timeout = IDLE
+        options._threads = 1  # point-to-point only: one worker thread per group (the default is two)
         return ProcessGroupGloo(scoped, rank, 2, options)
     from torch._C._distributed_c10d import ProcessGroupNCCL  # pragma: no cover - needs CUDA
 
     options = ProcessGroupNCCL.Options()  # pragma: no cover
     options._timeout = IDLE  # pragma: no cover
     return ProcessGroupNCCL(scoped, rank, 2, options)  # pragma: no cover
+
+
+_DEVICES: dict = {}
+_DEVICES_LOCK = threading.Lock()
+
+
+def _device(host: str):
+    """One gloo device (one listening address and one event loop thread) per host address and process, shared by
+    every group of this process."""
+    from torch._C._distributed_c10d import ProcessGroupGloo
+
+    with _DEVICES_LOCK:
+        key = (os.getpid(), host)
+        if key not in _DEVICES:
+            _DEVICES[key] = ProcessGroupGloo.create_device(hostname=host)
+        return _DEVICES[key]
 
 
 class Wire:

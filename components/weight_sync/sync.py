@@ -10,6 +10,8 @@ copy a newer version in place; versions are monotonic. How versions move is the 
   client is picklable by segment name and reaches receivers in any process of the host.
 - ``ray``: the versions live in an actor; pushes and polls are actor calls, tensors go through the object
   store, and the client reaches receivers anywhere in the cluster.
+- ``distributed`` (placements ``ray`` and ``distributed``): the owner's actor or rank holds the versions; pushes
+  and each receiver's standing subscription travel over gloo, so a poll is local (see :mod:`.hub`).
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ import torch
 from torch import nn
 
 from transports import local as _local
+from transports import registry as transport_registry
 from transports.errors import ConfigurationError
 
 from ..commands import Allowed, CommandTarget
 from ..resolution import Resolved
 from ..service import Owner
 from .channels import LocalWeights, RayWeights, SharedWeights, StateDict, _copy_into, _state
+from .hub import DistributedWeights, WeightHub
 
 REMOTE_OPERATIONS = frozenset({"push", "pull", "_newer_than", "_current_version"})
 
@@ -68,18 +72,29 @@ class WeightSync(Owner["WeightSync"]):
 
     # ------------------------------------------------------------------ hosting
     def _endpoint(self) -> tuple[str | None, dict]:
-        # only versions kept in an actor need an endpoint; the board and shared memory are reached directly
-        return ("ray", {}) if self.transport_kind == "ray" else (None, {})
+        # only versions kept in an actor or a rank need an endpoint; the board and shared memory are reached directly
+        if self.transport_kind in ("ray", "distributed"):
+            return self.host_type.command_transport, {}
+        return None, {}
+
+    def _payload_transport(self) -> Any:
+        if self.transport_kind != "distributed":
+            return None
+        return transport_registry.build("distributed", self.resolved.transport_options, name="weight_sync")
 
     def _target(self, server_side: Any) -> Callable[[], Any] | None:
         if server_side is None:
             return None
+        if self._payload is not None:
+            return functools.partial(WeightHub, server_side, self._payload.server_side(), Allowed(REMOTE_OPERATIONS))
         board = functools.partial(WeightSync, placement="direct", transport="direct")
         return functools.partial(CommandTarget, functools.partial(_started, board), server_side,
                                  Allowed(REMOTE_OPERATIONS))
 
     def _ready(self) -> None:
-        if self._transport is not None:
+        if self._payload is not None:
+            self._shared = DistributedWeights(self._transport.client(), self._payload.client())
+        elif self._transport is not None:
             self._shared = RayWeights(self._transport.client())
         elif self.transport_kind == "shared_memory":
             self._shared = SharedWeights.create(self._template)

@@ -89,8 +89,8 @@ def test_pinned_messages():
         "    full_key: components.logger.placement"
     )
     with pytest.raises(NotImplementedYetError) as info:
-        compat.ensure_built("weight_sync", "ray", "distributed")
-    assert str(info.value) == "weight_sync placed on 'ray' over transport 'distributed' is not implemented yet"
+        compat.ensure_built("inference", "distributed", "distributed")
+    assert str(info.value) == "inference placed on 'distributed' over transport 'distributed' is not implemented yet"
 
 
 def test_one_resolution_per_component_through_the_table():

@@ -6,7 +6,7 @@ import pickle
 import pytest
 import torch
 
-from components.errors import ConfigurationError
+from components.errors import ConfigurationError, PeerFailureError
 from components.logger import CSVLogger
 from components.registry import ServiceRegistry
 from components.replay import ReplayBuffer
@@ -100,3 +100,32 @@ def test_process_weight_sync_reaches_another_process():
 def test_process_weight_sync_needs_a_template():
     with pytest.raises(ConfigurationError, match="needs a template"):
         WeightSync(placement="process")
+
+
+@pytest.mark.parametrize("placement", ["process", pytest.param("ray", marks=pytest.mark.slow)])
+def test_distributed_weight_sync_fans_versions_out_before_receivers_poll(placement, request):
+    from tests.helpers import wait_until
+
+    if placement == "ray":
+        request.getfixturevalue("ray_cluster")
+    learner, receiver = CartPolePolicy(seed=1), CartPolePolicy(seed=2)
+    storage = receiver.net.weight.data_ptr()
+    with WeightSync(learner, placement=placement, transport="distributed") as sync:
+        client = sync.client()
+        assert client.poll(0, into=receiver) is None  # subscribes; nothing published yet
+        assert client.push(learner) == 1
+        assert wait_until(lambda: client.poll(0, into=receiver), timeout=10) == 1  # arrives by itself, no round trip
+        assert torch.equal(receiver.net.weight, learner.net.weight) and receiver.net.weight.data_ptr() == storage
+        assert client.poll(1, into=receiver) is None
+        with torch.no_grad():
+            learner.net.weight.add_(1.0)
+        assert client.push(learner) == 2 and client.push(learner) == 3
+        assert wait_until(lambda: client.poll(2, into=receiver), timeout=10) == 3
+        assert torch.equal(receiver.net.weight, learner.net.weight)
+        version, state = client.pull()
+        assert client.version == 3 and version == 3 and torch.equal(state["net.weight"], learner.net.weight)
+        if placement == "ray":  # a Ray client travels anywhere (process clients travel as Process arguments)
+            other = pickle.loads(pickle.dumps(client))  # a copy subscribes on its own
+            assert wait_until(lambda: other.poll(0, into=CartPolePolicy(seed=5)), timeout=10) == 3
+    with pytest.raises(PeerFailureError):  # the owner stopped: the subscription says so at the next poll
+        wait_until(lambda: client.poll(3, into=receiver) or False, timeout=10)

@@ -64,7 +64,7 @@ def test_dry_run_marks_cells_not_built_yet(compose_cfg, tmp_path, capsys):
 
 def test_running_a_plan_not_built_yet_fails_before_anything_starts(compose_cfg, tmp_path):
     with pytest.raises(NotImplementedYetError, match="is not implemented yet") as info:
-        launch(compose_cfg("+recipe=ppo", "service=ray", "components.weight_sync.transport=distributed"), str(tmp_path))
+        launch(compose_cfg("+recipe=ppo", "service=ray", "components.inference.placement=distributed"), str(tmp_path))
     assert isinstance(info.value, ConfigurationError)  # what the CLI turns into exit status 2
     assert not (tmp_path / "metrics.csv").exists() and not (tmp_path / "plan.json").exists()
 

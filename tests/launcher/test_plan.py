@@ -55,8 +55,8 @@ def test_pinned_pairs(compose_cfg):
     plan = build_plan(compose_cfg("+recipe=ppo", "service=process", "transport=shared_memory"))
     assert plan["inference"].transport == "shared_memory" and all(c.built for c in plan.components)
     assert all(c.built for c in build_plan(compose_cfg("+recipe=ppo", "service=ray")).components)
-    planned = build_plan(compose_cfg("+recipe=ppo", "service=ray", "components.weight_sync.transport=distributed"))
-    assert not planned["weight_sync"].built and planned["logger"].built
+    planned = build_plan(compose_cfg("+recipe=ppo", "service=ray", "components.replay.placement=distributed"))
+    assert not planned["replay"].built and planned["logger"].built
     assert plan["logger"].transport == "queue" and "never uses 'shared_memory'" in plan["logger"].transport_reason
     plan = build_plan(compose_cfg("+recipe=ppo", "service=process"))
     assert plan["inference"].transport == "process_slot"  # collectors keep one request in flight per worker
