@@ -1,8 +1,9 @@
 """Inference round trips per transport, beside the floors of the mechanisms under them; medians.
 
 For every inference cell built today (placement ``thread`` with transports ``thread`` and ``direct``;
-placement ``process`` with ``queue``, ``shared_memory`` and ``process_slot``; placement ``ray`` over Ray calls,
-in a local cluster on 127.0.0.1 that the script starts and stops), for 1, 4 and 16 concurrent
+placement ``process`` with ``queue``, ``shared_memory``, ``process_slot`` and ``distributed``; placement ``ray``
+over Ray calls and over ``distributed`` (layouts discovered by the first request), in a local cluster on
+127.0.0.1 that the script starts and stops), for 1, 4 and 16 concurrent
 clients and three payloads (16 B: observation float32 [4]; 28 KB: 84x84x4 uint8; 1 MiB: uint8), a real
 :class:`components.inference.InferenceServer` serves an echo policy (``action = observation``, so the
 response carries the request's payload back) and each client does a bounded number of sequential round
@@ -17,10 +18,12 @@ The floors, measured in the same run between two processes with one client:
   the client waits and copies the response out.
 * (b) ``multiprocessing.Queue`` round trip of pre-pickled bytes of the payload (request queue, response queue).
 * (c) a Ray actor call whose argument is the payload tensor and whose result is that tensor.
+* (d) a standalone two-rank gloo group (through a store on 127.0.0.1): the client sends the payload, the other
+  process receives it and sends it back.
 
 ``ratio`` is a row's p50 over its floor's p50 at the same payload (the floors are single-client, so ratios of
 4 and 16 clients include queueing behind the other clients): shared_memory, process_slot and the thread
-transports against (a), queue against (b), ray against (c). Run from the repository root:
+transports against (a), queue against (b), ray against (c), distributed against (d). Run from the repository root:
 
     python benchmarks/inference.py                      # everything (a few minutes on 2 cores)
     python benchmarks/inference.py --quick              # fewer round trips
@@ -33,7 +36,8 @@ measured beside it. Their rows pool the rounds.
 
 Targets (PASS/MISS printed at the end): at 16 B and 1 client, shared_memory and process_slot p50 at most 2x
 floor (a), queue p50 at most 2x floor (b); the verdict takes the median of the per-round ratios, which are
-printed too.
+printed too. At 28 KB and 1 MiB with 1 client, ray/distributed p50 at most 1.5x floor (d) and at least 3x the
+requests/s of ray/ray.
 
 TorchRL beside ours: ``--peer-python PATH`` names the python of a separate environment with torchrl 0.14.1 (it
 needs tensordict<0.15, so it cannot share this project's). After our cells, this script runs

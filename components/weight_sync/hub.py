@@ -39,8 +39,12 @@ def to_tensordict(state: StateDict, version: int | None = None) -> TensorDict:
 
 
 def from_tensordict(td: TensorDict) -> dict[str, torch.Tensor]:
-    return {".".join(key): value for key, value in td.items(include_nested=True, leaves_only=True)
-            if key != VERSION and key != (VERSION,)}
+    out = {}
+    for key, value in td.items(include_nested=True, leaves_only=True):
+        name = key if isinstance(key, str) else ".".join(key)
+        if name != VERSION:
+            out[name] = value
+    return out
 
 
 class WeightHub:

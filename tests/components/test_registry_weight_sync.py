@@ -129,3 +129,13 @@ def test_distributed_weight_sync_fans_versions_out_before_receivers_poll(placeme
             assert wait_until(lambda: other.poll(0, into=CartPolePolicy(seed=5)), timeout=10) == 3
     with pytest.raises(PeerFailureError):  # the owner stopped: the subscription says so at the next poll
         wait_until(lambda: client.poll(3, into=receiver) or False, timeout=10)
+
+
+def test_state_dicts_travel_as_nested_tensordicts_and_back():
+    from components.weight_sync.hub import from_tensordict, to_tensordict
+
+    state = {"epsilon": torch.tensor(0.5), "q.0.weight": torch.ones(2, 3), "q.0.bias": torch.zeros(2)}
+    td = to_tensordict(state, version=7)
+    assert td["q", "0", "weight"].shape == (2, 3) and int(td["__version__"]) == 7
+    back = from_tensordict(td)
+    assert set(back) == set(state) and all(torch.equal(back[k], v) for k, v in state.items())
