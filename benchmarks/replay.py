@@ -1,7 +1,8 @@
 """Replay buffer extend and sample per placement and transport, beside the floors under them; medians.
 
 For every replay cell built today (``direct/direct``, ``thread/thread``, ``process/queue``,
-``process/shared_memory`` and ``ray/ray``, in a local Ray cluster on 127.0.0.1 the script starts) and two transition layouts (observation float32 [4], or uint8 [84, 84, 4]; each
+``process/shared_memory``, ``process/distributed``, ``ray/ray`` and ``ray/distributed``, in a local Ray cluster on
+127.0.0.1 the script starts) and two transition layouts (observation float32 [4], or uint8 [84, 84, 4]; each
 transition also carries an int64 ``action`` and a float32 ``reward``), a real
 :class:`components.replay.ReplayBuffer` (uniform sampler, batch size 256) is started and driven through
 ``owner.client()`` (a direct owner is its own client):
@@ -16,6 +17,8 @@ The floors, measured in the same run with the same layout and capacity:
   ``torch.randint`` for 256 indices and ``torch.index_select`` of every leaf into new tensors;
 * ``floor: Ray actor call returning 256 rows`` (with the ``ray/ray`` row): an actor call whose result is a
   prebuilt batch of the same layout, the least a Ray sample can cost.
+* ``floor: gloo round trip of 256 rows`` (with the distributed rows): a standalone two-rank gloo group between
+  this process and a child; an 8-byte request goes out and the bytes of a batch of the same layout come back.
 
 ``ratio`` is a row's sample p50 over the ``direct`` row's sample p50 at the same layout. For the process
 rows at 84x84x4 the run also times the pieces a sample goes through (one command round trip with no
@@ -59,8 +62,10 @@ OBS = {
     "4f": ("observation float32 [4]", torch.float32, (4,), 100_000, (400, 2000)),
     "84x84x4": ("observation uint8 [84, 84, 4] (28,224 bytes)", torch.uint8, (84, 84, 4), 8192, (80, 300)),
 }
-CELLS = ["direct/direct", "thread/thread", "process/queue", "process/shared_memory", "ray/ray"]
+CELLS = ["direct/direct", "thread/thread", "process/queue", "process/shared_memory", "process/distributed", "ray/ray",
+         "ray/distributed"]
 RAY_FLOOR = "floor: Ray actor call returning 256 rows"
+GLOO_FLOOR = "floor: gloo round trip of 256 rows"
 TARGET_OBS, TARGET_RATIO = "84x84x4", 2.0
 BUDGET_S = 12.0  # most seconds one measurement may take (a full run stays bounded on a loaded machine)
 
@@ -145,6 +150,46 @@ def ray_floor(obs: str, stack: contextlib.ExitStack):
     return lambda: ray.get(actor.get.remote())
 
 
+def _gloo_echo(address, nbytes: int) -> None:
+    """The gloo floor's other rank: answers each 8-byte request with ``nbytes`` bytes until told 0."""
+    from transports._gloo import connect_store, pair
+
+    torch.set_num_threads(1)
+    store = connect_store(*address, 60, "gloo floor")
+    pg = pair(store, "floor/", 0, address[0])
+    request, payload = torch.zeros(1, dtype=torch.int64), torch.ones(nbytes, dtype=torch.uint8)
+    while True:
+        pg.recv([request], 1, 0).wait()
+        if int(request) == 0:
+            return
+        pg.send([payload], 1, 0).wait()
+
+
+def gloo_floor(obs: str, stack: contextlib.ExitStack):
+    import multiprocessing as mp
+
+    from transports._gloo import connect_store, open_store, pair
+
+    nbytes = sum(t.numel() * t.element_size() for t in make_batch(obs).values())
+    store, port = open_store("127.0.0.1", 0, 60)
+    child = mp.get_context("spawn").Process(target=_gloo_echo, args=(("127.0.0.1", port), nbytes), daemon=True)
+    child.start()
+    pg = pair(connect_store("127.0.0.1", port, 60, "gloo floor"), "floor/", 1, "127.0.0.1")
+    one, out = torch.ones(1, dtype=torch.int64), torch.empty(nbytes, dtype=torch.uint8)
+
+    def stop():
+        pg.send([torch.zeros(1, dtype=torch.int64)], 0, 0).wait()
+        child.join(10)
+        held.clear()  # the store stops listening
+    held = [store]
+    stack.callback(stop)
+
+    def call():
+        pg.send([one], 0, 0).wait()
+        pg.recv([out], 0, 0).wait()
+    return call
+
+
 def breakdown(client, transport: str, obs: str, quick: bool) -> list[tuple[str, float]]:
     """Where a process sample's time goes: each piece's p50 (us), measured in this process or through
     ``client``, interleaved with the process sample itself (the last entry)."""
@@ -202,6 +247,8 @@ def run_obs(obs: str, cells, quick: bool, pids: set, results: dict, breakdowns: 
         rows = {"floor: torch gather": gather_floor(obs)}
         if "ray/ray" in clients:
             rows[RAY_FLOOR] = ray_floor(obs, stack)
+        if any(cell.endswith("/distributed") for cell in clients):
+            rows[GLOO_FLOOR] = gloo_floor(obs, stack)
         rows.update({cell: (lambda c=c: c.sample(BATCH)) for cell, c in clients.items()})
         smp = interleaved(rows, max(3, n_sample // 10), n_sample)
         for name in rows:
@@ -212,7 +259,7 @@ def run_obs(obs: str, cells, quick: bool, pids: set, results: dict, breakdowns: 
             print(f"  measured {name:<22} {obs:>8}  sample p50 {r['sample']['p50']:9.1f} us", file=sys.stderr, flush=True)
         if obs == TARGET_OBS:
             for cell, c in clients.items():
-                if cell.startswith("process/"):
+                if cell in ("process/queue", "process/shared_memory"):
                     breakdowns[(cell, obs)] = breakdown(c, cell.split("/")[1], obs, quick)
         clients.clear()
 
@@ -226,7 +273,7 @@ def report(results: dict, breakdowns: dict, obs_list, cells) -> None:
         print("|---|---|---|---|---|---|---|")
         direct = results.get(("direct/direct", obs))
         base = direct["sample"]["p50"] if direct else None
-        for cell in ["floor: torch gather", RAY_FLOOR, *cells]:
+        for cell in ["floor: torch gather", RAY_FLOOR, GLOO_FLOOR, *cells]:
             r = results.get((cell, obs))
             if r is None:
                 continue
@@ -280,7 +327,7 @@ def main() -> None:
     pids = {os.getpid()}
     started = time.monotonic()
     with contextlib.ExitStack() as stack:
-        if "ray/ray" in cells:  # a local cluster on 127.0.0.1 for the ray row, stopped at the end
+        if any(cell.startswith("ray/") for cell in cells):  # a local cluster on 127.0.0.1 for the ray rows
             from components.hosts.ray import RayClusterConfig, ray_cluster
 
             stack.enter_context(ray_cluster(RayClusterConfig(temp_dir=f"/tmp/rb{os.getpid()}")))

@@ -108,6 +108,8 @@ class WeightSync(Owner["WeightSync"]):
         self._shared = None
 
     def _client(self):
+        if self._payload is not None:  # endpoints of their own: a command client belongs to one process
+            return DistributedWeights(self._transport.client(), self._payload.client())
         if self._shared is not None:
             return self._shared.attached()
         return LocalWeights(self._local_id)
