@@ -98,7 +98,7 @@ def test_round_trip_nested_keys_extra_keys_dropped_and_errors_typed(served):
 
 def test_out_of_order_answers_reach_their_own_futures():
     transport = DistributedTransport(REQUEST_TD, RESPONSE_TD, name="echo")
-    server = EchoServer(transport, hold=4)  # answers every 4 requests, last first
+    server = EchoServer(transport, hold=8)  # answers once all 8 are in, last first
     try:
         client = transport.client()
         futures = [client.submit(request(i)) for i in range(8)]
