@@ -33,8 +33,8 @@ import os
 import queue
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from tensordict import TensorDictBase
 
@@ -77,6 +77,8 @@ class DistributedTransport(RequestReplyTransport):
         connect_timeout: seconds a client waits for the server to accept it.
         max_payload_mb: the largest payload an announced layout may describe.
         name: names the endpoint in messages.
+        operations: ``{operation: (request layout, response layout)}`` the server insists on for those operations
+            (a replay buffer's explicit ``extend`` / ``sample`` / ``update_priority`` layouts).
     """
 
     kind = "distributed"
@@ -84,11 +86,13 @@ class DistributedTransport(RequestReplyTransport):
     cross_process = True
 
     def __init__(self, request_layout=None, response_layout=None, backend: str = "gloo", host: str = "127.0.0.1",
-                 port: int = 0, connect_timeout: float = 30.0, max_payload_mb: float = 1024, name: str = "service"):
+                 port: int = 0, connect_timeout: float = 30.0, max_payload_mb: float = 1024, name: str = "service",
+                 operations: Mapping[str, tuple] | None = None):
         super().__init__()
         check_backend(backend)
         self.request_layout = _as_layout(request_layout)
         self.response_layout = _as_layout(response_layout)
+        self.operations = {op: (_as_layout(req), _as_layout(resp)) for op, (req, resp) in (operations or {}).items()}
         self._options = {"backend": backend, "host": host, "port": port, "connect_timeout": connect_timeout,
                          "max_payload_mb": max_payload_mb}
         self._store, port = open_store(host, port, connect_timeout)
@@ -100,7 +104,7 @@ class DistributedTransport(RequestReplyTransport):
         return TransportConfig(self.kind, self._options)
 
     def server_side(self) -> "ServerSpec":
-        return ServerSpec(self.address, self.request_layout, self.response_layout)
+        return ServerSpec(self.address, self.request_layout, self.response_layout, dict(self.operations))
 
     def server(self) -> "DistributedServer":
         return self.server_side().server()
@@ -136,6 +140,7 @@ class ServerSpec:
     address: Address
     request_layout: Layout | None = None
     response_layout: Layout | None = None
+    operations: Mapping[str, tuple] = field(default_factory=dict)
 
     def server(self) -> "DistributedServer":
         return DistributedServer(self)
@@ -211,8 +216,9 @@ class DistributedServer(ServerEndpoint):
         limit = self.address.max_bytes
         request = Layout.from_text(hello["request"], max_bytes=limit)
         response = Layout.from_text(hello["response"], max_bytes=limit)
-        for mine, theirs, what in ((self.spec.request_layout, request, "request"),
-                                   (self.spec.response_layout, response, "response")):
+        mine_request, mine_response = self.spec.operations.get(op, (self.spec.request_layout,
+                                                                    self.spec.response_layout))
+        for mine, theirs, what in ((mine_request, request, "request"), (mine_response, response, "response")):
             if mine is not None and mine != theirs:
                 raise LayoutError((), f"the server's {what} layout ({mine.describe()})", theirs.describe())
         return op, request, response, pid

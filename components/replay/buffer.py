@@ -9,17 +9,18 @@ the payloads of ``extend`` and ``sample`` stay in shared memory (see :mod:`compo
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from tensordict import TensorDict, TensorDictBase
 
 from transports import registry as transport_registry
+from transports.errors import ConfigurationError
 
 from ..commands import Allowed, CommandTarget
 from ..resolution import Resolved
 from ..service import Owner
 from .filters import PolicyAgeFilter
-from .payload import SERVER_OPS
+from .payload import SERVER_OPS, explicit_operations
 from .storage import ReplayStorage
 
 CLIENT_OPERATIONS = frozenset({
@@ -44,6 +45,9 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
         transport: ``queue`` or ``shared_memory`` for ``process`` (samples come back through shared memory
             without pickling); ``None`` takes the ``transport_backend`` context, else ``auto``.
         seed: seed of the sampler's generator.
+        layouts: explicit layouts of the ``distributed`` transport's operations (``extend``: a batch as written;
+            ``sample``: a sample as returned; ``update_priority``): their channels bind up front and the owner
+            refuses other layouts; without them each operation's first call binds its layout.
         resolved: the plan's resolution of this buffer.
 
     Example:
@@ -70,6 +74,7 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
         placement: str | None = None,
         transport=None,
         seed: int | None = None,
+        layouts: Mapping[str, Any] | None = None,
         resolved: Resolved | None = None,
     ):
         self._kwargs = dict(capacity=capacity, sampler=sampler, batch_size=batch_size, storage=storage,
@@ -78,6 +83,10 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
         super().__init__(placement=placement, transport=transport, resolved=resolved, options=options)
         self.capacity, self.sampler_name, self.batch_size = capacity, sampler, batch_size
         self.filters = tuple(filters)
+        self._operations = explicit_operations(layouts or {})
+        if self._operations and self.transport_kind != "distributed":
+            raise ConfigurationError(f"replay layouts apply to transport 'distributed', not {self.transport_kind!r}",
+                                     path="components.replay.layouts", alternatives=("distributed",))
         self._ops: Any = None  # the storage (in the caller) or this owner's client
 
     @property
@@ -102,7 +111,8 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
     def _payload_transport(self) -> Any:
         if self.transport_kind != "distributed":
             return None
-        return transport_registry.build("distributed", self.resolved.transport_options, name="replay")
+        return transport_registry.build("distributed", {**self.resolved.transport_options, "operations": self._operations},
+                                        name="replay")
 
     def _ready(self) -> None:
         self._ops = self._host.target if self.inline else self._client()
@@ -115,7 +125,8 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
         from .client import ReplayClient
 
         payload = None if self._payload is None else self._payload.client()
-        return ReplayClient(endpoint, shared_memory=self._shares_storage, batch_size=self.batch_size, payload=payload)
+        return ReplayClient(endpoint, shared_memory=self._shares_storage, batch_size=self.batch_size, payload=payload,
+                            operations=self._operations or None)
 
     # ------------------------------------------------------------------ domain operations
     def _storage(self) -> Any:

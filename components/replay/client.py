@@ -28,10 +28,11 @@ MAX_RETRIES = 10
 class ReplayClient(CommandClient):
     """``add``, ``extend``, ``sample``, ``update_priority``, ``len``, ``empty``, ``state_dict``, ``load_state_dict``."""
 
-    def __init__(self, endpoint, *, shared_memory: bool = False, batch_size: int = 256, payload=None):
+    def __init__(self, endpoint, *, shared_memory: bool = False, batch_size: int = 256, payload=None,
+                 operations=None):
         super().__init__(endpoint)
-        self._payload_endpoint = payload
-        self._channels = None if payload is None else PayloadChannels(payload, self._call)
+        self._payload_endpoint, self._operations = payload, operations
+        self._channels = None if payload is None else PayloadChannels(payload, self._call, operations)
         self.shared_memory = shared_memory
         self.batch_size = batch_size
         self._lock = threading.Lock()
@@ -42,11 +43,11 @@ class ReplayClient(CommandClient):
 
     def __getstate__(self):
         return {"endpoint": self._endpoint, "shared_memory": self.shared_memory, "batch_size": self.batch_size,
-                "payload": self._payload_endpoint}
+                "payload": self._payload_endpoint, "operations": self._operations}
 
     def __setstate__(self, state):
         self.__init__(state["endpoint"], shared_memory=state["shared_memory"], batch_size=state["batch_size"],
-                      payload=state.get("payload"))
+                      payload=state.get("payload"), operations=state.get("operations"))
 
     def __len__(self) -> int:
         return self._call("__len__")

@@ -11,7 +11,7 @@ new length (a learner's first, shorter n-step batch) bind one more channel each,
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -40,25 +40,67 @@ SERVER_OPS: dict[str, Callable] = {"extend": _extend, "sample": _sample, "update
 """What the owner runs for each payload operation (see :class:`components.commands.PayloadLoop`)."""
 
 
+def explicit_operations(layouts: Mapping[str, Any]) -> dict[str, tuple[Layout, Layout]]:
+    """The ``{operation: (request layout, response layout)}`` of explicit replay layouts: ``extend`` (a batch as
+    written), ``sample`` (a sample as returned: its batch size fixes the sample size) and ``update_priority``
+    (``index`` and ``priority``; seeded from the sample size when not given).
+
+    Raises:
+        ConfigurationError: an operation that is not one of these.
+    """
+    from transports.errors import ConfigurationError
+
+    def layout(value: Any) -> Layout:
+        return value if isinstance(value, Layout) else Layout.from_tensordict(value)
+
+    unknown = set(layouts) - set(SERVER_OPS)
+    if unknown:
+        raise ConfigurationError(f"no replay operation {sorted(unknown)[0]!r} takes a layout",
+                                 path="components.replay.layouts", alternatives=tuple(SERVER_OPS))
+    ops = {}
+    if "extend" in layouts:
+        ops["extend"] = (layout(layouts["extend"]), Layout.from_tensordict(TensorDict({"written": torch.tensor(0)})))
+    if "sample" in layouts:
+        sample = layout(layouts["sample"])
+        n = sample.batch_size[0]
+        ops["sample"] = (Layout.from_tensordict(TensorDict({"batch_size": torch.tensor(0)})), sample)
+        ops["update_priority"] = (Layout.from_tensordict(TensorDict(
+            {"index": torch.zeros(n, dtype=torch.int64), "priority": torch.zeros(n)})), Layout.from_tensordict(TensorDict()))
+    if "update_priority" in layouts:
+        ops["update_priority"] = (layout(layouts["update_priority"]), Layout.from_tensordict(TensorDict()))
+    return ops
+
+
 class PayloadChannels:
-    """The per-operation channels of one replay client, bound by each operation's first call.
+    """The per-operation channels of one replay client, bound by each operation's first call (or up front, for
+    operations with explicit layouts: their first call goes over gloo too).
 
     Args:
         endpoint: an unbound client of the owner's payload transport.
         call: ``call(method, *args)``: one command over the command channel.
+        operations: explicit ``{operation: (request layout, response layout)}`` (see :func:`explicit_operations`).
     """
 
-    def __init__(self, endpoint: Any, call: Callable):
+    def __init__(self, endpoint: Any, call: Callable, operations: Mapping[str, tuple] | None = None):
         self.endpoint, self._call = endpoint, call
-        self._bound: dict[str, Any] = {}
+        self._bound: dict[Any, Any] = {}
         self._sample_size: int | None = None
+        self._explicit_extend = operations["extend"][0].batch_size if operations and "extend" in operations else None
         self._lock = threading.Lock()
+        for op, (request, response) in (operations or {}).items():
+            key = ("extend", request.batch_size) if op == "extend" else op
+            self._bound[key] = endpoint.bind(op, request, response)
+            if op == "sample":
+                self._sample_size = response.batch_size[0]
 
     def extend(self, batch: TensorDictBase) -> int:
         rows = tuple(batch.batch_size)
         channel = self._bound.get(("extend", rows))
         if channel is not None:
             return int(channel.submit(batch).result()["written"])
+        if self._explicit_extend is not None:
+            raise LayoutError(("batch_size",), f"{list(self._explicit_extend)} (the explicit extend layout)",
+                              str(list(rows)))
         request = Layout.from_tensordict(batch)  # a layout that cannot travel fails here, before anything is written
         row = _row_layout(request)
         bound = [key for key in self._bound if key[0] == "extend"]

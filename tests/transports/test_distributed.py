@@ -362,6 +362,29 @@ def test_replay_payloads_over_distributed(placement, request):
             assert len(pickle.loads(pickle.dumps(client))) == 26
 
 
+@pytest.mark.slow
+def test_replay_with_explicit_layouts_binds_up_front_and_refuses_others():
+    from components.replay import ReplayBuffer
+
+    batch = TensorDict({"obs": torch.zeros(10, 4)}, [10])
+    sample = TensorDict({"obs": torch.zeros(8, 4), "index": torch.zeros(8, dtype=torch.int64)}, [8])
+    with pytest.raises(ConfigurationError, match="replay layouts apply to transport 'distributed', not 'queue'"):
+        ReplayBuffer(capacity=100, batch_size=8, placement="process", transport="queue", layouts={"extend": batch})
+    with ReplayBuffer(capacity=100, batch_size=8, placement="process", transport="distributed",
+                      layouts={"extend": batch, "sample": sample}) as buffer:
+        client = buffer.client()
+        assert client.extend(TensorDict({"obs": torch.ones(10, 4)}, [10])) == 10  # the first call goes over gloo too
+        assert client.sample()["obs"].shape == (8, 4) and len(client) == 10
+        with pytest.raises(LayoutError, match="expected \\[10\\] \\(the explicit extend layout\\), got \\[5\\]"):
+            client.extend(TensorDict({"obs": torch.ones(5, 4)}, [5]))
+        other = client._channels._bound[("extend", (10,))].bind("extend", TensorDict({"obs": torch.ones(5, 4)}, [5]),
+                                                                 TensorDict({"written": torch.tensor(0)}))
+        with pytest.raises(LayoutError, match="the server's request layout"):  # and the owner refuses it as well
+            other.submit(TensorDict({"obs": torch.ones(5, 4)}, [5]))
+        with pytest.raises(LayoutError, match="expected 8"):
+            client.sample(4)
+
+
 def _listening() -> set:
     """(address, port) of every listening TCP socket of this machine."""
     out = set()
