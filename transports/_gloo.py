@@ -59,6 +59,15 @@ def check_backend(backend: str, path: str = "transport_options.backend") -> None
                                  "backend 'gloo' for CPU tensors", path=path, alternatives=("gloo",))
 
 
+def check_options(options, *, path: str = "transport_options") -> None:
+    """The distributed transport's option values, checked while planning (``nccl`` needs CUDA on this machine)."""
+    check_backend(options.get("backend", "gloo"), path=f"{path}.backend")
+    for name in ("connect_timeout", "max_payload_mb"):
+        value = options.get(name, 1)
+        if not isinstance(value, (int, float)) or value <= 0:
+            raise ConfigurationError(f"{name} must be a number > 0, got {value!r}", path=f"{path}.{name}")
+
+
 def open_store(host: str, port: int, timeout: float):
     """A store server listening on ``host:port`` only (``port`` 0: a free one), and its port.
 

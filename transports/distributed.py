@@ -38,8 +38,8 @@ from typing import Any, Mapping
 
 from tensordict import TensorDictBase
 
-from ._gloo import BYE, ERROR, REPLY, REQUEST, SHUTDOWN, MalformedMessage, Wire, check_backend, connect_store, \
-    POLL_S, SEND_TIMEOUT_S, groups, open_store, wait_answer
+from ._gloo import BYE, ERROR, POLL_S, REPLY, REQUEST, SEND_TIMEOUT_S, SHUTDOWN, MalformedMessage, Wire, check_backend, \
+    check_options, connect_store, groups, open_store, wait_answer
 from .base import Batch, RequestReplyTransport, ServerEndpoint, drain
 from .config import TransportConfig
 from .errors import LayoutError, PeerFailureError, TransportError, error_from_text, error_to_text
@@ -98,6 +98,8 @@ class DistributedTransport(RequestReplyTransport):
         self._store, port = open_store(host, port, connect_timeout)
         self.address = Address(host, port, os.urandom(8).hex(), backend, name, float(connect_timeout),
                                int(max_payload_mb * (1 << 20)))
+
+    check_options = staticmethod(check_options)  # the option values, checked while planning
 
     @property
     def config(self) -> TransportConfig:

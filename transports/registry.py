@@ -45,19 +45,23 @@ def transport_class(kind: str) -> type:
 
 
 def check_options(kind: str, options: Mapping[str, Any], *, path: str = "transport_options") -> None:
-    """Check that ``options`` are keyword arguments the transport of ``kind`` takes (names only; values are
-    checked by the transport itself). Imports only that transport's module.
+    """Check that ``options`` are keyword arguments the transport of ``kind`` takes, and their values where the
+    transport class says how (its ``check_options(options, path=...)``). Imports only that transport's module.
 
     Raises:
         ConfigurationError: an option the transport does not take, naming it and the ones it does.
     """
     if not options or kind not in TRANSPORTS:
         return
-    accepted = [p for p in inspect.signature(transport_class(kind).__init__).parameters if p not in _BUILT_IN]
+    cls = transport_class(kind)
+    accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in _BUILT_IN]
     for key in options:
         if key not in accepted:
             raise ConfigurationError(f"transport {kind!r} takes no option {key!r}", path=f"{path}.{key}",
                                      alternatives=tuple(accepted))
+    check = getattr(cls, "check_options", None)
+    if check is not None:
+        check(options, path=path)
 
 
 def check_layouts(kind: str, layouts_known: bool, *, path: str = "transport") -> None:
