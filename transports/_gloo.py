@@ -22,11 +22,10 @@ import threading
 import time
 from typing import Any
 
-import numpy as np
 import torch
 from tensordict import TensorDict
 
-from .errors import ConfigurationError, LayoutError, PeerFailureError, TransportError
+from .errors import ConfigurationError, PeerFailureError, TransportError
 from .layout import Layout
 
 HEADER = struct.Struct("<QqqQ")
@@ -42,6 +41,9 @@ reports at once (the connection closes)."""
 BACKENDS = ("gloo", "nccl")
 SEND_TIMEOUT_S = 10.0
 """Seconds a send waits for its peer to post the matching receive (peers always keep one posted)."""
+SMALL_BYTES = 1 << 16
+"""Messages up to this size land in one buffer per endpoint and their leaves are copied out; larger ones land in
+a fresh buffer whose views become the leaves (no copy)."""
 POLL_S = (0.0005, 0.02)
 """Store polling pauses: the first, and the longest (the pause doubles while nothing comes)."""
 
@@ -163,7 +165,18 @@ class Wire:
         self._send_buf, self._send_views = _buffers(send_layout, self._combined_out)
         self._recv_size = _buffers(recv_layout, self._combined_in, allocate=False)
         self._header = torch.zeros(HEADER.size, dtype=torch.uint8)
+        self._recv_header = torch.zeros(HEADER.size, dtype=torch.uint8)
         self._flat = recv_layout is None or all(len(leaf.key) == 1 for leaf in recv_layout)
+        # made once: what each send and receive would otherwise rebuild (torch ops cost microseconds each)
+        self._send_np = (self._send_buf if self._combined_out else self._header).numpy()
+        self._send_all = [self._send_buf] if self._combined_out else [self._header]
+        self._send_control = [self._send_buf[: HEADER.size]] if self._combined_out else [self._header]
+        self._checks = [(_key(leaf.key), leaf.shape, leaf.dtype, torch.device(leaf.device), self._send_views[leaf.key])
+                        for leaf in send_layout or ()]
+        small = self._combined_in and self._recv_size <= SMALL_BYTES  # small payloads: one buffer, leaves cloned
+        self._recv_buf, views = _buffers(recv_layout, True) if small else (None, {})
+        self._recv_np = None if self._recv_buf is None else self._recv_buf.numpy()
+        self._recv_views = [(_key(key) if self._flat else key, view) for key, view in views.items()]
         self.lock = threading.Lock()  # one sender at a time on this side
         self._inflight: list = []  # (work, tensors it reads) of sends not yet known complete
 
@@ -183,14 +196,10 @@ class Wire:
         data = text.encode()[:MAX_TEXT_BYTES]
         with self.lock:
             self._settle(wait)  # the previous message left the buffer (its completion is off the critical path)
-            header = self._send_buf[: HEADER.size] if self._combined_out else self._header
-            n = HEADER.size
             if values is not None:
                 self._fill(values, row)
-                if self._combined_out:
-                    n = self._send_buf.numel()
-            header.numpy()[:] = np.frombuffer(HEADER.pack(MAGIC, kind, rid, len(data)), dtype=np.uint8)
-            sent = [self._send_buf[:n] if self._combined_out else header]
+            HEADER.pack_into(self._send_np, 0, MAGIC, kind, rid, len(data))
+            sent = self._send_all if values is not None else self._send_control
             self._inflight.append((self.out[0].send(sent, self.peer, 0), sent))
             if values is not None and not self._combined_out:  # pragma: no cover - NCCL
                 self._inflight.append((self.out[1].send([self._send_buf], self.peer, 0), None))
@@ -208,16 +217,15 @@ class Wire:
             self._inflight.pop(0)
 
     def _fill(self, values: Any, row: int | None) -> None:
-        views = self._send_views
-        for leaf in self.send_layout:
-            value = values.get(leaf.key, None)
+        for key, shape, dtype, device, view in self._checks:
+            value = values.get(key, None)
             if not isinstance(value, torch.Tensor):
-                raise LayoutError(leaf.key, leaf.describe(), "a missing key" if value is None else type(value).__name__)
+                self.send_layout.validate(values if row is None else values[row])  # raises the precise error
             if row is not None:
                 value = value[row]
-            if value.shape != leaf.shape or value.dtype != leaf.dtype or str(value.device) != leaf.device:
-                self.send_layout.validate(values if row is None else values[row])  # raises the precise error
-            views[leaf.key].copy_(value)
+            if value.shape != shape or value.dtype != dtype or value.device != device:
+                self.send_layout.validate(values if row is None else values[row])
+            view.copy_(value)
 
     def recv(self, expect: frozenset) -> tuple[int, int, Any]:
         """Wait for one message of a kind in ``expect``: ``(kind, request id, payload TensorDict or text)``.
@@ -226,10 +234,11 @@ class Wire:
             MalformedMessage: not one of ours.
             RuntimeError: the connection closed (the peer died); raised by torch.
         """
-        buf = torch.empty(self._recv_size, dtype=torch.uint8)
-        header = buf[: HEADER.size] if self._combined_in else self._header
+        small = self._recv_buf is not None
+        buf = self._recv_buf if small else torch.empty(self._recv_size, dtype=torch.uint8)
+        header = buf[: HEADER.size] if self._combined_in and not small else self._recv_header
         self.inp[0].recv([buf if self._combined_in else header], self.peer, 0).wait()
-        magic, kind, rid, aux = HEADER.unpack(header.numpy().tobytes())
+        magic, kind, rid, aux = HEADER.unpack_from(self._recv_np if small else header.numpy(), 0)
         if magic != MAGIC or kind not in expect or aux > MAX_TEXT_BYTES:
             raise MalformedMessage(f"malformed control message (magic {magic:#x}, kind {kind}, count {aux})")
         if kind in (REQUEST, REPLY):
@@ -246,16 +255,29 @@ class Wire:
 
     def _payload(self, buf: torch.Tensor) -> TensorDict:
         layout, start = self.recv_layout, HEADER.size if self._combined_in else 0
+        if buf is self._recv_buf:  # small: copies of the leaves (the buffer takes the next message)
+            leaves = {key: view.clone() for key, view in self._recv_views}
+            if self._flat:
+                return TensorDict._new_unsafe(leaves, batch_size=torch.Size(layout.batch_size))
+            return self._nested(leaves)
         leaves = {}
         for leaf, offset in zip(layout, _offsets(layout, start)):
             leaves[leaf.key if not self._flat else leaf.key[0]] = (
                 buf[offset:offset + leaf.nbytes].view(leaf.dtype).view(leaf.shape))
         if self._flat:
             return TensorDict._new_unsafe(leaves, batch_size=torch.Size(layout.batch_size))
-        out = TensorDict(batch_size=layout.batch_size)
+        return self._nested(leaves)
+
+    def _nested(self, leaves: dict) -> TensorDict:
+        out = TensorDict(batch_size=self.recv_layout.batch_size)
         for key, value in leaves.items():
             out.set(key, value)
         return out
+
+
+def _key(key: tuple) -> Any:
+    """A TensorDict key as its cheapest form: a string for a top-level key."""
+    return key[0] if len(key) == 1 else key
 
 
 def _offsets(layout: Layout, start: int) -> list[int]:

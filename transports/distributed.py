@@ -44,7 +44,7 @@ from .base import Batch, RequestReplyTransport, ServerEndpoint, drain
 from .config import TransportConfig
 from .errors import LayoutError, PeerFailureError, TransportError, error_from_text, error_to_text
 from .layout import Layout
-from .local import LocalFuture
+from .local import LockFuture
 
 log = logging.getLogger(__name__)
 
@@ -292,7 +292,7 @@ class _Connection:
 
     def __init__(self, wire: Wire, name: str):
         self.wire, self.name = wire, name
-        self.pending: dict[int, LocalFuture] = {}
+        self.pending: dict[int, LockFuture] = {}
         self.lock = threading.Lock()
         self.problem: str | None = None
         self.ids = itertools.count(1)
@@ -311,7 +311,7 @@ class _Connection:
                 with self.lock:
                     future = self.pending.pop(rid, None)
                 if future is not None:
-                    future.future.set_result(payload) if kind == REPLY else future.future.set_exception(error_from_text(payload))
+                    future.set_result(payload) if kind == REPLY else future.set_exception(error_from_text(payload))
         except MalformedMessage as exc:
             problem = f"the {self.name} server sent {exc}"
         except Exception:  # noqa: BLE001 - the connection closed
@@ -321,7 +321,7 @@ class _Connection:
                 self.problem = problem
                 pending, self.pending = self.pending, {}
             for future in pending.values():
-                future.future.set_exception(PeerFailureError(problem))
+                future.set_exception(PeerFailureError(problem))
 
 
 class DistributedClient:
@@ -351,13 +351,13 @@ class DistributedClient:
     def connected(self) -> bool:
         return self._connection is not None and self._pid == os.getpid()
 
-    def submit(self, td: TensorDictBase) -> LocalFuture:
+    def submit(self, td: TensorDictBase) -> LockFuture:
         if self.request_layout is None or self.response_layout is None:
             raise TransportError(f"the {self.address.name} {self.op!r} endpoint has no layouts bound yet")
         if not isinstance(td, TensorDictBase):
             raise LayoutError((), "a TensorDict", type(td).__name__)
         connection = self._connect()
-        future = LocalFuture()
+        future = LockFuture()
         with connection.lock:
             if connection.problem is not None:
                 raise PeerFailureError(connection.problem)

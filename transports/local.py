@@ -4,6 +4,7 @@ clients survive pickling inside the owner's process, a status flag, and a future
 
 from __future__ import annotations
 
+import _thread
 import concurrent.futures
 import itertools
 import os
@@ -60,3 +61,34 @@ class LocalFuture(ResponseFuture):
 
     def done(self) -> bool:
         return self.future.done()
+
+
+class LockFuture(ResponseFuture):
+    """The lightest future: one lock, held until the answer is set (no condition variable to build or notify),
+    for transports that resolve one future per request on a receiving thread."""
+
+    __slots__ = ("_lock", "_value", "_error")
+
+    def __init__(self) -> None:
+        self._lock = _thread.allocate_lock()
+        self._lock.acquire()
+        self._value = self._error = None
+
+    def set_result(self, value) -> None:
+        self._value = value
+        self._lock.release()
+
+    def set_exception(self, error: BaseException) -> None:
+        self._error = error
+        self._lock.release()
+
+    def done(self) -> bool:
+        return not self._lock.locked()
+
+    def result(self, timeout: float | None = None):
+        if not self._lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            raise ServiceTimeoutError(f"no answer within {timeout} s (the server is alive)")
+        self._lock.release()  # later calls return at once
+        if self._error is not None:
+            raise self._error
+        return self._value
