@@ -45,45 +45,11 @@ class Allowed:
         return method in self.names or (any(method.startswith(p) for p in self.prefixes) and not method.startswith("_"))
 
 
-class CommandLoop:
-    """Executes commands from ``endpoint`` on ``target`` until ``stop`` is set, one at a time, in order (under
-    ``lock`` when another loop serves the same target)."""
+class _Serial:
+    """Serves the requests of ``endpoint`` one at a time, in order, until ``stop`` is set: each answer is
+    :meth:`_compute`'s result, or its exception raised again at the call site (our own errors keep their type)."""
 
-    def __init__(self, target: Any, endpoint: ServerEndpoint, allowed: Allowed, lock: Any = None):
-        self.target, self.endpoint, self.allowed = target, endpoint, allowed
-        self.lock = lock or contextlib.nullcontext()
-
-    def run(self, stop: threading.Event) -> None:
-        try:
-            while not stop.is_set():
-                batch = self.endpoint.collect(64, 1, 0.0, POLL)
-                if batch is None:
-                    continue
-                for i, (method, args, kwargs) in enumerate(batch.requests):
-                    single = Batch([batch.handles[i]], enqueued=[batch.enqueued[i]])
-                    if not self.allowed(method):
-                        self.endpoint.fail(single, RemoteError("PermissionError", f"{method!r} is not a client operation"))
-                        continue
-                    try:
-                        with self.lock:
-                            result = getattr(self.target, method)(*args, **kwargs)
-                    except ServiceError as exc:  # our own errors (layout, configuration) keep their type
-                        self.endpoint.fail(single, exc)
-                        continue
-                    except Exception as exc:  # noqa: BLE001 - raised again at the call site
-                        self.endpoint.fail(single, RemoteError.from_exception(exc))
-                        continue
-                    self.endpoint.reply(single, [result])
-        finally:
-            self.endpoint.close("the service was shut down")
-
-
-class PayloadLoop:
-    """Serves the fixed-layout operations of a payload transport (``distributed``) on ``target``: each request's
-    channel names its operation, ``ops[name](target, request)`` computes the answer TensorDict."""
-
-    def __init__(self, target: Any, endpoint: ServerEndpoint, ops: Mapping[str, Callable], lock: Any):
-        self.target, self.endpoint, self.ops, self.lock = target, endpoint, ops, lock
+    endpoint: ServerEndpoint
 
     def run(self, stop: threading.Event) -> None:
         try:
@@ -93,13 +59,9 @@ class PayloadLoop:
                     continue
                 for handle, request, enqueued in zip(batch.handles, batch.requests, batch.enqueued):
                     single = Batch([handle], enqueued=[enqueued])
-                    op = self.ops.get(handle[0].op)
                     try:
-                        if op is None:
-                            raise RemoteError("PermissionError", f"{handle[0].op!r} is not a payload operation")
-                        with self.lock:
-                            answer = op(self.target, request)
-                    except ServiceError as exc:
+                        answer = self._compute(handle, request)
+                    except ServiceError as exc:  # our own errors (layout, configuration, permission) keep their type
                         self.endpoint.fail(single, exc)
                         continue
                     except Exception as exc:  # noqa: BLE001 - raised again at the call site
@@ -108,6 +70,40 @@ class PayloadLoop:
                     self.endpoint.reply(single, [answer])
         finally:
             self.endpoint.close("the service was shut down")
+
+    def _compute(self, handle: Any, request: Any) -> Any:
+        raise NotImplementedError
+
+
+class CommandLoop(_Serial):
+    """Executes commands from ``endpoint`` on ``target`` until ``stop`` is set, one at a time, in order (under
+    ``lock`` when another loop serves the same target)."""
+
+    def __init__(self, target: Any, endpoint: ServerEndpoint, allowed: Allowed, lock: Any = None):
+        self.target, self.endpoint, self.allowed = target, endpoint, allowed
+        self.lock = lock or contextlib.nullcontext()
+
+    def _compute(self, handle: Any, request: Any) -> Any:
+        method, args, kwargs = request
+        if not self.allowed(method):
+            raise RemoteError("PermissionError", f"{method!r} is not a client operation")
+        with self.lock:
+            return getattr(self.target, method)(*args, **kwargs)
+
+
+class PayloadLoop(_Serial):
+    """Serves the fixed-layout operations of a payload transport (``distributed``) on ``target``: each request's
+    channel names its operation, ``ops[name](target, request)`` computes the answer TensorDict."""
+
+    def __init__(self, target: Any, endpoint: ServerEndpoint, ops: Mapping[str, Callable], lock: Any):
+        self.target, self.endpoint, self.ops, self.lock = target, endpoint, ops, lock
+
+    def _compute(self, handle: Any, request: Any) -> Any:
+        op = self.ops.get(handle[0].op)
+        if op is None:
+            raise RemoteError("PermissionError", f"{handle[0].op!r} is not a payload operation")
+        with self.lock:
+            return op(self.target, request)
 
 
 class CommandTarget:
