@@ -189,46 +189,47 @@ _NEARER = ("thread", "process")
 """Where a service nobody placed moves so that remote callers reach it: in the driver's process first."""
 
 
-def _moves_for_remote_callers(cfg: DictConfig, resolved: dict[str, Resolved]) -> list[tuple[str, str, str, str]]:
-    """Services whose placement nobody chose (the service scope or the default) and whose transport cannot reach a
-    caller placed on another machine's reach (collectors as worker ranks or Ray actors): the nearest placement, in the driver's process
-    first, with a built transport that reaches it, as ``(caller, callee, placement, transport)``."""
-    moves = []
+def _unreached(resolved: dict[str, Resolved]):
+    """The declared call edges whose called service's transport does not reach where its caller is placed, as
+    ``(caller, its resolution, called service, its resolution)``."""
     for caller, r in resolved.items():
         for call in compat.declaration(caller).calls:
             far = resolved.get(call.service)
             if far is None or (call.when is not None and r.options.get(call.when) is None):
                 continue
-            node = cfg.components[call.service]
-            if node.placement is not None or node.transport is not None or far.transport == compat.NO_TRANSPORT \
-                    or reaches(far.transport, r.placement) or DISTANCE[r.placement] != "cluster":
-                continue
-            for nearer in _NEARER:
-                cell = compat.TABLE.get((call.service, nearer))
-                kinds = [k for k, status in (cell.transports.items() if cell else ())
-                         if status == compat.SUPPORTED and reaches(k, r.placement)]
-                if kinds:
-                    moves.append((caller, call.service, nearer, kinds[0]))
-                    break
+            if far.transport != compat.NO_TRANSPORT and not reaches(far.transport, r.placement):
+                yield caller, r, call.service, far
+
+
+def _moves_for_remote_callers(cfg: DictConfig, resolved: dict[str, Resolved]) -> list[tuple[str, str, str, str]]:
+    """Services whose placement nobody chose (the service scope or the default) and whose transport cannot reach a
+    caller on another machine's reach (collectors as worker ranks or Ray actors): the nearest placement, in the
+    driver's process first, with a built transport that reaches it, as ``(caller, callee, placement, transport)``."""
+    moves = []
+    for caller, r, service, _ in _unreached(resolved):
+        node = cfg.components[service]
+        if node.placement is not None or node.transport is not None or DISTANCE[r.placement] != "cluster":
+            continue
+        for nearer in _NEARER:
+            cell = compat.TABLE.get((service, nearer))
+            kinds = [k for k, status in (cell.transports.items() if cell else ())
+                     if status == compat.SUPPORTED and reaches(k, r.placement)]
+            if kinds:
+                moves.append((caller, service, nearer, kinds[0]))
+                break
     return moves
 
 
 def check_calls(resolved: dict[str, Resolved]) -> None:
     """Every declared call edge: the called service's transport must reach where its caller is placed."""
-    for caller, r in resolved.items():
-        for call in compat.declaration(caller).calls:
-            far = resolved.get(call.service)
-            if far is None or (call.when is not None and r.options.get(call.when) is None):
-                continue
-            if far.transport == compat.NO_TRANSPORT or reaches(far.transport, r.placement):
-                continue
-            raise IncompatibleCombinationError(
-                f"{call.service} ({far.placement!r}) over transport {far.transport!r} cannot reach the {caller} placed "
-                f"on {r.placement!r}: a {far.transport!r} client only works close to its owner",
-                path=f"components.{call.service}.transport",
-                alternatives=tuple(k for k in compat.TABLE[(call.service, far.placement)].transports
-                                   if reaches(k, r.placement)),
-            )
+    for caller, r, service, far in _unreached(resolved):
+        raise IncompatibleCombinationError(
+            f"{service} ({far.placement!r}) over transport {far.transport!r} cannot reach the {caller} placed "
+            f"on {r.placement!r}: a {far.transport!r} client only works close to its owner",
+            path=f"components.{service}.transport",
+            alternatives=tuple(k for k in compat.TABLE[(service, far.placement)].transports
+                               if reaches(k, r.placement)),
+        )
 
 
 def _layouts(recipe: Recipe, recipe_cfg: Any, spec, num_envs: int) -> dict[str, dict[str, Any]]:

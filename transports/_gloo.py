@@ -32,7 +32,6 @@ HEADER = struct.Struct("<QqqQ")
 """magic, kind, request id, auxiliary count (text length of ERROR / SHUTDOWN)."""
 MAGIC = 0x31445352_4C52  # "RLRSD1"
 REQUEST, REPLY, ERROR, SHUTDOWN, BYE = 1, 2, 3, 4, 5
-KINDS = {REQUEST: "request", REPLY: "reply", ERROR: "error", SHUTDOWN: "shutdown", BYE: "bye"}
 MAX_TEXT_BYTES = 1 << 16
 IDLE = datetime.timedelta(days=30)
 """The groups' operation timeout. An idle gloo receive that times out closes its pair, and a channel waits for
@@ -147,8 +146,9 @@ class Wire:
 
     With gloo the header and the payload travel as one message; with NCCL the header (and any text) rides the
     gloo control groups and the payload the NCCL groups, posted only once a header announced it. Sends copy the
-    payload's leaves into one buffer allocated once (checking each leaf against the layout on the way); receives
-    land in a fresh buffer whose views become the received TensorDict's leaves (no copy after the receive).
+    payload's leaves into one buffer allocated once (checking each leaf against the layout on the way); messages
+    up to :data:`SMALL_BYTES` land in one buffer per endpoint and their leaves are copied out, larger ones land in
+    a fresh buffer whose views become the received TensorDict's leaves (no copy after the receive).
 
     Args:
         out: ``(control group, payload group or None)`` this side sends on.
@@ -177,6 +177,7 @@ class Wire:
         self._recv_buf, views = _buffers(recv_layout, True) if small else (None, {})
         self._recv_np = None if self._recv_buf is None else self._recv_buf.numpy()
         self._recv_views = [(_key(key) if self._flat else key, view) for key, view in views.items()]
+        self._recv_start = HEADER.size if self._combined_in else 0
         self.lock = threading.Lock()  # one sender at a time on this side
         self._inflight: list = []  # (work, tensors it reads) of sends not yet known complete
 
@@ -254,21 +255,13 @@ class Wire:
         return kind, rid, text
 
     def _payload(self, buf: torch.Tensor) -> TensorDict:
-        layout, start = self.recv_layout, HEADER.size if self._combined_in else 0
         if buf is self._recv_buf:  # small: copies of the leaves (the buffer takes the next message)
             leaves = {key: view.clone() for key, view in self._recv_views}
-            if self._flat:
-                return TensorDict._new_unsafe(leaves, batch_size=torch.Size(layout.batch_size))
-            return self._nested(leaves)
-        leaves = {}
-        for leaf, offset in zip(layout, _offsets(layout, start)):
-            leaves[leaf.key if not self._flat else leaf.key[0]] = (
-                buf[offset:offset + leaf.nbytes].view(leaf.dtype).view(leaf.shape))
+        else:  # large: the fresh buffer's views are the leaves
+            leaves = {_key(key) if self._flat else key: view
+                      for key, view in _views(buf, self.recv_layout, self._recv_start).items()}
         if self._flat:
-            return TensorDict._new_unsafe(leaves, batch_size=torch.Size(layout.batch_size))
-        return self._nested(leaves)
-
-    def _nested(self, leaves: dict) -> TensorDict:
+            return TensorDict._new_unsafe(leaves, batch_size=torch.Size(self.recv_layout.batch_size))
         out = TensorDict(batch_size=self.recv_layout.batch_size)
         for key, value in leaves.items():
             out.set(key, value)
@@ -299,9 +292,15 @@ def _buffers(layout: Layout | None, with_header: bool, allocate: bool = True):
         return size
     device = "cpu" if with_header or layout is None or not layout.leaves else layout.leaves[0].device
     buf = torch.zeros(size, dtype=torch.uint8, device=device)
-    views = {leaf.key: buf[offset:offset + leaf.nbytes].view(leaf.dtype).view(leaf.shape)
-             for leaf, offset in zip(layout or (), offsets)}
-    return buf, views
+    return buf, _views(buf, layout, start)
+
+
+def _views(buf: torch.Tensor, layout: Layout | None, start: int) -> dict:
+    """A typed view of ``buf`` per leaf of ``layout``, at the offsets :func:`_offsets` gives."""
+    if layout is None:
+        return {}
+    return {leaf.key: buf[offset:offset + leaf.nbytes].view(leaf.dtype).view(leaf.shape)
+            for leaf, offset in zip(layout, _offsets(layout, start))}
 
 
 def wait_answer(store, n: int, timeout: float, what: str) -> bytes:

@@ -69,9 +69,9 @@ def _finish(slot: _Slot, result=None, error: BaseException | None = None) -> Non
     future, slot.future, slot.request = slot.future, None, None
     slot.free.set()
     if error is not None:
-        future.future.set_exception(error)
+        future.set_exception(error)
     else:
-        future.future.set_result(result)
+        future.set_result(result)
 
 
 class DirectSlotClient:

@@ -44,7 +44,7 @@ from .base import Batch, RequestReplyTransport, ServerEndpoint, drain
 from .config import TransportConfig
 from .errors import LayoutError, PeerFailureError, TransportError, error_from_text, error_to_text
 from .layout import Layout
-from .local import LockFuture
+from .local import LocalFuture
 
 log = logging.getLogger(__name__)
 
@@ -292,7 +292,7 @@ class _Connection:
 
     def __init__(self, wire: Wire, name: str):
         self.wire, self.name = wire, name
-        self.pending: dict[int, LockFuture] = {}
+        self.pending: dict[int, LocalFuture] = {}
         self.lock = threading.Lock()
         self.problem: str | None = None
         self.ids = itertools.count(1)
@@ -351,13 +351,13 @@ class DistributedClient:
     def connected(self) -> bool:
         return self._connection is not None and self._pid == os.getpid()
 
-    def submit(self, td: TensorDictBase) -> LockFuture:
+    def submit(self, td: TensorDictBase) -> LocalFuture:
         if self.request_layout is None or self.response_layout is None:
             raise TransportError(f"the {self.address.name} {self.op!r} endpoint has no layouts bound yet")
         if not isinstance(td, TensorDictBase):
             raise LayoutError((), "a TensorDict", type(td).__name__)
         connection = self._connect()
-        future = LockFuture()
+        future = LocalFuture()
         with connection.lock:
             if connection.problem is not None:
                 raise PeerFailureError(connection.problem)

@@ -1,11 +1,10 @@
 """Pieces shared by the in-process transports (``thread``, ``direct``): a process-local registry so their
-clients survive pickling inside the owner's process, a status flag, and a future over
-:class:`concurrent.futures.Future`."""
+clients survive pickling inside the owner's process, a status flag, and the future a thread of this process
+answers (also used by the ``distributed`` clients' receiving threads)."""
 
 from __future__ import annotations
 
 import _thread
-import concurrent.futures
 import itertools
 import os
 import threading
@@ -48,47 +47,38 @@ class LocalStatus:
 
 
 class LocalFuture(ResponseFuture):
-    """A :class:`concurrent.futures.Future` with our timeout and failure types."""
+    """The answer to one request, set by a serving or receiving thread of this process: one lock, held until the
+    answer is set (no condition variable to build or notify). The first answer set wins; ``result(timeout)``
+    raises our timeout type."""
 
-    def __init__(self) -> None:
-        self.future: concurrent.futures.Future = concurrent.futures.Future()
-
-    def result(self, timeout: float | None = None):
-        try:
-            return self.future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            raise ServiceTimeoutError(f"no answer within {timeout} s (the server is alive)") from None
-
-    def done(self) -> bool:
-        return self.future.done()
-
-
-class LockFuture(ResponseFuture):
-    """The lightest future: one lock, held until the answer is set (no condition variable to build or notify),
-    for transports that resolve one future per request on a receiving thread."""
-
-    __slots__ = ("_lock", "_value", "_error")
+    __slots__ = ("_lock", "_done", "_value", "_error")
 
     def __init__(self) -> None:
         self._lock = _thread.allocate_lock()
         self._lock.acquire()
+        self._done = False
         self._value = self._error = None
 
-    def set_result(self, value) -> None:
-        self._value = value
+    def _set(self, value, error: BaseException | None) -> None:
+        if self._done:
+            return
+        self._value, self._error, self._done = value, error, True
         self._lock.release()
+
+    def set_result(self, value) -> None:
+        self._set(value, None)
 
     def set_exception(self, error: BaseException) -> None:
-        self._error = error
-        self._lock.release()
+        self._set(None, error)
 
     def done(self) -> bool:
-        return not self._lock.locked()
+        return self._done
 
     def result(self, timeout: float | None = None):
-        if not self._lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
-            raise ServiceTimeoutError(f"no answer within {timeout} s (the server is alive)")
-        self._lock.release()  # later calls return at once
+        if not self._done:
+            if not self._lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+                raise ServiceTimeoutError(f"no answer within {timeout} s (the server is alive)")
+            self._lock.release()  # later calls (and other waiters) return at once
         if self._error is not None:
             raise self._error
         return self._value

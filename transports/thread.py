@@ -66,7 +66,7 @@ def _drain(q: queue.Queue, reason: str) -> None:
             _, future, _ = q.get_nowait()
         except queue.Empty:
             return
-        future.future.set_exception(PeerFailureError(reason))
+        future.set_exception(PeerFailureError(reason))
 
 
 class ThreadClient:
@@ -108,11 +108,11 @@ class ThreadServer(ServerEndpoint):
 
     def reply(self, batch: Batch, out: TensorDictBase) -> None:
         for i, future in enumerate(batch.handles):
-            future.future.set_result(out[i])
+            future.set_result(out[i])
 
     def fail(self, batch: Batch, error: BaseException) -> None:
         for future in batch.handles:
-            future.future.set_exception(error)
+            future.set_exception(error)
 
     def close(self, reason: str = "the server was shut down") -> None:
         self.transport.mark_dead(stopped=True)
