@@ -107,6 +107,10 @@ class Owner(Generic[ClientT]):
         """The host running the resource (its ``pid`` or actor ``handle``), once started."""
         return self._host
 
+    def all_hosts(self) -> list[Host]:
+        """Every host running a part of the resource, once started (a collector has one per worker)."""
+        return [self._host] if self._host is not None else []
+
     @property
     def inline(self) -> bool:
         """Whether the resource lives in the caller's thread (the owner is then its own client)."""

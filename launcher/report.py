@@ -24,12 +24,14 @@ class ProgressLine:
         self._start = time.perf_counter()
         self._last_line = 0.0
         self._bar = None
+        self.frames, self.metrics = 0, {}  # the last update (what an interrupted run reports)
         if enabled and sys.stderr.isatty():
             from tqdm import tqdm
 
             self._bar = tqdm(total=total, unit="frame", unit_scale=True, dynamic_ncols=True, leave=True)
 
     def update(self, frames: int, **metrics: float) -> None:
+        self.frames, self.metrics = frames, metrics
         if not self.enabled:
             return
         shown = {k: f"{v:.1f}" for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}

@@ -27,6 +27,7 @@ from components.resolution import Resolved
 from components.weight_sync import WeightSync
 from recipes import Clients
 
+from .failures import dead_service
 from .plan import LaunchPlan, recipe_of
 from .report import ProgressLine
 from .telemetry import EdgeReporter
@@ -105,52 +106,81 @@ BUILDERS: Mapping[str, Callable[..., Any]] = {
 }
 
 
-def execute(plan: LaunchPlan, cfg: DictConfig, run_dir: str, *, on_started: Callable[[dict], None] | None = None) -> dict:
+def execute(plan: LaunchPlan, cfg: DictConfig, run_dir: str, *, on_started: Callable[[dict], None] | None = None,
+            progress: ProgressLine | None = None) -> dict:
     """Run the plan: start owners in order, run the recipe with their clients, tear down in reverse.
 
     Raises:
         NotImplementedYetError: the plan holds a cell that is not built (raised before anything starts).
+        ServiceDied: a service's owner died during the run (the others were shut down); the error that
+            revealed it is its cause.
     """
     ensure_runnable(plan)
     recipe, rcfg = recipe_of(cfg)
     spec = EnvMaker.from_config(cfg.env).spec()
-    owners: dict[str, Any] = {}
-    clients: dict[str, Any] = {}
-    progress = ProgressLine(getattr(rcfg, "total_frames", 0), enabled=bool(cfg.launcher.progress))
+    owners: dict[str, Any] = {}  # every owner built so far, started or starting
+    progress = progress or ProgressLine(getattr(rcfg, "total_frames", 0), enabled=bool(cfg.launcher.progress))
     with ExitStack() as stack:
         stack.callback(progress.close)
-        hosts = {c.placement: c.host for c in plan.components}
-        for placement, host in hosts.items():  # each placement's session: entered before any owner, left last
-            stack.enter_context(host.session(_container(cfg.get(placement))))
-        for level in plan.levels:  # the owners of one level start at the same time, after those they depend on
-            launched = []
-            for c in level:
-                deps = {d: owners[d] if d in OWNER_DEPENDENCIES.get(c.name, ()) else clients[d] for d in c.depends_on}
-                owner = BUILDERS[c.name](c, cfg, recipe, rcfg, spec, deps, run_dir)
-                # registered before the launch: a failed start is torn down too
-                stack.callback(_shutdown, c.name, owner, float(cfg.launcher.shutdown_timeout))
-                log.info("starting %s (%s, %s)", c.name, c.placement, c.transport)
-                launched.append((c.name, owner.launch()))
-            for name, owner in launched:
-                owners[name] = owner.wait_ready()
-                clients[name] = owner.client()
-                log.info("%s ready", name)
-        if on_started is not None:
-            on_started(owners)
-        if cfg.launcher.probe:
-            _probe(plan, clients, recipe.make_policy(rcfg, spec), run_dir)
-        reporter = EdgeReporter(owners, clients["logger"], every=float(cfg.launcher.telemetry_every)).start()
-        stack.callback(reporter.report)  # a last reading before the services stop
-        stack.callback(reporter.stop)
-        result = recipe.run(
-            rcfg,
-            Clients(
-                policy=clients["inference"], collector=clients["collector"], replay=clients["replay"],
-                logger=clients["logger"], weight_sync=clients["weight_sync"], env_spec=spec, progress=progress,
-                seed=int(cfg.seed),
-            ),
-        )
+        try:
+            clients = _start(plan, cfg, recipe, rcfg, spec, run_dir, stack, owners)
+            if on_started is not None:
+                on_started(owners)
+            if cfg.launcher.probe:
+                _probe(plan, clients, recipe.make_policy(rcfg, spec), run_dir)
+            reporter = EdgeReporter(owners, clients["logger"], every=float(cfg.launcher.telemetry_every)).start()
+            stack.callback(reporter.report)  # a last reading before the services stop
+            stack.callback(reporter.stop)
+            result = recipe.run(
+                rcfg,
+                Clients(
+                    policy=clients["inference"], collector=clients["collector"], replay=clients["replay"],
+                    logger=clients["logger"], weight_sync=clients["weight_sync"], env_spec=spec, progress=progress,
+                    seed=int(cfg.seed),
+                ),
+            )
+        except Exception as exc:
+            died = dead_service(owners, exc)  # checked before the teardown stops the others
+            if died is not None:
+                raise died from exc
+            raise
     return dict(result)
+
+
+def _start(plan: LaunchPlan, cfg, recipe, rcfg, spec, run_dir: str, stack: ExitStack, owners: dict) -> dict:
+    """Enter each placement's session, then start the owners level by level; returns their clients."""
+    clients: dict[str, Any] = {}
+    hosts = {c.placement: c.host for c in plan.components}
+    for placement, host in hosts.items():  # each placement's session: entered before any owner, left last
+        stack.enter_context(host.session(_container(cfg.get(placement))))
+    for level in plan.levels:  # the owners of one level start at the same time, after those they depend on
+        launched = []
+        for c in level:
+            deps = {d: owners[d] if d in OWNER_DEPENDENCIES.get(c.name, ()) else clients[d] for d in c.depends_on}
+            owner = owners[c.name] = BUILDERS[c.name](c, cfg, recipe, rcfg, spec, deps, run_dir)
+            # registered before the launch: a failed start is torn down too
+            stack.callback(_shutdown, c.name, owner, float(cfg.launcher.shutdown_timeout))
+            log.info("starting %s (%s, %s)", c.name, c.placement, c.transport)
+            launched.append((c.name, owner.launch()))
+        for name, owner in launched:
+            owner.wait_ready()
+            clients[name] = owner.client()
+            log.info("%s ready (%s, pids %s)", name, owner.placement, _pids(owner) or "-")
+    _write_services(run_dir, owners)
+    return clients
+
+
+def _pids(owner: Any) -> list[int]:
+    return [h.pid for h in owner.all_hosts() if h.pid is not None]
+
+
+def _write_services(run_dir: str, owners: Mapping[str, Any]) -> None:
+    """``services.json``: where each started service runs (placement, transport, pids), for ``ps`` and ``kill``."""
+    services = {name: {"placement": o.placement, "transport": o.transport_kind, "pids": _pids(o)}
+                for name, o in owners.items()}
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "services.json"), "w") as f:
+        json.dump(services, f, indent=2)
 
 
 def _probe(plan: LaunchPlan, clients: dict, policy: Any, run_dir: str) -> None:

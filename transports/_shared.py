@@ -28,12 +28,13 @@ class PeerStatus:
 
     ALIVE, PID, STOPPED = 0, 1, 2
 
-    def __init__(self, segment: Segment | None = None):
+    def __init__(self, segment: Segment | None = None, name: str = "service"):
         self.segment = segment or Segment(3 * 8)
+        self.name = name  # the component serving, named in every problem
         self._view = np.frombuffer(self.segment.buf, dtype=np.int64, count=3)
 
     def __reduce__(self):
-        return (PeerStatus, (self.segment,))
+        return (PeerStatus, (self.segment, self.name))
 
     def set_serving(self, pid: int) -> None:
         self._view[self.PID] = pid
@@ -48,7 +49,7 @@ class PeerStatus:
         each request, where a signal to the server pid would cost a third of a small round trip): a server killed
         before its owner marked it dead is then found by the waiting loop, which probes."""
         if self._view is None:  # the owner closed the transport in this very process
-            return "the server was shut down"
+            return f"the {self.name} server was shut down"
         if self._view[self.ALIVE] == 1:
             if not probe:
                 return None
@@ -56,13 +57,13 @@ class PeerStatus:
             try:
                 os.kill(pid, 0)
             except ProcessLookupError:
-                return f"the server process (pid {pid}) died"
+                return f"the {self.name} server process (pid {pid}) died"
             except PermissionError:
                 pass
             return None
         if self._view[self.STOPPED]:
-            return "the server was shut down"
-        return "the server is not running (it died or has not started)"
+            return f"the {self.name} server was shut down"
+        return f"the {self.name} server is not running (it died or has not started)"
 
     def close(self) -> None:
         self._view = None

@@ -76,12 +76,13 @@ class SlotTransport(RequestReplyTransport):
         response_layout: layout of one response.
         num_slots: requests in flight at most.
         context: multiprocessing start method of the processes involved.
+        name: the component served, named in its clients' errors.
     """
 
     fixed_layout = True
     cross_process = True
 
-    def __init__(self, request_layout, response_layout, num_slots: int, context: str = "spawn"):
+    def __init__(self, request_layout, response_layout, num_slots: int, context: str = "spawn", name: str = "service"):
         super().__init__()
         if request_layout is None or response_layout is None:
             raise ConfigurationError(
@@ -102,7 +103,7 @@ class SlotTransport(RequestReplyTransport):
         self.control = _Control(num_slots)
         self.doorbell = ctx.Semaphore(0)
         self.answered = [ctx.Semaphore(0) for _ in range(num_slots)]
-        self.status = PeerStatus()
+        self.status = PeerStatus(name=name)
 
     @property
     def config(self) -> TransportConfig:
@@ -307,7 +308,7 @@ class SlotFuture(ResponseFuture):
         return self._poll(0.0)
 
     def result(self, timeout: float | None = None):
-        wait_for(self._poll, self.client.status, timeout, "request")
+        wait_for(self._poll, self.client.status, timeout, f"{self.client.status.name} request")
         ok, value = self._outcome
         if ok:
             return value

@@ -25,12 +25,14 @@ class ProcessSlotTransport(SlotTransport):
         response_layout: layout of one response.
         num_slots: client endpoints (workers) this transport can hand out.
         context: multiprocessing start method of the processes involved.
+        name: the component served, named in its clients' errors.
     """
 
     kind = "process_slot"
 
-    def __init__(self, request_layout, response_layout, num_slots: int = 64, context: str = "spawn"):
-        super().__init__(request_layout, response_layout, num_slots, context)
+    def __init__(self, request_layout, response_layout, num_slots: int = 64, context: str = "spawn",
+                 name: str = "service"):
+        super().__init__(request_layout, response_layout, num_slots, context, name)
         self.claims = EndpointClaims(num_slots, mp.get_context(context).Lock())
         self._next = 0
 

@@ -62,6 +62,7 @@ class QueueTransport(RequestReplyTransport):
         max_clients: client endpoints (channels) this transport can hand out.
         max_queue_size: most requests in flight per client; ``submit`` waits while that many are unanswered.
         context: multiprocessing start method of the processes involved.
+        name: the component served, named in its clients' errors.
 
     Example:
         >>> transport = QueueTransport(max_clients=8)
@@ -71,14 +72,15 @@ class QueueTransport(RequestReplyTransport):
     kind = "queue"
     cross_process = True
 
-    def __init__(self, max_clients: int = 32, max_queue_size: int = 1024, context: str = "spawn"):
+    def __init__(self, max_clients: int = 32, max_queue_size: int = 1024, context: str = "spawn",
+                 name: str = "service"):
         super().__init__()
         if max_clients < 1 or max_queue_size < 1:
             raise TransportError(f"max_clients and max_queue_size must be >= 1, got {max_clients} and {max_queue_size}")
         ctx = mp.get_context(context)
         self.max_clients, self.max_queue_size, self.context = max_clients, max_queue_size, context
         self.channels = [ctx.Pipe(duplex=True) for _ in range(max_clients)]  # (client end, server end)
-        self.status = PeerStatus()
+        self.status = PeerStatus(name=name)
         self.claims = EndpointClaims(max_clients, ctx.Lock())
         self.spinners = Spinners(max_clients)
         self._next = 0
@@ -125,7 +127,7 @@ class _QueueFuture(ResponseFuture):
 
     def result(self, timeout: float | None = None):
         c = self.client
-        wait_for(lambda step: c._receive(step, self.request_id), c.status, timeout, "inference request")
+        wait_for(lambda step: c._receive(step, self.request_id), c.status, timeout, f"{c.status.name} request")
         status, payload = c._answers.pop(self.request_id)
         if status == _ERR:
             raise payload

@@ -26,12 +26,14 @@ class SharedMemoryTransport(SlotTransport):
         response_layout: layout of one response.
         num_slots: requests in flight at most, over all clients.
         context: multiprocessing start method of the processes involved.
+        name: the component served, named in its clients' errors.
     """
 
     kind = "shared_memory"
 
-    def __init__(self, request_layout, response_layout, num_slots: int = 64, context: str = "spawn"):
-        super().__init__(request_layout, response_layout, num_slots, context)
+    def __init__(self, request_layout, response_layout, num_slots: int = 64, context: str = "spawn",
+                 name: str = "service"):
+        super().__init__(request_layout, response_layout, num_slots, context, name)
         ctx = mp.get_context(context)
         self.free = ctx.Semaphore(num_slots)
         self.claim_lock = ctx.Lock()

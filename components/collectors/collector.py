@@ -7,24 +7,31 @@ endpoint's transport and, with a replay buffer attached, writes go over the repl
 
 Each worker (:class:`~components.collectors.worker.Worker`) runs on the host of the collector's placement:
 in the caller's thread (``direct``, one worker), on threads, in child processes (a crash surfaces in the driver
-within 2 s with the worker's traceback text) or in Ray actors (rollouts return through the object store; with
-``max_restarts`` a crashed worker is restarted and the interrupted rollout retried). Workers collect on
+within 2 s with the worker's traceback text) or in Ray actors (rollouts return through the object store). With
+``resources.max_restarts`` a worker whose process or actor died is restarted (Ray restarts its actors itself; other
+hosts are rebuilt here, with fresh endpoints of the owners they were given) and the interrupted rollout retried;
+a rollout that raised an error is never retried. Workers collect on
 request, so with ``sync=True`` every batch is collected after the weights the learner pushed before asking.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any, Callable, Iterator
 
 import gymnasium as gym
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ..hosts import stop_all
+from transports.errors import PeerFailureError
+
+from ..hosts import Done, stop_all
 from ..resolution import Resolved
 from ..service import Owner
 from .worker import Worker
+
+log = logging.getLogger(__name__)
 
 SEED_STRIDE = 10_000
 """Worker ``w`` seeds its envs from ``seed + w * SEED_STRIDE``: every worker (and env) differs."""
@@ -80,6 +87,7 @@ class Collector(Owner["Collector"]):
         self.replay_buffer, self.sync, self.seed = replay_buffer, sync, seed
         self.frames = 0
         self.hosts: list = []
+        self._restarts: list[int] = []  # restarts done, per worker
         self._spec = None
 
     def _worker(self, w: int) -> functools.partial:
@@ -94,7 +102,33 @@ class Collector(Owner["Collector"]):
         for w in range(self.num_collectors):  # launched together, then waited for: their start-ups overlap
             host = self._make_host(f"collector-{w}", self._worker(w), index=(w, self.num_collectors))
             self.hosts.append(host)
+            self._restarts.append(0)
             host.launch()
+
+    def _collect(self, w: int, pending) -> Any:
+        """Worker ``w``'s rollout: the answer to ``pending``, or, when the worker died and may restart, the answer
+        of a restarted worker asked again."""
+        while True:
+            try:
+                return pending.result()
+            except PeerFailureError as exc:
+                host = self.hosts[w]
+                if host.restarts_itself or self._restarts[w] >= self.resources.max_restarts:
+                    raise
+                self._restarts[w] += 1
+                log.warning("collector-%d: %s; restarting it (%d of %d) and retrying its rollout", w, exc,
+                            self._restarts[w], self.resources.max_restarts)
+                host.stop(1.0)
+                host = self.hosts[w] = self._make_host(f"collector-{w}", self._worker(w), index=(w, self.num_collectors))
+                host.start()
+                pending = self._ask(w)
+
+    def _ask(self, w: int):
+        """Ask worker ``w`` for a rollout (a worker found dead already answers with its death)."""
+        try:
+            return self.hosts[w].submit("collect")
+        except PeerFailureError as exc:
+            return Done(error=exc)
 
     def _finish(self) -> None:
         for host in self.hosts:
@@ -107,6 +141,9 @@ class Collector(Owner["Collector"]):
 
     def _alive(self) -> bool:
         return all(h.is_alive for h in self.hosts)
+
+    def all_hosts(self) -> list:
+        return list(self.hosts)
 
     def _client(self) -> "CollectorClient":
         return CollectorClient(self)
@@ -121,7 +158,7 @@ class Collector(Owner["Collector"]):
     def rollout(self) -> TensorDict | int:
         """Collect one batch (from every worker) and return it (or the frames written to replay)."""
         self._require_running()
-        outs = [pending.result() for pending in [h.submit("collect") for h in self.hosts]]
+        outs = [self._collect(w, pending) for w, pending in enumerate([self._ask(w) for w in range(len(self.hosts))])]
         out = sum(outs) if self.replay_buffer is not None else (outs[0] if len(outs) == 1 else torch.cat(outs, dim=1))
         self.frames += self.frames_per_batch
         return out
@@ -131,15 +168,17 @@ class Collector(Owner["Collector"]):
             while self.total_frames < 0 or self.frames < self.total_frames:
                 yield self.rollout()
             return
-        pending = {h: h.submit("collect") for h in self.hosts}
+        pending = [self._ask(w) for w in range(len(self.hosts))]
         per_worker = self.frames_per_batch // self.num_collectors
+        w = -1
         while self.total_frames < 0 or self.frames < self.total_frames:
-            host, out = _first_ready(pending)
+            w = _first_ready(pending, w)
+            out = self._collect(w, pending[w])
             self.frames += per_worker
-            pending[host] = host.submit("collect")
+            pending[w] = self._ask(w)
             yield out
-        for p in pending.values():  # let the workers finish before shutdown
-            p.result()
+        for w, p in enumerate(pending):  # let the workers finish before shutdown
+            self._collect(w, p)
 
 
 class CollectorClient:
@@ -171,8 +210,13 @@ class CollectorClient:
                         "hand workers the inference and replay clients instead")
 
 
-def _first_ready(pending: dict):
+def _first_ready(pending: list, after: int) -> int:
+    """The index of an answer that is ready (or failed), looking first at those after ``after``: every worker's
+    answer is taken in turn, so a fast worker never hides a slow (or dead) one."""
+    n = len(pending)
+    order = [(after + 1 + i) % n for i in range(n)]
     while True:
-        for host, answer in pending.items():
-            if answer.ready(0.01):
-                return host, answer.result()
+        for w in order:
+            if pending[w].ready(0.0):
+                return w
+        pending[order[0]].ready(0.005)

@@ -34,7 +34,8 @@ class Resources:
     """What one host may use and how it is supervised (``components.<name>.resources`` in YAML).
 
     ``num_cpus=None`` reserves no CPU (several owners then share a small machine; the OS schedules them);
-    ``max_restarts`` restarts a crashed Ray actor (its interrupted calls are retried as many times);
+    ``max_restarts`` restarts a crashed Ray actor (its interrupted calls are retried as many times) and a collector
+    worker on any host (its interrupted rollout is retried);
     ``startup_timeout`` bounds scheduling plus construction on every host.
     """
 
@@ -122,12 +123,15 @@ class Host(ABC):
         same_process: the target shares the owner's process (and its memory).
         command_transport: the request/reply kind that carries commands to a target hosted here when its bulk
             payloads take a transport of their own (``distributed``).
+        restarts_itself: the placement restarts a crashed target itself, up to ``resources.max_restarts`` times,
+            and retries the interrupted calls (Ray); elsewhere the owner rebuilds the host where it can.
     """
 
     placement: ClassVar[str] = ""
     inline: ClassVar[bool] = False
     same_process: ClassVar[bool] = False
     command_transport: ClassVar[str] = "queue"
+    restarts_itself: ClassVar[bool] = False
 
     def __init__(self, name: str, factory: Callable[[], Any], *, resources: Resources | None = None,
                  on_death: Callable[[str], None] | None = None, concurrency: int = 1,
@@ -214,6 +218,20 @@ class Host(ABC):
             self.death = reason
             if self.on_death is not None:
                 self.on_death(reason)
+
+
+def exit_description(code: int | None) -> str:
+    """How a process ended, in words: ``killed by SIGKILL`` for a negative exit code, ``exit code 1`` otherwise."""
+    import signal
+
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
 
 
 def stop_all(hosts, timeout: float | None = None) -> None:

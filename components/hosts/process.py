@@ -22,7 +22,7 @@ from typing import Any
 
 from transports.errors import PeerFailureError, RemoteError, ServiceTimeoutError
 
-from .base import DEFAULT_STOP_TIMEOUT, Host, Pending, close_target, run_serving_loop
+from .base import DEFAULT_STOP_TIMEOUT, Host, Pending, close_target, exit_description, run_serving_loop
 
 PRELOAD = ["torch", "tensordict", "components.hosts.process", "components.inference.target", "components.replay.storage",
            "components.commands"]
@@ -75,7 +75,7 @@ class _Reply(Pending):
                     break
                 if not host._process.is_alive():
                     raise PeerFailureError(f"the {host.name} process died during {self.method!r} "
-                                           f"(exit code {host._process.exitcode})")
+                                           f"({exit_description(host._process.exitcode)})")
                 if deadline is not None and time.monotonic() >= deadline:
                     raise ServiceTimeoutError(f"{host.name}: {self.method!r} not answered within {timeout} s")
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as exc:
@@ -143,12 +143,12 @@ class ProcessHost(Host):
             raise value
         if kind == "timeout":
             raise ServiceTimeoutError(f"{self.name}: not ready within {timeout} s")
-        raise PeerFailureError(f"{self.name}: the process died during startup (exit code {process.exitcode})")
+        raise PeerFailureError(f"{self.name}: the process died during startup ({exit_description(process.exitcode)})")
 
     def _watch(self) -> None:
         ready = wait([self._process.sentinel, self._wake_r])
         if self._process.sentinel in ready and not self._stopping:
-            self._died(f"the {self.name} process died (exit code {self._process.exitcode})")
+            self._died(f"the {self.name} process died ({exit_description(self._process.exitcode)})")
 
     # ------------------------------------------------------------------ calls
     def submit(self, method: str, *args: Any) -> Pending:
@@ -233,8 +233,10 @@ def _receive(conn) -> Any:
 
 
 def _child_main(factory, conn) -> None:
-    # Ctrl-C reaches the whole process group; the parent decides when its services stop (and flush).
+    # Ctrl-C (and a SIGTERM sent to the job) reaches the whole process group; the parent decides when its services
+    # stop and flush, and a child whose parent is gone stops by itself (its control pipe closes).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     import torch
 
     torch.set_num_threads(1)

@@ -41,6 +41,7 @@ class RayClusterConfig:
         resources: custom resources a locally started head node advertises.
         temp_dir: Ray's session directory for a locally started cluster (short paths only: Unix sockets
             live there).
+        connect_timeout: seconds to wait for the cluster at ``address`` to answer before giving up.
     """
 
     address: str | None = None
@@ -48,6 +49,31 @@ class RayClusterConfig:
     num_cpus: float | None = None
     resources: Mapping[str, float] = field(default_factory=dict)
     temp_dir: str | None = None
+    connect_timeout: float = 30.0
+
+
+def _reachable(address: str, timeout: float) -> None:
+    """Wait until something listens at ``host:port`` (Ray's own connect retries for minutes: a mistyped
+    address would hang the run), else raise naming the address. ``auto`` is left to Ray (it fails fast)."""
+    import socket
+    import time
+
+    if address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    deadline, problem = time.monotonic() + timeout, "no port given"
+    while port.isdigit():
+        try:
+            socket.create_connection((host or LOOPBACK, int(port)), timeout=max(0.1, min(2.0, timeout))).close()
+            return
+        except OSError as exc:
+            problem = exc.strerror or type(exc).__name__
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    raise ConfigurationError(f"no Ray cluster answers at ray.address={address!r} within {timeout:g} s ({problem}); "
+                             "start one there (ray start --head) or leave ray.address unset to start a local one",
+                             path="ray.address")
 
 
 @contextlib.contextmanager
@@ -66,6 +92,7 @@ def ray_cluster(config: RayClusterConfig | None = None) -> Iterator[bool]:
     common = dict(namespace=config.namespace, log_to_driver=False, configure_logging=True, logging_level="WARNING")
     own_dir = None
     if config.address:
+        _reachable(config.address, config.connect_timeout)
         ray.init(address=config.address, **common)
     else:
         # a short session dir of its own (Ray's Unix sockets live there), removed with the cluster
@@ -159,6 +186,7 @@ class RayHost(Host):
     """Builds the target in a Ray actor of the connected cluster."""
 
     placement = "ray"
+    restarts_itself = True
     command_transport = "ray"
 
     def __init__(self, *args, **kwargs):

@@ -147,6 +147,34 @@ def test_a_killed_worker_is_a_peer_failure_within_2s():
     assert all(proc_state(pid) in ("gone", "Z") for pid in pids)  # the surviving worker was stopped too
 
 
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_killed_process_worker_restarts_and_no_acknowledged_write_is_lost(sync):
+    from components.hosts import Resources
+
+    with ReplayBuffer(capacity=10_000, batch_size=8, placement="process") as rb:
+        collector = Collector(cartpole_envs(2), LocalPolicy(), 2 * 4 * 2, -1, 2, placement="process", replay_buffer=rb,
+                              sync=sync)
+        collector.with_resources(Resources(max_restarts=1)).start()
+        try:
+            batches = iter(collector)
+            acknowledged = next(batches)
+            first = collector.hosts[1].pid
+            os.kill(first, signal.SIGKILL)
+            wait_until(lambda: proc_state(first) in ("gone", "Z"), what="the worker dead")
+            for _ in range(4):  # the interrupted rollout is retried on a restarted worker
+                acknowledged += next(batches)
+            second = collector.hosts[1].pid
+            assert second != first and collector.is_alive
+            os.kill(second, signal.SIGKILL)  # its one restart is spent: now the death surfaces
+            with pytest.raises(PeerFailureError, match="collector-1"):
+                for _ in range(4):
+                    next(batches)
+        finally:
+            collector.shutdown()
+        assert acknowledged == 5 * (16 if sync else 8)
+        assert len(rb.client()) >= acknowledged  # an interrupted rollout may have been written twice, never lost
+
+
 @pytest.mark.parametrize("backend", ["thread", "process"])
 def test_async_batched_collector_batches_requests_across_envs(backend):
     from components.collectors import AsyncBatchedCollector

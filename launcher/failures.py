@@ -1,0 +1,82 @@
+"""How a run ends when it does not finish: the exit statuses, which service died, and the signals that stop a run.
+
+=====  =====================================================================================
+ 0     the recipe finished
+ 1     an error in the recipe or the launcher itself (its traceback is printed)
+ 2     a configuration error (nothing was started)
+ 3     a service died during the run (one line names it; the traceback is in ``launcher.log``)
+130    interrupted by Ctrl-C (SIGINT): every service was shut down in order
+143    stopped by SIGTERM: the same orderly shutdown
+=====  =====================================================================================
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any, Mapping
+
+from transports.errors import PeerFailureError, ServiceError
+
+EXIT_ERROR = 1
+EXIT_CONFIG = 2
+EXIT_SERVICE_DIED = 3
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+
+SETTLE_S = 2.0
+"""Seconds to wait, after a client saw its peer fail, for the host watching that peer to record why."""
+
+
+class ServiceDied(ServiceError):
+    """A service's owner died during the run (a killed process, a lost actor, a crashed thread).
+
+    Attributes:
+        component: the component (``replay``, ``inference``...).
+        placement: where it was placed.
+        pid: the process it lived in, where known.
+        cause: why, as its host recorded it (``the replay process died (killed by SIGKILL)``).
+    """
+
+    def __init__(self, component: str, placement: str, pid: int | None, cause: str):
+        self.component, self.placement, self.pid, self.cause = component, placement, pid, cause
+        where = placement if pid is None else f"{placement}, pid {pid}"
+        super().__init__(f"{component} ({where}) died: {cause}")
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: raised in the main thread so the run unwinds (and shuts down) as on Ctrl-C."""
+
+
+def handle_sigterm() -> None:
+    """Turn SIGTERM into :class:`Terminated` in the main thread (call it there)."""
+
+    def raise_terminated(signum, frame):
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, raise_terminated)
+
+
+def dead_service(owners: Mapping[str, Any], error: BaseException) -> ServiceDied | None:
+    """The service whose death explains ``error``, if one died: checked at once, and for a peer failure a little
+    longer (the client may notice before the host's watcher records the cause)."""
+    deadline = time.monotonic() + (SETTLE_S if _peer_failure(error) else 0.0)
+    while True:
+        for name, owner in owners.items():
+            for host in owner.all_hosts():
+                cause = host.death
+                if cause is None and host.placement == "ray" and not host.is_alive:  # Ray records no cause here
+                    cause = "its actor is no longer alive (Ray reports it dead)"
+                if cause is not None:
+                    return ServiceDied(name, owner.placement, host.pid, cause)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+
+
+def _peer_failure(error: BaseException | None) -> bool:
+    while error is not None:
+        if isinstance(error, PeerFailureError):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
