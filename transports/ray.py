@@ -5,6 +5,9 @@ Rules: the owner lives in a Ray actor (placement ``ray``). Clients hold the acto
 to any process connected to the cluster (drivers, Ray tasks and actors). Any picklable payload may travel.
 Inside the actor, requests land in an in-process queue that the server endpoint drains, so concurrent calls
 are served in batches exactly as on a thread (the actor takes as many calls at once as its concurrency allows).
+An actor that takes several calls at once runs them in no guaranteed order, so each client copy is a producer
+that numbers its requests, and the actor puts each producer's requests into the queue in that order (a request
+that arrives early waits for its predecessors; requests of different producers never wait for each other).
 What a client raises is our error hierarchy, never a raw Ray exception:
 
 - the owner's method raised: :class:`RemoteError` with the remote type, message and traceback text (our own
@@ -21,6 +24,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+import time
 from typing import Any
 
 from .base import RequestReplyTransport
@@ -105,21 +109,67 @@ def remote(handle: Any, method: str, args: tuple, what: str) -> RayFuture:
 
 # ---------------------------------------------------------------------------------------------- transport
 _ids = itertools.count(1)
-_ENDPOINTS: dict[str, Any] = {}  # endpoint id -> a client of the in-actor queue (in the actor's process)
+_ENDPOINTS: dict[str, tuple[Any, "Sequencer"]] = {}  # endpoint id -> (a client of the in-actor queue, its order)
 _ENDPOINTS_LOCK = threading.Lock()
 
 DELIVER = "deliver"
-"""The method every hosting actor offers: ``deliver(endpoint_id, payload)`` hands a request to the server
-endpoint of that id inside the actor and returns its answer."""
+"""The method every hosting actor offers: ``deliver(endpoint_id, message)`` hands a request to the server
+endpoint of that id inside the actor and returns its answer; ``message`` is ``(producer, sequence, payload)``."""
+
+GAP_TIMEOUT = 5.0
+"""Most seconds a request waits inside the actor for an earlier request of its producer that has not arrived (a
+safety valve: such a request was lost with a restarted actor; past it, order gives way to progress)."""
 
 
-def deliver(endpoint_id: str, payload: Any) -> Any:
-    """Inside the actor: hand ``payload`` to the server endpoint ``endpoint_id`` and wait for its answer."""
+class Sequencer:
+    """Releases each producer's requests in the order of their sequence numbers (0, 1, 2... per producer).
+
+    Args:
+        first_seen: whether a producer's first request seen here starts its sequence (an actor Ray restarted meets
+            producers mid-sequence); otherwise every producer starts at 0.
+    """
+
+    def __init__(self, first_seen: bool = False):
+        self.first_seen = first_seen
+        self._next: dict[bytes, int] = {}  # producer -> the sequence number it releases next
+        self._cond = threading.Condition()
+
+    def release(self, producer: bytes, seq: int, submit: Any) -> Any:
+        """Call ``submit()`` once every earlier request of ``producer`` was released; returns what it returns."""
+        start = seq if self.first_seen else 0
+        with self._cond:
+            expected = self._next.get(producer, start)
+            if seq > expected:
+                deadline = time.monotonic() + GAP_TIMEOUT
+                while seq > expected and (left := deadline - time.monotonic()) > 0:
+                    self._cond.wait(left)
+                    expected = self._next.get(producer, start)
+            try:
+                return submit()  # under the lock: the order of release is the order in the queue
+            finally:
+                self._next[producer] = max(expected, seq + 1)  # a failed submit fails its caller, not the successors
+                if seq >= expected:
+                    self._cond.notify_all()
+
+
+def deliver(endpoint_id: str, message: tuple) -> Any:
+    """Inside the actor: hand a request to the server endpoint ``endpoint_id`` in its producer's order and wait for
+    its answer."""
+    producer, seq, payload = message
     with _ENDPOINTS_LOCK:
-        client = _ENDPOINTS.get(endpoint_id)
-    if client is None:
+        entry = _ENDPOINTS.get(endpoint_id)
+    if entry is None:
         raise TransportError(f"no server endpoint {endpoint_id!r} in this actor (it was shut down)")
-    return client.submit(payload).result()
+    client, sequencer = entry
+    return sequencer.release(producer, seq, lambda: client.submit(payload)).result()
+
+
+def _restarted() -> bool:
+    """Whether this process is an actor that Ray restarted (its callers are mid-sequence)."""
+    try:
+        return bool(import_ray().get_runtime_context().was_current_actor_reconstructed)
+    except Exception:  # noqa: BLE001 - not in an actor (a test serving in-process): a fresh start
+        return False
 
 
 class RayTransport(RequestReplyTransport):
@@ -157,8 +207,9 @@ class RayTransport(RequestReplyTransport):
 
         self._inner = ThreadTransport(max_queue_size=self.max_queue_size)
         self._inner.mark_serving(os.getpid())
+        sequencer = Sequencer(first_seen=_restarted())
         with _ENDPOINTS_LOCK:
-            _ENDPOINTS[self.endpoint_id] = self._inner.client()
+            _ENDPOINTS[self.endpoint_id] = (self._inner.client(), sequencer)
         return self._inner.server()
 
     def bind(self, host: Any) -> None:
@@ -182,12 +233,16 @@ class RayTransport(RequestReplyTransport):
 
 class RayClient:
     """The client endpoint of a :class:`RayTransport`: ``submit(payload)`` is one actor call. Picklable anywhere
-    in the cluster (it holds the actor handle)."""
+    in the cluster (it holds the actor handle); each copy is a producer of its own, whose requests are served in
+    the order it submitted them."""
 
-    __slots__ = ("handle", "endpoint_id", "name")
+    __slots__ = ("handle", "endpoint_id", "name", "_producer", "_seq", "_lock")
 
     def __init__(self, handle: Any, endpoint_id: str, name: str):
         self.handle, self.endpoint_id, self.name = handle, endpoint_id, name
+        self._producer = os.urandom(8)
+        self._seq = 0
+        self._lock = threading.Lock()
 
     def __reduce__(self):
         return (RayClient, (self.handle, self.endpoint_id, self.name))
@@ -195,4 +250,7 @@ class RayClient:
     def submit(self, payload: Any) -> RayFuture:
         what = f"{self.name} {payload[0]!r}" if isinstance(payload, tuple) and payload and isinstance(payload[0], str) \
             else f"{self.name} request"
-        return remote(self.handle, DELIVER, (self.endpoint_id, payload), what)
+        with self._lock:  # numbered and sent together: a number is used only by a request that was sent
+            future = remote(self.handle, DELIVER, (self.endpoint_id, (self._producer, self._seq, payload)), what)
+            self._seq += 1
+        return future
