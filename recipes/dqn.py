@@ -127,8 +127,7 @@ def run(cfg: DQNConfig, clients: Clients) -> dict:
         seq = batch.select(*keys) if pending is None else torch.cat([pending, batch.select(*keys)], dim=0)
         if seq.shape[0] >= cfg.n_step:
             transitions = n_step_transitions(seq, cfg).exclude(("next", "done")).reshape(-1)
-            clients.replay.extend(transitions)
-            stored += transitions.numel()
+            stored += len(clients.replay.extend(transitions))  # the positions written (filters may drop rows)
         pending = seq[max(0, seq.shape[0] - (cfg.n_step - 1)):]
 
         # ---- learn

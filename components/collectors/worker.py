@@ -41,7 +41,7 @@ class Worker:
     def collect(self) -> TensorDict | int:
         """One rollout, or (with a replay buffer) the number of frames written there."""
         batch = self.rollout()
-        return batch if self.replay is None else self.replay.extend(batch.reshape(-1))
+        return batch if self.replay is None else len(self.replay.extend(batch.reshape(-1)))
 
     def spec(self):
         """The environment's :class:`~components.envs.EnvSpec`."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Mapping, Sequence
 
+import torch
 from tensordict import TensorDict, TensorDictBase
 
 from transports import registry as transport_registry
@@ -52,9 +53,8 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
 
     Example:
         >>> with ReplayBuffer(capacity=1000, batch_size=32) as buffer:
-        ...     buffer.extend(TensorDict({"observation": torch.randn(100, 4)}, [100]))
+        ...     index = buffer.extend(TensorDict({"observation": torch.randn(100, 4)}, [100]))
         ...     buffer.sample()["observation"].shape
-        100
         torch.Size([32, 4])
     """
 
@@ -136,13 +136,19 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
     def __len__(self) -> int:
         return len(self._storage())
 
-    def add(self, item: TensorDictBase) -> int:
-        """Write one transition (a TensorDict without batch dimension). Returns how many were written (0 or 1)."""
+    def add(self, item: TensorDictBase) -> int | None:
+        """Write one transition (a TensorDict without batch dimension). Returns its storage position (``None``
+        when a :class:`PolicyAgeFilter` at extend time drops it)."""
         return self._storage().add(item)
 
-    def extend(self, batch: TensorDictBase) -> int:
-        """Write every element of ``batch`` (flattened over its batch dimensions). Returns how many were written
-        (fewer when a :class:`PolicyAgeFilter` at extend time drops stale ones).
+    def extend(self, batch: TensorDictBase) -> torch.Tensor:
+        """Write every element of ``batch`` (flattened over its batch dimensions).
+
+        Returns:
+            The storage positions written, in row order, as a 1-D int64 tensor, ready for
+            :meth:`update_priority`. Its length is how many were written (fewer when a :class:`PolicyAgeFilter`
+            at extend time drops stale ones); a batch longer than ``capacity`` keeps its last rows, and the
+            positions of the earlier ones repeat (as in torchrl).
 
         Raises:
             LayoutError: ``batch`` does not match the layout fixed by the first write.

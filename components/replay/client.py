@@ -52,10 +52,13 @@ class ReplayClient(CommandClient):
     def __len__(self) -> int:
         return self._call("__len__")
 
-    def add(self, item: TensorDictBase) -> int:
-        return self.extend(item.unsqueeze(0))
+    def add(self, item: TensorDictBase) -> int | None:
+        """Write one transition; its storage position (``None`` when an extend-time filter drops it)."""
+        index = self.extend(item.unsqueeze(0))
+        return int(index[0]) if len(index) else None
 
-    def extend(self, batch: TensorDictBase) -> int:
+    def extend(self, batch: TensorDictBase) -> torch.Tensor:
+        """Write the rows of ``batch``; the storage positions written, in row order (a 1-D int64 tensor)."""
         if self._channels is not None:
             return self._channels.extend(batch)
         if not self.shared_memory:
@@ -78,7 +81,7 @@ class ReplayClient(CommandClient):
                     raise LayoutError(leaf.key, f"shape [N, {', '.join(map(str, leaf.shape))}] dtype {str(leaf.dtype)[6:]}",
                                       f"shape {list(value.shape)} dtype {str(value.dtype)[6:]}")
                 bank.slots.get(leaf.key)[:n].copy_(value)
-            return self._call("_extend_from_stage", stage, n)
+            return torch.from_numpy(self._call("_extend_from_stage", stage, n))
 
     def sample(self, batch_size: int | None = None) -> TensorDict:
         n = batch_size or self.batch_size

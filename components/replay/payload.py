@@ -10,8 +10,9 @@ new length (a learner's first, shorter n-step batch) bind one more channel each,
 
 from __future__ import annotations
 
+import math
 import threading
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -21,7 +22,22 @@ from transports.layout import Layout
 
 
 def _extend(storage: Any, request: TensorDictBase) -> TensorDict:
-    return TensorDict({"written": torch.tensor(storage.extend(request), dtype=torch.int64)})
+    index = storage.extend(request)
+    answer = extend_answer(request.batch_size)
+    answer["index"][: len(index)] = index
+    return answer
+
+
+def extend_answer(batch_size: Sequence[int]) -> TensorDict:
+    """The answer of an ``extend`` of ``batch_size`` rows: one position per row, in row order, ``-1`` padding the
+    end where an extend-time filter dropped rows (the client keeps only the positions, see :func:`positions`)."""
+    return TensorDict({"index": torch.full((math.prod(batch_size),), -1, dtype=torch.int64)})
+
+
+def positions(answer: TensorDictBase) -> torch.Tensor:
+    """What ``extend`` returns from its channel answer: the positions written, without the padding."""
+    index = answer["index"]
+    return index[index >= 0]
 
 
 def _sample(storage: Any, request: TensorDictBase) -> TensorDictBase:
@@ -59,7 +75,8 @@ def explicit_operations(layouts: Mapping[str, Any]) -> dict[str, tuple[Layout, L
                                  path="components.replay.layouts", alternatives=tuple(SERVER_OPS))
     ops = {}
     if "extend" in layouts:
-        ops["extend"] = (layout(layouts["extend"]), Layout.from_tensordict(TensorDict({"written": torch.tensor(0)})))
+        request = layout(layouts["extend"])
+        ops["extend"] = (request, Layout.from_tensordict(extend_answer(request.batch_size)))
     if "sample" in layouts:
         sample = layout(layouts["sample"])
         n = sample.batch_size[0]
@@ -93,11 +110,11 @@ class PayloadChannels:
             if op == "sample":
                 self._sample_size = response.batch_size[0]
 
-    def extend(self, batch: TensorDictBase) -> int:
+    def extend(self, batch: TensorDictBase) -> torch.Tensor:
         rows = tuple(batch.batch_size)
         channel = self._bound.get(("extend", rows))
         if channel is not None:
-            return int(channel.submit(batch).result()["written"])
+            return positions(channel.submit(batch).result())
         if self._explicit_extend is not None:
             raise LayoutError(("batch_size",), f"{list(self._explicit_extend)} (the explicit extend layout)",
                               str(list(rows)))
@@ -112,9 +129,9 @@ class PayloadChannels:
             if len(bound) >= MAX_EXTEND_SIZES:
                 raise LayoutError(("batch_size",), f"one of the lengths bound already {sorted(k[1] for k in bound)}",
                                   str(list(rows)), hint=f"at most {MAX_EXTEND_SIZES} extend lengths per endpoint")
-        written = self._call("extend", batch)
-        self._bind(("extend", rows), request, TensorDict({"written": torch.tensor(0)}))
-        return written
+        index = self._call("extend", batch)
+        self._bind(("extend", rows), request, extend_answer(rows))
+        return index
 
     def sample(self, n: int) -> TensorDictBase:
         channel = self._bound.get("sample")

@@ -3,8 +3,11 @@
 
 The storage is shaped by the first write (each leaf gets a leading ``capacity`` dimension), in memory or
 memory-mapped on disk, and written circularly. Once ``extend`` returns, ``len`` counts what it wrote and it can
-be sampled. With ``share=True`` (a buffer reached over ``shared_memory``) the storage lives in shared memory
-and clients stage writes and gather samples themselves (see :class:`~components.replay.client.ReplayClient`).
+be sampled. Writes return the storage positions they wrote, in row order (as torchrl's writers do): row ``i`` of
+a batch lands at ``(cursor + i) % capacity``, so a batch longer than the capacity keeps its last ``capacity``
+rows and the positions of the earlier ones repeat. With ``share=True`` (a buffer reached over ``shared_memory``)
+the storage lives in shared memory and clients stage writes and gather samples themselves (see
+:class:`~components.replay.client.ReplayClient`).
 """
 
 from __future__ import annotations
@@ -62,20 +65,23 @@ class ReplayStorage:
     def __len__(self) -> int:
         return self._size
 
-    def add(self, item: TensorDictBase) -> int:
-        """Write one transition (a TensorDict without batch dimension). Returns how many were written (0 or 1)."""
-        return self._write(item.unsqueeze(0))
+    def add(self, item: TensorDictBase) -> int | None:
+        """Write one transition (a TensorDict without batch dimension). Returns its storage position (``None``
+        when a :class:`PolicyAgeFilter` at extend time drops it)."""
+        index = self._write(item.unsqueeze(0))
+        return int(index[0]) if len(index) else None
 
-    def extend(self, batch: TensorDictBase) -> int:
-        """Write every element of ``batch`` (flattened over its batch dimensions). Returns how many were written
-        (fewer when a :class:`PolicyAgeFilter` at extend time drops stale ones).
+    def extend(self, batch: TensorDictBase) -> torch.Tensor:
+        """Write every element of ``batch`` (flattened over its batch dimensions). Returns the storage positions
+        written, in row order, as a 1-D int64 tensor (for :meth:`update_priority`); its length is how many were
+        written (fewer when a :class:`PolicyAgeFilter` at extend time drops stale ones).
 
         Raises:
             LayoutError: ``batch`` does not match the layout fixed by the first write.
         """
         return self._write(batch)
 
-    def _write(self, batch: TensorDictBase) -> int:
+    def _write(self, batch: TensorDictBase) -> torch.Tensor:
         if batch.batch_dims < 1:
             raise LayoutError((), "a TensorDict with a leading batch dimension", f"batch_size {list(batch.batch_size)}")
         if batch.batch_dims > 1:
@@ -88,24 +94,25 @@ class ReplayStorage:
                 if f.when == "extend":
                     rows = rows[f.fresh(rows.get(f.key))]
             n = rows.shape[0]
+            positions = (torch.arange(n) + self._cursor) % self.capacity  # row i's position, as returned
             if n == 0:
-                return 0
-            if n >= self.capacity:
-                rows, n = rows[-self.capacity :], self.capacity
-            index = (torch.arange(n) + self._cursor) % self.capacity
+                return positions
+            kept = min(n, self.capacity)  # a batch longer than the capacity keeps its last rows
+            rows, start = rows[n - kept :], (self._cursor + n - kept) % self.capacity
+            index = positions[n - kept :]
             if self._generation is not None:  # odd while rows are written: readers of shared storage retry
                 self._generation[index] += 1
-            first = min(n, self.capacity - self._cursor)  # one contiguous slice, or two when the write wraps
-            self._storage[self._cursor : self._cursor + first] = rows[:first]
-            if first < n:
-                self._storage[: n - first] = rows[first:]
+            first = min(kept, self.capacity - start)  # one contiguous slice, or two when the write wraps
+            self._storage[start : start + first] = rows[:first]
+            if first < kept:
+                self._storage[: kept - first] = rows[first:]
             if self._generation is not None:
                 self._generation[index] += 1
             self._valid[index] = True
             self._sampler.on_write(index)
             self._cursor = int((self._cursor + n) % self.capacity)
             self._size = min(self._size + n, self.capacity)
-            return n
+            return positions
 
     def _allocate(self, item: TensorDictBase) -> None:
         self._layout = Layout.from_tensordict(item)
@@ -210,8 +217,9 @@ class ReplayStorage:
         self._stages.append(bank)
         return len(self._stages) - 1, bank
 
-    def _extend_from_stage(self, stage: int, n: int) -> int:
-        return self._write(self._stages[stage].slots[:n])
+    def _extend_from_stage(self, stage: int, n: int):
+        """:meth:`extend` of the first ``n`` staged rows; the positions as a numpy array (it pickles faster)."""
+        return self._write(self._stages[stage].slots[:n]).numpy()
 
     def _shared_storage(self):
         """The storage bank and its per-row write generations, for clients that gather samples themselves."""

@@ -18,7 +18,7 @@ def _batch(n, start=0):
 
 def test_extend_then_sample_uniform():
     with ReplayBuffer(capacity=100, batch_size=16, seed=0) as rb:
-        assert rb.extend(_batch(40)) == 40
+        assert rb.extend(_batch(40)).tolist() == list(range(40))
         assert len(rb) == 40
         sample = rb.sample()
         assert sample.batch_size == torch.Size([16])
@@ -35,6 +35,21 @@ def test_capacity_wraps_overwriting_the_oldest():
         assert len(rb) == 10
         stored = set(rb.sample()["action"].tolist())
         assert stored == {3, 4, 5, 6, 7, 100, 101, 102, 103, 104}
+
+
+def test_extend_returns_positions_in_row_order_and_add_its_one_position():
+    with ReplayBuffer(capacity=8, batch_size=4, sampler="prioritized", seed=0) as rb:
+        assert rb.extend(_batch(6)).tolist() == [0, 1, 2, 3, 4, 5]
+        assert rb.add(_batch(1, start=6)[0]) == 6
+        index = rb.extend(_batch(3, start=7))
+        assert index.dtype == torch.int64 and index.tolist() == [7, 0, 1]  # wrapped
+        rb.update_priority(index, torch.tensor([1.0, 2.0, 3.0]))
+        on_disk = rb.state_dict()["storage"]["action"]
+        assert on_disk[index].tolist() == [7, 8, 9]
+        longer = rb.extend(_batch(11, start=20))  # the last 8 rows stay, each where its position says
+        assert longer.tolist() == [2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4]
+        assert rb.state_dict()["storage"]["action"][longer[3:]].tolist() == list(range(23, 31))
+        assert rb.extend(_batch(1, start=50)).tolist() == [5]  # the oldest row is overwritten next
 
 
 def test_without_replacement_visits_every_item_once_per_epoch():

@@ -12,6 +12,8 @@ from tensordict import TensorDict
 
 from components.errors import LayoutError, PeerFailureError, RemoteError
 from components.replay import PolicyAgeFilter, ReplayBuffer
+from components.replay.payload import SERVER_OPS, positions
+from components.replay.storage import ReplayStorage
 from components.weight_sync import WeightSync
 from transports.segments import SHM_PREFIX
 
@@ -46,9 +48,9 @@ def make(cell, **kwargs):
 def test_acknowledged_writes_are_counted_and_sampled(cell):
     with make(cell, capacity=1000, batch_size=32, seed=0) as owner:
         client = owner.client()
-        assert client.extend(rows(100)) == 100
+        assert client.extend(rows(100)).tolist() == list(range(100))
         assert len(client) == 100 and len(owner) == 100
-        client.add(rows(1, start=100)[0])
+        assert client.add(rows(1, start=100)[0]) == 100
         assert len(client) == 101
         sample = client.sample()
         assert sample.batch_size == torch.Size([32])
@@ -56,6 +58,32 @@ def test_acknowledged_writes_are_counted_and_sampled(cell):
         assert torch.equal(sample["index"], sample["id"])  # stored at the position of their id
         client.empty()
         assert len(client) == 0
+
+
+INDEX_CELLS = CELLS + [pytest.param(c, marks=pytest.mark.slow)
+                       for c in (("ray", "ray"), ("process", "distributed"), ("ray", "distributed"))]
+
+
+@pytest.mark.parametrize("cell", INDEX_CELLS, ids=lambda c: "-".join(c))
+def test_extend_returns_the_positions_written_and_they_update_priorities(cell, request):
+    if cell[0] == "ray":
+        request.getfixturevalue("ray_cluster")
+    with make(cell, capacity=10, batch_size=4, sampler="prioritized", alpha=1.0, seed=0) as owner:
+        client = owner.client()
+        first = client.extend(rows(4))
+        assert first.dtype == torch.int64 and first.shape == (4,) and first.tolist() == [0, 1, 2, 3]
+        assert client.extend(rows(4, start=4)).tolist() == [4, 5, 6, 7]  # a bound length (distributed: over gloo)
+        assert client.extend(rows(4, start=8)).tolist() == [8, 9, 0, 1]  # wraps around
+        assert client.add(rows(1, start=12)[0]) == 2
+        longer = client.extend(rows(12, start=20))  # longer than the capacity: its last 10 rows stay
+        assert longer.tolist() == [3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4]
+        stored = client.state_dict()["storage"]["id"]
+        assert stored[longer[2:]].tolist() == list(range(22, 32))
+        index = client.extend(rows(4, start=100))
+        assert index.tolist() == [5, 6, 7, 8]  # after the oldest rows of the longer batch
+        client.update_priority(index, torch.zeros(4))  # the rows just written (near-)never come up again
+        drawn = torch.cat([client.sample()["id"] for _ in range(10)])
+        assert not set(drawn.tolist()) & set(range(100, 104)), drawn
 
 
 def test_remote_errors_raise_at_the_call_site_and_the_buffer_keeps_serving(cell):
@@ -78,7 +106,7 @@ def test_eight_concurrent_producers_lose_no_write(cell):
         def produce(p):
             for k in range(0, per_producer, chunk):
                 start = p * 1000 + k
-                assert clients[p].extend(rows(chunk, start=start)) == chunk
+                assert len(clients[p].extend(rows(chunk, start=start))) == chunk
 
         threads = [threading.Thread(target=produce, args=(p,)) for p in range(producers)]
         for t in threads:
@@ -171,8 +199,13 @@ def test_policy_age_filter_at_extend_time():
         flt = PolicyAgeFilter(max_policy_lag=2, source=sync, when="extend")
         with ReplayBuffer(capacity=100, batch_size=4, filters=[flt]) as rb:
             batch = torch.cat([rows(3, 0, version=1), rows(3, 10, version=3), rows(3, 20, version=5)])
-            assert rb.extend(batch) == 6  # version 1 lags 4 > 2: dropped before storage
+            assert rb.extend(batch).tolist() == list(range(6))  # version 1 lags 4 > 2: dropped before storage
             assert sorted(rb.state_dict()["storage"]["id"].tolist()) == [10, 11, 12, 20, 21, 22]
+            assert rb.add(rows(1, 30, version=0)[0]) is None and rb.add(rows(1, 40, version=5)[0]) == 6
+        storage = ReplayStorage(capacity=100, sampler="uniform", batch_size=4, filters=[flt])
+        answer = SERVER_OPS["extend"](storage, batch)  # a distributed answer keeps the batch's length, padded
+        assert answer["index"].tolist() == [0, 1, 2, 3, 4, 5, -1, -1, -1]
+        assert positions(answer).tolist() == list(range(6))
 
 
 def test_policy_age_filter_at_sample_time_in_a_process_buffer():

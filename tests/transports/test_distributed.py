@@ -352,8 +352,10 @@ def test_replay_payloads_over_distributed(placement, request):
                       transport="distributed") as buffer:
         client = buffer.client()
         first = client.extend(TensorDict({"obs": torch.randn(10, 4)}, [10]))  # over commands: binds the layout
-        assert first == 10 and client.extend(TensorDict({"obs": torch.randn(10, 4)}, [10])) == 10
-        assert client.extend(TensorDict({"obs": torch.randn(6, 4)}, [6])) == 6 and len(client) == 26
+        assert first.tolist() == list(range(10))
+        assert client.extend(TensorDict({"obs": torch.randn(10, 4)}, [10])).tolist() == list(range(10, 20))
+        assert client.extend(TensorDict({"obs": torch.randn(6, 4)}, [6])).tolist() == list(range(20, 26))
+        assert len(client) == 26
         sample = client.sample()
         again = client.sample()
         assert sample["obs"].shape == (8, 4) and again["index"].shape == (8,) and "_weight" in again.keys()
@@ -370,6 +372,7 @@ def test_replay_payloads_over_distributed(placement, request):
 @pytest.mark.slow
 def test_replay_with_explicit_layouts_binds_up_front_and_refuses_others():
     from components.replay import ReplayBuffer
+    from components.replay.payload import extend_answer
 
     batch = TensorDict({"obs": torch.zeros(10, 4)}, [10])
     sample = TensorDict({"obs": torch.zeros(8, 4), "index": torch.zeros(8, dtype=torch.int64)}, [8])
@@ -378,12 +381,13 @@ def test_replay_with_explicit_layouts_binds_up_front_and_refuses_others():
     with ReplayBuffer(capacity=100, batch_size=8, placement="process", transport="distributed",
                       layouts={"extend": batch, "sample": sample}) as buffer:
         client = buffer.client()
-        assert client.extend(TensorDict({"obs": torch.ones(10, 4)}, [10])) == 10  # the first call goes over gloo too
+        index = client.extend(TensorDict({"obs": torch.ones(10, 4)}, [10]))  # the first call goes over gloo too
+        assert index.tolist() == list(range(10))
         assert client.sample()["obs"].shape == (8, 4) and len(client) == 10
         with pytest.raises(LayoutError, match="expected \\[10\\] \\(the explicit extend layout\\), got \\[5\\]"):
             client.extend(TensorDict({"obs": torch.ones(5, 4)}, [5]))
         other = client._channels._bound[("extend", (10,))].bind("extend", TensorDict({"obs": torch.ones(5, 4)}, [5]),
-                                                                 TensorDict({"written": torch.tensor(0)}))
+                                                                 extend_answer((5,)))
         with pytest.raises(LayoutError, match="the server's request layout"):  # and the owner refuses it as well
             other.submit(TensorDict({"obs": torch.ones(5, 4)}, [5]))
         with pytest.raises(LayoutError, match="expected 8"):
