@@ -248,8 +248,6 @@ def make_server(placement: str, transport: str, size: str, max_clients: int) -> 
                                transport=transport)
     if transport in ("shared_memory", "process_slot"):
         options = {"num_slots": max_clients}
-    elif transport == "queue":
-        options = {"max_clients": max_clients}
     return InferenceServer(
         policy_factory=make_policy,
         config=InferenceServerConfig(placement=placement),

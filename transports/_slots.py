@@ -12,7 +12,6 @@ Slot states: FREE -> CLAIMED (a client holds it) -> READY (request written, serv
 from __future__ import annotations
 
 import functools
-import multiprocessing as mp
 import time
 
 import numpy as np
@@ -25,6 +24,7 @@ from .base import RequestReplyTransport, ResponseFuture
 from .config import TransportConfig
 from .errors import ConfigurationError, PeerFailureError, error_from_text, error_to_text
 from .layout import Layout
+from .sync import Semaphore
 
 FREE, CLAIMED, READY, SERVING, ANSWERED, FAILED = range(6)
 ERROR_BYTES = 8192
@@ -96,13 +96,12 @@ class SlotTransport(RequestReplyTransport):
         _cpu_only(self.request_layout, "request")
         _cpu_only(self.response_layout, "response")
         _stampable(self.response_layout)
-        ctx = mp.get_context(context)
         self.num_slots, self.context = num_slots, context
         self.requests = SlotBank(self.request_layout, num_slots)
         self.responses = SlotBank(self.response_layout, num_slots)
         self.control = _Control(num_slots)
-        self.doorbell = ctx.Semaphore(0)
-        self.answered = [ctx.Semaphore(0) for _ in range(num_slots)]
+        self.doorbell = Semaphore(0, context)
+        self.answered = [Semaphore(0, context) for _ in range(num_slots)]
         self.status = PeerStatus(name=name)
 
     @property

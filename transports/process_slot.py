@@ -2,19 +2,19 @@
 
 Rules: fixed layouts (CPU tensors only); each client endpoint owns one slot and carries one request at a
 time (read the answer before submitting again), which fits one synchronous acting loop per environment
-worker. Create one client per worker in the owner's process and pass it as a ``Process`` argument. The
+worker. Create one client per worker (each pickles to any process of this machine; a copy used in a second live
+process is refused at its call site). The
 server gathers every ready slot in one pass and scatters the answers in one pass.
 """
 
 from __future__ import annotations
-
-import multiprocessing as mp
 
 from tensordict import TensorDictBase
 
 from ._shared import EndpointClaims
 from ._slots import FREE, SlotClientBase, SlotFuture, SlotTransport
 from .errors import PeerFailureError, TransportError
+from .sync import Lock
 
 
 class ProcessSlotTransport(SlotTransport):
@@ -33,7 +33,7 @@ class ProcessSlotTransport(SlotTransport):
     def __init__(self, request_layout, response_layout, num_slots: int = 64, context: str = "spawn",
                  name: str = "service"):
         super().__init__(request_layout, response_layout, num_slots, context, name)
-        self.claims = EndpointClaims(num_slots, mp.get_context(context).Lock())
+        self.claims = EndpointClaims(num_slots, Lock(context))
         self._next = 0
 
     def client(self) -> "ProcessSlotClient":

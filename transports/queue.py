@@ -1,10 +1,12 @@
-"""``queue``: pickled TensorDicts over one local stream socket per client (requests out, answers back).
+"""``queue``: pickled TensorDicts over one local stream socket per client process (requests out, answers back).
 
-Rules: create clients in the owner's process, before spawning the processes that use them, and hand them
-over as ``Process`` arguments (multiprocessing shares the sockets by inheritance only). Any picklable value may
-travel, non-tensor leaves included; layouts may change between calls. ``max_clients`` channels are made up
-front so clients can be created after the server started. ``max_queue_size`` bounds each client's requests in
-flight: ``submit`` waits (reading answers meanwhile) while that many are unanswered.
+Rules: the owner listens on a named local socket (Linux's abstract namespace: no file to leave behind; the server
+accepts only processes of its own user, checked with ``SO_PEERCRED``). A client carries only that name and the
+shared status block, so it pickles to any process of this machine (a ``Process`` argument, a pool, a Ray task, a
+job step) and connects its own channel the first time it is used there: two processes never share a channel, and
+threads of one process share their process's. Any picklable value may travel, non-tensor leaves included; layouts
+may change between calls. ``max_queue_size`` bounds each client's requests in flight: ``submit`` waits (reading
+answers meanwhile) while that many are unanswered.
 
 A client writes each request straight into its own channel (no feeder thread, so no thread hand-off per
 request); the server waits on every channel at once with one ``poll`` and never blocks on an answer: what a
@@ -19,17 +21,20 @@ from __future__ import annotations
 
 import collections
 import itertools
-import multiprocessing as mp
+import os
 import pickle
 import select
 import socket
+import struct
 import threading
 import time
 import weakref
+from multiprocessing.connection import Connection
 
 from tensordict import TensorDictBase
 
-from ._shared import WAIT_SLICE, EndpointClaims, PeerStatus, Spinners, spin, wait_for
+from . import _shared
+from ._shared import WAIT_SLICE, PeerStatus, Spinners, spin, wait_for
 from .base import Batch, RequestReplyTransport, ResponseFuture, ServerEndpoint
 from .config import TransportConfig
 from .errors import PeerFailureError, RemoteError, ServiceError, TransportError
@@ -42,6 +47,17 @@ CLIENT_SPIN_S = 200e-6
 """Seconds a waiting client polls its channel before it blocks, while no other client spins: about what a server
 takes to read, serve and answer a small request, so its answer is read without a wake-up."""
 _SEND_FLAGS = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
+SPINNERS = 64
+"""Entries of the block that tells waiting clients whether another client polls (a process takes entry pid % 64)."""
+_CREDENTIALS = struct.Struct("3i")  # SO_PEERCRED: pid, uid, gid
+
+
+def _listen(name: str) -> socket.socket:
+    """A stream socket listening on abstract name ``name`` (gone with its last descriptor)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind("\0" + name)
+    sock.listen(256)
+    return sock
 
 
 def _socket_of(conn, holder) -> socket.socket:
@@ -59,48 +75,42 @@ class QueueTransport(RequestReplyTransport):
     """Request/reply across processes with pickled payloads.
 
     Args:
-        max_clients: client endpoints (channels) this transport can hand out.
         max_queue_size: most requests in flight per client; ``submit`` waits while that many are unanswered.
         context: multiprocessing start method of the processes involved.
         name: the component served, named in its clients' errors.
 
     Example:
-        >>> transport = QueueTransport(max_clients=8)
-        >>> clients = [transport.client() for _ in range(4)]   # before spawning workers
+        >>> transport = QueueTransport()
+        >>> client = transport.client()   # picklable: hand it to any process of this machine
     """
 
     kind = "queue"
     cross_process = True
 
-    def __init__(self, max_clients: int = 32, max_queue_size: int = 1024, context: str = "spawn",
-                 name: str = "service"):
+    def __init__(self, max_queue_size: int = 1024, context: str = "spawn", name: str = "service"):
         super().__init__()
-        if max_clients < 1 or max_queue_size < 1:
-            raise TransportError(f"max_clients and max_queue_size must be >= 1, got {max_clients} and {max_queue_size}")
-        ctx = mp.get_context(context)
-        self.max_clients, self.max_queue_size, self.context = max_clients, max_queue_size, context
-        self.channels = [ctx.Pipe(duplex=True) for _ in range(max_clients)]  # (client end, server end)
+        if max_queue_size < 1:
+            raise TransportError(f"max_queue_size must be >= 1, got {max_queue_size}")
+        self.max_queue_size, self.context = max_queue_size, context
+        # the owner listens (so clients may connect before the server runs: they wait in the backlog) and hands
+        # the listening socket to the server's process as it starts
+        self.address = f"rlsvc-queue-{os.getpid()}-{os.urandom(6).hex()}"
+        self._listener = _listen(self.address)
         self.status = PeerStatus(name=name)
-        self.claims = EndpointClaims(max_clients, ctx.Lock())
-        self.spinners = Spinners(max_clients)
-        self._next = 0
+        self.spinners = Spinners(SPINNERS)
 
     @property
     def config(self) -> TransportConfig:
-        return TransportConfig(self.kind, {"max_clients": self.max_clients, "max_queue_size": self.max_queue_size})
+        return TransportConfig(self.kind, {"max_queue_size": self.max_queue_size})
 
     def client(self) -> "QueueClient":
-        if self._next >= self.max_clients:
-            raise TransportError(f"all {self.max_clients} client endpoints are in use; raise max_clients")
-        index, self._next = self._next, self._next + 1
-        return QueueClient(index, self.channels[index][0], self.status, self.claims, self.max_queue_size,
-                           self.spinners)
+        return QueueClient(self.address, self.status, self.max_queue_size, self.spinners)
 
     def server(self) -> "QueueServer":
-        return QueueServer([server_end for _, server_end in self.channels])
+        return QueueServer(self._listener)
 
     def server_side(self) -> "QueueServerSide":
-        return QueueServerSide([server_end for _, server_end in self.channels])
+        return QueueServerSide(self._listener)
 
     def mark_serving(self, pid: int) -> None:
         self.status.set_serving(pid)
@@ -110,11 +120,8 @@ class QueueTransport(RequestReplyTransport):
 
     def _close(self) -> None:
         self.status.set_dead(stopped=True)
-        for client_end, server_end in self.channels:
-            client_end.close()
-            server_end.close()
+        self._listener.close()  # the name is gone once the server's process let go of its copy too
         self.status.close()
-        self.claims.close()
         self.spinners.close()
 
 
@@ -135,13 +142,18 @@ class _QueueFuture(ResponseFuture):
 
 
 class QueueClient:
-    """The client of a :class:`QueueTransport`: ``submit(td)`` returns a future; threads may share it, processes
-    may not (each process needs its own client: requests and answers use the client's own channel)."""
+    """The client of a :class:`QueueTransport`: ``submit(td)`` returns a future. Threads of a process share its
+    channel; a copy in another process (pickled there, or inherited by ``fork``) connects a channel of its own
+    the first time it is used."""
 
-    def __init__(self, index: int, conn, status: PeerStatus, claims: EndpointClaims, max_in_flight: int,
-                 spinners: Spinners):
-        self.index, self.conn, self.status, self.claims = index, conn, status, claims
-        self.max_in_flight, self.spinners = max_in_flight, spinners
+    def __init__(self, address: str, status: PeerStatus, max_in_flight: int, spinners: Spinners):
+        self.address, self.status, self.max_in_flight, self.spinners = address, status, max_in_flight, spinners
+        self._reset()
+
+    def _reset(self) -> None:
+        self.conn: Connection | None = None
+        self._pid = None  # the process whose channel ``conn`` is
+        self.index = os.getpid() % SPINNERS  # this process's entry in the spinners block
         self._ids = itertools.count()
         self._answers: dict[int, tuple] = {}
         self._cond = threading.Condition()
@@ -152,18 +164,31 @@ class QueueClient:
         self._writable = None
         self._readable = None  # a poll object for the channel: cheaper than Connection.poll's selector per call
 
-    def __getstate__(self):
-        return {"index": self.index, "conn": self.conn, "status": self.status, "claims": self.claims,
-                "max_in_flight": self.max_in_flight, "spinners": self.spinners}
+    def __reduce__(self):
+        return (QueueClient, (self.address, self.status, self.max_in_flight, self.spinners))
 
-    def __setstate__(self, state):
-        self.__init__(**state)
+    def _connect(self) -> None:
+        """Connect this process's channel (once per process; a copy inherited by ``fork`` connects anew)."""
+        if self._pid is not None and self._pid != _shared._pid:  # inherited by fork: the channel stays the parent's
+            self._reset()
+        with self._write_lock:
+            if self._pid == _shared._pid:
+                return
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect("\0" + self.address)
+            except OSError as exc:
+                sock.close()
+                raise PeerFailureError(self.status.problem() or f"the {self.status.name} server's socket does not "
+                                       f"answer ({exc.strerror or exc})") from None
+            self.conn, self._pid = Connection(sock.detach()), _shared._pid
 
     def submit(self, td: TensorDictBase) -> _QueueFuture:
         problem = self.status.problem(probe=False)
         if problem is not None:
             raise PeerFailureError(problem)
-        self.claims.claim(self.index, "queue client endpoint")
+        if self._pid != _shared._pid:
+            self._connect()
         wire = to_wire(td)
         while self._in_flight >= self.max_in_flight:  # backpressure: read answers until there is room
             self._receive(WAIT_SLICE, None)
@@ -235,37 +260,66 @@ class QueueClient:
 
 
 class QueueServerSide:
-    """The server's share of a :class:`QueueTransport`: the server end of every channel."""
+    """The server's share of a :class:`QueueTransport`: the listening socket (it travels to the server's process
+    as that process starts)."""
 
-    def __init__(self, conns):
-        self.conns = conns
+    def __init__(self, listener: socket.socket):
+        self.listener = listener
 
     def server(self) -> "QueueServer":
-        return QueueServer(self.conns)
+        return QueueServer(self.listener)
 
 
 class QueueServer(ServerEndpoint):
-    """Waits on every channel with one ``poll``; reads one request per ready channel per sweep (so no client
-    starves the others), serves them in submission order, and never blocks on an answer (see the outboxes)."""
+    """Waits on the listening socket and every channel with one ``poll``; accepts new channels, reads one request
+    per ready channel per sweep (so no client starves the others), serves them in submission order, and never
+    blocks on an answer (see the outboxes)."""
 
     private_copies = True  # requests are decoded from bytes; answers are encoded to bytes
 
-    def __init__(self, conns):
-        self.conns = conns
+    def __init__(self, listener: socket.socket):
+        self.listener = listener
+        listener.setblocking(False)
+        self.conns: dict[int, Connection] = {}  # client number -> its channel
+        self._numbers = itertools.count()
         self._poller = select.poll()
-        self._index = {}  # descriptor -> client index
-        for i, conn in enumerate(conns):
+        self._poller.register(listener.fileno(), select.POLLIN)
+        self._index = {}  # descriptor -> client number
+        self._socks: dict[int, socket.socket] = {}  # client number -> socket for non-blocking sends, made on first use
+        self._outbox: dict[int, collections.deque] = {}  # client number -> bytes its channel could not take yet
+        self._uid = os.getuid()
+
+    def _accept(self) -> None:
+        """Take every waiting connection of a process of this user (others are closed unread)."""
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # the listener was closed under us
+                return
+            _, uid, _ = _CREDENTIALS.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                              _CREDENTIALS.size))
+            if uid != self._uid:
+                sock.close()
+                continue
+            sock.setblocking(True)
+            conn, number = Connection(sock.detach()), next(self._numbers)
+            self.conns[number] = conn
+            self._index[conn.fileno()] = number
             self._poller.register(conn.fileno(), select.POLLIN)
-            self._index[conn.fileno()] = i
-        self._socks: dict[int, socket.socket] = {}  # client index -> socket for non-blocking sends, made on first use
-        self._outbox: dict[int, collections.deque] = {}  # client index -> bytes its channel could not take yet
 
     def _sweep(self, timeout: float, items: list, max_n: int) -> bool:
         """One ``poll``: flush outboxes that can move, read one request from each ready channel. Whether any
         channel had a request."""
         got = False
         for fd, events in self._poller.poll(max(0.0, timeout) * 1000):
-            client = self._index[fd]
+            if fd == self.listener.fileno():
+                self._accept()
+                continue
+            client = self._index.get(fd)
+            if client is None:
+                continue
             if events & select.POLLOUT:
                 self._flush(client)
             if len(items) >= max_n:
@@ -283,11 +337,19 @@ class QueueServer(ServerEndpoint):
         return got
 
     def _forget(self, fd: int) -> None:
+        """Stop watching a channel whose client process is gone, and close it."""
         try:
             self._poller.unregister(fd)
         except (KeyError, ValueError):
             pass
-        self._outbox.pop(self._index[fd], None)
+        client = self._index.pop(fd, None)
+        if client is None:
+            return
+        self._outbox.pop(client, None)
+        sock = self._socks.pop(client, None)
+        if sock is not None:
+            sock.close()
+        self.conns.pop(client).close()
 
     def collect(self, max_n: int, min_n: int, timeout: float, poll: float) -> Batch | None:
         items: list = []
@@ -310,6 +372,8 @@ class QueueServer(ServerEndpoint):
                      requests=[from_wire(wire) for _, _, _, wire in items], enqueued=[t for t, _, _, _ in items])
 
     def _send(self, client: int, message: tuple) -> None:
+        if client not in self.conns:
+            return  # its process is gone: nobody waits for this answer
         payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         pieces = collections.deque(memoryview(piece) for piece in frame(payload))
         outbox = self._outbox.get(client)
@@ -368,8 +432,9 @@ class QueueServer(ServerEndpoint):
         deadline = time.monotonic() + flush_timeout
         while True:
             items: list = []
-            got = self._sweep(0.0 if not self._outbox else 0.01, items, len(self.conns))
+            got = self._sweep(0.0 if not self._outbox else 0.01, items, max(1, len(self.conns)))
             for _, client, rid, _ in items:
                 self._send(client, (rid, _ERR, error))
             if (not got and not self._outbox) or time.monotonic() >= deadline:
-                return
+                break
+        self.listener.close()  # new connections are refused from now on

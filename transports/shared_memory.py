@@ -2,20 +2,19 @@
 
 Rules: fixed layouts (CPU tensors only, declared up front; extra keys are not sent, a missing key or a wrong
 shape or dtype raises :class:`~transports.errors.LayoutError` in the caller). Any client may use any free
-slot; ``num_slots`` bounds the requests in flight and so gives backpressure. Clients travel to worker
-processes as ``Process`` arguments (they hold multiprocessing semaphores). Read every future you submit:
+slot; ``num_slots`` bounds the requests in flight and so gives backpressure. Clients pickle to any process of
+this machine (segments and semaphores reattach by name), and any number of processes may share one. Read every future you submit:
 its slot is free again only once its answer is read.
 """
 
 from __future__ import annotations
-
-import multiprocessing as mp
 
 from tensordict import TensorDictBase
 
 from ._shared import wait_for
 from ._slots import CLAIMED, FREE, SlotClientBase, SlotFuture, SlotTransport
 from .errors import TransportError
+from .sync import Lock, Semaphore
 
 
 class SharedMemoryTransport(SlotTransport):
@@ -34,9 +33,8 @@ class SharedMemoryTransport(SlotTransport):
     def __init__(self, request_layout, response_layout, num_slots: int = 64, context: str = "spawn",
                  name: str = "service"):
         super().__init__(request_layout, response_layout, num_slots, context, name)
-        ctx = mp.get_context(context)
-        self.free = ctx.Semaphore(num_slots)
-        self.claim_lock = ctx.Lock()
+        self.free = Semaphore(num_slots, context)
+        self.claim_lock = Lock(context)
 
     def client(self) -> "SharedMemoryClient":
         return SharedMemoryClient({**self._shared(), "free": self.free, "claim_lock": self.claim_lock})

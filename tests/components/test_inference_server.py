@@ -40,8 +40,6 @@ def request(value: float) -> TensorDict:
 
 def make_server(placement, transport, *, delay=0.0, num_slots=64, hang_marker=None, **config):
     options = {"num_slots": num_slots} if transport in ("shared_memory", "process_slot") else {}
-    if transport == "queue":
-        options = {"max_clients": 128}
     from transports.config import TransportConfig
 
     return InferenceServer(
@@ -184,8 +182,9 @@ def _call_then_wait(client, queue, leave, turn):
 @pytest.mark.slow  # spawned interpreters import torch: seconds
 @pytest.mark.parametrize("transport", ["queue", "shared_memory", "process_slot"])
 def test_one_client_copied_into_two_processes(transport):
-    """shared_memory clients share the slot bank; queue and process_slot endpoints answer one process, and a
-    copy in a second live process is refused at its call site instead of reading the first one's answers."""
+    """shared_memory clients share the slot bank and a queue client connects a channel of its own in each process;
+    a process_slot endpoint answers one process, and a copy in a second live process is refused at its call site
+    instead of reading the first one's answers."""
     with make_server("process", transport) as server:
         _one_client_in_two_processes(server.client(), transport)
 
@@ -209,7 +208,7 @@ def _one_client_in_two_processes(client, transport):
         queue.close()
         queue.join_thread()
     assert results[0] == ("ok", 42.0)
-    if transport == "shared_memory":
+    if transport in ("shared_memory", "queue"):
         assert results[1] == ("ok", 42.0)
     else:
         assert results[1][0] == "error" and "TransportError" in results[1][1]
@@ -218,9 +217,10 @@ def _one_client_in_two_processes(client, transport):
 
 
 @pytest.mark.parametrize("transport", ["queue", "process_slot"])
-def test_a_forked_copy_of_a_client_in_use_is_refused_at_its_call_site(transport):
-    """A forked child inherits the client with this process's claim on its endpoint; the claim check must see the
-    child's own pid (kept by a fork hook, not asked of the system on every request)."""
+def test_a_forked_copy_of_a_client_in_use_gets_its_own_channel_or_is_refused(transport):
+    """A forked child inherits the client with this process's channel (queue) or claim on its endpoint
+    (process_slot); both checks must see the child's own pid (kept by a fork hook, not asked of the system on every
+    request): the queue copy connects a channel of its own, the slot copy is refused at its call site."""
     with make_server("process", transport) as server:
         client = server.client()
         assert client(request(1))["action"][0].item() == 2  # claimed by this process
@@ -237,7 +237,10 @@ def test_a_forked_copy_of_a_client_in_use_is_refused_at_its_call_site(transport)
                 child.join(timeout=30)
             queue.close()
             queue.join_thread()
-        assert result[0] == "error" and "TransportError" in result[1], result
+        if transport == "queue":
+            assert result == ("ok", 42.0)
+        else:
+            assert result[0] == "error" and "TransportError" in result[1], result
         assert client(request(3))["action"][0].item() == 6  # this process keeps using it
 
 
@@ -336,7 +339,7 @@ def test_incompatible_transports_are_refused_at_construction():
 
     with pytest.raises(IncompatibleCombinationError, match="placed on 'thread' does not support transport 'queue'"):
         make_server("thread", "queue")
-    transport = QueueTransport(max_clients=2)
+    transport = QueueTransport()
     try:
         with pytest.raises(IncompatibleCombinationError, match="placed on 'thread' does not support transport 'queue'"):
             InferenceServer(policy_factory=echo_factory, config=InferenceServerConfig(placement="thread"), transport=transport)

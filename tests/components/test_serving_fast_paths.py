@@ -260,7 +260,7 @@ def test_threads_sharing_one_queue_client_each_get_their_answers_in_any_reading_
 
     from transports.queue import QueueTransport
 
-    transport = QueueTransport(max_clients=2)
+    transport = QueueTransport()
     client, stop = transport.client(), threading.Event()
     core = ServingCore(Double(), transport.server(), InferenceServerConfig(max_batch_size=4),
                        InferenceDeviceConfig())
@@ -287,7 +287,7 @@ def test_threads_sharing_one_queue_client_each_get_their_answers_in_any_reading_
 def test_an_endpoint_of_private_copies_serves_without_copying_and_answers_stay_apart():
     from transports.queue import QueueTransport
 
-    transport = QueueTransport(max_clients=1)
+    transport = QueueTransport()
     transport.mark_serving(os.getpid())
     server = transport.server()
     core = ServingCore(Double(), server, InferenceServerConfig(), InferenceDeviceConfig())

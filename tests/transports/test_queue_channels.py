@@ -36,7 +36,7 @@ def small(value: float) -> TensorDict:
 def queue_server(delay: float = 0.0, **options) -> InferenceServer:
     return InferenceServer(policy_factory=partial(echo_factory, delay),
                            config=InferenceServerConfig(placement="process", max_batch_size=1),
-                           transport=TransportConfig("queue", {"max_clients": 4, **options}))
+                           transport=TransportConfig("queue", options))
 
 
 @pytest.mark.parametrize("n", [0, 10, (1 << 16) - 5, 1 << 16, (1 << 16) + 1, 3 << 20])
@@ -151,7 +151,7 @@ def test_channels_and_their_socket_duplicates_are_closed_with_the_transport():
             for i, c in enumerate(clients):
                 assert c.submit(small(i)).result(timeout=10)["action"][0].item() == 2.0 * i
             del clients
-        transport = QueueTransport(max_clients=4)  # an in-process pair: client and server sockets made here
+        transport = QueueTransport()  # an in-process pair: client and server sockets made here
         transport.mark_serving(os.getpid())
         client, server = transport.client(), transport.server()
         client.submit(small(1))
