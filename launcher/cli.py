@@ -94,5 +94,8 @@ def normalize_argv(argv: list[str]) -> list[str]:
 
 def main() -> None:
     """Entry point of ``python -m launcher``."""
+    from .preflight import preflight
+
     sys.argv = [sys.argv[0], *normalize_argv(sys.argv[1:])]
+    preflight(sys.argv[1:])  # a config that does not compose, or a value out of range: exit 2 before Hydra starts
     _hydra_main()

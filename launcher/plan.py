@@ -25,6 +25,8 @@ from recipes import RECIPES, Recipe, get_recipe
 from transports.errors import ConfigurationError, IncompatibleCombinationError
 from transports.kinds import DISTANCE, reaches
 
+from .preflight import check_values
+
 ComponentPlan = Resolved
 """One owner of the plan: its resolution."""
 
@@ -275,6 +277,7 @@ def build_plan(cfg: DictConfig) -> LaunchPlan:
     Raises:
         ConfigurationError: any configuration mistake, before anything starts.
     """
+    check_values(cfg)  # every key known and every value in its declared range, first
     recipe, recipe_cfg = recipe_of(cfg)
     from components.envs import EnvMaker  # gymnasium and tensordict: only once a recipe is chosen
     from components.logger import logger_class

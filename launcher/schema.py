@@ -1,7 +1,8 @@
 """Every YAML option's schema, registered with Hydra's ConfigStore in this one module.
 
 Each group option in ``conf/`` starts with ``defaults: [base_<name>, _self_]`` so the dataclass here types
-it: unknown keys and wrong types fail at compose time with the config path. Dataclasses only; nothing heavy
+it: unknown keys and wrong types fail at compose time with the config path. A field's accepted range is declared
+with ``bounded`` and checked by :func:`launcher.preflight.check_values`. Dataclasses only; nothing heavy
 is imported. ``tests/test_config_parity.py`` keeps each schema in step with the constructor it configures.
 """
 
@@ -13,7 +14,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from recipes.configs import DQNConfig, PPOConfig
+from recipes.configs import DQNConfig, PPOConfig, bounded
 
 
 # ---------------------------------------------------------------------------------------------- components
@@ -21,13 +22,13 @@ from recipes.configs import DQNConfig, PPOConfig
 class ResourcesConf:
     """What an owner's host may use where it is placed (components.hosts.Resources; Ray actors read every field)."""
 
-    num_cpus: Optional[float] = None  # CPUs reserved for the owner (None: the placement's default)
-    num_gpus: float = 0.0  # GPUs reserved for the owner
-    memory: Optional[int] = None  # bytes of memory reserved (Ray)
-    max_restarts: int = 0  # times a crashed owner is restarted (Ray)
-    max_concurrency: int = 1  # concurrent calls an actor serves (Ray)
+    num_cpus: Optional[float] = bounded(None, ge=0)  # CPUs reserved for the owner (None: the placement's default)
+    num_gpus: float = bounded(0.0, ge=0)  # GPUs reserved for the owner
+    memory: Optional[int] = bounded(None, gt=0, unit="bytes")  # bytes of memory reserved (Ray)
+    max_restarts: int = bounded(0, ge=0)  # times a crashed owner is restarted (Ray)
+    max_concurrency: int = bounded(1, ge=1)  # concurrent calls an actor serves (Ray)
     custom: Dict[str, float] = field(default_factory=dict)  # custom resources, e.g. {node_b: 1}
-    startup_timeout: float = 120.0  # seconds the owner's thread, child process or Ray actor may take to be ready
+    startup_timeout: float = bounded(120.0, gt=0, unit="seconds")  # for the owner's thread, process or Ray actor to be ready
 
 
 @dataclass
@@ -57,7 +58,7 @@ class InferenceConf(ComponentConf):
 class CollectorConf(ComponentConf):
     """Collectors. Their payloads use the inference and replay transports, so `transport` stays null."""
 
-    num_collectors: int = 1  # collector workers (one vector env each)
+    num_collectors: int = bounded(1, ge=1)  # collector workers (one vector env each)
     sync: bool = True  # false: workers collect the next batch while the learner trains on this one (policy lag <= 1)
 
 
@@ -89,7 +90,7 @@ class RayConf:
 
     address: Optional[str] = None  # join this cluster ("host:port" or "auto"); None starts a local one on 127.0.0.1
     namespace: str = "rl_services"  # Ray namespace of named actors
-    num_cpus: Optional[float] = None  # CPUs a locally started cluster advertises (None: the machine's)
+    num_cpus: Optional[float] = bounded(None, ge=0)  # CPUs a locally started cluster advertises (None: the machine's)
     resources: Dict[str, float] = field(default_factory=dict)  # custom resources of a locally started head node
     temp_dir: Optional[str] = None  # Ray's session dir for a locally started cluster (short path; None: a fresh one)
 
@@ -115,7 +116,7 @@ class EnvConf:
 class CSVLoggerConf:
     _target_: str = "components.logger.CSVLogger"
     log_dir: str = "."  # relative to the run directory
-    flush_every: int = 100  # rows between flushes (shutdown always flushes)
+    flush_every: int = bounded(100, ge=1)  # rows between flushes (shutdown always flushes)
     tensorboard: bool = True  # also TensorBoard event files under <run dir>/tensorboard, if tensorboard is installed
 
 
@@ -128,11 +129,11 @@ class TensorBoardLoggerConf:
 @dataclass
 class LauncherConf:
     dry_run: bool = False  # print the plan and exit without starting anything
-    torch_threads: int = 1  # torch intra-op threads in the driver (1 is fastest for small models)
+    torch_threads: int = bounded(1, ge=1)  # torch intra-op threads in the driver (1 is fastest for small models)
     progress: bool = True  # live progress line
     plot: bool = True  # write learning_curve.png at the end
-    telemetry_every: float = 5.0  # seconds between per-edge metrics (batch fill, queue wait, policy lag)
-    shutdown_timeout: float = 10.0  # seconds each owner gets to stop (asked, then terminated, then killed)
+    telemetry_every: float = bounded(5.0, gt=0, unit="seconds")  # between per-edge metrics (batch fill, queue wait, policy lag)
+    shutdown_timeout: float = bounded(10.0, gt=0, unit="seconds")  # each owner gets to stop (asked, then terminated, then killed)
     probe: bool = False  # time round trips on every edge once the owners run, before training (printed, plan.json)
 
 
@@ -146,7 +147,7 @@ class Config:
     components: ComponentsConf = field(default_factory=ComponentsConf)
     ray: RayConf = field(default_factory=RayConf)
     launcher: LauncherConf = field(default_factory=LauncherConf)
-    seed: int = 0  # seeds torch and the environments
+    seed: int = bounded(0, ge=0, le=2**32 - 1)  # seeds torch and the environments
 
 
 # ---------------------------------------------------------------------------------------------- registry

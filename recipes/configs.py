@@ -2,12 +2,33 @@
 
 ``launcher/schema.py`` registers these with Hydra's ConfigStore, so composing a config never imports torch;
 each recipe (``recipes/<name>.py``) imports its config from here and reads on with its networks and loop.
+A field declares the range it accepts with :func:`bounded`, and ``rules()`` states what must hold between
+fields (a minibatch count that divides the batch): the launcher checks every composed config against both
+before anything starts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
+
+
+def bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+            lt: float | None = None, unit: str = "") -> Any:
+    """A dataclass field whose value must lie within the given bounds (``None`` passes an ``Optional`` field).
+
+    Args:
+        default: the field's default.
+        ge, gt, le, lt: the bounds: ``>=``, ``>``, ``<=``, ``<``.
+        unit: what the value counts (``"seconds"``), shown in the error.
+
+    Example:
+        >>> @dataclass
+        ... class Conf:
+        ...     lr: float = bounded(1e-3, gt=0)
+    """
+    bounds = {k: v for k, v in {"ge": ge, "gt": gt, "le": le, "lt": lt}.items() if v is not None}
+    return field(default=default, metadata={"bounds": bounds, "unit": unit})
 
 
 @dataclass
@@ -40,25 +61,25 @@ class PPOConfig:
         init_log_std: initial log standard deviation of continuous actions.
     """
 
-    num_envs: int = 16
-    num_steps: int = 32
-    total_frames: int = 200_000
+    num_envs: int = bounded(16, ge=1)
+    num_steps: int = bounded(32, ge=1)
+    total_frames: int = bounded(200_000, ge=1)
     target_return: Optional[float] = 475.0
-    window: int = 20
-    lr: float = 5e-3
+    window: int = bounded(20, ge=1)
+    lr: float = bounded(5e-3, gt=0)
     anneal_lr: bool = True
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    num_minibatches: int = 4
-    update_epochs: int = 4
-    clip_coef: float = 0.2
-    ent_coef: float = 0.01
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    hidden: int = 64
+    gamma: float = bounded(0.99, ge=0, le=1)
+    gae_lambda: float = bounded(0.95, ge=0, le=1)
+    num_minibatches: int = bounded(4, ge=1)
+    update_epochs: int = bounded(4, ge=1)
+    clip_coef: float = bounded(0.2, gt=0)
+    ent_coef: float = bounded(0.01, ge=0)
+    vf_coef: float = bounded(0.5, ge=0)
+    max_grad_norm: float = bounded(0.5, gt=0)
+    hidden: int = bounded(64, ge=1)
     network: Optional[Any] = None  # a _target_ node (Any: a None Dict field cannot be set from the CLI)
     norm_adv: bool = True
-    reward_scale: float = 1.0
+    reward_scale: float = bounded(1.0, gt=0)
     init_log_std: float = 0.0
 
     @property
@@ -68,6 +89,12 @@ class PPOConfig:
     @property
     def minibatch_size(self) -> int:
         return self.frames_per_batch // self.num_minibatches
+
+    def rules(self) -> tuple[tuple[str, bool, str], ...]:
+        """What must hold between fields (each in range), as ``(field to blame, holds, what is wrong)``."""
+        return (("num_minibatches", self.frames_per_batch % self.num_minibatches == 0,
+                 f"num_envs * num_steps = {self.frames_per_batch} must be divisible by "
+                 f"num_minibatches={self.num_minibatches}"),)
 
 
 @dataclass
@@ -102,29 +129,29 @@ class DQNConfig:
         max_grad_norm: gradient norm clipping.
     """
 
-    num_envs: int = 8
-    num_steps: int = 8
-    total_frames: int = 200_000
+    num_envs: int = bounded(8, ge=1)
+    num_steps: int = bounded(8, ge=1)
+    total_frames: int = bounded(200_000, ge=1)
     target_return: Optional[float] = 475.0
-    window: int = 20
-    buffer_size: int = 50_000
-    batch_size: int = 128
-    learning_starts: int = 1_000
-    updates_per_batch: int = 2
-    lr: float = 1e-3
-    gamma: float = 0.99
-    n_step: int = 20
-    tau: float = 0.01
-    target_every: int = 1
-    eps_start: float = 1.0
-    eps_end: float = 0.005
-    eps_frames: int = 10_000
-    alpha: float = 0.6
-    beta: float = 0.4
-    max_policy_lag: int = 2_000
-    hidden: int = 128
+    window: int = bounded(20, ge=1)
+    buffer_size: int = bounded(50_000, ge=1)
+    batch_size: int = bounded(128, ge=1)
+    learning_starts: int = bounded(1_000, ge=0)
+    updates_per_batch: int = bounded(2, ge=1)
+    lr: float = bounded(1e-3, gt=0)
+    gamma: float = bounded(0.99, ge=0, le=1)
+    n_step: int = bounded(20, ge=1)
+    tau: float = bounded(0.01, gt=0, le=1)
+    target_every: int = bounded(1, ge=1)
+    eps_start: float = bounded(1.0, ge=0, le=1)
+    eps_end: float = bounded(0.005, ge=0, le=1)
+    eps_frames: int = bounded(10_000, ge=1)
+    alpha: float = bounded(0.6, ge=0)
+    beta: float = bounded(0.4, ge=0, le=1)
+    max_policy_lag: int = bounded(2_000, ge=0)
+    hidden: int = bounded(128, ge=1)
     network: Optional[Any] = None  # a _target_ node (Any: a None Dict field cannot be set from the CLI)
-    max_grad_norm: float = 10.0
+    max_grad_norm: float = bounded(10.0, gt=0)
 
     @property
     def frames_per_batch(self) -> int:

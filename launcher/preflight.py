@@ -1,0 +1,311 @@
+"""Every configuration mistake, found before anything starts: the preflight of ``python -m launcher``.
+
+Two checks, both raising :class:`~transports.errors.ConfigurationError` (the CLI prints it and exits 2):
+
+- :func:`check_argv` composes the command line's config the way Hydra will (every job of a ``--multirun``
+  sweep) and turns Hydra's and OmegaConf's errors into one short message: the key or value, its config path,
+  what is allowed there;
+- :func:`check_values` walks a composed config against its schema: the range each field declares
+  (:func:`recipes.configs.bounded`), keys the schema does not have, then the ``rules()`` between fields
+  (``(field to blame, holds, what is wrong)``).
+  ``build_plan`` runs it too, so a config composed in Python is checked the same way, dry run or not.
+
+Where it cannot be sure what Hydra will do (``--help``, ``--cfg``, ``--info``, another config path or name,
+``hydra.searchpath``, a sweeper of its own, ``HYDRA_FULL_ERROR=1``) the preflight steps aside and leaves the
+command line to Hydra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import itertools
+import os
+import sys
+import typing
+from typing import Any, Iterator
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from transports.errors import ConfigurationError
+
+from . import schema
+
+_HANDS_OFF = ("help", "hydra_help", "cfg", "info", "package", "resolve", "shell_completion", "config_path",
+              "config_name", "config_dir", "experimental_rerun")
+"""Hydra's flags that show instead of run, or compose another config: the preflight leaves those to Hydra."""
+
+_HYDRA_DECIDES = ("hydra.searchpath", "hydra.sweeper", "hydra/sweeper", "hydra.mode")
+"""Hydra overrides that change which configs exist or how a sweep is expanded."""
+
+
+# ---------------------------------------------------------------------------------------------- the command line
+def preflight(argv: list[str]) -> None:
+    """Exit with status 2 and one short message if the command line's config holds a mistake; else return.
+
+    Args:
+        argv: the command line after the program name.
+    """
+    try:
+        check_argv(argv)
+    except ConfigurationError as exc:
+        from .cli import EXIT_CONFIG
+
+        print(f"configuration error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_CONFIG)
+
+
+def check_argv(argv: list[str]) -> list[DictConfig]:
+    """Compose the config of every job the command line runs, as Hydra will, and check its values.
+
+    Args:
+        argv: the command line after the program name (``+recipe=ppo`` is read as ``recipe=ppo``).
+
+    Returns:
+        The composed config of each job (none where the preflight leaves the command line to Hydra).
+
+    Raises:
+        ConfigurationError: an override that does not parse, an unknown key or group option, a value of the
+            wrong type or out of range, naming its config path and what is allowed.
+    """
+    from .cli import normalize_argv
+
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        return []
+    jobs = sweep_jobs(normalize_argv(list(argv)))
+    configs = []
+    for overrides in jobs or ():
+        try:
+            cfg = compose(overrides)
+        except Exception as exc:
+            if not _is_config_error(exc):
+                return []  # not a mistake in the config: Hydra reports it its own way
+            raise explain(exc) from None
+        check_values(cfg, strict=False)
+        configs.append(cfg)
+    return configs
+
+
+def sweep_jobs(argv: list[str]) -> list[list[str]] | None:
+    """The config overrides of each job the command line runs (one job unless ``--multirun``); ``hydra.*`` and
+    ``hydra/...`` overrides are left out (they configure Hydra). ``None``: leave this command line to Hydra.
+
+    Raises:
+        ConfigurationError: an override that does not parse, or a sweep without ``--multirun``.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    args = _hydra_args(argv)
+    if args is None or any(getattr(args, name, None) for name in _HANDS_OFF):
+        return None
+    try:
+        overrides = OverridesParser.create().parse_overrides(args.overrides)
+    except OverrideParseException as exc:
+        reasons = [line for line in exc.message.splitlines()[1:] if line and not line.startswith("See ")]
+        reason = reasons[0] if reasons else "it does not follow Hydra's override grammar"
+        raise ConfigurationError(f"cannot read the override {exc.override!r}: {reason}"
+                                 + ("; write key=value" if "EQUAL" in reason else ""),
+                                 path=exc.override.split("=")[0].lstrip("+~")) from None
+    if any(o.key_or_group.startswith(_HYDRA_DECIDES) for o in overrides):
+        return None
+    task = [o for o in overrides if not (o.key_or_group == "hydra" or o.is_hydra_override())]
+    if not args.multirun:
+        for o in task:
+            if o.is_sweep_override():
+                raise ConfigurationError(f"{o.input_line!r} sweeps over several values: add --multirun to run one job "
+                                         f"per value, or write a list as {o.get_key_element()}=[...]",
+                                         path=o.key_or_group)
+        return [[o.input_line for o in task]]
+    axes: dict[str, list[str]] = {}
+    for o in task:  # as Hydra's basic sweeper expands them: one job per combination
+        key = o.get_key_element()
+        if o.is_sweep_override() and not o.is_discrete_sweep():
+            return None
+        values = o.sweep_string_iterator() if o.is_sweep_override() else [o.get_value_element_as_str()]
+        axes[key] = [f"{key}={v}" for v in values]
+    return [list(job) for job in itertools.product(*axes.values())]
+
+
+def _hydra_args(argv: list[str]) -> argparse.Namespace | None:
+    """The command line as Hydra's own parser reads it (``None`` if it does not parse: Hydra says why)."""
+    try:
+        from hydra._internal.utils import get_args_parser
+    except ImportError:  # pragma: no cover - another Hydra: leave the command line to it
+        return None
+    with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            return get_args_parser().parse_args(argv)
+        except SystemExit:
+            return None
+
+
+def compose(overrides: list[str]) -> DictConfig:
+    """The config ``python -m launcher`` composes for these overrides (Hydra's compose API over ``conf``)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+
+    schema.register()
+    with initialize_config_module(config_module="conf", version_base=None):
+        return hydra_compose(config_name="config", overrides=overrides)
+
+
+def _is_config_error(exc: BaseException) -> bool:
+    from hydra.errors import HydraException
+
+    return isinstance(exc, (HydraException, OmegaConfBaseException, ValueError))  # ValueError: an override Hydra refuses
+
+
+def explain(exc: BaseException) -> ConfigurationError:
+    """A Hydra or OmegaConf composition error as one short :class:`ConfigurationError`: what is wrong, the value,
+    the config path and what is allowed there."""
+    from hydra.errors import MissingConfigException
+
+    if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and exc.options is not None:
+        group, _, option = exc.missing_cfg_file.rpartition("/")
+        return ConfigurationError(f"{group or 'the config'} has no option {option!r}", path=group or option,
+                                  alternatives=tuple(o for o in exc.options if not o.startswith("base_")))
+    cause = exc if isinstance(exc, OmegaConfBaseException) else exc.__cause__
+    key, full_key = getattr(cause, "key", None), getattr(cause, "full_key", None)
+    owner = getattr(cause, "object_type", None)
+    fields = _fields(owner)
+    if full_key and isinstance(cause, (ConfigKeyError, ConfigAttributeError)):  # a key the schema lacks
+        parent = full_key.rpartition(".")[0] or "the config"
+        if fields:
+            return ConfigurationError(f"{parent} has no key {key!r}", path=full_key, alternatives=tuple(fields))
+        if parent == "recipe":
+            return ConfigurationError(f"recipe has no key {key!r}: no recipe is selected (add one, e.g. +recipe=ppo)",
+                                      path=full_key)
+        return ConfigurationError(f"{parent} has no key {key!r}: add one with +{full_key}=...", path=full_key)
+    if full_key and isinstance(cause, ValidationError) and key in fields:
+        hint = typing.get_type_hints(owner).get(key, Any)
+        return ConfigurationError(f"{full_key} must be {_kind(hint)}, got {getattr(cause, 'value', None)!r}",
+                                  path=full_key)
+    text = str(cause if full_key else exc).strip().splitlines()
+    return ConfigurationError(text[0] if text else type(exc).__name__, path=full_key or None)
+
+
+def _fields(kind: Any) -> dict[str, dataclasses.Field]:
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+        return {f.name: f for f in dataclasses.fields(kind)}
+    return {}
+
+
+def _kind(hint: Any) -> str:
+    """What a field of this type accepts, in words."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if typing.get_origin(hint) is typing.Union and len(args) < len(typing.get_args(hint)):
+        return (_kind(args[0]) if len(args) == 1 else "a value") + " or null"
+    if hint is Any:
+        return "a value"
+    if hint is bool:
+        return "true or false"
+    if hint is int:
+        return "an integer"
+    if hint is float:
+        return "a number"
+    if hint is str:
+        return "a string"
+    if typing.get_origin(hint) in (dict, list, tuple):
+        return "a mapping" if typing.get_origin(hint) is dict else "a list"
+    if _fields(hint):
+        return f"a mapping of {', '.join(_fields(hint))}"
+    return f"a {getattr(hint, '__name__', hint)}"
+
+
+# ---------------------------------------------------------------------------------------------- the values
+def check_values(cfg: DictConfig, *, strict: bool = True) -> None:
+    """Check a composed config against its schema: every key known, every value within the range its field
+    declares (:func:`recipes.configs.bounded`), then each dataclass's ``rules()`` between its fields.
+
+    Args:
+        cfg: the composed config.
+        strict: a value whose interpolation does not resolve is an error (``False``: skip it; the preflight runs
+            outside Hydra's app, where ``${hydra:...}`` does not resolve yet).
+
+    Raises:
+        ConfigurationError: the first mistake, naming its config path, the value and what is allowed.
+    """
+    nodes = list(_typed_nodes(cfg, ""))
+    for path, node, kind in nodes:
+        _check_fields(path, node, kind, strict)
+    for path, node, kind in nodes:
+        if not hasattr(kind, "rules"):
+            continue
+        try:
+            obj = OmegaConf.to_object(node)
+        except OmegaConfBaseException as exc:
+            if strict:
+                raise ConfigurationError(f"{path} cannot be read: {str(exc).splitlines()[0]}", path=path) from None
+            continue
+        for name, holds, wrong in obj.rules():
+            if not holds:
+                raise ConfigurationError(wrong, path=_join(path, name))
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}.{key}" if path else str(key)
+
+
+def _typed_nodes(node: DictConfig, path: str) -> Iterator[tuple[str, DictConfig, type]]:
+    """Every node of ``node`` typed by a schema dataclass, as ``(path, node, dataclass)``, parents first."""
+    kind = OmegaConf.get_type(node)
+    if _fields(kind):
+        yield path, node, kind
+    for key in node.keys():
+        if OmegaConf.is_interpolation(node, key) or OmegaConf.is_missing(node, key):
+            continue
+        child = node[key]
+        if isinstance(child, DictConfig):
+            yield from _typed_nodes(child, _join(path, key))
+
+
+def _check_fields(path: str, node: DictConfig, kind: type, strict: bool) -> None:
+    fields = _fields(kind)
+    for key in node.keys():
+        if key not in fields:
+            raise ConfigurationError(f"{path or 'the config'} has no key {key!r}", path=_join(path, key),
+                                     alternatives=tuple(fields))
+    hints = typing.get_type_hints(kind)
+    for name, f in fields.items():
+        full = _join(path, name)
+        if name not in node or OmegaConf.is_missing(node, name):
+            raise ConfigurationError(f"{full} has no value: set one ({_kind(hints.get(name, Any))})", path=full)
+        bounds = f.metadata.get("bounds")
+        if not bounds:
+            continue
+        try:
+            value = node[name]
+        except OmegaConfBaseException as exc:
+            if strict:
+                raise ConfigurationError(f"{full} cannot be resolved: {str(exc).splitlines()[0]}", path=full) from None
+            continue
+        if value is None and type(None) in typing.get_args(hints.get(name)):
+            continue
+        if not _within(value, bounds):
+            allowed = _describe(bounds, f.metadata.get("unit", ""), type(None) in typing.get_args(hints.get(name)))
+            raise ConfigurationError(f"{full} must be {allowed}, got {value!r}", path=full)
+
+
+def _within(value: Any, bounds: dict) -> bool:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    checks = {"ge": lambda b: value >= b, "gt": lambda b: value > b, "le": lambda b: value <= b,
+              "lt": lambda b: value < b}
+    return all(checks[op](bound) for op, bound in bounds.items())
+
+
+def _describe(bounds: dict, unit: str, optional: bool) -> str:
+    """``bounds`` in words: ``>= 1``, ``> 0 seconds``, ``in (0, 1]``, ``>= 0 or null``."""
+    low = next(((op, b) for op, b in bounds.items() if op in ("ge", "gt")), None)
+    high = next(((op, b) for op, b in bounds.items() if op in ("le", "lt")), None)
+    signs = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+    if low and high:
+        text = f"in {'[' if low[0] == 'ge' else '('}{low[1]}, {high[1]}{']' if high[0] == 'le' else ')'}"
+    else:
+        op, bound = low or high
+        text = f"{signs[op]} {bound}"
+    return text + (f" {unit}" if unit else "") + (" or null" if optional else "")

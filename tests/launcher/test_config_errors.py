@@ -1,0 +1,259 @@
+"""Every configuration mistake exits 2 with one short message naming its config path, before anything starts.
+
+In this process: the preflight (``launcher.preflight.check_argv``) and the plan, for the mistakes users make and
+for overrides drawn from the schema itself (hypothesis): the outcome is a plan or one short
+:class:`ConfigurationError`, never anything else. As a user runs it (real subprocesses, marked slow): the exit
+status and stderr, and Hydra's own flags still working.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import typing
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from components.errors import ConfigurationError
+from launcher import schema
+from launcher.cli import EXIT_CONFIG
+from launcher.plan import build_plan
+from launcher.preflight import check_argv
+from recipes.configs import DQNConfig, PPOConfig
+from tests.helpers import run_cli
+
+
+def outcome(*argv: str):
+    """What ``python -m launcher ... launcher.dry_run=true`` ends with: the plans, or the configuration error."""
+    try:
+        return [build_plan(cfg) for cfg in check_argv(list(argv))]
+    except ConfigurationError as exc:
+        return exc
+
+
+def assert_short(error: ConfigurationError) -> None:
+    lines = str(error).splitlines()
+    assert 1 <= len(lines) <= 3 and "Traceback" not in str(error), str(error)
+
+
+# ---------------------------------------------------------------------------------------------- mistakes users make
+MISTAKES = [
+    (("components.inference.max_batch_size=abc",), "components.inference.max_batch_size", "must be an integer, got 'abc'"),
+    (("components.replay.colour=blue",), "components.replay.colour", "components.replay has no key 'colour'"),
+    (("+components.replay.colour=blue",), "components.replay.colour", "supported: placement, transport"),
+    (("foo=1",), "foo", "the config has no key 'foo'"),
+    (("service=submitit",), "service", "supported: direct, distributed, process, ray, thread"),
+    (("env=nonexistent",), "env", "supported: cartpole, pendulum"),
+    (("recipe.num_envs=0",), "recipe.num_envs", "must be >= 1, got 0"),
+    (("seed=-1",), "seed", "must be in [0, 4294967295], got -1"),
+    (("recipe.lr=-1",), "recipe.lr", "must be > 0, got -1.0"),
+    (("recipe.total_frames=-100",), "recipe.total_frames", "must be >= 1, got -100"),
+    (("recipe.window=0",), "recipe.window", "must be >= 1, got 0"),
+    (("recipe.gamma=1.5",), "recipe.gamma", "must be in [0, 1], got 1.5"),
+    (("recipe.num_minibatches=5",), "recipe.num_minibatches", "num_envs * num_steps = 512 must be divisible by num_minibatches=5"),
+    (("launcher.telemetry_every=-1",), "launcher.telemetry_every", "must be > 0 seconds, got -1.0"),
+    (("launcher.shutdown_timeout=0",), "launcher.shutdown_timeout", "must be > 0 seconds, got 0.0"),
+    (("components.collector.num_collectors=0",), "components.collector.num_collectors", "must be >= 1, got 0"),
+    (("components.replay.resources.num_cpus=-1",), "components.replay.resources.num_cpus", ">= 0 or null, got -1.0"),
+    (("components.collector.sync=maybe",), "components.collector.sync", "must be true or false, got 'maybe'"),
+    (("seed=0,1",), "seed", "add --multirun"),
+    (("seed",), "seed", "cannot read the override 'seed'"),
+    (("~seed",), "seed", "seed has no value"),
+    (("components.inference.max_batch_size=-5",), "components.inference.max_batch_size", ">= 1, got -5"),
+    (("components.inference.timeout=-1",), "components.inference.timeout", ">= 0 seconds, got -1"),
+]
+
+
+@pytest.mark.parametrize("overrides, path, needle", MISTAKES, ids=[m[0][-1] for m in MISTAKES])
+def test_a_mistake_is_one_short_message_naming_its_path(overrides, path, needle):
+    error = outcome("+recipe=ppo", *overrides)
+    assert isinstance(error, ConfigurationError), error
+    assert_short(error)
+    assert needle in str(error) and str(error).endswith(f"full_key: {path}")
+
+
+def test_a_group_option_that_does_not_exist_lists_the_real_ones():
+    error = outcome("+recipe=nonexistent")
+    assert str(error) == ("recipe has no option 'nonexistent'\n    supported: dqn, ppo, ppo_custom_mlp\n"
+                          "    full_key: recipe")
+    assert "base_" not in str(outcome("+recipe=ppo", "service=submitit"))
+
+
+def test_a_recipe_key_without_a_recipe_says_to_select_one():
+    error = outcome("recipe.num_envs=0")
+    assert "no recipe is selected" in str(error) and "+recipe=ppo" in str(error)
+
+
+def test_a_config_built_in_python_is_checked_by_the_plan(compose_cfg):
+    with pytest.raises(ConfigurationError, match="recipe.window must be >= 1, got 0"):
+        build_plan(compose_cfg("+recipe=dqn", "recipe.window=0"))
+    with pytest.raises(ConfigurationError, match="seed cannot be resolved"):
+        build_plan(compose_cfg("+recipe=dqn", "seed=${oops}"))
+
+
+def test_every_job_of_a_sweep_is_checked():
+    assert len(check_argv(["-m", "+recipe=ppo", "service=direct,process", "seed=0,1,2"])) == 6
+    error = outcome("--multirun", "+recipe=ppo", "service=direct,process", "seed=0,-1")
+    assert isinstance(error, ConfigurationError) and str(error).endswith("full_key: seed")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--hydra-help"], ["--info"], ["--cfg", "job", "recipe.num_envs=0"],
+                                  ["-cn", "other"], ["+recipe=ppo", "hydra.searchpath=[pkg://elsewhere]"],
+                                  ["-m", "+recipe=ppo", "seed=interval(0,1)"]])
+def test_hydra_s_own_features_are_left_to_hydra(argv):
+    assert check_argv(argv) == []
+
+
+def test_hydra_overrides_are_left_out_of_the_check():
+    (cfg,) = check_argv(["+recipe=ppo", "hydra.run.dir=/tmp/x", "hydra/launcher=basic", "hydra.job.chdir=true"])
+    assert cfg.recipe.num_envs == 16 and "hydra" not in cfg
+
+
+# ---------------------------------------------------------------------------------------------- drawn from the schema
+def _options(group: str) -> list[str]:
+    folder = importlib.resources.files("conf") / group
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+RECIPES = {"ppo": PPOConfig, "ppo_custom_mlp": PPOConfig, "dqn": DQNConfig}
+LOGGERS = {"csv": schema.CSVLoggerConf, "tensorboard": schema.TensorBoardLoggerConf}
+PLACES = ("direct", "thread", "process", "ray", "distributed", "nowhere")
+SKIPPED = {"dry_run", "name", "id", "log_dir", "address", "namespace", "temp_dir", "policy_device", "output_device"}
+
+
+def _leaves(kind: type, path: str):
+    """``(path, field, type)`` of every scalar field under ``kind`` that a command line would set."""
+    hints = typing.get_type_hints(kind)
+    for f in dataclasses.fields(kind):
+        hint, full = hints[f.name], f"{path}.{f.name}" if path else f.name
+        if dataclasses.is_dataclass(hint):
+            yield from _leaves(hint, full)
+        elif f.name not in SKIPPED and (_scalar(hint) in (bool, int, float) or _scalar(hint) is str and f.name in
+                                        ("placement", "transport")):
+            yield full, f, hint
+
+
+def _scalar(hint):
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint
+
+
+def _value(f: dataclasses.Field, hint) -> st.SearchStrategy:
+    """``(text, valid)``: a value for the field, and whether the schema accepts it (``None``: it cannot tell)."""
+    kind, bounds = _scalar(hint), f.metadata.get("bounds", {})
+    wrong = st.just(("abc", False))
+    if f.name in ("placement", "transport"):
+        return st.sampled_from(PLACES).map(lambda v: (v, None))
+    if kind is bool:
+        return st.sampled_from([("true", True), ("false", True), ("maybe", False)])
+    low = bounds.get("ge", bounds.get("gt"))
+    high = bounds.get("le", bounds.get("lt"))
+    known = True if bounds else None
+    if kind is int:
+        lo = -5 if low is None else low + ("gt" in bounds)
+        good = st.integers(lo, lo + 40 if high is None else min(high, lo + 40)).map(lambda v: (str(v), known))
+        bad = [st.integers(lo - 1000, lo - 1)] if low is not None else []
+        bad += [st.integers(high + 1, high + 1000)] if high is not None else []
+    else:
+        lo = -5.0 if low is None else float(low)
+        good = st.floats(lo, lo + 10 if high is None else high, exclude_min="gt" in bounds,
+                         exclude_max="lt" in bounds).map(lambda v: (repr(v), known))
+        bad = [st.floats(lo - 100, lo, exclude_max="ge" in bounds)] if low is not None else []
+        bad += [st.floats(high, high + 100, exclude_min="le" in bounds)] if high is not None else []
+        bad += [st.just(float("nan"))] if bounds else []
+    nulls = [st.just(("null", True))] if kind is not hint else []
+    return st.one_of(good, *nulls, *(b.map(lambda v: (repr(v), False)) for b in bad), wrong)
+
+
+UNKNOWN_KEYS = ["components.replay.colour=blue", "+components.replay.colour=blue", "recipe.colour=1", "foo=1",
+                "+launcher.verbose=true"]
+UNKNOWN_OPTIONS = ["service=submitit", "env=nonexistent", "transport=carrier_pigeon", "logger=nope"]
+
+
+@st.composite
+def command_lines(draw):
+    """``(argv, invalid)``: a command line, and the config paths it sets to something the schema refuses."""
+    recipe = draw(st.sampled_from(sorted(RECIPES)))
+    logger = draw(st.sampled_from(sorted(LOGGERS)))
+    chosen = {"recipe": recipe, "logger": logger}
+    for group in ("service", "transport", "env"):
+        if draw(st.booleans()):
+            chosen[group] = draw(st.sampled_from(_options(group)))
+    overrides = {group: (f"{group}={option}", True) for group, option in chosen.items()}
+    leaves = [*_leaves(schema.Config, ""), *_leaves(RECIPES[recipe], "recipe"), *_leaves(LOGGERS[logger], "logger")]
+    for path, f, hint in draw(st.lists(st.sampled_from(leaves), max_size=4, unique_by=lambda leaf: leaf[0])):
+        text, valid = draw(_value(f, hint))
+        overrides[path] = (f"{path}={text}", valid)
+    if draw(st.integers(0, 4)) == 0:
+        line = draw(st.sampled_from(UNKNOWN_KEYS))
+        overrides[line.lstrip("+").split("=")[0]] = (line, False)
+    if draw(st.integers(0, 4)) == 0:
+        line = draw(st.sampled_from(UNKNOWN_OPTIONS))
+        overrides[line.split("=")[0]] = (line, False)
+    argv = [line for line, _ in overrides.values()]
+    return draw(st.permutations(argv)), {path for path, (_, valid) in overrides.items() if valid is False}
+
+
+@settings(max_examples=40, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(command_lines())
+def test_any_command_line_is_a_plan_or_one_short_message(case):
+    argv, invalid = case
+    result = outcome(*argv)
+    if isinstance(result, ConfigurationError):
+        assert_short(result)
+        if invalid:  # what the schema refuses is what the message names
+            assert result.path in invalid, (str(result), invalid)
+    else:
+        assert not invalid, f"{argv} was accepted though {sorted(invalid)} is outside the schema"
+        assert len(result) == 1 and result[0].render().startswith("plan: recipe=")
+
+
+# ---------------------------------------------------------------------------------------------- real processes
+CLI_MISTAKES = [
+    ("+recipe=ppo", "components.inference.max_batch_size=abc"), ("+recipe=ppo", "components.replay.colour=blue"),
+    ("+recipe=ppo", "foo=1"), ("+recipe=ppo", "service=submitit"), ("+recipe=nonexistent",),
+    ("+recipe=ppo", "env=nonexistent"), ("+recipe=ppo", "recipe.num_envs=0"), ("+recipe=ppo", "seed=-1"),
+    ("+recipe=ppo", "recipe.lr=-1"), ("+recipe=ppo", "recipe.total_frames=-100"), ("+recipe=ppo", "recipe.window=0"),
+    ("+recipe=ppo", "launcher.telemetry_every=-1"), ("+recipe=ppo", "components.inference.max_batch_size=-5"),
+    ("+recipe=ppo", "components.inference.timeout=-1"), ("+recipe=ppo", "components.inference.policy_device=cuda:7"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", CLI_MISTAKES, ids=[a[-1] for a in CLI_MISTAKES])
+def test_the_cli_exits_2_with_one_short_message(args, tmp_path):
+    if args[-1].endswith("cuda:7"):
+        import torch
+
+        if torch.cuda.device_count() > 7:
+            pytest.skip("this machine has a cuda:7")
+    proc = run_cli(*args, "launcher.dry_run=true", cwd=str(tmp_path))
+    path = args[-1].split("=")[0].lstrip("+")
+    assert proc.returncode == EXIT_CONFIG == 2, proc.stderr
+    assert proc.stderr.startswith("configuration error: ") and proc.stderr.rstrip().endswith(f"full_key: {path}")
+    assert len(proc.stderr.splitlines()) <= 3 and "Traceback" not in proc.stderr and proc.stdout == ""
+    assert not [*tmp_path.rglob("plan.json"), *tmp_path.rglob("metrics.csv")]  # nothing started
+
+
+@pytest.mark.slow
+def test_a_sweep_with_one_bad_job_starts_none(tmp_path):
+    proc = run_cli("-m", "+recipe=ppo", "service=direct,thread", "seed=0,-1", "launcher.dry_run=true", cwd=str(tmp_path))
+    assert proc.returncode == 2 and proc.stderr.rstrip().endswith("full_key: seed"), proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_hydra_s_own_flags_and_overrides_still_work(tmp_path):
+    proc = run_cli("+recipe=ppo", "recipe.num_envs=0", "--cfg", "job", cwd=str(tmp_path))
+    assert proc.returncode == 0 and "num_envs: 0" in proc.stdout, proc.stderr
+    proc = run_cli("--help", cwd=str(tmp_path))
+    assert proc.returncode == 0 and "== Configuration groups ==" in proc.stdout, proc.stderr
+    proc = run_cli("+recipe=ppo", "launcher.dry_run=true", f"hydra.run.dir={tmp_path / 'run'}", "hydra/launcher=basic",
+                   cwd=str(tmp_path))
+    assert proc.returncode == 0 and proc.stdout.startswith("plan: recipe=ppo"), proc.stderr
+    proc = run_cli("-m", "+recipe=ppo", "service=direct,thread", "launcher.dry_run=true",
+                   f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=str(tmp_path))
+    assert proc.returncode == 0 and proc.stdout.count("plan: recipe=ppo") == 2, proc.stderr
