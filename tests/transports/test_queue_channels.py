@@ -214,3 +214,49 @@ def test_the_entry_of_a_client_killed_while_polling_expires():
         assert spinners._until[1] > 0  # left behind by the killed client...
         wait_until(lambda: spinners.spin(0, lambda: True, 0.01), timeout=10, what="the entry to expire")
         assert spinners.spin(0, lambda: True, 0.01)  # ...but it expires, and the others poll again
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a process of another user")
+def test_the_server_accepts_processes_of_its_own_user_only():
+    import socket
+
+    from transports.queue import QueueTransport
+
+    transport = QueueTransport()
+    transport.mark_serving(os.getpid())
+    server = transport.server()
+    try:
+        pid = os.fork()
+        if pid == 0:  # another user connects and writes a request: the server must close it unread
+            code = 1
+            try:
+                os.setuid(65534)
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.connect("\0" + transport.address)
+                sock.settimeout(10)
+                try:
+                    sock.sendall(b"\x00\x00\x00\x04junk")
+                    code = 0 if sock.recv(1) == b"" else 2  # closed by the server
+                except (ConnectionResetError, BrokenPipeError):  # closed by the server, the request unread
+                    code = 0
+            finally:
+                os._exit(code)
+        ended: list = []
+
+        def stranger_done() -> bool:
+            assert server.collect(4, 1, 0.0, 0.01) is None  # nothing of the stranger's is ever served
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done == pid:
+                ended.append(os.waitstatus_to_exitcode(status))
+            return bool(ended)
+
+        wait_until(stranger_done, timeout=20, what="the stranger's connection closed")
+        assert ended == [0] and server.conns == {}  # closed by the server, never admitted
+        client = transport.client()  # this user's client is served as usual
+        future = client.submit(small(3))
+        batch = wait_until(lambda: server.collect(4, 1, 0.0, 0.01), timeout=10, what="the request")
+        server.reply(batch, TensorDict({"action": torch.ones(1, 4)}, [1]))
+        assert future.result(timeout=10)["action"].tolist() == [1.0] * 4
+    finally:
+        server.close()
+        transport.close()
