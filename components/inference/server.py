@@ -17,9 +17,11 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
-from transports.errors import ConfigurationError
+from transports.errors import ConfigurationError, IncompatibleCombinationError
+from transports.registry import FIXED_LAYOUT
 
 from ..resolution import Resolved
+from ..scope import choose_transport
 from ..service import Owner
 from .client import DiscoveringEndpoint, InferenceClient
 from .config import InferenceDeviceConfig, InferenceServerConfig
@@ -39,9 +41,13 @@ class InferenceServer(Owner["InferenceServer"]):
             the placement like a name); ``None`` takes the ``transport_backend`` context, else ``auto``.
         weight_sync: a weight-sync client polled between batches.
         request_layout: layout (or representative TensorDict) of one request; fixed-layout transports need it.
-        response_layout: layout of one response (outputs and ``policy_version``).
+        response_layout: layout of one response (outputs and ``policy_version``). Give both layouts or neither.
         collate_fn: combines requests into a batch (default: stack along a new first dimension).
         resolved: the plan's resolution of this server (placement, transport, layouts, resources).
+
+    Raises:
+        IncompatibleCombinationError: only one of the two layouts is given (whatever the transport: ``auto``
+            never drops a half layout for ``queue``), or the placement does not support the transport.
 
     Example:
         >>> server = InferenceServer(policy_factory=make_policy, config=InferenceServerConfig(placement="thread"))
@@ -72,12 +78,7 @@ class InferenceServer(Owner["InferenceServer"]):
         if resolved is not None:
             request_layout = request_layout if request_layout is not None else resolved.layouts.get("request")
             response_layout = response_layout if response_layout is not None else resolved.layouts.get("response")
-        if (request_layout is None) != (response_layout is None):
-            raise ConfigurationError(
-                "a fixed layout needs both request_layout and response_layout (got only the "
-                f"{'request' if request_layout is not None else 'response'} layout)",
-                path="components.inference", alternatives=("both layouts", "neither (transport 'queue')"),
-            )
+        _require_both_layouts(request_layout, response_layout, transport, resolved)  # before auto chooses
         super().__init__(placement=self.config.placement, transport=transport,
                          layouts_known=request_layout is not None, resolved=resolved)
         if policy is not None and not self.host_type.same_process:
@@ -150,3 +151,23 @@ class InferenceServer(Owner["InferenceServer"]):
         """Batch-size histogram and p50/p95 of queue wait and forward time (seconds) over the stats window."""
         self._require_running()
         return self._host.call("stats", timeout=UPDATE_TIMEOUT)
+
+
+def _require_both_layouts(request_layout: Any, response_layout: Any, transport: Any, resolved: Resolved | None) -> None:
+    """Refuse a half fixed layout when the server is built, naming the missing one (a fixed-layout transport
+    would fail only at start, and ``auto`` would quietly pick ``queue``)."""
+    if (request_layout is None) == (response_layout is None):
+        return
+    given, missing = (("request_layout", "response_layout") if request_layout is not None
+                      else ("response_layout", "request_layout"))
+    if resolved is not None:
+        kind = resolved.transport
+    else:  # a transport instance carries its config; a config its kind; None means the scope, else auto
+        config = getattr(transport, "config", transport)
+        kind = choose_transport(getattr(config, "kind", config)).value
+    raise IncompatibleCombinationError(
+        f"inference server has {given} but no {missing} (transport {kind!r}): a fixed layout needs both (transports "
+        f"{', '.join(sorted(FIXED_LAYOUT))}), and half of one never falls back to 'queue'; pass {missing} too, "
+        "or neither",
+        path=f"components.inference.{missing}", alternatives=(f"{given} and {missing}", "neither (transport 'queue')"),
+    )

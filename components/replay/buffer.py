@@ -15,7 +15,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from transports import registry as transport_registry
-from transports.errors import ConfigurationError
+from transports.errors import IncompatibleCombinationError
 
 from ..commands import Allowed, CommandTarget
 from ..resolution import Resolved
@@ -48,7 +48,8 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
         seed: seed of the sampler's generator.
         layouts: explicit layouts of the ``distributed`` transport's operations (``extend``: a batch as written;
             ``sample``: a sample as returned; ``update_priority``): their channels bind up front and the owner
-            refuses other layouts; without them each operation's first call binds its layout.
+            refuses other layouts; any operation without one binds its layout with its first call, so a subset
+            is complete. With another transport (``auto`` included) they raise ``IncompatibleCombinationError``.
         resolved: the plan's resolution of this buffer.
 
     Example:
@@ -85,8 +86,10 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
         self.filters = tuple(filters)
         self._operations = explicit_operations(layouts or {})
         if self._operations and self.transport_kind != "distributed":
-            raise ConfigurationError(f"replay layouts apply to transport 'distributed', not {self.transport_kind!r}",
-                                     path="components.replay.layouts", alternatives=("distributed",))
+            raise IncompatibleCombinationError(  # auto included: layouts never fall back to another transport
+                f"replay layouts apply to transport 'distributed', not {self.transport_kind!r} "
+                f"({self.transport_reason})",
+                path="components.replay.layouts", alternatives=("distributed",))
         self._ops: Any = None  # the storage (in the caller) or this owner's client
 
     @property

@@ -349,6 +349,26 @@ def test_incompatible_transports_are_refused_at_construction():
         InferenceServer(echo_factory(), config=InferenceServerConfig(placement="process"))
 
 
+@pytest.mark.parametrize("transport", [None, "auto", "shared_memory", "process_slot", "distributed", "queue"])
+def test_half_a_fixed_layout_is_refused_at_construction_naming_the_missing_one(transport):
+    from components import transport_backend
+    from components.resolution import resolve_component
+
+    config = InferenceServerConfig(placement="process")
+    shown = transport or "shared_memory"  # without one, the scope's transport is named
+    for given, missing, layout in (("request_layout", "response_layout", REQUEST),
+                                   ("response_layout", "request_layout", RESPONSE)):
+        with transport_backend("shared_memory"), pytest.raises(IncompatibleCombinationError) as info:
+            InferenceServer(policy_factory=echo_factory, config=config, transport=transport, **{given: layout})
+        assert info.value.path == f"components.inference.{missing}"
+        assert info.value.message.startswith(f"inference server has {given} but no {missing} (transport {shown!r}): "
+                                             "a fixed layout needs both"), info.value.message
+    if transport == "auto":  # a resolution that chose queue for want of layouts is refused as well
+        resolved = resolve_component("inference", "process", "auto", layouts={"request": REQUEST})
+        with pytest.raises(IncompatibleCombinationError, match="has request_layout but no response_layout"):
+            InferenceServer(policy_factory=echo_factory, config=config, resolved=resolved)
+
+
 def test_auto_resolution_is_pinned():
     def auto(placement, layouts):
         kwargs = {"request_layout": REQUEST, "response_layout": RESPONSE} if layouts else {}

@@ -1,10 +1,12 @@
 """The direct replay buffer: lazily shaped storage, circular writes, the two samplers, layout errors."""
 
+import re
+
 import pytest
 import torch
 from tensordict import TensorDict
 
-from components.errors import ConfigurationError, LayoutError
+from components.errors import ConfigurationError, IncompatibleCombinationError, LayoutError
 from components.replay import ReplayBuffer
 
 
@@ -100,6 +102,17 @@ def test_bad_settings_are_configuration_errors():
     with ReplayBuffer(capacity=4) as rb:
         with pytest.raises(ConfigurationError, match="has no priorities"):
             rb.update_priority(0, 1.0)
+
+
+def test_layouts_are_refused_at_construction_unless_the_transport_is_distributed():
+    batch = _batch(10)
+    for transport, chose in (("auto", "'queue' (auto: process owner without fixed layouts"),
+                             ("queue", "'queue' (explicit)"), ("shared_memory", "'shared_memory' (explicit)")):
+        with pytest.raises(IncompatibleCombinationError, match=f"to transport 'distributed', not {re.escape(chose)}"):
+            ReplayBuffer(placement="process", transport=transport, layouts={"extend": batch})
+    # a subset is complete: the operations without a layout bind theirs with their first call
+    assert ReplayBuffer(placement="process", transport="distributed", layouts={"extend": batch}).transport_kind == \
+        "distributed"
 
 
 def test_memmap_storage_lives_on_disk(tmp_path):
