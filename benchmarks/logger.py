@@ -205,7 +205,7 @@ def run_logger(name: str, cls, placements, directory: str, n: int, ctx, pids: se
 def profile_process(name: str, client, ctx, stack, pids: set, n: int) -> dict:
     """Pieces of one process log_scalar, interleaved with the call itself, and a cProfile of the caller."""
     from components.logger import _as_float
-    from transports.queue import to_wire
+    from transports.wire import to_wire
 
     pieces = {
         "mp.Queue request + Pipe reply, echo child (the transport's mechanism)": queue_mechanism(ctx, stack, pids),

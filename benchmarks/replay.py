@@ -54,7 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from components.replay import ReplayBuffer  # noqa: E402
 from transports.segments import segments_of  # noqa: E402
 from _common import start_owner  # noqa: E402  (benchmarks/_common.py, beside this script)
-from transports.queue import from_wire, to_wire  # noqa: E402
+from transports.wire import from_wire, to_wire  # noqa: E402
 
 BATCH = 256
 # label -> (description, dtype, shape, capacity, (extend calls, sample calls) of a full run)

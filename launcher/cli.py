@@ -1,7 +1,9 @@
 """``python -m launcher``: compose (Hydra) -> plan -> dry run or run.
 
 A configuration mistake exits with status 2 and a short message (component, placement, transport, config
-path, supported alternatives), never a long traceback; Ctrl-C tears every service down and exits 130.
+path, supported alternatives), never a long traceback. A service that dies during the run is one line naming
+it (exit 3, the traceback in ``launcher.log``); Ctrl-C and SIGTERM tear every service down in order and exit 130
+and 143, with ``summary.json`` saying ``interrupted``. The statuses: :mod:`launcher.failures`.
 """
 
 from __future__ import annotations
@@ -18,12 +20,11 @@ from omegaconf import DictConfig, OmegaConf
 from transports.errors import ConfigurationError
 
 from . import schema
+from .failures import EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_SERVICE_DIED, EXIT_TERMINATED, ServiceDied, Terminated, \
+    handle_sigterm
 
 log = logging.getLogger("launcher")
 schema.register()
-
-EXIT_CONFIG = 2
-EXIT_INTERRUPTED = 130
 
 
 def launch(cfg: DictConfig, run_dir: str) -> dict | None:
@@ -38,7 +39,7 @@ def launch(cfg: DictConfig, run_dir: str) -> dict | None:
 
     import torch
 
-    from .report import plot_learning_curve, summary_line
+    from .report import ProgressLine, plot_learning_curve, summary_line
     from .run import ensure_runnable, execute
 
     ensure_runnable(plan)
@@ -54,32 +55,55 @@ def launch(cfg: DictConfig, run_dir: str) -> dict | None:
     print(plan.render(), flush=True)
     log.info("plan:\n%s", plan.render())
 
-    result = execute(plan, cfg, run_dir)
+    progress = ProgressLine(int(cfg.recipe.get("total_frames", 0)), enabled=bool(cfg.launcher.progress))
+    try:
+        result = execute(plan, cfg, run_dir, progress=progress)
+    except (KeyboardInterrupt, Terminated, ServiceDied) as exc:  # every service is down by now
+        _write_summary(run_dir, {
+            "interrupted": not isinstance(exc, ServiceDied),
+            "signal": {KeyboardInterrupt: "SIGINT", Terminated: "SIGTERM"}.get(type(exc)),
+            "failed": str(exc) if isinstance(exc, ServiceDied) else None,
+            "frames": progress.frames, **{k: v for k, v in progress.metrics.items() if isinstance(v, (int, float))},
+        })
+        raise
 
     target = getattr(OmegaConf.to_object(cfg.recipe), "target_return", None)
     if cfg.launcher.plot:
         png = plot_learning_curve(result.get("curve", []), os.path.join(run_dir, "learning_curve.png"),
                                   title=f"{plan.recipe} on {plan.env_id} (seed {plan.seed})", target=target)
         result["learning_curve"] = png
-    with open(os.path.join(run_dir, "summary.json"), "w") as f:
-        json.dump({k: v for k, v in result.items() if k != "curve"}, f, indent=2)
+    _write_summary(run_dir, {k: v for k, v in result.items() if k != "curve"})
     line = summary_line(plan.recipe, plan.env_id, result, run_dir)
     log.info(line)
     print(line, flush=True)
     return result
 
 
+def _write_summary(run_dir: str, summary: dict) -> None:
+    with open(os.path.join(run_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+
+
 @hydra.main(version_base=None, config_path="pkg://conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     run_dir = HydraConfig.get().runtime.output_dir
+    handle_sigterm()
     try:
         launch(cfg, run_dir)
     except ConfigurationError as exc:
         print(f"configuration error: {exc}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG)
+    except ServiceDied as exc:
+        log.info("the run stopped: %s", exc, exc_info=True)  # the whole story goes to launcher.log only
+        print(f"error: {exc}; every other service was shut down (traceback: "
+              f"{os.path.join(run_dir, 'launcher.log')})", file=sys.stderr, flush=True)
+        sys.exit(EXIT_SERVICE_DIED)
     except KeyboardInterrupt:
         print("interrupted: every service was shut down", file=sys.stderr, flush=True)
         sys.exit(EXIT_INTERRUPTED)
+    except Terminated:
+        print("terminated (SIGTERM): every service was shut down", file=sys.stderr, flush=True)
+        sys.exit(EXIT_TERMINATED)
 
 
 def normalize_argv(argv: list[str]) -> list[str]:

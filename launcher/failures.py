@@ -65,8 +65,8 @@ def dead_service(owners: Mapping[str, Any], error: BaseException) -> ServiceDied
         for name, owner in owners.items():
             for host in owner.all_hosts():
                 cause = host.death
-                if cause is None and host.placement == "ray" and not host.is_alive:  # Ray records no cause here
-                    cause = "its actor is no longer alive (Ray reports it dead)"
+                if cause is None and not host.is_alive:  # a host that records no cause (a Ray actor)
+                    cause = f"its {owner.placement} host {host.name} is no longer alive"
                 if cause is not None:
                     return ServiceDied(name, owner.placement, host.pid, cause)
         if time.monotonic() >= deadline:

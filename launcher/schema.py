@@ -25,7 +25,7 @@ class ResourcesConf:
     num_cpus: Optional[float] = bounded(None, ge=0)  # CPUs reserved for the owner (None: the placement's default)
     num_gpus: float = bounded(0.0, ge=0)  # GPUs reserved for the owner
     memory: Optional[int] = bounded(None, gt=0, unit="bytes")  # bytes of memory reserved (Ray)
-    max_restarts: int = bounded(0, ge=0)  # times a crashed owner is restarted (Ray)
+    max_restarts: int = bounded(0, ge=0)  # times a crashed owner is restarted (Ray actors; collector workers anywhere)
     max_concurrency: int = bounded(1, ge=1)  # concurrent calls an actor serves (Ray)
     custom: Dict[str, float] = field(default_factory=dict)  # custom resources, e.g. {node_b: 1}
     startup_timeout: float = bounded(120.0, gt=0, unit="seconds")  # for the owner's thread, process or Ray actor to be ready
@@ -93,6 +93,7 @@ class RayConf:
     num_cpus: Optional[float] = bounded(None, ge=0)  # CPUs a locally started cluster advertises (None: the machine's)
     resources: Dict[str, float] = field(default_factory=dict)  # custom resources of a locally started head node
     temp_dir: Optional[str] = None  # Ray's session dir for a locally started cluster (short path; None: a fresh one)
+    connect_timeout: float = bounded(30.0, gt=0, unit="seconds")  # seconds to wait for the cluster at `address`
 
 
 @dataclass

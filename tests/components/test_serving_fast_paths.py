@@ -192,7 +192,7 @@ def test_serving_outside_the_loop_still_runs_without_gradients(kind):
 def _rebuilt(wire):
     import pickle
 
-    from transports.queue import from_wire
+    from transports.wire import from_wire
 
     return from_wire(pickle.loads(pickle.dumps(wire, protocol=pickle.HIGHEST_PROTOCOL)))
 
@@ -222,7 +222,7 @@ def _same(a, b) -> bool:
     TensorDict({"b": torch.randn(2, 3).to(torch.bfloat16), "flag": torch.tensor([True, False])}, [2]),
 ], ids=["flat", "strided-cpu", "nested", "non-tensor", "one-row", "one-row-strided-bfloat16", "bfloat16-bool"])
 def test_queue_rows_travel_as_their_row_tensordicts_would(answer):
-    from transports.queue import rows_to_wire, to_wire
+    from transports.wire import rows_to_wire, to_wire
 
     n = answer.batch_size[0]
     for row, wire in zip(range(n), rows_to_wire(answer, n)):

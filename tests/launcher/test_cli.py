@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import time
 
 import pytest
 
@@ -170,3 +171,19 @@ def test_a_ray_run_starts_a_local_cluster_of_its_own_and_stops_it(tmp_path):
         wait_until(lambda: _processes_mentioning(temp_dir) == [], timeout=30, what="the cluster's processes to end")
     finally:
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@pytest.mark.slow
+def test_a_ray_address_where_nothing_answers_fails_within_the_connect_deadline(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port on loopback that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    proc = run_cli("+recipe=ppo", "service=ray", f"ray.address=127.0.0.1:{port}", "ray.connect_timeout=1",
+                   f"hydra.run.dir={tmp_path / 'run'}", cwd=str(tmp_path), timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"no Ray cluster answers at ray.address='127.0.0.1:{port}' within 1 s" in proc.stderr
+    assert "full_key: ray.address" in proc.stderr and "Traceback" not in proc.stderr
+    assert time.monotonic() - started < 60  # the interpreter's start and imports included; Ray alone waits minutes

@@ -1,0 +1,106 @@
+"""Faults seen through the launcher, as a user runs it: a service killed with SIGKILL mid-run, SIGTERM, Ctrl-C.
+
+Each run is a real ``python -m launcher`` in a session of its own, with its own temporary directory (so a
+``pymp-*`` directory left by multiprocessing would show), and afterwards nothing of it may remain: no process of
+its group, no shared-memory segment named after one of its processes, no temporary directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from tests.helpers import pgroup_members, popen_cli, process_gone, wait_until
+
+pytestmark = pytest.mark.slow
+
+LONG_RUN = ("recipe.total_frames=10000000", "recipe.target_return=null", "launcher.progress=false")
+
+
+def _start(tmp_path, *overrides: str):
+    run_dir, tmp = tmp_path / "run", tmp_path / "tmp"
+    tmp.mkdir()
+    out, err = open(tmp_path / "stdout", "w"), open(tmp_path / "stderr", "w")
+    with out, err:
+        proc = popen_cli(*overrides, *LONG_RUN, f"hydra.run.dir={run_dir}", cwd=str(tmp_path), stdout=out, stderr=err,
+                         env={**os.environ, "TMPDIR": str(tmp)})
+    services = run_dir / "services.json"
+    try:
+        wait_until(lambda: proc.poll() is not None or services.exists(), timeout=120, what="every service started")
+        assert proc.poll() is None, (tmp_path / "stderr").read_text()
+        # training is under way once the logger has written its first rows (the recipe logs after each batch)
+        wait_until(lambda: proc.poll() is not None or _csv_rows(run_dir) > 1, timeout=60, what="the first rows logged")
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    return proc, run_dir, json.loads(services.read_text())
+
+
+def _csv_rows(run_dir) -> int:
+    path = run_dir / "metrics.csv"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _finish(proc, timeout: float = 30.0) -> None:
+    try:
+        proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _assert_nothing_left(proc, tmp_path, services: dict) -> None:
+    pids = [proc.pid] + [pid for s in services.values() for pid in s["pids"]]
+    wait_until(lambda: all(process_gone(pid) for pid in pids) and not pgroup_members(proc.pid), timeout=10,
+               what="every process of the run gone")
+    leftovers = [name for name in os.listdir("/dev/shm") if any(name.startswith(f"rlsvc_{pid}_") for pid in pids)]
+    assert leftovers == []
+    # multiprocessing's pymp-* directory included (torch keeps its compiler cache there on purpose)
+    assert [name for name in os.listdir(tmp_path / "tmp") if not name.startswith("torchinductor_")] == []
+
+
+@pytest.mark.parametrize("component", ["replay", "inference", "logger", "collector"])
+def test_a_service_killed_mid_run_is_one_line_naming_it_and_exit_3(tmp_path, component):
+    proc, run_dir, services = _start(tmp_path, "+recipe=dqn", "service=process")
+    victim = services[component]["pids"][0]
+    os.kill(victim, signal.SIGKILL)
+    killed = time.monotonic()
+    _finish(proc)
+    took = time.monotonic() - killed
+    err = (tmp_path / "stderr").read_text()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert proc.returncode == 3, err
+    assert len(lines) == 1 and "Traceback" not in err, err
+    name = "collector-0" if component == "collector" else component
+    assert lines[0].startswith(f"error: {component} (process, pid {victim}) died: the {name} process died "
+                               f"(killed by SIGKILL)"), err
+    assert took < 5.0, f"the run took {took:.1f} s to end after the kill"
+    log = (run_dir / "launcher.log").read_text()
+    assert "Traceback" in log and "PeerFailureError" in log  # the whole story is in the log
+    assert json.loads((run_dir / "summary.json").read_text())["failed"].startswith(f"{component} (process")
+    _assert_nothing_left(proc, tmp_path, services)
+
+
+@pytest.mark.parametrize("sig, status, word", [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "SIGINT")])
+def test_sigterm_and_sigint_stop_in_order_and_keep_every_logged_value(tmp_path, sig, status, word):
+    proc, run_dir, services = _start(tmp_path, "+recipe=ppo", "service=process", "logger.flush_every=1000000")
+    os.killpg(proc.pid, sig)  # as a terminal or a batch system does: the whole process group
+    _finish(proc)
+    err = (tmp_path / "stderr").read_text()
+    assert proc.returncode == status, err
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["signal"] == word
+    log = (run_dir / "launcher.log").read_text()
+    for name in ("collector", "inference", "replay", "weight_sync", "logger"):
+        assert f"stopping {name}" in log
+    # rows were held in memory (flush_every is huge): the orderly shutdown wrote them all, down to the last
+    # reading of the edges taken at the very end, at the frame count the summary reports
+    rows = [line.split(",") for line in (run_dir / "metrics.csv").read_text().splitlines()[1:]]
+    assert rows and max(int(r[1]) for r in rows) == summary["frames"] > 0
+    _assert_nothing_left(proc, tmp_path, services)
