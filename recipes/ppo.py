@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Normal
 
+from components.inference.sampling import SAMPLE_SEED, uniform
 from components.targets import instantiate_target
 
 from .base import Clients, EpisodeStats, Recipe
@@ -62,6 +63,17 @@ class Actor(nn.Module):
             return Categorical(logits=out)
         return Normal(out, self.log_std.exp().expand_as(out))
 
+    def sample(self, dist, seed: torch.Tensor) -> torch.Tensor:
+        """An action per row drawn from the row's ``sample_seed`` alone (so batching never changes it): the inverse
+        CDF of one uniform for discrete actions, Box-Muller normals for continuous ones."""
+        if self.discrete:
+            cdf = dist.logits.exp().cumsum(-1)  # Categorical keeps its logits normalized: these are the probabilities
+            return (cdf < uniform(seed, 1) * cdf[..., -1:]).sum(-1)  # never the last index past its probability
+        n = dist.loc.shape[-1]
+        u = uniform(seed, 2 * n)
+        normal = (-2 * u[..., :n].log()).sqrt() * torch.cos(2 * math.pi * u[..., n:])
+        return dist.loc + dist.scale * normal.to(dist.loc.dtype)
+
     def log_prob(self, dist, action: torch.Tensor) -> torch.Tensor:
         lp = dist.log_prob(action)
         return lp if self.discrete else lp.sum(-1)
@@ -80,7 +92,8 @@ class BehaviourPolicy(nn.Module):
 
     def forward(self, td):
         dist = self.actor.dist(td.get("observation"))
-        action = dist.sample()
+        seed = td.get(SAMPLE_SEED, None)  # collectors send one per env and step: the same draw in every placement
+        action = dist.sample() if seed is None else self.actor.sample(dist, seed)
         td.set("action", action)
         td.set("sample_log_prob", self.actor.log_prob(dist, action))
         return td

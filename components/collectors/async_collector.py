@@ -25,6 +25,7 @@ from transports.errors import ConfigurationError, PeerFailureError
 from ..envs import VectorEnvStepper, spec_from_spaces
 from ..hosts import stop_all
 from ..inference import InferenceServer, InferenceServerConfig
+from ..inference.sampling import SAMPLE_SEED, env_streams, step_seeds
 from ..resolution import resolve_component
 from ..service import Owner
 
@@ -35,12 +36,19 @@ class EnvLoop:
     def __init__(self, create_env_fn, policy, seed: int, env_id: int, out):
         self.stepper = VectorEnvStepper(create_env_fn(), seed)
         self.policy, self.env_id, self.out = policy, env_id, out
+        self.streams = env_streams(range(seed, seed + self.stepper.num_envs))  # sampling seeds, as Worker sends them
 
     def serve(self, stop: threading.Event) -> None:
         stepper, out = self.stepper, self.out
+        step = 0
         try:
             while not stop.is_set():
-                td = stepper.step(self.policy(stepper.observation()))
+                request = stepper.observation()
+                request.set(SAMPLE_SEED, step_seeds(self.streams, step)[0])
+                step += 1
+                td = self.policy(request)
+                td.pop(SAMPLE_SEED, None)
+                td = stepper.step(td)
                 td.set("env_id", torch.full(td.batch_size, self.env_id, dtype=torch.long))
                 item = pickle.dumps(td.to_dict(), protocol=pickle.HIGHEST_PROTOCOL)
                 while not stop.is_set():  # a full queue must not keep a worker from stopping

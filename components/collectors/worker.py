@@ -8,6 +8,7 @@ from tensordict import TensorDict
 from transports.errors import ConfigurationError
 
 from ..envs import VectorEnvStepper
+from ..inference.sampling import SAMPLE_SEED, env_streams, step_seeds
 
 
 class Worker:
@@ -17,7 +18,8 @@ class Worker:
         create_env_fn: picklable callable returning a vector env with same-step autoreset.
         policy: a callable TensorDict policy (an inference client...).
         frames: frames per rollout (a multiple of the env's ``num_envs``).
-        seed: seeds env ``i`` with ``seed + i``.
+        seed: seeds env ``i`` with ``seed + i``; its policy requests carry sampling seeds from a stream keyed by
+            ``seed + i`` too (see :mod:`components.inference.sampling`), so its actions do not depend on batching.
         replay_buffer: a replay client; rollouts are written there and :meth:`collect` returns the count.
     """
 
@@ -31,11 +33,18 @@ class Worker:
             )
         self.stepper = VectorEnvStepper(env, seed)
         self.policy, self.steps, self.replay = policy, frames // env.num_envs, replay_buffer
+        self.streams, self.step_count = env_streams(range(seed, seed + env.num_envs)), 0
 
     def rollout(self) -> TensorDict:
         stepper, steps = self.stepper, []
-        for _ in range(self.steps):
-            steps.append(stepper.step(self.policy(stepper.observation())))
+        seeds = step_seeds(self.streams, self.step_count, self.steps)
+        self.step_count += self.steps
+        for t in range(self.steps):
+            request = stepper.observation()
+            request.set(SAMPLE_SEED, seeds[t].clone())  # its own storage: a view would carry the whole rollout's
+            td = self.policy(request)
+            td.pop(SAMPLE_SEED, None)  # the rollout holds what the policy and the env produced
+            steps.append(stepper.step(td))
         return torch.stack(steps, dim=0)
 
     def collect(self) -> TensorDict | int:

@@ -9,6 +9,8 @@ from typing import Any, Sequence
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
+from .sampling import SAMPLE_SEED, random_seeds
+
 
 class InferenceClient:
     """The restricted client of an inference server: ``client(td)`` and ``client.submit(td)``.
@@ -18,10 +20,13 @@ class InferenceClient:
 
     Args:
         endpoint: a transport client endpoint.
+        fills_seeds: the endpoint's fixed request layout holds ``sample_seed``: a request without one gets seeds
+            from this process's torch generator (see :mod:`components.inference.sampling`).
     """
 
-    def __init__(self, endpoint: Any):
+    def __init__(self, endpoint: Any, fills_seeds: bool = False):
         self._endpoint = endpoint
+        self._fills_seeds = fills_seeds
 
     def submit(self, td: TensorDictBase):
         """Submit ``td``; returns a future whose ``result(timeout)`` is the response (outputs and ``policy_version``).
@@ -30,11 +35,14 @@ class InferenceClient:
             LayoutError: a fixed-layout transport and ``td`` does not match (raised here, nothing is sent).
             PeerFailureError: the server is not running.
         """
+        if self._fills_seeds and td.get(SAMPLE_SEED, None) is None:
+            td = td.clone(False)  # the caller's TensorDict stays as it was
+            td.set(SAMPLE_SEED, random_seeds(td.batch_size))
         return self._endpoint.submit(td)
 
     def __call__(self, td: TensorDictBase, timeout: float | None = None) -> TensorDictBase:
         """Run the policy on ``td`` and return ``td`` with the outputs and ``policy_version`` written in."""
-        response = self._endpoint.submit(td).result(timeout)
+        response = self.submit(td).result(timeout)
         td.update(response)
         return td
 

@@ -155,8 +155,10 @@ class ServingCore:
         try:
             with torch.no_grad():  # once for the loop (each forward would otherwise switch grad mode on and off)
                 while not stop.is_set():
-                    self._apply_updates()
                     batch = self.endpoint.collect(cfg.max_batch_size, cfg.min_batch_size, cfg.timeout, POLL)
+                    # after the wait, not before it: a request sent after a weight push returned is served with
+                    # those weights (what sync collection relies on), even if the push came while the loop waited
+                    self._apply_updates()
                     if batch is not None:
                         self.serve(batch)
         finally:

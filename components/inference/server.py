@@ -25,6 +25,7 @@ from ..scope import choose_transport
 from ..service import Owner
 from .client import DiscoveringEndpoint, InferenceClient
 from .config import InferenceDeviceConfig, InferenceServerConfig
+from .sampling import with_seed_leaf
 from .target import UPDATE_TIMEOUT, ServedPolicy, keep
 
 
@@ -89,7 +90,8 @@ class InferenceServer(Owner["InferenceServer"]):
         self._build = policy_factory if policy is None else functools.partial(keep, policy)
         self._weight_sync = weight_sync
         self._collate = collate_fn
-        self.request_layout = request_layout
+        # requests carry their rows' sampling seeds (see .sampling); a client fills them in where a caller did not
+        self.request_layout = None if request_layout is None else with_seed_leaf(request_layout)
         self.response_layout = response_layout
 
     # ------------------------------------------------------------------ hosting
@@ -110,7 +112,7 @@ class InferenceServer(Owner["InferenceServer"]):
         return self._wrap(endpoint)
 
     def _wrap(self, endpoint: Any) -> InferenceClient:
-        return InferenceClient(endpoint)
+        return InferenceClient(endpoint, fills_seeds=self.request_layout is not None)
 
     # ------------------------------------------------------------------ in the caller: the owner serves
     @property

@@ -1,0 +1,48 @@
+"""A seeded run learns the same in every local placement and transport: the same episode returns, batch by batch.
+
+Runs go through the launcher in this process (see test_every_placement.py), with ``sync=true`` collection. What
+makes them agree is tested piece by piece in tests/components/test_sampling_seeds.py.
+"""
+
+import pytest
+
+from launcher.cli import launch
+
+pytestmark = pytest.mark.slow  # seconds each: every run starts its owners and trains
+
+BUDGET = ["recipe.num_envs=4", "recipe.num_steps=64", "recipe.total_frames=3072", "recipe.target_return=null",
+          "recipe.window=5", "seed=3", "components.collector.sync=true", "launcher.progress=false",
+          "launcher.plot=false"]
+PLACEMENTS = [["service=thread"]] + [["service=process", f"transport={t}"]
+                                      for t in ("queue", "shared_memory", "process_slot")]
+
+
+def curve(compose_cfg, tmp_path, *overrides: str) -> list:
+    result = launch(compose_cfg("+recipe=ppo", *overrides, *BUDGET), str(tmp_path / "-".join(overrides)))
+    assert result["episodes"] > 10  # enough finished episodes to tell runs apart
+    return [(frames, round(mean, 6)) for frames, mean in result["curve"]]
+
+
+_DIRECT: list = []  # the direct run's curve, computed once for the module
+
+
+@pytest.fixture
+def direct(compose_cfg, tmp_path_factory):
+    if not _DIRECT:
+        _DIRECT.append(curve(compose_cfg, tmp_path_factory.mktemp("direct"), "service=direct"))
+    return _DIRECT[0]
+
+
+def test_direct_repeats_itself(direct, compose_cfg, tmp_path):
+    assert curve(compose_cfg, tmp_path, "service=direct") == direct
+
+
+@pytest.mark.parametrize("overrides", PLACEMENTS, ids=["-".join(o) for o in PLACEMENTS])
+def test_every_local_placement_learns_what_direct_learns(overrides, direct, compose_cfg, tmp_path):
+    assert curve(compose_cfg, tmp_path, *overrides) == direct
+
+
+def test_two_collectors_learn_the_same_whatever_batches_their_requests(compose_cfg, tmp_path):
+    two = "components.collector.num_collectors=2"  # their requests meet in the server's batches in any order
+    assert curve(compose_cfg, tmp_path, "service=thread", two) == curve(
+        compose_cfg, tmp_path, "service=process", "transport=process_slot", two)
