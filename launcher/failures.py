@@ -64,14 +64,17 @@ def dead_service(owners: Mapping[str, Any], error: BaseException) -> ServiceDied
     while True:
         for name, owner in owners.items():
             for host in owner.all_hosts():
-                cause = host.death
-                if cause is None and not host.is_alive:  # a host that records no cause (a Ray actor)
-                    cause = f"its {owner.placement} host {host.name} is no longer alive"
-                if cause is not None:
-                    return ServiceDied(name, owner.placement, host.pid, cause)
+                if host.death is not None:
+                    return ServiceDied(name, owner.placement, host.pid, host.death)
         if time.monotonic() >= deadline:
-            return None
+            break
         time.sleep(0.05)
+    for name, owner in owners.items():  # a host that records no cause (a Ray actor) but is gone
+        for host in owner.all_hosts():
+            if not host.is_alive:
+                return ServiceDied(name, owner.placement, host.pid, f"its {owner.placement} host {host.name} is "
+                                   "no longer alive")
+    return None
 
 
 def _peer_failure(error: BaseException | None) -> bool:

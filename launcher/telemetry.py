@@ -15,23 +15,42 @@ log = logging.getLogger(__name__)
 
 
 def edge_metrics(owners: Mapping[str, Any]) -> dict[str, float]:
-    """One reading of every edge the owners expose."""
+    """One reading of every edge the owners expose. An edge whose owner died (or dies while it is read) is left
+    out: the last reading, taken as a run ends, still logs the others."""
     out: dict[str, float] = {}
-    inference = owners.get("inference")
-    if inference is not None and not inference.inline:
-        stats = inference.stats()
-        if stats["batches"]:
-            out["edge/inference/batch_fill"] = stats["mean_batch_size"] / inference.config.max_batch_size
-            out["edge/inference/mean_batch_size"] = stats["mean_batch_size"]
-            out["edge/inference/queue_wait_p50_ms"] = 1000 * stats["queue_wait_p50"]
-            out["edge/inference/forward_p50_ms"] = 1000 * stats["forward_p50"]
-    sync = owners.get("weight_sync")
-    if inference is not None and sync is not None:
-        out["edge/policy_lag"] = float(max(0, sync.version - inference.policy_version))
-    replay = owners.get("replay")
-    if replay is not None:
-        out["edge/replay/size"] = float(len(replay))
+    for read in (_inference_edges, _lag_edge, _replay_edge):
+        try:
+            out.update(read(owners))
+        except Exception as exc:  # noqa: BLE001 - a dead owner's edge is skipped, the others are read
+            log.debug("edge skipped: %s", exc)
     return out
+
+
+def _inference_edges(owners: Mapping[str, Any]) -> dict[str, float]:
+    inference = owners.get("inference")
+    if inference is None or inference.inline or not inference.is_alive:
+        return {}
+    stats = inference.stats()
+    if not stats["batches"]:
+        return {}
+    return {"edge/inference/batch_fill": stats["mean_batch_size"] / inference.config.max_batch_size,
+            "edge/inference/mean_batch_size": stats["mean_batch_size"],
+            "edge/inference/queue_wait_p50_ms": 1000 * stats["queue_wait_p50"],
+            "edge/inference/forward_p50_ms": 1000 * stats["forward_p50"]}
+
+
+def _lag_edge(owners: Mapping[str, Any]) -> dict[str, float]:
+    inference, sync = owners.get("inference"), owners.get("weight_sync")
+    if inference is None or sync is None or not (inference.is_alive and sync.is_alive):
+        return {}
+    return {"edge/policy_lag": float(max(0, sync.version - inference.policy_version))}
+
+
+def _replay_edge(owners: Mapping[str, Any]) -> dict[str, float]:
+    replay = owners.get("replay")
+    if replay is None or not replay.is_alive:
+        return {}
+    return {"edge/replay/size": float(len(replay))}
 
 
 class EdgeReporter:

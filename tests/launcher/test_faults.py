@@ -46,6 +46,12 @@ def _csv_rows(run_dir) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
+def _steps(run_dir, prefix: str = "") -> set[int]:
+    """The steps of the rows in metrics.csv whose tag starts with ``prefix``."""
+    rows = [line.split(",") for line in (run_dir / "metrics.csv").read_text().splitlines()[1:]]
+    return {int(r[1]) for r in rows if r[0].startswith(prefix)}
+
+
 def _finish(proc, timeout: float = 30.0) -> None:
     try:
         proc.wait(timeout=timeout)
@@ -67,7 +73,7 @@ def _assert_nothing_left(proc, tmp_path, services: dict) -> None:
 
 @pytest.mark.parametrize("component", ["replay", "inference", "logger", "collector"])
 def test_a_service_killed_mid_run_is_one_line_naming_it_and_exit_3(tmp_path, component):
-    proc, run_dir, services = _start(tmp_path, "+recipe=dqn", "service=process")
+    proc, run_dir, services = _start(tmp_path, "+recipe=dqn", "service=process", "logger.flush_every=1000000")
     victim = services[component]["pids"][0]
     os.kill(victim, signal.SIGKILL)
     killed = time.monotonic()
@@ -80,10 +86,13 @@ def test_a_service_killed_mid_run_is_one_line_naming_it_and_exit_3(tmp_path, com
     name = "collector-0" if component == "collector" else component
     assert lines[0].startswith(f"error: {component} (process, pid {victim}) died: the {name} process died "
                                f"(killed by SIGKILL)"), err
-    assert took < 5.0, f"the run took {took:.1f} s to end after the kill"
+    assert took < 10.0, f"the run took {took:.1f} s to end after the kill"  # about 1 s on an idle machine
     log = (run_dir / "launcher.log").read_text()
     assert "Traceback" in log and "PeerFailureError" in log  # the whole story is in the log
-    assert json.loads((run_dir / "summary.json").read_text())["failed"].startswith(f"{component} (process")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["failed"].startswith(f"{component} (process")
+    if component != "logger":  # the last reading of the edges, taken as the run ended, is on disk
+        assert max(_steps(run_dir, "edge/")) >= summary["frames"] > 0
     _assert_nothing_left(proc, tmp_path, services)
 
 
@@ -101,6 +110,7 @@ def test_sigterm_and_sigint_stop_in_order_and_keep_every_logged_value(tmp_path, 
         assert f"stopping {name}" in log
     # rows were held in memory (flush_every is huge): the orderly shutdown wrote them all, down to the last
     # reading of the edges taken at the very end, at the frame count the summary reports
-    rows = [line.split(",") for line in (run_dir / "metrics.csv").read_text().splitlines()[1:]]
-    assert rows and max(int(r[1]) for r in rows) == summary["frames"] > 0
+    # (PPO logs each batch's metrics just before the progress line counts the batch)
+    assert summary["frames"] > 0 and summary["frames"] in _steps(run_dir, "train/")
+    assert max(_steps(run_dir, "edge/")) >= summary["frames"]
     _assert_nothing_left(proc, tmp_path, services)

@@ -48,6 +48,6 @@ def test_a_partial_fixed_layout_is_refused_at_construction():
     from components.inference import InferenceServer, InferenceServerConfig
 
     request = TensorDict({"observation": torch.zeros(4)})
-    with pytest.raises(ConfigurationError, match="needs both request_layout and response_layout"):
+    with pytest.raises(ConfigurationError, match="has request_layout but no response_layout .*a fixed layout needs both"):
         InferenceServer(policy_factory=dict, config=InferenceServerConfig(placement="process"),
                         transport="shared_memory", request_layout=request)
