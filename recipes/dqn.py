@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from components.inference.sampling import SAMPLE_SEED, uniform
 from components.targets import instantiate_target
 
 from .base import Clients, EpisodeStats, Recipe
@@ -50,8 +51,13 @@ class EpsilonGreedy(nn.Module):
     def forward(self, td):
         q = self.q(td.get("observation"))
         greedy = q.argmax(-1)
-        explore = torch.rand(greedy.shape) < self.epsilon
-        td.set("action", torch.where(explore, torch.randint_like(greedy, q.shape[-1]), greedy))
+        seed = td.get(SAMPLE_SEED, None)
+        if seed is None:  # a request without seeds: torch's generator of this process
+            explore, other = torch.rand(greedy.shape) < self.epsilon, torch.randint_like(greedy, q.shape[-1])
+        else:  # each row's own draws, so batching never changes what an environment does
+            u = uniform(seed, 2)
+            explore, other = u[..., 0] < self.epsilon, (u[..., 1] * q.shape[-1]).long().clamp_(max=q.shape[-1] - 1)
+        td.set("action", torch.where(explore, other, greedy))
         return td
 
 

@@ -13,12 +13,16 @@ pytestmark = pytest.mark.slow  # seconds each: every run starts its owners and t
 BUDGET = ["recipe.num_envs=4", "recipe.num_steps=64", "recipe.total_frames=3072", "recipe.target_return=null",
           "recipe.window=5", "seed=3", "components.collector.sync=true", "launcher.progress=false",
           "launcher.plot=false"]
+DQN_BUDGET = ["recipe.total_frames=3072", "recipe.learning_starts=512", "recipe.eps_frames=2048",
+              "recipe.target_return=null", "recipe.window=5", "seed=3", "components.collector.sync=true",
+              "launcher.progress=false", "launcher.plot=false"]
 PLACEMENTS = [["service=thread"]] + [["service=process", f"transport={t}"]
                                       for t in ("queue", "shared_memory", "process_slot")]
 
 
-def curve(compose_cfg, tmp_path, *overrides: str) -> list:
-    result = launch(compose_cfg("+recipe=ppo", *overrides, *BUDGET), str(tmp_path / "-".join(overrides)))
+def curve(compose_cfg, tmp_path, *overrides: str, recipe: str = "ppo") -> list:
+    budget = BUDGET if recipe == "ppo" else DQN_BUDGET
+    result = launch(compose_cfg(f"+recipe={recipe}", *overrides, *budget), str(tmp_path / "-".join(overrides)))
     assert result["episodes"] > 10  # enough finished episodes to tell runs apart
     return [(frames, round(mean, 6)) for frames, mean in result["curve"]]
 
@@ -46,3 +50,9 @@ def test_two_collectors_learn_the_same_whatever_batches_their_requests(compose_c
     two = "components.collector.num_collectors=2"  # their requests meet in the server's batches in any order
     assert curve(compose_cfg, tmp_path, "service=thread", two) == curve(
         compose_cfg, tmp_path, "service=process", "transport=process_slot", two)
+
+
+def test_dqn_learns_the_same_in_direct_and_in_processes(compose_cfg, tmp_path):
+    # epsilon-greedy draws from the rows' seeds too; replay samples come from the buffer's seeded generator
+    direct_curve = curve(compose_cfg, tmp_path, "service=direct", recipe="dqn")
+    assert curve(compose_cfg, tmp_path, "service=process", "transport=shared_memory", recipe="dqn") == direct_curve
