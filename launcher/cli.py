@@ -3,7 +3,9 @@
 A configuration mistake exits with status 2 and a short message (component, placement, transport, config
 path, supported alternatives), never a long traceback. A service that dies during the run is one line naming
 it (exit 3, the traceback in ``launcher.log``); Ctrl-C and SIGTERM tear every service down in order and exit 130
-and 143, with ``summary.json`` saying ``interrupted``. The statuses: :mod:`launcher.failures`.
+and 143, with ``summary.json`` saying ``interrupted``. The statuses: :mod:`launcher.failures`. With
+``launcher.resume`` the run continues in the resumed run directory (:mod:`launcher.checkpointing`); a run that had
+finished is not trained again (exit 0).
 """
 
 from __future__ import annotations
@@ -39,10 +41,27 @@ def launch(cfg: DictConfig, run_dir: str) -> dict | None:
 
     import torch
 
+    from .checkpointing import changed_settings, resolve, saved_summary
     from .report import ProgressLine, plot_learning_curve, summary_line
     from .run import ensure_runnable, execute
 
     ensure_runnable(plan)
+    resumed = resolve(cfg, run_dir, plan.recipe, plan.env_id)  # a resume that cannot be done exits 2 here
+    own_dir, run_dir = run_dir, resumed.run_dir
+    if resumed.state is not None:
+        finished = resumed.finished(cfg.recipe.get("total_frames"))
+        line = (f"nothing to resume: the run in {run_dir} had finished ({finished}); its results are there" if finished
+                else f"resuming the run in {run_dir} at {resumed.frames:,} frames")
+        if not finished and os.path.abspath(own_dir) != run_dir:
+            line += f" (this invocation's log: {os.path.join(own_dir, 'launcher.log')})"
+        if not finished and not cfg.launcher.checkpoint_every:
+            line += "; launcher.checkpoint_every=0: no new checkpoints"
+        changes = [] if finished else changed_settings(resumed, cfg)
+        line += "".join(f"\n    changed: {change}" for change in changes)
+        log.info(line)
+        print(line, flush=True)
+        if finished:
+            return saved_summary(run_dir)
     torch.set_num_threads(int(cfg.launcher.torch_threads))
     torch.manual_seed(int(cfg.seed))
     os.makedirs(run_dir, exist_ok=True)
@@ -57,7 +76,7 @@ def launch(cfg: DictConfig, run_dir: str) -> dict | None:
 
     progress = ProgressLine(int(cfg.recipe.get("total_frames", 0)), enabled=bool(cfg.launcher.progress))
     try:
-        result = execute(plan, cfg, run_dir, progress=progress)
+        result = execute(plan, cfg, run_dir, progress=progress, resumed=resumed)
     except (KeyboardInterrupt, Terminated, ServiceDied) as exc:  # every service is down by now
         _write_summary(run_dir, {
             "interrupted": not isinstance(exc, ServiceDied),

@@ -86,7 +86,18 @@ def check_argv(argv: list[str]) -> list[DictConfig]:
             raise explain(exc) from None
         check_values(cfg, strict=False)
         configs.append(cfg)
+    _check_resumes(configs)
     return configs
+
+
+def _check_resumes(configs: list[DictConfig]) -> None:
+    """Two jobs of one sweep may not continue the same run directory (``auto`` gives each job its own)."""
+    named = [str(c.launcher.get("resume")) for c in configs if c.launcher.get("resume") not in (None, "auto")]
+    twice = sorted({where for where in named if named.count(where) > 1})
+    if twice:
+        raise ConfigurationError(f"launcher.resume={twice[0]!r} would continue one run directory in several jobs of "
+                                 "the sweep: resume one run per command, or use launcher.resume=auto (each job its own)",
+                                 path="launcher.resume")
 
 
 def sweep_jobs(argv: list[str]) -> list[list[str]] | None:

@@ -1,5 +1,7 @@
 """compose -> plan -> **run**: start owners in plan order on an ExitStack (those that do not depend on each other at
 the same time), hand clients to the recipe, tear everything down in reverse (on success, on error and on Ctrl-C).
+With checkpoints on, the last batch boundary's state is written before the services stop, however the run ends
+(see :mod:`launcher.checkpointing`); a resumed run's services start where the checkpoint left off.
 
 Each owner is built from its :class:`~components.resolution.Resolved` by one builder per component; each
 placement's host may open a session first (a Ray cluster joined or started, a forkserver warmed up), entered
@@ -25,9 +27,11 @@ from components.inference import InferenceDeviceConfig, InferenceServer, Inferen
 from components.replay import PolicyAgeFilter, ReplayBuffer
 from components.resolution import Resolved
 from components.weight_sync import WeightSync
-from recipes import Clients
+from recipes import Checkpoint, Clients
 
-from .failures import dead_service
+from . import checkpointing
+from .checkpointing import Resumed
+from .failures import Terminated, dead_service
 from .plan import LaunchPlan, recipe_of
 from .report import ProgressLine
 from .telemetry import EdgeReporter
@@ -42,14 +46,21 @@ def ensure_runnable(plan: LaunchPlan) -> None:
 
 
 # One builder per component: (its resolution, composed config, recipe, recipe config, env spec, clients (or, per
-# OWNER_DEPENDENCIES, owners) of its dependencies, run dir) -> an owner that is not started yet.
-def _logger(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir):
+# OWNER_DEPENDENCIES, owners) of its dependencies, run dir, what the run resumes) -> an owner not started yet.
+def _logger(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir, resumed: Resumed):
     log_dir = os.path.join(run_dir, cfg.logger.log_dir)
     factory = hydra.utils.instantiate(cfg.logger, log_dir=log_dir, _partial_=True)
+    extra = {}
+    if resumed.state is not None:  # what was logged after the checkpoint goes
+        if _takes(factory.func, "resume_step"):
+            extra["resume_step"] = resumed.frames
+        else:
+            log.warning("%s takes no resume_step: values it logged after frame %d stay", cfg.logger._target_,
+                        resumed.frames)
     if _takes(factory.func, "resolved"):
-        return factory(resolved=r)
+        return factory(resolved=r, **extra)
     # a user's logger that takes only placement and transport: it resolves the same values again
-    return factory(placement=r.placement, transport=r.transport_config).with_resources(r.resources)
+    return factory(placement=r.placement, transport=r.transport_config, **extra).with_resources(r.resources)
 
 
 def _takes(cls: type, name: str) -> bool:
@@ -57,13 +68,13 @@ def _takes(cls: type, name: str) -> bool:
     return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
-def _weight_sync(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir):
+def _weight_sync(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir, resumed: Resumed):
     # versions kept outside this process are laid out from a template of the policy
     template = recipe.make_policy(rcfg, spec) if r.transport == "shared_memory" else None
-    return WeightSync(template, resolved=r)
+    return WeightSync(template, first_version=resumed.policy_version, resolved=r)
 
 
-def _replay(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir):
+def _replay(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir, resumed: Resumed):
     o = r.options
     filters = ()
     if o.get("max_policy_lag") is not None:  # the live version comes from the weight-sync channel
@@ -72,7 +83,7 @@ def _replay(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir):
                         filters=filters, seed=int(cfg.seed), resolved=r)
 
 
-def _inference(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir):
+def _inference(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir, resumed: Resumed):
     o = r.options
     server_cfg = InferenceServerConfig(
         placement=r.placement, max_batch_size=o["max_batch_size"], min_batch_size=o["min_batch_size"],
@@ -83,14 +94,14 @@ def _inference(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir):
                            device_config=devices, weight_sync=deps.get("weight_sync"), resolved=r)
 
 
-def _collector(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir):
+def _collector(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir, resumed: Resumed):
     o = r.options
     # the recipe's envs are split over the workers, so a batch keeps the size the recipe asked for
     envs_per_worker = o["num_envs"] // o["num_collectors"]
     return Collector(
         partial(EnvMaker.from_config(cfg.env).vector, envs_per_worker), deps["inference"],
         o["frames_per_batch"], o["total_frames"], o["num_collectors"], seed=int(cfg.seed), sync=bool(o["sync"]),
-        resolved=r,
+        start_frames=resumed.frames, resolved=r,
     )
 
 
@@ -107,8 +118,12 @@ BUILDERS: Mapping[str, Callable[..., Any]] = {
 
 
 def execute(plan: LaunchPlan, cfg: DictConfig, run_dir: str, *, on_started: Callable[[dict], None] | None = None,
-            progress: ProgressLine | None = None) -> dict:
+            progress: ProgressLine | None = None, resumed: Resumed | None = None) -> dict:
     """Run the plan: start owners in order, run the recipe with their clients, tear down in reverse.
+
+    Args:
+        resumed: the checkpoint the run continues from (:func:`launcher.checkpointing.resolve`); its ``run_dir``
+            is where the run writes. ``None``: a fresh start in ``run_dir``.
 
     Raises:
         NotImplementedYetError: the plan holds a cell that is not built (raised before anything starts).
@@ -120,10 +135,15 @@ def execute(plan: LaunchPlan, cfg: DictConfig, run_dir: str, *, on_started: Call
     spec = EnvMaker.from_config(cfg.env).spec()
     owners: dict[str, Any] = {}  # every owner built so far, started or starting
     progress = progress or ProgressLine(getattr(rcfg, "total_frames", 0), enabled=bool(cfg.launcher.progress))
+    resumed = resumed or Resumed(run_dir)
+    run_dir = resumed.run_dir
+    checkpoint = Checkpoint()  # writes nothing until the services run
     with ExitStack() as stack:
         stack.callback(progress.close)
         try:
-            clients = _start(plan, cfg, recipe, rcfg, spec, run_dir, stack, owners)
+            clients = _start(plan, cfg, recipe, rcfg, spec, run_dir, stack, owners, resumed)
+            checkpoint = checkpointing.checkpoint_for(cfg, resumed, clients, plan.recipe, plan.env_id)
+            checkpointing.restore_services(resumed, clients)
             if on_started is not None:
                 on_started(owners)
             if cfg.launcher.probe:
@@ -136,18 +156,26 @@ def execute(plan: LaunchPlan, cfg: DictConfig, run_dir: str, *, on_started: Call
                 Clients(
                     policy=clients["inference"], collector=clients["collector"], replay=clients["replay"],
                     logger=clients["logger"], weight_sync=clients["weight_sync"], env_spec=spec, progress=progress,
-                    seed=int(cfg.seed),
+                    seed=int(cfg.seed), checkpoint=checkpoint,
                 ),
             )
+            checkpointing.save(checkpoint, "at the end", finished={"solved": bool(result.get("solved")),
+                                                                   "frames": int(result.get("frames", 0))})
         except Exception as exc:
             died = dead_service(owners, exc)  # checked before the teardown stops the others
             if died is not None:
+                checkpointing.save(checkpoint, f"after {died.component} died")  # with the services still alive
                 raise died from exc
+            raise
+        except (KeyboardInterrupt, Terminated, SystemExit) as exc:  # written while the services run (replay contents)
+            checkpointing.save(checkpoint, {KeyboardInterrupt: "on Ctrl-C", Terminated: "on SIGTERM"}.get(
+                type(exc), "on exit"))  # SystemExit: e.g. a batch system's signal handler that requeued the job
             raise
     return dict(result)
 
 
-def _start(plan: LaunchPlan, cfg, recipe, rcfg, spec, run_dir: str, stack: ExitStack, owners: dict) -> dict:
+def _start(plan: LaunchPlan, cfg, recipe, rcfg, spec, run_dir: str, stack: ExitStack, owners: dict,
+           resumed: Resumed) -> dict:
     """Enter each placement's session, then start the owners level by level; returns their clients."""
     clients: dict[str, Any] = {}
     hosts = {c.placement: c.host for c in plan.components}
@@ -157,7 +185,7 @@ def _start(plan: LaunchPlan, cfg, recipe, rcfg, spec, run_dir: str, stack: ExitS
         launched = []
         for c in level:
             deps = {d: owners[d] if d in OWNER_DEPENDENCIES.get(c.name, ()) else clients[d] for d in c.depends_on}
-            owner = owners[c.name] = BUILDERS[c.name](c, cfg, recipe, rcfg, spec, deps, run_dir)
+            owner = owners[c.name] = BUILDERS[c.name](c, cfg, recipe, rcfg, spec, deps, run_dir, resumed)
             # registered before the launch: a failed start is torn down too
             stack.callback(_shutdown, c.name, owner, float(cfg.launcher.shutdown_timeout))
             log.info("starting %s (%s, %s)", c.name, c.placement, c.transport)

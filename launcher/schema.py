@@ -119,12 +119,14 @@ class CSVLoggerConf:
     log_dir: str = "."  # relative to the run directory
     flush_every: int = bounded(100, ge=1)  # rows between flushes (shutdown always flushes)
     tensorboard: bool = True  # also TensorBoard event files under <run dir>/tensorboard, if tensorboard is installed
+    resume_step: Optional[int] = bounded(None, ge=0)  # set by the launcher on resume: rows after this step are dropped
 
 
 @dataclass
 class TensorBoardLoggerConf:
     _target_: str = "components.logger.TensorBoardLogger"
     log_dir: str = "tensorboard"  # relative to the run directory
+    resume_step: Optional[int] = bounded(None, ge=0)  # set by the launcher on resume: later events are hidden
 
 
 @dataclass
@@ -136,6 +138,9 @@ class LauncherConf:
     telemetry_every: float = bounded(5.0, gt=0, unit="seconds")  # between per-edge metrics (batch fill, queue wait, policy lag)
     shutdown_timeout: float = bounded(10.0, gt=0, unit="seconds")  # each owner gets to stop (asked, then terminated, then killed)
     probe: bool = False  # time round trips on every edge once the owners run, before training (printed, plan.json)
+    checkpoint_every: int = bounded(0, ge=0, unit="frames")  # between checkpoints (also at the end, on an early end); 0: none
+    checkpoint_replay: bool = False  # checkpoints also hold the replay buffer's contents
+    resume: Optional[str] = None  # continue the run in this run directory from its checkpoint.pt; auto: this job's own
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Training recipes: functions of (config, clients) that run unchanged in every placement."""
 
 from .base import Clients, Progress, Recipe
+from .checkpoint import Checkpoint
 
 RECIPES = ("ppo", "dqn")
 
@@ -14,4 +15,4 @@ def get_recipe(name: str) -> Recipe:
     return importlib.import_module(f"recipes.{name}").RECIPE
 
 
-__all__ = ["Clients", "Progress", "RECIPES", "Recipe", "get_recipe"]
+__all__ = ["Checkpoint", "Clients", "Progress", "RECIPES", "Recipe", "get_recipe"]

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
+from .checkpoint import Checkpoint  # imports nothing heavy: composing a config still imports no torch
+
 
 class Progress(Protocol):
     """A live progress display the launcher hands to recipes."""
@@ -29,6 +31,8 @@ class Clients:
         env_spec: the environment's spaces as data (:class:`components.envs.EnvSpec`).
         progress: the live progress line.
         seed: the run's seed.
+        checkpoint: the run's :class:`~recipes.checkpoint.Checkpoint`: ``restore()`` once, ``step(...)`` after each
+            batch. The default never saves and restores nothing.
     """
 
     policy: Callable
@@ -39,6 +43,7 @@ class Clients:
     env_spec: Any
     progress: Progress
     seed: int = 0
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,21 @@ class EpisodeStats:
     def fps(self) -> float:
         elapsed = self._clock() - self.start
         return self.frames / elapsed if elapsed > 0 else 0.0
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps: frames, episodes, the recent returns, the curve, the solving frame, and the
+        seconds spent so far (a resumed run's frames/s counts only time spent training)."""
+        return {"frames": self.frames, "episodes": self.episodes, "returns": list(self.returns),
+                "curve": [list(point) for point in self.curve], "solved_at": self.solved_at,
+                "elapsed": self._clock() - self.start}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state_dict`'s values."""
+        self.frames, self.episodes, self.solved_at = int(state["frames"]), int(state["episodes"]), state["solved_at"]
+        self.returns.clear()
+        self.returns.extend(state["returns"])
+        self.curve = [(int(f), float(r)) for f, r in state["curve"]]
+        self.start = self._clock() - float(state["elapsed"])
 
     def reached(self, target: float | None) -> bool:
         """Whether a full window of episodes averages at least ``target`` (recorded as the solving frame)."""

@@ -117,15 +117,30 @@ def run(cfg: DQNConfig, clients: Clients) -> dict:
     target = q_network(cfg, clients.env_spec)
     target.load_state_dict(behaviour.q.state_dict())
     optimizer = torch.optim.Adam(behaviour.q.parameters(), lr=cfg.lr)
-    clients.weight_sync.push(behaviour)
-    clients.logger.log_hparams({k: getattr(cfg, k) for k in cfg.__dataclass_fields__})
-
     stats = EpisodeStats(cfg.window)
     updates, stored = 0, 0
     keys = ["observation", "action", "policy_version", ("next", "observation"), ("next", "reward"), ("next", "terminated"),
             ("next", "done")]
     pending = None  # the last n_step - 1 steps, which start no complete n-step window yet
     losses: dict = {}
+    restored = clients.checkpoint.restore()  # None for a fresh start
+    if restored is not None:
+        behaviour.load_state_dict(restored["behaviour"])
+        target.load_state_dict(restored["target"])
+        optimizer.load_state_dict(restored["optimizer"])
+        stats.load_state_dict(restored["stats"])
+        torch.set_rng_state(restored["rng"])
+        updates, stored, losses = restored["updates"], restored["stored"], restored["losses"]
+        pending = restored["pending"]
+        if pending is not None:  # the environments restart their episodes: the tail's windows end at its last step
+            pending["next", "done"][-1] = True
+    clients.weight_sync.push(behaviour)
+    clients.logger.log_hparams({k: getattr(cfg, k) for k in cfg.__dataclass_fields__})
+
+    def state() -> dict:  # what a checkpoint keeps at a batch boundary
+        return {"behaviour": behaviour.state_dict(), "target": target.state_dict(), "optimizer": optimizer.state_dict(),
+                "stats": stats.state_dict(), "rng": torch.get_rng_state(), "updates": updates, "stored": stored,
+                "losses": losses, "pending": pending}
 
     for batch in clients.collector:
         mean_return = stats.update(batch)
@@ -161,7 +176,9 @@ def run(cfg: DQNConfig, clients: Clients) -> dict:
                                         "train/epsilon": float(behaviour.epsilon), "train/policy_version": version},
                                        step=frames)
         clients.progress.update(frames, mean_return=mean_return)
-        if stats.reached(cfg.target_return) or frames >= cfg.total_frames:
+        done = stats.reached(cfg.target_return) or frames >= cfg.total_frames
+        clients.checkpoint.step(frames, state, policy_version=version)
+        if done:
             break
 
     clients.logger.log_metrics({"train/mean_return": stats.mean_return}, step=stats.frames)

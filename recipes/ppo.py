@@ -164,10 +164,19 @@ def run(cfg: PPOConfig, clients: Clients) -> dict:
     torch.manual_seed(clients.seed)
     learner = Learner(cfg, clients.env_spec)
     optimizer = torch.optim.Adam(learner.parameters(), lr=cfg.lr, eps=1e-5, fused=True)
-    clients.weight_sync.push(learner.policy)  # the server starts from the learner's initial weights
+    stats = EpisodeStats(cfg.window)
+    restored = clients.checkpoint.restore()  # None for a fresh start
+    if restored is not None:
+        learner.load_state_dict(restored["learner"])
+        optimizer.load_state_dict(restored["optimizer"])
+        stats.load_state_dict(restored["stats"])
+        torch.set_rng_state(restored["rng"])
+    clients.weight_sync.push(learner.policy)  # the server starts from the learner's (initial or restored) weights
     clients.logger.log_hparams({k: getattr(cfg, k) for k in cfg.__dataclass_fields__})
 
-    stats = EpisodeStats(cfg.window)
+    def state() -> dict:  # what a checkpoint keeps at a batch boundary
+        return {"learner": learner.state_dict(), "optimizer": optimizer.state_dict(), "stats": stats.state_dict(),
+                "rng": torch.get_rng_state()}
 
     for batch in clients.collector:
         mean_return = stats.update(batch)
@@ -191,7 +200,9 @@ def run(cfg: PPOConfig, clients: Clients) -> dict:
             step=stats.frames,
         )
         clients.progress.update(stats.frames, mean_return=mean_return)
-        if stats.reached(cfg.target_return) or stats.frames >= cfg.total_frames:
+        done = stats.reached(cfg.target_return) or stats.frames >= cfg.total_frames
+        clients.checkpoint.step(stats.frames, state, policy_version=version)
+        if done:
             break
     return stats.result()
 

@@ -55,6 +55,8 @@ class Collector(Owner["Collector"]):
         sync: ``True``: each iteration gathers one rollout from every worker, concatenated along the env
             dimension. ``False``: yield each worker's rollout as soon as it is ready.
         seed: base seed (worker ``w`` uses ``seed + w * 10000``, env ``i`` of it ``+ i``).
+        start_frames: frames collected before this collector started (a resumed run): they count toward
+            ``total_frames``, and each env's sampling stream continues where it stopped (its episodes restart).
         resolved: the plan's resolution of this collector.
 
     Example:
@@ -78,6 +80,7 @@ class Collector(Owner["Collector"]):
         replay_buffer: Any = None,
         sync: bool = True,
         seed: int = 0,
+        start_frames: int = 0,
         resolved: Resolved | None = None,
     ):
         super().__init__(placement=placement, resolved=resolved,
@@ -85,7 +88,7 @@ class Collector(Owner["Collector"]):
         self.create_env_fn, self.policy = create_env_fn, policy
         self.frames_per_batch, self.total_frames, self.num_collectors = frames_per_batch, total_frames, num_collectors
         self.replay_buffer, self.sync, self.seed = replay_buffer, sync, seed
-        self.frames = 0
+        self.frames = start_frames
         self.hosts: list = []
         self._restarts: list[int] = []  # restarts done, per worker
         self._spec = None
@@ -95,8 +98,9 @@ class Collector(Owner["Collector"]):
         # client copied into several worker processes is refused at its first call, see EndpointClaims)
         policy = self.policy.client() if isinstance(self.policy, Owner) else self.policy
         replay = self.replay_buffer.client() if isinstance(self.replay_buffer, Owner) else self.replay_buffer
+        # a worker made later (a restart) continues its sampling streams where the run is
         return functools.partial(Worker, self.create_env_fn, policy, self.frames_per_batch // self.num_collectors,
-                                 self.seed + w * SEED_STRIDE, replay)
+                                 self.seed + w * SEED_STRIDE, replay, self.frames // self.frames_per_batch)
 
     def _launch(self) -> None:
         for w in range(self.num_collectors):  # launched together, then waited for: their start-ups overlap

@@ -8,7 +8,7 @@ from tensordict import TensorDict
 from transports.errors import ConfigurationError
 
 from ..envs import VectorEnvStepper
-from ..inference.sampling import SAMPLE_SEED, env_streams, step_seeds
+from ..inference.sampling import SAMPLE_SEED, env_streams, mix, step_seeds
 
 
 class Worker:
@@ -21,9 +21,12 @@ class Worker:
         seed: seeds env ``i`` with ``seed + i``; its policy requests carry sampling seeds from a stream keyed by
             ``seed + i`` too (see :mod:`components.inference.sampling`), so its actions do not depend on batching.
         replay_buffer: a replay client; rollouts are written there and :meth:`collect` returns the count.
+        rollouts_done: rollouts this worker's place in the run made before it started (a resumed run, a restarted
+            worker): the sampling streams continue from there, and the envs reset from a seed drawn from ``seed``
+            and that count, so they do not replay the run's first episodes.
     """
 
-    def __init__(self, create_env_fn, policy, frames: int, seed: int, replay_buffer=None):
+    def __init__(self, create_env_fn, policy, frames: int, seed: int, replay_buffer=None, rollouts_done: int = 0):
         env = create_env_fn()
         if frames % env.num_envs:
             env.close()
@@ -31,9 +34,10 @@ class Worker:
                 f"frames per worker ({frames}) is not a multiple of num_envs={env.num_envs}",
                 path="components.collector",
             )
-        self.stepper = VectorEnvStepper(env, seed)
         self.policy, self.steps, self.replay = policy, frames // env.num_envs, replay_buffer
-        self.streams, self.step_count = env_streams(range(seed, seed + env.num_envs)), 0
+        self.stepper = VectorEnvStepper(env, reset_seed(seed, rollouts_done))
+        self.streams = env_streams(range(seed, seed + env.num_envs))
+        self.step_count = rollouts_done * self.steps
 
     def rollout(self) -> TensorDict:
         stepper, steps = self.stepper, []
@@ -58,3 +62,11 @@ class Worker:
 
     def close(self) -> None:
         self.stepper.close()
+
+
+def reset_seed(seed: int, rollouts_done: int) -> int:
+    """The seed a worker's envs reset from: ``seed`` on a fresh start, else one drawn from ``seed`` and the rollouts
+    done (non-negative, as gymnasium wants)."""
+    if not rollouts_done:
+        return seed
+    return int(mix(mix(torch.tensor(seed, dtype=torch.int64)) + rollouts_done)) & 0x7FFFFFFF

@@ -24,18 +24,22 @@ class CSVLogger(Logger):
         log_dir: output directory.
         flush_every: flush the file after this many rows (shutdown always flushes).
         tensorboard: also write TensorBoard event files (skipped quietly if tensorboard is not installed).
+        resume_step: the step a resumed run continues after (set by the launcher): rows of an existing
+            ``metrics.csv`` with a later step are dropped when it opens, and TensorBoard hides later events.
         placement: where the logger lives.
         transport: transport kind.
     """
 
-    def __init__(self, log_dir: str = ".", flush_every: int = 100, tensorboard: bool = True, *,
-                 placement: str | None = None, transport=None, resolved: Resolved | None = None):
+    def __init__(self, log_dir: str = ".", flush_every: int = 100, tensorboard: bool = True,
+                 resume_step: int | None = None, *, placement: str | None = None, transport=None,
+                 resolved: Resolved | None = None):
         if flush_every < 1:
             raise ConfigurationError(f"flush_every must be >= 1, got {flush_every!r}", path="logger.flush_every")
         super().__init__(log_dir, placement=placement, transport=transport, resolved=resolved,
-                         flush_every=flush_every, tensorboard=tensorboard)
+                         flush_every=flush_every, tensorboard=tensorboard, resume_step=resume_step)
         self.flush_every = flush_every
         self.tensorboard = tensorboard
+        self.resume_step = resume_step
         self._file = None
         self._writer = None
         self._events = None  # a TensorBoard SummaryWriter beside the CSV, when the package is installed
@@ -47,6 +51,8 @@ class CSVLogger(Logger):
 
     def _open(self) -> None:
         new = not os.path.exists(self.path)
+        if not new and self.resume_step is not None:
+            drop_rows_after(self.path, self.resume_step)
         self._file = open(self.path, "a", newline="")
         self._writer = csv.writer(self._file)
         if new:
@@ -56,7 +62,8 @@ class CSVLogger(Logger):
                 from torch.utils.tensorboard import SummaryWriter
             except ImportError:
                 return
-            self._events = SummaryWriter(log_dir=os.path.join(self.log_dir, "tensorboard"))
+            after = None if self.resume_step is None else self.resume_step + 1  # events from there on are hidden
+            self._events = SummaryWriter(log_dir=os.path.join(self.log_dir, "tensorboard"), purge_step=after)
 
     def _close(self) -> None:
         if self._file is not None:
@@ -90,3 +97,17 @@ class CSVLogger(Logger):
         self._pending = 0
 
 
+def drop_rows_after(path: str, step: int) -> int:
+    """Rewrite the CSV at ``path`` without the rows whose step is after ``step`` (rows without a step stay);
+    atomically, so an interrupted rewrite leaves the file as it was. Returns how many rows were dropped."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    head, body = rows[:1], rows[1:]
+    kept = [r for r in body if len(r) < 2 or r[1] == "" or not r[1].lstrip("-").isdigit() or int(r[1]) <= step]
+    if len(kept) == len(body):
+        return 0
+    tmp = f"{path}.resume-tmp"
+    with open(tmp, "w", newline="") as f:
+        csv.writer(f).writerows(head + kept)
+    os.replace(tmp, path)
+    return len(body) - len(kept)

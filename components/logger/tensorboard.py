@@ -17,13 +17,16 @@ class TensorBoardLogger(Logger):
 
     Args:
         log_dir: output directory of the event files.
+        resume_step: the step a resumed run continues after (set by the launcher): TensorBoard hides the events
+            an earlier run wrote after it (``purge_step``).
         placement: where the logger lives.
         transport: transport kind.
     """
 
-    def __init__(self, log_dir: str = ".", *, placement: str | None = None, transport=None,
-                 resolved: Resolved | None = None):
-        super().__init__(log_dir, placement=placement, transport=transport, resolved=resolved)
+    def __init__(self, log_dir: str = ".", resume_step: int | None = None, *, placement: str | None = None,
+                 transport=None, resolved: Resolved | None = None):
+        super().__init__(log_dir, placement=placement, transport=transport, resolved=resolved, resume_step=resume_step)
+        self.resume_step = resume_step
         self._writer = None
 
     def _open(self) -> None:
@@ -35,7 +38,8 @@ class TensorBoardLogger(Logger):
                 path="logger",
                 alternatives=("csv",),
             ) from exc
-        self._writer = SummaryWriter(log_dir=self.log_dir)
+        after = None if self.resume_step is None else self.resume_step + 1  # events from there on are hidden
+        self._writer = SummaryWriter(log_dir=self.log_dir, purge_step=after)
 
     def _close(self) -> None:
         if self._writer is not None:

@@ -112,14 +112,16 @@ class SharedWeights:
         }
 
     @classmethod
-    def create(cls, template: StateDict) -> "SharedWeights":
+    def create(cls, template: StateDict, first_version: int = 0) -> "SharedWeights":
         layout, offset = [], 0
         for name in sorted(template):
             t = template[name]
             offset = (offset + 63) // 64 * 64
             layout.append((name, tuple(t.shape), t.dtype, offset))
             offset += max(t.numel(), 1) * t.element_size()
-        return cls(layout, Segment(16), Segment(offset))
+        weights = cls(layout, Segment(16), Segment(offset))
+        weights._counters[1] = first_version  # the sequence stays 0 until the first push
+        return weights
 
     def attached(self) -> "SharedWeights":
         return SharedWeights(self._layout, self._header, self._data)
@@ -160,13 +162,13 @@ class SharedWeights:
 
     def poll(self, since: int, into: nn.Module) -> int | None:
         """If a version newer than ``since`` exists, copy it into ``into`` in place and return it."""
-        if int(self._counters[1]) <= since:
+        if int(self._counters[0]) == 0 or int(self._counters[1]) <= since:  # nothing pushed yet, or nothing newer
             return None
         return self._read(lambda: _copy_into(into, self._views))
 
     def pull(self) -> tuple[int, StateDict | None]:
-        if int(self._counters[1]) == 0:
-            return 0, None
+        if int(self._counters[0]) == 0:  # nothing pushed yet
+            return int(self._counters[1]), None
         out: dict[str, torch.Tensor] = {}
         version = self._read(lambda: out.update({k: v.clone() for k, v in self._views.items()}))
         return version, out

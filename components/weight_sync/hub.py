@@ -53,10 +53,11 @@ class WeightHub:
     Args:
         server_side: the serving side of the command transport (``version``, ``pull``).
         payload_side: the serving side of the ``distributed`` transport (``push``, ``subscribe``).
+        first_version: the version before the first push.
     """
 
-    def __init__(self, server_side: Any, payload_side: Any, allowed: Allowed):
-        self.version, self.state = 0, None
+    def __init__(self, server_side: Any, payload_side: Any, allowed: Allowed, first_version: int = 0):
+        self.version, self.state = first_version, None
         self.lock = threading.Lock()
         self.commands = CommandLoop(self, server_side.server(), allowed, self.lock)
         self.payload = payload_side.server()

@@ -41,6 +41,7 @@ class WeightSync(Owner["WeightSync"]):
 
     Args:
         template: a module or state dict with the layout of the weights (required for ``shared_memory``).
+        first_version: the version before the first push (a resumed run's: its versions go on from there).
         placement: where receivers live; ``None`` takes the ``service_backend`` context, else ``direct``.
         transport: transport kind; ``None`` takes the ``transport_backend`` context, else ``auto``.
         resolved: the plan's resolution of this channel.
@@ -54,8 +55,8 @@ class WeightSync(Owner["WeightSync"]):
 
     component = "weight_sync"
 
-    def __init__(self, template: nn.Module | StateDict | None = None, *, placement: str | None = None, transport=None,
-                 resolved: Resolved | None = None):
+    def __init__(self, template: nn.Module | StateDict | None = None, *, first_version: int = 0,
+                 placement: str | None = None, transport=None, resolved: Resolved | None = None):
         super().__init__(placement=placement, transport=transport, resolved=resolved)
         if self.transport_kind == "shared_memory" and template is None:
             raise ConfigurationError(
@@ -64,7 +65,9 @@ class WeightSync(Owner["WeightSync"]):
                 path="components.weight_sync",
             )
         self._template = None if template is None else {k: v.detach() for k, v in _state(template).items()}
-        self._version = 0
+        if first_version < 0:
+            raise ValueError(f"first_version must be >= 0, got {first_version!r}")
+        self._first_version = self._version = int(first_version)
         self._latest: dict[str, torch.Tensor] | None = None
         self._lock = threading.Lock()
         self._shared: SharedWeights | RayWeights | None = None
@@ -86,8 +89,9 @@ class WeightSync(Owner["WeightSync"]):
         if server_side is None:
             return None
         if self._payload is not None:
-            return functools.partial(WeightHub, server_side, self._payload.server_side(), Allowed(REMOTE_OPERATIONS))
-        board = functools.partial(WeightSync, placement="direct", transport="direct")
+            return functools.partial(WeightHub, server_side, self._payload.server_side(), Allowed(REMOTE_OPERATIONS),
+                                     self._first_version)
+        board = functools.partial(WeightSync, first_version=self._first_version, placement="direct", transport="direct")
         return functools.partial(CommandTarget, functools.partial(_started, board), server_side,
                                  Allowed(REMOTE_OPERATIONS))
 
@@ -97,7 +101,7 @@ class WeightSync(Owner["WeightSync"]):
         elif self._transport is not None:
             self._shared = RayWeights(self._transport.client())
         elif self.transport_kind == "shared_memory":
-            self._shared = SharedWeights.create(self._template)
+            self._shared = SharedWeights.create(self._template, self._first_version)
 
     def _shutdown(self, timeout: float | None) -> None:
         super()._shutdown(timeout)
@@ -117,7 +121,7 @@ class WeightSync(Owner["WeightSync"]):
     # ------------------------------------------------------------------ domain operations
     @property
     def version(self) -> int:
-        """The latest published version (0 before the first push)."""
+        """The latest published version (``first_version`` before the first push)."""
         return self._shared.version if self._shared is not None else self._version
 
     def push(self, weights: nn.Module | StateDict) -> int:
