@@ -36,6 +36,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
+from benchmarks._common import stop_child
 from components.inference import InferenceServer, InferenceServerConfig
 from components.replay import ReplayBuffer
 from transports.config import TransportConfig
@@ -247,14 +248,7 @@ class Workers:
 
     def close(self) -> None:
         for conn, proc in zip(self.conns, self.procs):
-            try:
-                conn.send(None)
-            except (OSError, ValueError):
-                pass
-            proc.join(10)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(5)
+            stop_child(proc, lambda: conn.send(None))
             conn.close()
         self.conns, self.procs = [], []
 
