@@ -125,6 +125,8 @@ class Host(ABC):
             payloads take a transport of their own (``distributed``).
         restarts_itself: the placement restarts a crashed target itself, up to ``resources.max_restarts`` times,
             and retries the interrupted calls (Ray); elsewhere the owner rebuilds the host where it can.
+        process_memory_gb: memory of the process of its own a target hosted here runs in (where not
+            ``same_process``), as a Slurm job reserves it (:mod:`launcher.slurm`).
     """
 
     placement: ClassVar[str] = ""
@@ -132,6 +134,7 @@ class Host(ABC):
     same_process: ClassVar[bool] = False
     command_transport: ClassVar[str] = "queue"
     restarts_itself: ClassVar[bool] = False
+    process_memory_gb: ClassVar[float] = 0.0
 
     def __init__(self, name: str, factory: Callable[[], Any], *, resources: Resources | None = None,
                  on_death: Callable[[str], None] | None = None, concurrency: int = 1,
@@ -197,6 +200,18 @@ class Host(ABC):
         left after the last one stopped); ``settings`` is the config node named after the placement (``ray:``).
         By default: nothing."""
         return contextlib.nullcontext()
+
+    @classmethod
+    def on_run_machine(cls, settings: Mapping[str, Any]) -> bool:
+        """Whether targets hosted here run on the machine of the run that starts them (so a Slurm job running the
+        plan must hold them); ``settings`` as for :meth:`session`. By default: yes."""
+        return True
+
+    @classmethod
+    def session_memory_gb(cls, settings: Mapping[str, Any]) -> float:
+        """Memory of what this placement starts on the run's machine besides its targets (a forkserver, a local Ray
+        cluster's daemons), as a Slurm job reserves it. By default: none."""
+        return 0.0
 
     # ------------------------------------------------------------------ introspection
     @property
