@@ -108,6 +108,10 @@ MpiDefault=none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 MinJobAge=600
+# A requeued job may start again cred_expire + 1 s after the requeue (default 120 s), at the main scheduler's
+# next pass (every sched_interval, default 60 s): both short here, so a requeued job runs again in ~12 s.
+AuthInfo=cred_expire=10
+SchedulerParameters=sched_interval=2
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
 SlurmctldPidFile=$dir/slurmctld.daemon.pid

@@ -3,10 +3,11 @@
 
 ``launcher.checkpoint_every=N`` (frames; ``0``: no checkpoints) writes ``checkpoint.pt`` into the run directory
 every ``N`` frames, and :func:`launcher.run.execute` writes the last batch boundary's state when the recipe returns,
-on Ctrl-C and SIGTERM, and when a service dies, before the services stop. ``launcher.resume=<run dir>`` (``auto``:
-this job's own run directory, a fresh start when it holds no checkpoint) continues that run there: its services start
-where it stopped (frame count, weight-sync version, replay contents when saved), the logger drops what was logged
-after the checkpoint, and the recipe restores its own state.
+on Ctrl-C, SIGTERM and a submitit job's preemption signal, and when a service dies, before the services stop.
+``launcher.resume=<run dir>`` (``auto``: this job's own run directory, a fresh start when it holds no checkpoint)
+continues that run there: its services start where it stopped (frame count, weight-sync version, replay contents when
+saved), the logger drops what was logged after the checkpoint, and the recipe restores its own state. A requeued
+submitit job resumes its own checkpoint without being told (:mod:`launcher.requeue`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from recipes.checkpoint import Checkpoint, load
 from transports.errors import ConfigurationError
+
+from . import requeue
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,9 @@ class Resumed:
 def resolve(cfg: DictConfig, own_dir: str, recipe: str, env_id: str) -> Resumed:
     """The run directory this invocation writes into, and the checkpoint it continues from.
 
+    Inside a submitit job, ``launcher.resume`` unset resumes a checkpoint in its own run directory that this same job
+    wrote (an earlier attempt, before a requeue: :mod:`launcher.requeue`), and starts afresh otherwise.
+
     Args:
         cfg: the composed config (``launcher.resume``).
         own_dir: this invocation's own run directory (Hydra's output directory).
@@ -76,9 +82,10 @@ def resolve(cfg: DictConfig, own_dir: str, recipe: str, env_id: str) -> Resumed:
             checkpoint, or one of another recipe or environment (before anything starts).
     """
     where = cfg.launcher.resume
-    if where is None:
+    job = requeue.job_id()
+    if where is None and job is None:
         return Resumed(own_dir)
-    if where == "auto":  # a requeued job: its own directory, if an earlier attempt checkpointed there
+    if where in (None, "auto"):  # a requeued job: its own directory, if an earlier attempt checkpointed there
         run_dir = os.path.abspath(own_dir)
         if not os.path.exists(os.path.join(run_dir, CHECKPOINT)):
             return Resumed(own_dir)
@@ -96,6 +103,10 @@ def resolve(cfg: DictConfig, own_dir: str, recipe: str, env_id: str) -> Resumed:
     except ValueError as exc:
         raise ConfigurationError(str(exc), path="launcher.resume") from None
     saved = state.get("run") or {}
+    if where is None and saved.get("job") != job:  # not written by this submitit job: another run's, not resumed
+        log.warning("%s holds a checkpoint of submitit job %s, not of this job (%s): starting afresh", run_dir,
+                    saved.get("job"), job)
+        return Resumed(own_dir)
     for what, now in (("recipe", recipe), ("env", env_id)):
         if saved.get(what) not in (None, now):
             raise ConfigurationError(f"the checkpoint in {run_dir} is of {what} {saved[what]!r}, not {now!r}",
@@ -116,7 +127,7 @@ def checkpoint_for(cfg: DictConfig, resumed: Resumed, clients: Mapping[str, Any]
     ``launcher.checkpoint_every`` frames (none at 0), flushing the logger first, with the replay buffer's contents
     when ``launcher.checkpoint_replay`` is set; it hands back the resumed state."""
     every = int(cfg.launcher.checkpoint_every)
-    run = {"recipe": recipe, "env": env_id, "recipe_config": _recipe_config(cfg)}
+    run = {"recipe": recipe, "env": env_id, "recipe_config": _recipe_config(cfg), "job": requeue.job_id()}
     extras = {"run": lambda: run}
     if cfg.launcher.checkpoint_replay:
         extras["replay"] = clients["replay"].state_dict

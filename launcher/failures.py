@@ -47,6 +47,8 @@ class ServiceDied(ServiceError):
 class Terminated(BaseException):
     """SIGTERM arrived: raised in the main thread so the run unwinds (and shuts down) as on Ctrl-C."""
 
+    signal_name = "SIGTERM"
+
 
 def handle_sigterm() -> None:
     """Turn SIGTERM into :class:`Terminated` in the main thread (call it there)."""

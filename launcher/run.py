@@ -168,8 +168,8 @@ def execute(plan: LaunchPlan, cfg: DictConfig, run_dir: str, *, on_started: Call
                 raise died from exc
             raise
         except (KeyboardInterrupt, Terminated, SystemExit) as exc:  # written while the services run (replay contents)
-            checkpointing.save(checkpoint, {KeyboardInterrupt: "on Ctrl-C", Terminated: "on SIGTERM"}.get(
-                type(exc), "on exit"))  # SystemExit: e.g. a batch system's signal handler that requeued the job
+            why = "on Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "on exit"  # SystemExit: a signal handler's
+            checkpointing.save(checkpoint, f"on {exc.signal_name}" if isinstance(exc, Terminated) else why)
             raise
     return dict(result)
 
