@@ -3,7 +3,8 @@
 A configuration mistake exits with status 2 and a short message (component, placement, transport, config
 path, supported alternatives), never a long traceback. A service that dies during the run is one line naming
 it (exit 3, the traceback in ``launcher.log``); Ctrl-C and SIGTERM tear every service down in order and exit 130
-and 143, with ``summary.json`` saying ``interrupted``. The statuses: :mod:`launcher.failures`. With
+and 143, with ``summary.json`` saying ``interrupted``; in a submitit job its preemption signal does the same, then
+requeues the job (:mod:`launcher.requeue`). The statuses: :mod:`launcher.failures`. With
 ``launcher.resume`` the run continues in the resumed run directory (:mod:`launcher.checkpointing`); a run that had
 finished is not trained again (exit 0).
 """
@@ -24,6 +25,7 @@ from transports.errors import ConfigurationError
 from . import schema
 from .failures import EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_SERVICE_DIED, EXIT_TERMINATED, ServiceDied, Terminated, \
     handle_sigterm
+from .requeue import Preempted, handle_preemption
 
 log = logging.getLogger("launcher")
 schema.register()
@@ -36,7 +38,10 @@ def launch(cfg: DictConfig, run_dir: str) -> dict | None:
     prepare_placements(cfg)
     plan = build_plan(cfg)
     if cfg.launcher.dry_run:
+        from .slurm import job_resources
+
         print(plan.render())
+        print(job_resources(plan, cfg).line())  # what hydra/launcher=slurm asks for (launcher/slurm.py)
         return None
 
     import torch
@@ -80,7 +85,7 @@ def launch(cfg: DictConfig, run_dir: str) -> dict | None:
     except (KeyboardInterrupt, Terminated, ServiceDied) as exc:  # every service is down by now
         _write_summary(run_dir, {
             "interrupted": not isinstance(exc, ServiceDied),
-            "signal": {KeyboardInterrupt: "SIGINT", Terminated: "SIGTERM"}.get(type(exc)),
+            "signal": "SIGINT" if isinstance(exc, KeyboardInterrupt) else getattr(exc, "signal_name", None),
             "failed": str(exc) if isinstance(exc, ServiceDied) else None,
             "frames": progress.frames, **{k: v for k, v in progress.metrics.items() if isinstance(v, (int, float))},
         })
@@ -107,6 +112,7 @@ def _write_summary(run_dir: str, summary: dict) -> None:
 def _hydra_main(cfg: DictConfig) -> None:
     run_dir = HydraConfig.get().runtime.output_dir
     handle_sigterm()
+    handle_preemption()  # in a submitit job: its preemption signal checkpoints and stops the run, then requeues
     try:
         launch(cfg, run_dir)
     except ConfigurationError as exc:
@@ -120,6 +126,12 @@ def _hydra_main(cfg: DictConfig) -> None:
     except KeyboardInterrupt:
         print("interrupted: every service was shut down", file=sys.stderr, flush=True)
         sys.exit(EXIT_INTERRUPTED)
+    except Preempted as exc:
+        then = ("resumes from the checkpoint" if cfg.launcher.checkpoint_every else
+                "starts over: launcher.checkpoint_every=0 writes no checkpoint")
+        print(f"preempted ({exc.signal_name}): every service was shut down; the job goes back to submitit to be "
+              f"requeued (a requeued job {then})", file=sys.stderr, flush=True)
+        exc.requeue()  # exits, or raises why the job is not requeued (it timed out max_num_timeout times)
     except Terminated:
         print("terminated (SIGTERM): every service was shut down", file=sys.stderr, flush=True)
         sys.exit(EXIT_TERMINATED)

@@ -22,6 +22,7 @@ from transports.errors import ConfigurationError, ServiceTimeoutError
 from transports.ray import DELIVER, RayFuture, deliver, get, import_ray, remote
 
 from .base import DEFAULT_STOP_TIMEOUT, Host, Pending, Resources, close_target, run_serving_loop
+from .signals import warning_signals_blocked
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +98,9 @@ def ray_cluster(config: RayClusterConfig | None = None) -> Iterator[bool]:
     else:
         # a short session dir of its own (Ray's Unix sockets live there), removed with the cluster
         temp_dir = config.temp_dir or (own_dir := tempfile.mkdtemp(prefix="ray_", dir="/tmp"))
-        ray.init(_node_ip_address=LOOPBACK, num_cpus=config.num_cpus, resources=dict(config.resources) or None,
-                 include_dashboard=False, _temp_dir=temp_dir, **common)
+        with warning_signals_blocked():  # in its daemons and workers: a batch system's warning must not end them
+            ray.init(_node_ip_address=LOOPBACK, num_cpus=config.num_cpus, resources=dict(config.resources) or None,
+                     include_dashboard=False, _temp_dir=temp_dir, **common)
     try:
         yield not config.address
     finally:
@@ -188,6 +190,7 @@ class RayHost(Host):
     placement = "ray"
     restarts_itself = True
     command_transport = "ray"
+    process_memory_gb = 0.45  # measured: 0.36-0.40 GB RSS per CartPole owner's actor
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -226,6 +229,15 @@ class RayHost(Host):
         with ray_cluster(config) as started:
             log.info("ray cluster: %s", "started on 127.0.0.1" if started else f"joined {config.address or 'the connected one'}")
             yield
+
+    @classmethod
+    def on_run_machine(cls, settings: Mapping[str, Any]) -> bool:
+        return not settings.get("address")  # a joined cluster runs its actors on its own machines
+
+    @classmethod
+    def session_memory_gb(cls, settings: Mapping[str, Any]) -> float:
+        # a local cluster's daemons (GCS, raylet, dashboard and runtime-env agents, log monitor): 0.5 GB RSS measured
+        return 0.0 if settings.get("address") else 0.6
 
     def submit(self, method: str, *args: Any) -> Pending:
         return _RayPending(remote(self._handle, "call", (method, args), f"{self.name}.{method}"))

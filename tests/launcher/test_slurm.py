@@ -9,16 +9,18 @@ not Linux, its ports taken, no apt-get to install it) the ``slurm`` tests skip w
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
 import re
+import signal
 import subprocess
 
 import pytest
 from omegaconf import OmegaConf
 
-from tests.helpers import ROOT, run_cli, wait_until
+from tests.helpers import ROOT, popen_cli, run_cli, wait_until
 
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher",
                     reason="needs hydra-submitit-launcher: pip install -e '.[slurm]'")
@@ -123,7 +125,7 @@ def test_slurm_and_local_options_extend_the_plugins_options():
                         return_hydra_config=True).hydra.launcher
         local = compose("config", overrides=["hydra/launcher=local"], return_hydra_config=True).hydra.launcher
     assert slurm._target_.endswith("SlurmLauncher") and local._target_.endswith("LocalLauncher")
-    assert (slurm.partition, slurm.timeout_min, slurm.cpus_per_task, slurm.mem_gb) == (None, 60, 3, 4)
+    assert (slurm.partition, slurm.timeout_min, slurm.cpus_per_task, slurm.mem_gb) == (None, 60, 3, None)
     assert local.timeout_min == 60
 
 
@@ -169,3 +171,162 @@ def test_local_runs_each_job_as_a_subprocess(local_run_files, tmp_path):
     _assert_like_a_local_run(run_dir, local_run_files)
     job_id = _job_id(run_dir)
     assert job_id.isdigit() and int(job_id) != os.getpid()  # submitit's local job id: the subprocess's pid
+
+
+# ---------------------------------------------------------------------------------------------- preemption, requeue
+PREEMPTIBLE = ("+recipe=ppo", "recipe.target_return=null", "launcher.progress=false", "launcher.checkpoint_every=4096")
+
+
+def test_a_requeued_job_resumes_its_own_checkpoint_and_no_other(compose_cfg, tmp_path, monkeypatch):
+    from launcher.checkpointing import resolve
+    from recipes.checkpoint import Checkpoint
+
+    def written_by(job: str) -> str:
+        run_dir = tmp_path / job
+        run_dir.mkdir()
+        checkpoint = Checkpoint(str(run_dir / "checkpoint.pt"), extras={"run": lambda: {"recipe": "ppo", "job": job}})
+        checkpoint.step(512, dict)
+        assert checkpoint.save()
+        return str(run_dir)
+
+    cfg = compose_cfg("+recipe=ppo")
+    ours, other = written_by("12_3"), written_by("11_3")
+    assert resolve(cfg, ours, "ppo", "CartPole-v1").state is None  # outside a submitit job: launcher.resume decides
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")  # task 3 of array job 12, as Slurm and submitit say it
+    monkeypatch.setenv("SLURM_JOB_ID", "15")
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "12")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    resumed = resolve(cfg, ours, "ppo", "CartPole-v1")
+    assert (resumed.run_dir, resumed.frames) == (ours, 512)
+    assert resolve(cfg, other, "ppo", "CartPole-v1").state is None  # another job's checkpoint: a fresh start
+    assert resolve(cfg, str(tmp_path / "first_attempt"), "ppo", "CartPole-v1").state is None
+
+
+def test_the_preemption_signal_stops_the_run_before_submitit_requeues_the_job(monkeypatch):
+    from launcher.requeue import Preempted, handle_preemption
+
+    requeued = []
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGUSR2, signal.SIGTERM)}
+    try:
+        signal.signal(signal.SIGUSR2, lambda signum, frame: requeued.append(signum))  # stands for submitit's handler
+        monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+        handle_preemption()
+        with pytest.raises(Preempted) as info:  # in the main thread, so the run checkpoints and stops its services
+            signal.raise_signal(signal.SIGUSR2)
+        assert info.value.signal_name == "SIGUSR2" and requeued == []
+        signal.raise_signal(signal.SIGUSR2)  # a second one must not cut the checkpoint short: only logged
+        info.value.requeue()  # once every service is down
+        assert requeued == [signal.SIGUSR2]
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN  # Slurm's SIGTERM for the requeue ends nothing
+    finally:
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
+
+
+def _submit(tmp_path, env: dict, *args: str) -> subprocess.Popen:
+    """Start a one-job Slurm sweep of PREEMPTIBLE into ``<tmp_path>/sweep``, in the background."""
+    with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
+        return popen_cli("--multirun", "hydra/launcher=slurm", f"hydra.launcher.name={JOB_NAME}", *PREEMPTIBLE, *args,
+                         f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=str(tmp_path), stdout=out, stderr=err,
+                         env={**os.environ, **env})
+
+
+@contextlib.contextmanager
+def _cancelled_at_exit(proc: subprocess.Popen, env: dict):
+    """However the test ends, our job leaves the queue and the sweep command is gone (killed: submitit would notice
+    the cancelled job only at its next accounting poll, up to a minute later)."""
+    try:
+        yield
+    finally:
+        subprocess.run(["scancel", f"--name={JOB_NAME}"], env={**os.environ, **env}, timeout=30)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        wait_until(lambda: _squeue(env, ACTIVE) == [], timeout=60, what="our job to leave the queue")
+
+
+def _while_submitted(proc: subprocess.Popen, tmp_path, condition):
+    """``condition``, for :func:`wait_until`, failing at once (with its stderr) once the sweep command has ended."""
+
+    def check():
+        if proc.poll() is not None:
+            raise AssertionError(f"the sweep ended (exit {proc.returncode}):\n{(tmp_path / 'err').read_text()[-3000:]}")
+        return condition()
+
+    return check
+
+
+def _job_log(tmp_path, job_id: str) -> str:
+    path = tmp_path / "sweep" / ".submitit" / job_id / f"{job_id}_0_log.out"
+    return path.read_text() if path.exists() else ""
+
+
+def _resumed_at(log: str, run_dir: str) -> int | None:
+    """The frame count the log says the job resumed its run directory at (``None``: it did not resume)."""
+    match = re.search(rf"resuming the run in {re.escape(run_dir)} at ([\d,]+) frames", log)
+    return int(match[1].replace(",", "")) if match else None
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.parametrize("service", ["direct", "process"])  # process: the signal reaches every process of the job
+def test_a_preempted_job_is_requeued_and_resumes_from_its_checkpoint(local_slurm, tmp_path, service):
+    from recipes.checkpoint import load
+
+    total = 40_960  # 80 batches of 512 frames
+    # one CPU whatever the plan asks: this Slurm binds no process to its CPUs, and its node may have only two
+    proc = _submit(tmp_path, local_slurm, f"recipe.total_frames={total}", f"service={service}",
+                   "hydra.launcher.cpus_per_task=1")
+    with _cancelled_at_exit(proc, local_slurm):
+        (checkpoint,) = wait_until(_while_submitted(proc, tmp_path, lambda: glob.glob(
+            str(tmp_path / "sweep" / "[0-9]*_*" / "checkpoint.pt"))), timeout=120, interval=0.05,
+            what="the job's first checkpoint")
+        (job,) = _squeue(local_slurm, "RUNNING")
+        job_id = job.split("|")[0]
+        subprocess.run(["scancel", "--signal=USR2", job_id], env={**os.environ, **local_slurm}, check=True, timeout=30)
+        assert proc.wait(timeout=180) == 0, (tmp_path / "err").read_text()[-4000:]
+    run_dir = os.path.dirname(checkpoint)
+    assert glob.glob(str(tmp_path / "sweep" / "[0-9]*_*")) == [run_dir]  # the requeued job ran in the same one
+    log = _job_log(tmp_path, job_id)
+    assert "this job is preempted" in log and f"Requeued job {job_id} (3 remaining timeouts)" in log
+    resumed_at = _resumed_at(log, run_dir)
+    assert resumed_at is not None and 4096 <= resumed_at < total, log[-3000:]  # not from zero
+    with open(os.path.join(run_dir, "launcher.log")) as f:  # both attempts': written at the signal, services alive
+        text = f.read()
+    signalled = text.index("SIGUSR2: the job is preempted")
+    assert text.index(f"checkpoint at {resumed_at} frames written", signalled) < text.index("resuming the run")
+    assert "no checkpoint written" not in text and "died" not in text
+    saved = load(checkpoint)
+    assert saved["finished"] == {"solved": False, "frames": total} and saved["run"]["job"] == job_id
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        assert json.load(f)["frames"] == total
+    with open(os.path.join(run_dir, "metrics.csv")) as f:  # every batch once: those after the checkpoint logged again
+        steps = [int(row.split(",")[1]) for row in f if row.startswith("loss/policy,")]
+    assert steps == list(range(512, total + 1, 512))
+    shown = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30,
+                           env={**os.environ, **local_slurm}).stdout
+    assert "JobState=COMPLETED" in shown and "Restarts=1" in shown  # one Slurm job, requeued once
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_a_job_at_its_time_limit_is_requeued_and_resumes_from_its_checkpoint(local_slurm, tmp_path):
+    from recipes.checkpoint import load
+
+    # Slurm signals signal_delay_s before the 1-minute limit, at a tick of its 30-second timer: 15-45 s in
+    proc = _submit(tmp_path, local_slurm, "recipe.total_frames=100000000", "hydra.launcher.timeout_min=1",
+                   "hydra.launcher.signal_delay_s=15", "hydra.launcher.max_num_timeout=1")
+    with _cancelled_at_exit(proc, local_slurm):  # the requeued job would time out again: it is cancelled at the end
+        (log_path,) = wait_until(_while_submitted(proc, tmp_path, lambda: glob.glob(
+            str(tmp_path / "sweep" / ".submitit" / "*" / "*_0_log.out"))), timeout=60, what="the job to start")
+        job_id = os.path.basename(os.path.dirname(log_path))
+        (run_dir,) = wait_until(lambda: glob.glob(str(tmp_path / "sweep" / "[0-9]*_*")), timeout=60)
+        resumed_at = wait_until(_while_submitted(proc, tmp_path, lambda: _resumed_at(_job_log(tmp_path, job_id),
+                                                                                     run_dir)),
+                                timeout=150, interval=0.5, what="the requeued job to resume")
+    log = _job_log(tmp_path, job_id)
+    assert "this job is timed-out" in log and f"Requeued job {job_id} (0 remaining timeouts)" in log
+    assert resumed_at >= 4096  # the checkpoint written at the signal, not a fresh start
+    assert load(os.path.join(run_dir, "checkpoint.pt"))["run"]["job"] == job_id
