@@ -38,10 +38,12 @@ def launch(cfg: DictConfig, run_dir: str) -> dict | None:
     prepare_placements(cfg)
     plan = build_plan(cfg)
     if cfg.launcher.dry_run:
-        from .slurm import job_resources
+        from .slurm import job_resources, own_jobs
 
         print(plan.render())
         print(job_resources(plan, cfg).line())  # what hydra/launcher=slurm asks for (launcher/slurm.py)
+        for line in own_jobs(plan, cfg):  # components submitted as jobs of their own (collectors on submitit)
+            print(line)
         return None
 
     import torch

@@ -4,7 +4,7 @@
  0     the recipe finished
  1     an error in the recipe or the launcher itself (its traceback is printed)
  2     a configuration error (nothing was started)
- 3     a service died during the run (one line names it; the traceback is in ``launcher.log``)
+ 3     a service died during the run, or failed to start (one line names it; the traceback is in ``launcher.log``)
 130    interrupted by Ctrl-C (SIGINT): every service was shut down in order
 143    stopped by SIGTERM: the same orderly shutdown
 =====  =====================================================================================
@@ -42,6 +42,15 @@ class ServiceDied(ServiceError):
         self.component, self.placement, self.pid, self.cause = component, placement, pid, cause
         where = placement if pid is None else f"{placement}, pid {pid}"
         super().__init__(f"{component} ({where}) died: {cause}")
+
+
+class ServiceFailedToStart(ServiceDied):
+    """A service's owner did not come up: building it raised where it runs, its process or job ended first, or it
+    was not ready in time (``cause`` says which)."""
+
+    def __init__(self, component: str, placement: str, cause: str):
+        ServiceError.__init__(self, f"{component} ({placement}) failed to start: {cause}")
+        self.component, self.placement, self.pid, self.cause = component, placement, None, cause
 
 
 class Terminated(BaseException):

@@ -27,11 +27,12 @@ from components.inference import InferenceDeviceConfig, InferenceServer, Inferen
 from components.replay import PolicyAgeFilter, ReplayBuffer
 from components.resolution import Resolved
 from components.weight_sync import WeightSync
+from transports.errors import PeerFailureError, RemoteError, ServiceTimeoutError
 from recipes import Checkpoint, Clients
 
 from . import checkpointing
 from .checkpointing import Resumed
-from .failures import Terminated, dead_service
+from .failures import ServiceDied, ServiceFailedToStart, Terminated, dead_service
 from .plan import LaunchPlan, recipe_of
 from .report import ProgressLine
 from .telemetry import EdgeReporter
@@ -161,6 +162,8 @@ def execute(plan: LaunchPlan, cfg: DictConfig, run_dir: str, *, on_started: Call
             )
             checkpointing.save(checkpoint, "at the end", finished={"solved": bool(result.get("solved")),
                                                                    "frames": int(result.get("frames", 0))})
+        except ServiceDied:
+            raise
         except Exception as exc:
             died = dead_service(owners, exc)  # checked before the teardown stops the others
             if died is not None:
@@ -180,7 +183,7 @@ def _start(plan: LaunchPlan, cfg, recipe, rcfg, spec, run_dir: str, stack: ExitS
     clients: dict[str, Any] = {}
     hosts = {c.placement: c.host for c in plan.components}
     for placement, host in hosts.items():  # each placement's session: entered before any owner, left last
-        stack.enter_context(host.session(_container(cfg.get(placement))))
+        stack.enter_context(host.session(_container(cfg.get(placement)), run_dir=run_dir))
     for level in plan.levels:  # the owners of one level start at the same time, after those they depend on
         launched = []
         for c in level:
@@ -191,7 +194,10 @@ def _start(plan: LaunchPlan, cfg, recipe, rcfg, spec, run_dir: str, stack: ExitS
             log.info("starting %s (%s, %s)", c.name, c.placement, c.transport)
             launched.append((c.name, owner.launch()))
         for name, owner in launched:
-            owner.wait_ready()
+            try:
+                owner.wait_ready()
+            except (PeerFailureError, RemoteError, ServiceTimeoutError) as exc:
+                raise ServiceFailedToStart(name, owner.placement, str(exc)) from exc
             clients[name] = owner.client()
             log.info("%s ready (%s, pids %s)", name, owner.placement, _pids(owner) or "-")
     _write_services(run_dir, owners)
@@ -206,6 +212,10 @@ def _write_services(run_dir: str, owners: Mapping[str, Any]) -> None:
     """``services.json``: where each started service runs (placement, transport, pids), for ``ps`` and ``kill``."""
     services = {name: {"placement": o.placement, "transport": o.transport_kind, "pids": _pids(o)}
                 for name, o in owners.items()}
+    for name, o in owners.items():
+        jobs = [h.job_id for h in o.all_hosts() if h.job_id is not None]
+        if jobs:
+            services[name]["jobs"] = jobs  # batch-system jobs (submitit): scancel them, not kill
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "services.json"), "w") as f:
         json.dump(services, f, indent=2)

@@ -97,6 +97,22 @@ class RayConf:
 
 
 @dataclass
+class SubmititConf:
+    """`submitit.*`: how targets placed on `submitit` (collector workers) are submitted, as one job array."""
+
+    cluster: str = "slurm"  # slurm (sbatch) | local (submitit's local subprocesses, on this machine)
+    folder: Optional[str] = None  # submitit's job folder (scripts, logs); None: <run dir>/submitit
+    host: str = "127.0.0.1"  # the address jobs connect back to; on a cluster: one of the driver node's
+    connect_timeout: float = bounded(300.0, gt=0, unit="seconds")  # for every job to connect, queueing included
+    partition: Optional[str] = None  # None: the cluster's default partition
+    timeout_min: int = bounded(60, ge=1, unit="minutes")  # each collector job's time limit
+    mem_gb: float = bounded(2.0, gt=0, unit="GB")  # each collector job's memory
+    job_name: str = "rl_collector"
+    setup: List[str] = field(default_factory=list)  # shell lines before the job's Python (module load ...)
+    slurm_additional_parameters: Dict[str, Any] = field(default_factory=dict)  # any other sbatch option
+
+
+@dataclass
 class TransportConf:
     """`transport=<name>`: the default transport of components that take that kind."""
 
@@ -152,6 +168,7 @@ class Config:
     recipe: Any = None
     components: ComponentsConf = field(default_factory=ComponentsConf)
     ray: RayConf = field(default_factory=RayConf)
+    submitit: SubmititConf = field(default_factory=SubmititConf)
     launcher: LauncherConf = field(default_factory=LauncherConf)
     seed: int = bounded(0, ge=0, le=2**32 - 1)  # seeds torch and the environments
 
@@ -177,6 +194,7 @@ PARITY: List[tuple] = [
     (TensorBoardLoggerConf, ("components.logger.TensorBoardLogger",), ("_target_",)),
     (EnvConf, ("components.envs.EnvMaker",), ()),  # _target_ is an argument here: the env's own callable
     (ResourcesConf, ("components.hosts.base.Resources",), ()),
+    (SubmititConf, ("components.hosts.submitit.SubmititSettings",), ()),
     (
         InferenceConf,
         ("components.inference.config.InferenceServerConfig", "components.inference.config.InferenceDeviceConfig"),

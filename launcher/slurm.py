@@ -154,6 +154,21 @@ def job_resources(plan, cfg: DictConfig) -> JobResources:
     )
 
 
+def own_jobs(plan, cfg: DictConfig) -> list[str]:
+    """One line per component whose hosts are batch jobs of their own (collectors on ``submitit``): what each job
+    asks for. Those jobs are not part of the run's own job (their hosts are not on the run's machine)."""
+    lines = []
+    for c in plan.components:
+        try:
+            host = c.host
+        except NotImplementedYetError:
+            continue
+        said = host.own_jobs(_settings(cfg, c.placement), c.resources, int(c.options.get("num_collectors", 1)))
+        if said:
+            lines.append(f"{c.name} jobs: {said}")
+    return lines
+
+
 # ---------------------------------------------------------------------------------------------- the partition
 @dataclass(frozen=True)
 class Node:

@@ -28,7 +28,10 @@ from hydra import compose, initialize_config_module  # noqa: E402
 
 import launcher.schema  # noqa: E402
 from launcher.cli import normalize_argv  # noqa: E402
+
 from tests.helpers import our_live_actors, wait_until  # noqa: E402
+
+pytest_plugins = ["tests.slurm"]  # the one-node Slurm of the slurm tests (local_slurm)
 
 launcher.schema.register()
 torch.set_num_threads(1)
@@ -111,6 +114,16 @@ def ray_session(shared_ray):
     """A running shared cluster, for module fixtures that hold owners across tests."""
     shared_ray.ensure()
     return shared_ray
+
+
+@pytest.fixture
+def submitit_local(tmp_path):
+    """Hosts on ``submitit`` submit to submitit's local executor (real jobs as subprocesses, no Slurm), with their
+    job folder under the test's ``tmp_path``; the Slurm path runs in tests/launcher/test_slurm_collectors.py."""
+    from components.hosts.submitit import SubmititHost
+
+    with SubmititHost.session({"cluster": "local", "connect_timeout": 120}, run_dir=str(tmp_path)):
+        yield
 
 
 @pytest.fixture

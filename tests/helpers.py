@@ -96,3 +96,8 @@ def our_live_actors() -> list[str]:
 
     return sorted(a.get("ActorClassName", "?") for a in state.actors().values()
                   if a.get("State") == "ALIVE" and a.get("ActorClassName") != "_Directory")
+
+
+PLACEMENT_FIXTURES = {"ray": "ray_cluster", "submitit": "submitit_local"}
+"""The fixture a placement's hosts need around them (request it with ``request.getfixturevalue``); placements listed
+here start seconds-long workers (a Ray actor, a job's interpreter), so their cases are marked ``slow``."""

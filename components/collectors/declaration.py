@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..declaration import Calls, Cell, Declaration, N, S, require
+from ..declaration import Calls, Cell, Declaration, S, require
 
 
 def check(options: Mapping[str, Any], *, inline: bool = False) -> None:
@@ -34,7 +34,7 @@ DECLARATION = Declaration(
         Cell("collector", "process", {}, None, S),
         Cell("collector", "ray", {}, None, S),
         Cell("collector", "distributed", {}, None, S),
-        Cell("collector", "submitit", {}, None, N),
+        Cell("collector", "submitit", {}, None, S),
     ),
     depends_on=("inference", "replay"),
     calls=(Calls("inference", one_request_per_worker=True),),

@@ -19,6 +19,7 @@ HOSTS: dict[str, str] = {
     "process": "components.hosts.process:ProcessHost",
     "ray": "components.hosts.ray:RayHost",
     "distributed": "components.hosts.distributed:DistributedHost",
+    "submitit": "components.hosts.submitit:SubmititHost",
 }
 """placement -> ``module:class`` of its host (imported on first use)."""
 

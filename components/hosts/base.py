@@ -195,10 +195,10 @@ class Host(ABC):
         run knows it will use the placement). By default: nothing."""
 
     @classmethod
-    def session(cls, settings: Mapping[str, Any]) -> contextlib.AbstractContextManager:
+    def session(cls, settings: Mapping[str, Any], *, run_dir: str | None = None) -> contextlib.AbstractContextManager:
         """What this placement needs around all of its hosts in a run (entered before the first owner starts,
-        left after the last one stopped); ``settings`` is the config node named after the placement (``ray:``).
-        By default: nothing."""
+        left after the last one stopped); ``settings`` is the config node named after the placement (``ray:``),
+        ``run_dir`` the run's directory. By default: nothing."""
         return contextlib.nullcontext()
 
     @classmethod
@@ -206,6 +206,12 @@ class Host(ABC):
         """Whether targets hosted here run on the machine of the run that starts them (so a Slurm job running the
         plan must hold them); ``settings`` as for :meth:`session`. By default: yes."""
         return True
+
+    @classmethod
+    def own_jobs(cls, settings: Mapping[str, Any], resources: "Resources", count: int) -> str | None:
+        """What ``count`` targets hosted here ask a batch system for, in words, where each is a job of its own
+        (printed by the dry run); ``settings`` as for :meth:`session`. By default: ``None`` (no jobs of their own)."""
+        return None
 
     @classmethod
     def session_memory_gb(cls, settings: Mapping[str, Any]) -> float:
@@ -221,6 +227,11 @@ class Host(ABC):
     @property
     def pid(self) -> int | None:
         """The pid of the process the target lives in, where there is one to report."""
+        return None
+
+    @property
+    def job_id(self) -> str | None:
+        """The batch-system job the target runs in, where it has one of its own (``submitit``)."""
         return None
 
     @property

@@ -65,7 +65,7 @@ class _Reply(Pending):
 
     def ready(self, timeout: float) -> bool:
         conn = self.host._conn
-        return conn is None or conn.poll(timeout) or not self.host._process.is_alive()
+        return conn is None or conn.poll(timeout) or not self.host._peer_alive()
 
     def result(self, timeout: float | None = None) -> Any:
         host, conn = self.host, self.host._conn
@@ -76,13 +76,12 @@ class _Reply(Pending):
                 if conn.poll(step):
                     kind, value = _receive(conn)
                     break
-                if not host._process.is_alive():
-                    raise PeerFailureError(f"the {host.name} process died during {self.method!r} "
-                                           f"({exit_description(host._process.exitcode)})")
+                if not host._peer_alive():
+                    raise PeerFailureError(f"{host._lost()} during {self.method!r}")
                 if deadline is not None and time.monotonic() >= deadline:
                     raise ServiceTimeoutError(f"{host.name}: {self.method!r} not answered within {timeout} s")
         except (EOFError, BrokenPipeError, ConnectionResetError, OSError) as exc:
-            raise PeerFailureError(f"the {host.name} process died during {self.method!r}") from exc
+            raise PeerFailureError(f"{host._lost()} during {self.method!r}") from exc
         finally:
             host._busy.release()
         if kind == "error":
@@ -142,9 +141,7 @@ class ProcessHost(Host):
                 kind, value = "timeout", None
                 break
         if kind == "ready":
-            self._wake_r, self._wake_w = os.pipe()
-            self._watcher = threading.Thread(target=self._watch, name=f"{self.name}-watcher", daemon=True)
-            self._watcher.start()
+            self._start_watcher()
             return
         self._force_stop(1.0)
         if kind == "error":
@@ -156,12 +153,33 @@ class ProcessHost(Host):
     def _watch(self) -> None:
         ready = wait([self._process.sentinel, self._wake_r])
         if self._process.sentinel in ready and not self._stopping:
-            self._died(f"the {self.name} process died ({exit_description(self._process.exitcode)})")
+            self._died(self._lost())
+
+    def _start_watcher(self) -> None:
+        self._wake_r, self._wake_w = os.pipe()
+        self._watcher = threading.Thread(target=self._watch, name=f"{self.name}-watcher", daemon=True)
+        self._watcher.start()
+
+    def _stop_watcher(self) -> None:
+        if self._wake_w is not None:
+            os.write(self._wake_w, b"x")
+            self._watcher.join(timeout=5)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._wake_r = self._wake_w = None
+
+    def _peer_alive(self) -> bool:
+        """Whether the process the target lives in still runs (checked while a control call waits)."""
+        return self._process.is_alive()
+
+    def _lost(self) -> str:
+        """How the target's process ended, in words (the start of a peer-failure message)."""
+        return f"the {self.name} process died ({exit_description(self._process.exitcode)})"
 
     # ------------------------------------------------------------------ calls
     def submit(self, method: str, *args: Any) -> Pending:
         if not self.is_alive:
-            raise PeerFailureError(self.death or f"the {self.name} process is not running")
+            raise PeerFailureError(self.death or f"{self.name} is not running")
         self._busy.acquire()
         try:
             _send(self._conn, (method, args))
@@ -190,12 +208,7 @@ class ProcessHost(Host):
         if self._process.is_alive():
             self._process.join(max(0.0, 0.6 * (deadline - time.monotonic())))
         self._force_stop(max(0.1, deadline - time.monotonic()))
-        if self._wake_w is not None:
-            os.write(self._wake_w, b"x")
-            self._watcher.join(timeout=5)
-            os.close(self._wake_r)
-            os.close(self._wake_w)
-            self._wake_r = self._wake_w = None
+        self._stop_watcher()
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -240,11 +253,15 @@ def _receive(conn) -> Any:
     return pickle.loads(conn.recv_bytes())
 
 
-def _child_main(factory, conn) -> None:
+def _child_main(factory, conn, *, own_signals: bool = True) -> bool:
+    """Build the target, answer the ready handshake on ``conn``, serve control calls from it until told to stop (or
+    until it closes), then close the target. ``own_signals``: ignore the signals the parent decides on. Returns
+    whether the target was built (its error went to the parent otherwise)."""
     # Ctrl-C (and a SIGTERM or warning signal sent to the job) reaches the whole process group; the parent decides
     # when its services stop and flush, and a child whose parent is gone stops by itself (its control pipe closes).
-    for signum in (signal.SIGINT, signal.SIGTERM, *WARNING_SIGNALS):
-        signal.signal(signum, signal.SIG_IGN)
+    if own_signals:
+        for signum in (signal.SIGINT, signal.SIGTERM, *WARNING_SIGNALS):
+            signal.signal(signum, signal.SIG_IGN)
     import torch
 
     torch.set_num_threads(1)
@@ -255,7 +272,7 @@ def _child_main(factory, conn) -> None:
             _send(conn, ("error", RemoteError.from_exception(exc)))
         finally:
             conn.close()
-        return
+        return False
     stop = threading.Event()
 
     def control() -> None:
@@ -292,3 +309,4 @@ def _child_main(factory, conn) -> None:
     finally:
         stop.set()
         close_target(target)
+    return True

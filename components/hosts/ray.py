@@ -222,7 +222,7 @@ class RayHost(Host):
 
     @classmethod
     @contextlib.contextmanager
-    def session(cls, settings: Mapping[str, Any]):
+    def session(cls, settings: Mapping[str, Any], *, run_dir: str | None = None):
         """Join the cluster at ``settings['address']`` (left running) or start a local one on 127.0.0.1 (stopped at
         the end); ``settings`` holds :class:`RayClusterConfig` fields (``ray.*`` in YAML)."""
         config = RayClusterConfig(**{k: v for k, v in settings.items() if v is not None})

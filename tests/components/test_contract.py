@@ -12,6 +12,7 @@ from components.hosts import HOSTS
 from components.hosts.process import context as process_context
 from components.service import LIFECYCLE_METHODS, Service
 
+from tests.helpers import PLACEMENT_FIXTURES
 from tests.factories import owner_factories
 
 PLACEMENTS = list(HOSTS)  # every placement with a host; a new one is tested the day it is registered
@@ -21,12 +22,12 @@ CASES = [(p, c) for p in PLACEMENTS for c in COMPONENTS
          if (c.split("/")[0], p) in compat.TABLE and compat.TABLE[(c.split("/")[0], p)].built]
 
 
-@pytest.fixture(params=[pytest.param(case, marks=[pytest.mark.slow] if case[0] == "ray" else []) for case in CASES],
-                ids=[f"{p}-{c}" for p, c in CASES])  # a Ray actor is a new worker process: seconds each
+@pytest.fixture(params=[pytest.param(case, marks=[pytest.mark.slow] if case[0] in PLACEMENT_FIXTURES else [])
+                        for case in CASES], ids=[f"{p}-{c}" for p, c in CASES])
 def owner_factory(request, tmp_path):
     placement, component = request.param
-    if placement == "ray":
-        request.getfixturevalue("ray_cluster")  # one cluster for the module, started by the first ray case
+    if placement in PLACEMENT_FIXTURES:  # one Ray cluster for the session; submitit's local executor
+        request.getfixturevalue(PLACEMENT_FIXTURES[placement])
     return placement, owner_factories(tmp_path, placement)[component]
 
 

@@ -10,7 +10,7 @@ from components.hosts import HOSTS, host_class, stop_all
 from components.hosts.base import Resources
 from transports.errors import PeerFailureError, RemoteError
 
-from tests.helpers import process_gone, wait_until
+from tests.helpers import PLACEMENT_FIXTURES, process_gone, wait_until
 
 
 class Target:
@@ -51,13 +51,14 @@ def make_failing():
     return Target(fail=True)
 
 
-PLACEMENTS = [p for p in HOSTS if p != "ray"] + ["ray"]
+PLACEMENTS = [p for p in HOSTS if p not in PLACEMENT_FIXTURES] + [
+    pytest.param(p, marks=pytest.mark.slow) for p in HOSTS if p in PLACEMENT_FIXTURES]
 
 
 @pytest.fixture(params=PLACEMENTS)
 def host_type(request):
-    if request.param == "ray":
-        request.getfixturevalue("ray_cluster")
+    if request.param in PLACEMENT_FIXTURES:
+        request.getfixturevalue(PLACEMENT_FIXTURES[request.param])
     return host_class(request.param)
 
 

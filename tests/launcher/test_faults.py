@@ -120,3 +120,17 @@ def test_sigterm_and_sigint_stop_in_order_and_keep_every_logged_value(tmp_path, 
     assert summary["frames"] > 0 and summary["frames"] in _steps(run_dir, "train/")
     assert max(_steps(run_dir, "edge/")) >= summary["frames"]
     _assert_nothing_left(proc, tmp_path, services)
+
+
+def test_a_service_that_does_not_start_is_one_line_and_exit_3(tmp_path):
+    from tests.helpers import run_cli
+
+    run_dir = tmp_path / "run"
+    result = run_cli("+recipe=ppo", "components.replay.placement=process",
+                     "components.replay.resources.startup_timeout=0.001", f"hydra.run.dir={run_dir}",
+                     cwd=str(tmp_path), timeout=120)
+    assert result.returncode == 3, result.stderr[-3000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: replay (process) failed to start: replay: not ready within 0.001 s; "
+                           "every other service was shut down (traceback: "), line
+    assert json.loads((run_dir / "summary.json").read_text())["failed"].startswith("replay (process) failed")

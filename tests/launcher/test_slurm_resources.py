@@ -1,11 +1,12 @@
 """A Slurm job's resources from its plan (:mod:`launcher.slurm`): the counting rules on composed configs, the dry
 run's line, ``sinfo``'s node sizes and the refusal of a job no node holds; then, on the one-node Slurm of
-``.ci/local_slurm.sh`` (the ``local_slurm`` fixture of ``test_slurm.py``), a submitted job's ``scontrol`` record and
+``.ci/local_slurm.sh`` (the ``local_slurm`` fixture of ``tests/slurm.py``), a submitted job's ``scontrol`` record and
 a refusal before submission."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 import pickle
 import re
@@ -20,6 +21,7 @@ from launcher.slurm import (JobResources, Node, SlurmUnavailable, _row_bytes, ch
                             partition_nodes, submission_parameters)
 from transports.errors import ConfigurationError
 from tests.helpers import run_cli, wait_until
+from tests.slurm import JOB_NAME
 
 
 def needs(compose_cfg, *overrides: str) -> JobResources:
@@ -180,14 +182,8 @@ def test_hydra_launcher_slurm_is_our_launcher_and_it_pickles():
 
 
 # ---------------------------------------------------------------------------------------------- real jobs
-try:  # the session's one-node Slurm: test_slurm.py's fixture (that module skips without hydra-submitit-launcher)
-    from tests.launcher.test_slurm import JOB_NAME, local_slurm  # noqa: F401
-except pytest.skip.Exception as exc:
-    JOB_NAME, _WHY = "", str(exc)
-
-    @pytest.fixture(scope="session")
-    def local_slurm():
-        pytest.skip(_WHY)
+PLUGIN = pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None,
+                            reason="needs hydra-submitit-launcher: pip install -e '.[slurm]'")
 
 
 def _slurm(env: dict, *argv: str) -> str:
@@ -203,7 +199,8 @@ def _ours(env: dict, states: str = "all") -> list[str]:
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_a_submitted_job_asks_slurm_for_what_its_plan_needs(local_slurm, tmp_path):  # noqa: F811
+@PLUGIN
+def test_a_submitted_job_asks_slurm_for_what_its_plan_needs(local_slurm, tmp_path):
     before = set(_ours(local_slurm))
     result = run_cli("--multirun", "hydra/launcher=slurm", f"hydra.launcher.name={JOB_NAME}", "+recipe=ppo",
                      "recipe.total_frames=1024", "recipe.target_return=null", "launcher.progress=false",
@@ -219,7 +216,8 @@ def test_a_submitted_job_asks_slurm_for_what_its_plan_needs(local_slurm, tmp_pat
 
 @pytest.mark.slurm
 @pytest.mark.slow
-def test_a_plan_no_node_holds_is_refused_before_submission(local_slurm, tmp_path):  # noqa: F811
+@PLUGIN
+def test_a_plan_no_node_holds_is_refused_before_submission(local_slurm, tmp_path):
     node_cpus = int(_slurm(local_slurm, "sinfo", "--noheader", "--partition=local", "--format=%c").split()[0])
     each = -(-node_cpus // 8)  # CPUs per collector worker: 8 workers alone ask for at least the node's CPUs
     before = _ours(local_slurm)

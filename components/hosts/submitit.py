@@ -1,0 +1,356 @@
+"""``submitit``: the target runs in a Slurm job (or in submitit's local subprocess), submitted through submitit.
+
+Only collector workers take this placement (see the compatibility table): the hosts a collector launches together
+go out as one job array. Each job connects back to the driver over TCP (``submitit.host``, 127.0.0.1 unless set:
+on a cluster, an address of the driver's node that the compute nodes reach) and authenticates with the HMAC
+challenge of :mod:`multiprocessing.connection`, on a random key that only the job's own pickled function carries
+(in submitit's job folder, under the run directory). Nothing the driver receives is unpickled before that
+challenge passed. Then the job runs the control loop of a ``process`` child: the driver's calls by message, the
+answers back; everything the job reaches of the other services goes through their clients, which here are
+``distributed`` or ``ray`` clients (the table and the plan's reachability check insist on it).
+
+The driver waits for every job to connect within ``submitit.connect_timeout`` seconds (time in the queue
+included). A job that ends before connecting, whose connection closes (``scancel``, a crash, a node lost: TCP
+keep-alive notices within about 30 s) is a peer failure naming its Slurm job id, its state and its log file.
+``stop`` asks by message, waits for the job to return, and cancels it if it has not within the deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import pickle
+import secrets
+import select
+import shutil
+import socket
+import struct
+import threading
+import time
+from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+from typing import Any, Iterator, Mapping, Optional
+
+from transports.errors import ConfigurationError, PeerFailureError, ServiceTimeoutError
+
+from .base import DEFAULT_STOP_TIMEOUT, Resources
+from ._submitit_job import job_main, ray_cluster
+from .process import ProcessHost, _receive, _send
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_S = 10.0
+"""Seconds a connecting peer has to answer the challenge before it is dropped (and the next one is awaited)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class SubmititSettings:
+    """``submitit.*`` in YAML: where and how targets on the ``submitit`` placement are submitted.
+
+    Attributes:
+        cluster: ``slurm`` (sbatch), or ``local`` (submitit's local subprocesses, on this machine).
+        folder: submitit's job folder (scripts, pickled functions, logs); ``None``: ``<run dir>/submitit``.
+        host: the address the jobs connect back to (loopback unless set; a cluster needs the driver node's).
+        connect_timeout: seconds a job has to connect, waiting in the queue included.
+        partition, timeout_min, mem_gb, job_name: the job's Slurm settings (``None`` partition: the default one).
+        setup: shell lines run before the job's Python (``module load ...``, activating an environment).
+        slurm_additional_parameters: any other sbatch option, ``{"account": "rl"}``.
+    """
+
+    cluster: str = "slurm"
+    folder: Optional[str] = None
+    host: str = "127.0.0.1"
+    connect_timeout: float = 300.0
+    partition: Optional[str] = None
+    timeout_min: int = 60
+    mem_gb: float = 2.0
+    job_name: str = "rl_collector"
+    setup: tuple[str, ...] = ()
+    slurm_additional_parameters: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.cluster not in ("slurm", "local"):
+            raise ConfigurationError(f"submitit.cluster must be 'slurm' or 'local', got {self.cluster!r}",
+                                     path="submitit.cluster", alternatives=("slurm", "local"))
+        if self.cluster == "slurm" and shutil.which("sbatch") is None:
+            raise ConfigurationError("collectors on 'submitit' submit Slurm jobs, but no sbatch is on the PATH: run "
+                                     "where Slurm is reachable, or set submitit.cluster=local to run the jobs as "
+                                     "local subprocesses", path="submitit.cluster")
+
+
+def job_parameters(settings: SubmititSettings, resources: Resources) -> dict[str, Any]:
+    """submitit's parameters of one job: the host's ``resources`` (CPUs, GPUs) and ``submitit.*``."""
+    params: dict[str, Any] = dict(timeout_min=settings.timeout_min, cpus_per_task=max(1, math.ceil(resources.num_cpus or 1)),
+                                  mem_gb=settings.mem_gb, gpus_per_node=math.ceil(resources.num_gpus), nodes=1,
+                                  tasks_per_node=1, name=settings.job_name)
+    if settings.cluster == "slurm":
+        params.update(slurm_partition=settings.partition, slurm_setup=list(settings.setup),
+                      slurm_additional_parameters=dict(settings.slurm_additional_parameters))
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def _settings(settings: Mapping[str, Any]) -> SubmititSettings:
+    fields = {k: v for k, v in settings.items() if v is not None}
+    if "setup" in fields:
+        fields["setup"] = tuple(fields["setup"])
+    return SubmititSettings(**fields)
+
+
+class _Session:
+    """The submitit executor of one run and the hosts launched since the last submission (sent as one array)."""
+
+    def __init__(self, settings: SubmititSettings, run_dir: str | None):
+        self.settings = settings
+        self.folder = os.path.abspath(settings.folder or os.path.join(run_dir or os.getcwd(), "submitit"))
+        self.pending: list["SubmititHost"] = []
+        self.lock = threading.Lock()
+
+    def executor(self, resources: Resources):
+        import submitit
+
+        executor = submitit.AutoExecutor(folder=os.path.join(self.folder, "%j"), cluster=self.settings.cluster)
+        executor.update_parameters(**job_parameters(self.settings, resources))
+        return executor
+
+    def submit_pending(self) -> None:
+        """Submit every launched host not submitted yet: one job array (one job on ``local``)."""
+        with self.lock:
+            hosts, self.pending = self.pending, []
+            if not hosts:
+                return
+            executor = self.executor(hosts[0].resources)
+            ray_at = ray_cluster()
+            with executor.batch():
+                jobs = [executor.submit(job_main, pickle.dumps(h.factory, protocol=pickle.HIGHEST_PROTOCOL), h.address,
+                                        h._key, h.name, ray_at) for h in hosts]
+        for host, job in zip(hosts, jobs):
+            host.job = job
+            log.info("%s: submitted as %s job %s (log: %s)", host.name, self.settings.cluster, job.job_id,
+                     job.paths.stderr)
+
+
+_current: _Session | None = None
+
+
+class SubmititHost(ProcessHost):
+    """Runs the target in a submitit job that connects back to this host's listening socket."""
+
+    placement = "submitit"
+    process_memory_gb = 0.0  # its own job's memory (submitit.mem_gb), not the run's
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.job = None
+        self._server: socket.socket | None = None
+        self._peer: socket.socket | None = None  # the connection's socket, kept to notice its end
+        self._key = secrets.token_bytes(32)
+        self._session = _current or _Session(SubmititSettings(), None)
+        self.address: tuple[str, int] | None = None
+
+    @classmethod
+    @contextlib.contextmanager
+    def session(cls, settings: Mapping[str, Any], *, run_dir: str | None = None) -> Iterator[None]:
+        """The run's executor settings (``submitit.*``), checked before any owner starts."""
+        global _current
+        previous, _current = _current, _Session(_settings(settings), run_dir)
+        try:
+            yield
+        finally:
+            _current = previous
+
+    @classmethod
+    def on_run_machine(cls, settings: Mapping[str, Any]) -> bool:
+        return False  # each target is a job of its own
+
+    @classmethod
+    def prepare(cls) -> None:
+        """Nothing to warm up: the jobs start their own interpreters."""
+
+    @classmethod
+    def own_jobs(cls, settings: Mapping[str, Any], resources: Resources, count: int) -> str:
+        s = _settings(settings)
+        p = job_parameters(s, resources)
+        kind = "Slurm" if s.cluster == "slurm" else "local submitit"
+        array = f"one array, partition {s.partition or '(default)'}" if s.cluster == "slurm" else "one batch"
+        return (f"{count} {kind} job{'s' if count > 1 else ''} ({array}), each cpus_per_task={p['cpus_per_task']} "
+                f"mem_gb={p['mem_gb']:g} gpus_per_node={p['gpus_per_node']} timeout_min={p['timeout_min']} "
+                "(submitit.*, resources)")
+
+    # ------------------------------------------------------------------ start
+    def _launch(self) -> None:
+        self._server = socket.create_server((self._session.settings.host, 0))
+        self.address = self._server.getsockname()[:2]
+        with self._session.lock:
+            self._session.pending.append(self)
+
+    def wait_ready(self) -> None:
+        self._session.submit_pending()  # the hosts launched with this one go out together, as one array
+        try:
+            self._conn, self._peer = self._accept(time.monotonic() + self._session.settings.connect_timeout)
+            timeout = self.resources.startup_timeout  # then building the target
+            if not self._conn.poll(timeout):
+                raise ServiceTimeoutError(f"{self.name}: connected, but not ready within {timeout:g} s "
+                                          "(resources.startup_timeout)")
+            kind, value = _receive(self._conn)
+        except ServiceTimeoutError:  # before OSError: it is a TimeoutError
+            self._force_stop(0.0)
+            raise
+        except (EOFError, OSError):
+            kind, value = "died", None
+        if kind == "ready":
+            self._start_watcher()
+            return
+        self._force_stop(2.0 if kind == "error" else 0.0)  # a job whose target failed to build ends by itself
+        if kind == "error":
+            raise value
+        raise PeerFailureError(self._lost(" during startup"))
+
+    def _accept(self, deadline: float) -> tuple[Connection, socket.socket]:
+        """The job's authenticated connection: peers that fail the challenge are dropped and the next awaited; a job
+        that ended, or no job connecting by ``deadline``, raises."""
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise ServiceTimeoutError(
+                    f"{self.name}: {self._job_words()} did not connect within {self._session.settings.connect_timeout:g}"
+                    f" s (state {self._state()}; submitit.connect_timeout waits for the queue too)")
+            readable, _, _ = select.select([self._server], [], [], min(2.0, remaining))
+            if not readable:
+                if self.job is not None and self.job.done():
+                    raise PeerFailureError(self._lost(" before connecting"))
+                continue
+            sock, _ = self._server.accept()
+            _timeouts(sock, HANDSHAKE_S)
+            peer = sock.dup()
+            conn = Connection(sock.detach())
+            try:
+                deliver_challenge(conn, self._key)
+                answer_challenge(conn, self._key)
+            except Exception as exc:  # noqa: BLE001 - a stranger, or a peer too slow to answer: drop it, keep waiting
+                log.warning("%s: dropped a connection that failed the challenge (%s)", self.name, exc)
+                conn.close()
+                peer.close()
+                continue
+            _timeouts(peer, 0.0)
+            peer.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+            for option, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 4)):
+                if hasattr(socket, option):
+                    peer.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+            return conn, peer
+
+    # ------------------------------------------------------------------ watching
+    def _watch(self) -> None:
+        peer, wake = self._peer, self._wake_r
+        while True:
+            readable, _, _ = select.select([peer, wake], [], [])
+            if wake in readable:
+                return
+            if self._busy.locked():  # an answer is on its way: its reader notices an end itself
+                time.sleep(0.05)
+                continue
+            try:
+                data = peer.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                if not self._stopping:
+                    self._died(self._lost())
+                return
+            time.sleep(0.05)  # an answer nobody has asked for yet
+
+    def _peer_alive(self) -> bool:
+        return self.death is None and self._conn is not None
+
+    def _lost(self, when: str = "") -> str:
+        log_file = "" if self.job is None else f"; its log: {self.job.paths.stderr}"
+        return f"{self.name}: {self._job_words()} ended ({self._state(settle=2.0)}){when}{log_file}"
+
+    def _job_words(self) -> str:
+        cluster = "Slurm" if self._session.settings.cluster == "slurm" else "local submitit"
+        return f"the {cluster} job {self.job.job_id}" if self.job is not None else "its job (not submitted)"
+
+    def _state(self, settle: float = 0.0) -> str:
+        """The job's state as the cluster reports it, waiting up to ``settle`` seconds for it to leave RUNNING."""
+        if self.job is None:
+            return "not submitted"
+        deadline = time.monotonic() + settle
+        while True:
+            try:
+                state = self.job.get_info(mode="force").get("State") or self.job.state
+            except Exception as exc:  # noqa: BLE001 - the cluster could not say: report that instead
+                return f"unknown: {exc}"
+            if state not in ("RUNNING", "PENDING", "UNKNOWN", "COMPLETING") or time.monotonic() >= deadline:
+                return state
+            time.sleep(0.25)
+
+    # ------------------------------------------------------------------ stop
+    def request_stop(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        if self._conn is not None:
+            try:
+                _send(self._conn, ("stop", None))
+            except (OSError, ValueError):
+                pass
+
+    def stop(self, timeout: float | None = None) -> None:
+        if not self._launched or self._server is None:
+            return
+        timeout = DEFAULT_STOP_TIMEOUT if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        self.request_stop()
+        connected = self._conn is not None
+        if connected:  # the job closes its end once its target closed
+            try:
+                while self._conn.poll(max(0.0, 0.6 * (deadline - time.monotonic()))):
+                    self._conn.recv_bytes()  # an answer nobody will read
+            except (EOFError, OSError):
+                pass
+        self._force_stop(max(0.5, deadline - time.monotonic()) if connected else 0.0)  # unconnected: nothing to wait for
+        self._stop_watcher()
+        for closable in (self._conn, self._peer, self._server):
+            if closable is not None:
+                closable.close()
+        self._conn = self._peer = self._server = None
+
+    def _force_stop(self, budget: float) -> None:
+        """Cancel the job unless it is done within ``budget`` seconds (a job never submitted is dropped)."""
+        self._stopping = True
+        with self._session.lock:
+            if self in self._session.pending:
+                self._session.pending.remove(self)
+        if self.job is None:
+            return
+        deadline = time.monotonic() + budget
+        while not self.job.done(force_check=True):
+            if time.monotonic() >= deadline:
+                self.job.cancel(check=False)
+                log.info("%s: cancelled %s", self.name, self._job_words())
+                return
+            time.sleep(0.25)
+
+    # ------------------------------------------------------------------ introspection
+    @property
+    def is_alive(self) -> bool:
+        return self._conn is not None and self.death is None and not self._stopping
+
+    @property
+    def pid(self) -> int | None:
+        return None  # not a process of this machine
+
+    @property
+    def job_id(self) -> str | None:
+        return None if self.job is None else str(self.job.job_id)
+
+
+def _timeouts(sock: socket.socket, seconds: float) -> None:
+    """Blocking reads and writes on ``sock`` give up after ``seconds`` (0: never), without making it non-blocking."""
+    whole = int(seconds)
+    value = struct.pack("ll", whole, int((seconds - whole) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
