@@ -3,8 +3,8 @@
 Two checks, both raising :class:`~transports.errors.ConfigurationError` (the CLI prints it and exits 2):
 
 - :func:`check_argv` composes the command line's config the way Hydra will (every job of a ``--multirun``
-  sweep) and turns Hydra's and OmegaConf's errors into one short message: the key or value, its config path,
-  what is allowed there;
+  sweep), and Hydra's own config with the ``hydra/...`` and ``hydra.*`` overrides (a launcher's fields), and turns
+  Hydra's and OmegaConf's errors into one short message: the key or value, its config path, what is allowed there;
 - :func:`check_values` walks a composed config against its schema: the range each field declares
   (:func:`recipes.configs.bounded`), keys the schema does not have, then the ``rules()`` between fields
   (``(field to blame, holds, what is wrong)``).
@@ -75,7 +75,8 @@ def check_argv(argv: list[str]) -> list[DictConfig]:
 
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         return []
-    jobs = sweep_jobs(normalize_argv(list(argv)))
+    argv = normalize_argv(list(argv))
+    jobs = sweep_jobs(argv)
     configs = []
     for overrides in jobs or ():
         try:
@@ -86,8 +87,26 @@ def check_argv(argv: list[str]) -> list[DictConfig]:
             raise explain(exc) from None
         check_values(cfg, strict=False)
         configs.append(cfg)
+    if jobs:
+        _check_hydra(argv, jobs[0])
     _check_resumes(configs)
     return configs
+
+
+def _check_hydra(argv: list[str], job: list[str]) -> None:
+    """Compose Hydra's own config with the command line's ``hydra/...`` and ``hydra.*`` overrides (a launcher and
+    its fields, typed by the launcher plugin's schema), so a mistake there is one message too."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = OverridesParser.create().parse_overrides(_hydra_args(argv).overrides)
+    own = [o.input_line for o in overrides if o.key_or_group.startswith("hydra.") or o.is_hydra_override()]
+    if not own:
+        return
+    try:
+        compose([*job, *own], hydra=True)
+    except Exception as exc:
+        if _is_config_error(exc):
+            raise explain(exc) from None
 
 
 def _check_resumes(configs: list[DictConfig]) -> None:
@@ -154,14 +173,15 @@ def _hydra_args(argv: list[str]) -> argparse.Namespace | None:
             return None
 
 
-def compose(overrides: list[str]) -> DictConfig:
-    """The config ``python -m launcher`` composes for these overrides (Hydra's compose API over ``conf``)."""
+def compose(overrides: list[str], *, hydra: bool = False) -> DictConfig:
+    """The config ``python -m launcher`` composes for these overrides (Hydra's compose API over ``conf``);
+    ``hydra``: with Hydra's own config under ``hydra`` (its launcher, its run directory...)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
 
     schema.register()
     with initialize_config_module(config_module="conf", version_base=None):
-        return hydra_compose(config_name="config", overrides=overrides)
+        return hydra_compose(config_name="config", overrides=overrides, return_hydra_config=hydra)
 
 
 def _is_config_error(exc: BaseException) -> bool:

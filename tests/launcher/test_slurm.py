@@ -85,6 +85,19 @@ def test_the_preflight_checks_every_job_and_leaves_hydra_launcher_overrides_to_h
     assert [cfg.seed for cfg in configs] == [0, 1]
 
 
+@pytest.mark.parametrize("override, message", [
+    ("hydra.launcher.timeout_min=abc", "hydra.launcher.timeout_min must be an integer, got 'abc'"),
+    ("hydra/launcher=slurmm", "hydra/launcher has no option 'slurmm'"),
+    ("hydra.launcher.partion=gpu", "hydra.launcher has no key 'partion'"),
+])
+def test_a_mistake_in_the_launchers_options_is_a_configuration_error(override, message):
+    from launcher.preflight import check_argv
+    from transports.errors import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=re.escape(message)):
+        check_argv(["--multirun", "hydra/launcher=slurm", override, "+recipe=ppo", "seed=0,1"])
+
+
 # ---------------------------------------------------------------------------------------------- real jobs
 @pytest.mark.slurm
 @pytest.mark.slow
