@@ -88,3 +88,31 @@ def test_a_job_that_does_not_connect_in_time_fails_the_start_and_is_cancelled(lo
     assert line.startswith("error: collector (submitit) failed to start: collector-0: the Slurm job ") and \
         "did not connect within 0.2 s" in line, line
     wait_until(lambda: squeue(local_slurm, ACTIVE) == [], timeout=60, what="the collector jobs to be cancelled")
+
+
+def test_a_cancelled_collector_job_is_resubmitted_within_max_restarts(local_slurm, tmp_path):
+    run_dir = tmp_path / "run"
+    env = {**os.environ, **local_slurm}
+    proc = popen_cli(*AS_JOBS, "components.collector.resources.max_restarts=1", "recipe.total_frames=40960",
+                     "recipe.target_return=null", f"hydra.run.dir={run_dir}", cwd=str(tmp_path), env=env,
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        jobs = wait_until(lambda: os.path.isfile(run_dir / "services.json") and _services(run_dir)["collector"]["jobs"],
+                          timeout=120, interval=0.1, what="the collector jobs to connect")
+        wait_until(lambda: os.path.isfile(run_dir / "metrics.csv"), timeout=60, interval=0.1, what="training")
+        subprocess.run(["scancel", jobs[0]], env=env, check=True, timeout=30)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    with open(run_dir / "summary.json") as f:
+        assert json.load(f)["frames"] == 40960
+    with open(run_dir / "launcher.log") as f:
+        log = f.read()
+    assert f"collector-0: collector-0: the Slurm job {jobs[0]} ended (CANCELLED)" in log
+    assert "restarting it (1 of 1) and retrying its rollout" in log
+    resubmitted = log.split("restarting it (1 of 1)", 1)[1]
+    assert "collector-0: submitted as slurm job " in resubmitted  # a new job of its own, not a task of the array
+    wait_until(lambda: squeue(local_slurm, ACTIVE) == [], timeout=60, what="the collector jobs to end")
