@@ -1,8 +1,12 @@
 """Pieces the benchmark scripts share: starting an owner (remembering its child's pid for the leak check)
-and stopping a helper process politely, then firmly."""
+and stopping a helper process (or a peer's process group) politely, then firmly."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
 import time
 from typing import Any, Callable
 
@@ -26,3 +30,56 @@ def stop_child(proc, stop: Callable[[], Any]) -> None:
     if proc.is_alive():
         proc.terminate()
         proc.join(5)
+
+
+def stop_group(proc) -> None:
+    """SIGTERM to the process group of ``proc`` (a ``Popen`` started with ``start_new_session=True``; it shuts its
+    owners down), then SIGKILL to what is left of the group."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(30)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(10)
+
+
+class OtherLoad:
+    """CPU seconds that processes outside this one's tree used while it ran (Linux ``/proc``): on a shared machine,
+    a benchmark measured beside someone else's test run says so instead of printing its slowdown as ours.
+
+    This tree is this process, its live descendants and, through their ``cutime``/``cstime``, the descendants they
+    reaped (a forkserver's children, a vector env's subprocesses). Call :meth:`seconds` at the end."""
+
+    def __init__(self):
+        self._tick = os.sysconf("SC_CLK_TCK")
+        self._busy0, self._own0, self._t0 = self._busy(), self._own(), time.monotonic()
+
+    def _busy(self) -> float:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        return (sum(fields[:8]) - fields[3] - fields[4]) / self._tick  # all but idle and iowait
+
+    def _own(self) -> float:
+        parents, times = {}, {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    rest = f.read().rsplit(")", 1)[1].split()
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                continue
+            parents[int(entry)] = int(rest[1])
+            times[int(entry)] = sum(int(x) for x in rest[11:15]) / self._tick  # utime stime cutime cstime
+        tree, grew = {os.getpid()}, True
+        while grew:
+            more = {pid for pid, parent in parents.items() if parent in tree} - tree
+            tree |= more
+            grew = bool(more)
+        return sum(times.get(pid, 0.0) for pid in tree)
+
+    def seconds(self) -> tuple[float, float]:
+        """(CPU seconds used by other processes since construction, wall seconds since construction)."""
+        return max(0.0, (self._busy() - self._busy0) - (self._own() - self._own0)), time.monotonic() - self._t0

@@ -1,0 +1,550 @@
+"""Collection frames/s with no learning: the project's collectors beside a raw gymnasium loop; medians of rounds.
+
+What is measured: environment frames collected per second of wall time on CartPole-v1, nothing learned, for
+
+* the floors, single-process loops in this script: ``gymnasium.make_vec("CartPole-v1", num_envs=N,
+  vectorization_mode="sync")`` (and ``"async"``: one subprocess per env), with same-step autoreset as the
+  collectors' envs (:func:`components.envs.make_vector_env`), stepped with the PPO recipe's actor network (4-64-64-2
+  MLP, tanh; ``recipes.ppo.make_policy``) that samples an action from its ``Categorical`` under ``torch.no_grad()``;
+  observations go to torch and actions back to numpy, nothing else is kept;
+* :class:`components.collectors.Collector` (batches of ``N x 32`` frames, PPO's ``num_steps``) placed
+
+  - ``direct``, given a ``direct`` :class:`~components.inference.InferenceServer` (what ``python -m launcher
+    +recipe=ppo service=direct`` builds: the worker calls the server's forward in the caller's thread); beside it
+    ``direct`` with the bare policy module behind ``torch.no_grad()`` and no server, which shows what the server
+    path adds;
+  - ``thread`` with a ``thread`` server over the ``thread`` transport, 1 and 2 workers;
+  - ``process`` with a ``process`` server over ``queue``, ``shared_memory`` and ``process_slot``, 1 and 2 workers;
+
+  each iterated with ``sync=True`` (every batch gathers one rollout from every worker) and ``sync=False`` (each
+  worker's rollout as soon as it is ready; the workers collect the next one meanwhile);
+* :class:`components.collectors.AsyncBatchedCollector` with ``env_backend`` ``thread`` and ``process`` (N env
+  workers of one env each, against the server it creates beside them: ``thread`` transport, or ``process_slot`` by
+  the table's ``auto`` rule), yielding flat batches of N transitions.
+
+Every server and the raw loops run the same policy: ``recipes.ppo.make_policy(PPOConfig(), spec)`` built from the
+same seed, so every row carries identical weights (the collectors also send PPO's per-env sampling seeds, which the
+policy turns into its draws; the raw loop uses ``Categorical.sample()``). Total env counts 16 and 64 (``--envs``); 2
+workers split them (2 x 8, 2 x 32). ``torch.set_num_threads(1)`` here; the collectors' children are the project's own.
+
+How: a row starts its owners (seconds reported as ``start s``, not counted in frames/s), takes a warm-up (2
+iterations; ``--quick``: 1), then iterates until it has ``max(16 x N x 32, 16,384)`` frames (every row alike, whatever
+one iteration yields: a ``sync=False`` iteration is one worker's rollout), so 16,384 frames at 16 envs and 32,768 at
+64 with ``--quick`` and four times that in a full run, or until its time cap (4 s; ``--quick``: 1 s); then it shuts
+everything down. frames/s is frames over the measured seconds (from the end of the warm-up to the arrival of the
+last batch). The time cap bounds the slow rows (today the
+AsyncBatchedCollector at a few hundred frames/s, and most 2-worker rows at 16 envs): a capped row is marked ``*`` and
+measured on fewer frames. Before the rounds, the forkserver that ``process`` children come from is started
+(``prepare()``, as the launcher does) and the raw loop runs once per env count, discarded. Then ``--rounds`` rounds
+(5; ``--quick``: 3): each runs every row at every env count, starting ``rows / rounds`` places further down the list
+than the round before, so a drift of the machine (this VM's cores doze and wake) hits all rows alike and no row
+always follows the same one. The table gives the median over rounds, the min-max, and the ratio of medians to the
+raw sync loop at the same total env count measured in the same run. After each row, the processes it started
+(server, workers, env subprocesses) must be gone within 5 s: a survivor is reported at the end, with any
+shared-memory segment left. A row that raises is reported as failed and the others go on. The report also says how
+much CPU other processes on the machine used meanwhile (someone's test run beside a benchmark halves its figures).
+
+Run from the repository root (on an idle 2-core machine: ``--quick`` about 2.5 minutes, a full run about 12):
+
+    python benchmarks/collect.py --quick
+    python benchmarks/collect.py --envs 16 --rows raw direct process_slot --rounds 3
+    python benchmarks/collect.py --quick --peer-python /tmp/trl/bin/python
+
+``--rows`` keeps the rows whose label contains one of the given substrings (the raw sync loop always runs: it is
+the base of the ratios).
+
+Targets (PASS/MISS printed at the end, each on ratios of medians at the same total env count):
+
+* ``Collector direct`` (with the direct server, as PPO's ``service=direct``) at least 0.9x the raw sync loop, at
+  16 and at 64 envs;
+* a ``process`` Collector with 2 workers at least 1.3x the raw sync loop (the best of its transports and
+  ``sync`` settings; every one is in the table);
+* ``AsyncBatchedCollector`` with ``env_backend=process`` at least 0.8x the raw sync loop.
+
+TorchRL beside ours: ``--peer-python PATH`` names the python of a separate environment with torchrl 0.14.1 (it needs
+tensordict<0.15, so it cannot share this project's). After our rows, this script runs
+``PATH benchmarks/torchrl_collect_peer.py`` with the same env counts, rounds, frame budgets and policy weights (saved
+to a temporary file): TorchRL's ``MultiSyncCollector`` and ``MultiAsyncCollector`` with 2 workers of N/2 envs, and a
+raw sync loop in that interpreter, printed after our rows in the same tables, against our raw sync loop. No such
+environment exists on the machine this script was written on (no ``torchrl`` under /work, /opt, /tmp or the
+project's venv), so the peer has not been run here; to make one:
+
+    python -m venv /tmp/trl && /tmp/trl/bin/pip install torch==2.13.0 torchrl==0.14.1
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import gymnasium as gym
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
+
+from components.collectors import AsyncBatchedCollector, Collector  # noqa: E402
+from components.envs import make_vector_env, spec_of  # noqa: E402
+from components.hosts import host_class  # noqa: E402
+from components.inference import InferenceServer, InferenceServerConfig  # noqa: E402
+from recipes.configs import PPOConfig  # noqa: E402
+from transports.layout import Layout  # noqa: E402
+from transports.segments import segments_of  # noqa: E402
+from _common import OtherLoad, stop_group  # noqa: E402  (benchmarks/_common.py, beside this script)
+
+ENV_ID = "CartPole-v1"
+NUM_STEPS = PPOConfig().num_steps  # steps per env in one Collector batch, as the PPO recipe collects them
+POLICY_SEED = 0
+MIN_BATCHES, MIN_FRAMES = 16, 16_384  # a --quick row measures max(16 x N x 32, 16,384) frames; a full one 4x
+PEER_TIMEOUT = 1800  # seconds for the whole TorchRL run
+TARGET_DIRECT, TARGET_PROCESS2, TARGET_BATCHED = 0.9, 1.3, 0.8
+
+
+# ---------------------------------------------------------------------------------------------- the policy
+def make_policy() -> torch.nn.Module:
+    """The PPO recipe's behaviour policy for CartPole, built from :data:`POLICY_SEED` (same weights everywhere);
+    picklable by reference, so process servers build it where they live."""
+    from recipes.ppo import make_policy as ppo_policy
+
+    with torch.random.fork_rng():  # the caller's random stream stays as it was
+        torch.manual_seed(POLICY_SEED)
+        return ppo_policy(PPOConfig(), spec_of(ENV_ID))
+
+
+class NoGradPolicy:
+    """The bare policy module as a Collector policy: called under ``torch.no_grad()``, no server."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module = module
+
+    def __call__(self, td):
+        with torch.no_grad():
+            return self.module(td)
+
+
+def layouts(envs_per_worker: int) -> tuple[Layout, Layout]:
+    """Request and response layouts of one worker's policy call (as launcher/plan.py derives them)."""
+    request = spec_of(ENV_ID).request_layout(envs_per_worker)
+    with torch.no_grad():
+        out = make_policy()(request.zeros())
+    out.set("policy_version", torch.zeros(out.batch_size, dtype=torch.long))
+    return request, Layout.from_tensordict(out.exclude(*request.keys))
+
+
+# ---------------------------------------------------------------------------------------------- rows
+@dataclass(frozen=True)
+class Row:
+    label: str
+    kind: str  # "raw", "collector" or "batched"
+    mode: str = ""  # raw: the vectorization mode
+    placement: str = ""  # the Collector's placement, or the AsyncBatchedCollector's env_backend
+    workers: int = 1
+    sync: bool = True
+    server: tuple[str, str | None] = ("", None)  # the inference server's placement and transport
+    bare: bool = False  # a Collector calling the policy module itself (no server)
+
+    def envs_label(self, n: int) -> str:
+        return f"{self.workers}x{n // self.workers}" if self.workers > 1 else str(n)
+
+
+RAW_SYNC = Row("raw gymnasium sync", "raw", mode="sync")
+
+
+def all_rows() -> list[Row]:
+    rows = [RAW_SYNC, Row("raw gymnasium async", "raw", mode="async"),
+            Row("Collector direct [direct server]", "collector", placement="direct", server=("direct", None)),
+            Row("Collector direct [policy module, no server]", "collector", placement="direct", bare=True)]
+    servers = [("thread", ("thread", "thread"))] + [("process", ("process", t))
+                                                     for t in ("queue", "shared_memory", "process_slot")]
+    for placement, server in servers:
+        for workers in (1, 2):
+            for sync in (True, False):
+                rows.append(Row(f"Collector {placement} x{workers} sync={sync} [{server[0]}/{server[1]}]", "collector",
+                                placement=placement, workers=workers, sync=sync, server=server))
+    rows += [Row("AsyncBatchedCollector thread [thread/thread]", "batched", placement="thread"),
+             Row("AsyncBatchedCollector process [process/process_slot]", "batched", placement="process")]
+    return rows
+
+
+@dataclass(frozen=True)
+class Budget:
+    warmup: int  # batches before the clock starts
+    scale: float  # of MIN_BATCHES and MIN_FRAMES
+    cap_s: float  # most seconds of measuring per row
+
+    def frames(self, frames_per_batch: int) -> int:
+        batches = max(MIN_BATCHES * self.scale, MIN_FRAMES * self.scale / frames_per_batch)
+        return int(round(batches)) * frames_per_batch
+
+
+@dataclass
+class Measurement:
+    fps: float
+    frames: int
+    seconds: float
+    capped: bool
+    start_s: float
+
+
+def drive(next_batch: Callable[[], int], target: int, budget: Budget) -> tuple[int, float, bool]:
+    """Warm up, then take whole batches (``next_batch`` returns the frames it got) until ``target`` frames or the
+    time cap; (frames, seconds, capped)."""
+    warm_until = time.perf_counter() + budget.cap_s
+    for _ in range(budget.warmup):
+        next_batch()
+        if time.perf_counter() > warm_until:
+            break
+    frames, t0 = 0, time.perf_counter()
+    while frames < target:
+        frames += next_batch()
+        if time.perf_counter() - t0 >= budget.cap_s:
+            break
+    return frames, time.perf_counter() - t0, frames < target
+
+
+class Tracker:
+    """Pids of the processes rows started; after each row they must be gone (see :meth:`check`)."""
+
+    def __init__(self):
+        self.pids: set[int] = set()
+        self.survivors: list[str] = []
+
+    def owners(self, *owners: Any) -> None:
+        for owner in owners:
+            hosts = list(owner.all_hosts()) + list(getattr(owner, "hosts", []))  # AsyncBatchedCollector: .hosts
+            own_server = getattr(owner, "_own_server", None)  # ... and the server it made (not in all_hosts)
+            if own_server is not None:
+                hosts += own_server.all_hosts()
+            self.pids.update(h.pid for h in hosts if not h.same_process and h.pid is not None)
+
+    def check(self, label: str, pids: set[int]) -> None:
+        deadline = time.monotonic() + 5.0
+        alive = [p for p in pids if _alive(p)]
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+            alive = [p for p in alive if _alive(p)]
+        self.survivors += [f"{label}: pid {p}" for p in alive]
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped by its parent, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def measure(row: Row, n: int, budget: Budget, tracker: Tracker) -> Measurement:
+    """One round of ``row`` at ``n`` total envs: start, warm up, measure, shut down (also on error)."""
+    torch.set_num_threads(1)
+    if row.kind == "raw":
+        return _measure_raw(row, n, budget, tracker)
+    before = set(tracker.pids)
+    try:
+        with contextlib.ExitStack() as stack:  # owners shut down in reverse: the collector before its server
+            t0 = time.perf_counter()
+            owner = start_owners(row, n, stack, tracker)
+            start_s = time.perf_counter() - t0
+            batches = iter(owner)
+            frames, seconds, capped = drive(lambda: next(batches).numel(), budget.frames(n * NUM_STEPS), budget)
+            batches.close()
+    finally:  # also after a failure: whatever the row started must be gone
+        tracker.check(row.label, tracker.pids - before)
+    return Measurement(frames / seconds, frames, seconds, capped, start_s)
+
+
+def start_owners(row: Row, n: int, stack: contextlib.ExitStack, tracker: Tracker) -> Any:
+    """Start the row's collector (and its server) and return it; their shutdowns go on ``stack``."""
+    if row.kind == "batched":
+        owner = AsyncBatchedCollector(functools.partial(make_vector_env, ENV_ID, 1), n, n, -1,
+                                      policy_factory=make_policy, env_backend=row.placement)
+        stack.callback(owner.shutdown)
+        tracker.owners(owner.start())
+        return owner
+    per_worker = n // row.workers
+    if row.bare:
+        policy: Any = NoGradPolicy(make_policy())
+    else:
+        placement, transport = row.server
+        extra = {}
+        if transport in ("shared_memory", "process_slot"):
+            extra = dict(zip(("request_layout", "response_layout"), layouts(per_worker)))
+        policy = InferenceServer(policy_factory=make_policy, config=InferenceServerConfig(placement=placement),
+                                 transport=transport, **extra)
+        stack.callback(policy.shutdown)
+        tracker.owners(policy.start())
+    owner = Collector(functools.partial(make_vector_env, ENV_ID, per_worker), policy, n * NUM_STEPS, -1,
+                      row.workers, placement=row.placement, sync=row.sync, seed=0)
+    stack.callback(owner.shutdown)
+    tracker.owners(owner.start())
+    return owner
+
+
+def _measure_raw(row: Row, n: int, budget: Budget, tracker: Tracker) -> Measurement:
+    t0 = time.perf_counter()
+    actor = make_policy().actor
+    env = gym.make_vec(ENV_ID, num_envs=n, vectorization_mode=row.mode,
+                       vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    pids = {p.pid for p in getattr(env, "processes", [])}
+    tracker.pids |= pids
+    try:
+        obs, _ = env.reset(seed=list(range(n)))
+        start_s = time.perf_counter() - t0
+
+        def batch() -> int:
+            nonlocal obs
+            with torch.no_grad():
+                for _ in range(NUM_STEPS):
+                    action = actor.dist(torch.as_tensor(obs)).sample()
+                    obs, _, _, _, _ = env.step(action.numpy())
+            return n * NUM_STEPS
+
+        frames, seconds, capped = drive(batch, budget.frames(n * NUM_STEPS), budget)
+    finally:
+        env.close()
+        tracker.check(row.label, pids)
+    return Measurement(frames / seconds, frames, seconds, capped, start_s)
+
+
+# ---------------------------------------------------------------------------------------------- rounds
+def run_rounds(rows: list[Row], envs: list[int], rounds: int, budget: Budget, tracker: Tracker,
+               failures: dict) -> dict:
+    """``results[(label, n)]``: one :class:`Measurement` per round (``failures[(label, n)]``: the errors of the
+    rounds that raised). Round ``r`` starts ``r * len(rows) / rounds`` rows further down the list, so each row meets the
+    machine in a different state and after different rows."""
+    results: dict = {}
+    # before round 1: the forkserver process children start from (as the launcher prepares it), and one discarded
+    # pass of the raw loop per env count (the first forward passes and env steps of the run are slower)
+    if any(row.placement == "process" for row in rows):
+        host_class("process").prepare()
+    for n in envs:
+        measure(RAW_SYNC, n, budget, tracker)
+    for r in range(rounds):
+        shift = r * len(rows) // rounds
+        order = rows[shift:] + rows[:shift]
+        for n in envs:
+            for row in order:
+                if row.workers > 1 and n % row.workers:
+                    continue
+                try:
+                    m = measure(row, n, budget, tracker)
+                except Exception as exc:  # noqa: BLE001 - the row is reported as failed, the others still run
+                    failures.setdefault((row.label, n), []).append(f"{type(exc).__name__}: {exc}".splitlines()[0][:200])
+                    print(f"  round {r + 1}/{rounds} {n:>3} envs  {row.label:<52} FAILED: {exc!r}", file=sys.stderr,
+                          flush=True)
+                    continue
+                results.setdefault((row.label, n), []).append(m)
+                print(f"  round {r + 1}/{rounds} {n:>3} envs  {row.label:<52} {m.fps:>9,.0f} frames/s "
+                      f"({m.frames:,} frames in {m.seconds:.2f} s{', capped' if m.capped else ''}; start "
+                      f"{m.start_s:.2f} s)", file=sys.stderr, flush=True)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------- TorchRL peer
+def run_peer(python: str, envs: list[int], rounds: int, budget: Budget) -> dict:
+    """Run benchmarks/torchrl_collect_peer.py with ``python`` (TorchRL's environment); its JSON.
+
+    It runs in a session of its own, so that if it overruns PEER_TIMEOUT (or this script is interrupted) every
+    process it started is stopped: SIGTERM first, which it answers by shutting its collectors down, then SIGKILL."""
+    with tempfile.TemporaryDirectory() as tmp:
+        weights = os.path.join(tmp, "actor.pt")
+        torch.save(make_policy().actor.net.state_dict(), weights)
+        frames = [f"{n}:{budget.frames(n * NUM_STEPS)}" for n in envs if n % 2 == 0]
+        command = [python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrl_collect_peer.py"),
+                   "--weights", weights, "--rounds", str(rounds), "--num-steps", str(NUM_STEPS),
+                   "--warmup", str(budget.warmup), "--cap", str(budget.cap_s), "--frames", *frames]
+        proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=PEER_TIMEOUT)
+        except BaseException:
+            stop_group(proc)
+            raise
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} exited with status {proc.returncode}")
+    return json.loads(out)
+
+
+# ---------------------------------------------------------------------------------------------- report
+def summary(ms: list) -> dict:
+    fps = [m.fps if isinstance(m, Measurement) else m for m in ms]
+    return {"median": statistics.median(fps), "min": min(fps), "max": max(fps),
+            "capped": any(getattr(m, "capped", False) for m in ms),
+            "start": statistics.median(m.start_s for m in ms) if isinstance(ms[0], Measurement) else None}
+
+
+def report(rows: list[Row], envs: list[int], results: dict, peer: dict | None, failures: dict) -> None:
+    peer_rows: dict = {}
+    for r in (peer or {}).get("results", []):
+        peer_rows.setdefault(r["envs"], []).append(r)
+    for n in envs:
+        base = results.get((RAW_SYNC.label, n))
+        base_fps = summary(base)["median"] if base else None
+        print(f"\n### {n} envs in total\n")
+        print("| row | envs | frames/s median | min-max | ratio to raw sync | start s |")
+        print("|---|---|---|---|---|---|")
+        for row in rows:
+            ms = results.get((row.label, n))
+            failed = failures.get((row.label, n))
+            if ms:
+                label = row.label + (" *" if summary(ms)["capped"] else "")
+                if failed:
+                    label += f" (failed in {len(failed)} round(s): {failed[0]})"
+                _line(label, row.envs_label(n), summary(ms), base_fps)
+            elif failed:
+                print(f"| {row.label} (failed: {failed[0]}) | {row.envs_label(n)} | - | - | - | - |")
+        for r in peer_rows.get(n, []):
+            s = summary(r["fps"])
+            s["start"] = r.get("start_s")
+            _line(f"torchrl {peer['torchrl']} {r['row']}", r["envs_label"], s, base_fps)
+
+
+def _line(label: str, envs_label: str, s: dict, base_fps: float | None) -> None:
+    ratio = f"{s['median'] / base_fps:.2f}" if base_fps else "-"
+    start = f"{s['start']:.2f}" if s.get("start") is not None else "-"
+    print(f"| {label} | {envs_label} | {s['median']:,.0f} | {s['min']:,.0f}-{s['max']:,.0f} | {ratio} | {start} |")
+
+
+def targets(rows: list[Row], envs: list[int], results: dict) -> None:
+    print("\n### Targets (ratio of medians to the raw sync loop at the same total env count)\n")
+
+    def ratio(label: str, n: int):
+        ms, base = results.get((label, n)), results.get((RAW_SYNC.label, n))
+        if not ms or not base:
+            return None
+        return summary(ms)["median"], summary(ms)["median"] / summary(base)["median"]
+
+    for n in envs:
+        got = ratio("Collector direct [direct server]", n)
+        _verdict(f"Collector direct [direct server] at {n} envs", got, TARGET_DIRECT)
+    for n in envs:
+        candidates = [(ratio(row.label, n), row.label) for row in rows
+                      if row.kind == "collector" and row.placement == "process" and row.workers == 2]
+        candidates = [(got, label) for got, label in candidates if got is not None]
+        if not candidates:
+            _verdict(f"process Collector x2 at {n} envs", None, TARGET_PROCESS2)
+            continue
+        got, label = max(candidates, key=lambda c: c[0][1])
+        _verdict(f"process Collector x2 at {n} envs (best of {len(candidates)}: {label})", got, TARGET_PROCESS2)
+    for n in envs:
+        got = ratio("AsyncBatchedCollector process [process/process_slot]", n)
+        _verdict(f"AsyncBatchedCollector process at {n} envs", got, TARGET_BATCHED)
+
+
+def beside_peer(rows: list[Row], envs: list[int], results: dict, peer: dict) -> None:
+    """Per env count: our best 2-worker process row beside each TorchRL row (medians)."""
+    print(f"\nBeside TorchRL {peer['torchrl']} (2 workers, frames/s medians):\n")
+    for n in envs:
+        ours = [(summary(results[(row.label, n)])["median"], row.label) for row in rows
+                if row.placement == "process" and row.workers == 2 and results.get((row.label, n))]
+        for r in (r for r in peer.get("results", []) if r["envs"] == n):
+            theirs = statistics.median(r["fps"])
+            if ours:
+                fps, label = max(ours)
+                print(f"- {n} envs: {label} {fps:,.0f} vs torchrl {r['row']} {theirs:,.0f} (ours / TorchRL "
+                      f"{fps / theirs:.2f}x)")
+
+
+def _verdict(what: str, got, target: float) -> None:
+    if got is None:
+        print(f"- {what}: not measured in this run")
+        return
+    fps, ratio = got
+    print(f"- {'PASS' if ratio >= target else 'MISS'} {what}: {fps:,.0f} frames/s = {ratio:.2f}x raw sync "
+          f"(target >= {target:.2f}x)")
+
+
+# ---------------------------------------------------------------------------------------------- main
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # unwinds the ExitStacks above: owners are shut down
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="3 rounds, a quarter of the frames, a 1 s time cap per row")
+    parser.add_argument("--envs", type=int, nargs="+", default=[16, 64], help="total env counts (even numbers)")
+    parser.add_argument("--rows", nargs="+", default=None, metavar="SUBSTRING",
+                        help="only rows whose label contains one of these (the raw sync loop always runs)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds (default 5; --quick: 3)")
+    parser.add_argument("--peer-python", metavar="PATH", default=None,
+                        help="python of an environment with torchrl 0.14.1: also measure TorchRL's multi-process "
+                             "collectors")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    torch.set_num_threads(1)
+    rounds = args.rounds or (3 if args.quick else 5)
+    budget = Budget(warmup=1, scale=1.0, cap_s=1.0) if args.quick else Budget(warmup=2, scale=4.0, cap_s=4.0)
+    rows = [row for row in all_rows()
+            if row is RAW_SYNC or not args.rows or any(s.lower() in row.label.lower() for s in args.rows)]
+
+    tracker = Tracker()
+    other = OtherLoad()
+    started = time.monotonic()
+    failures: dict = {}
+    results = run_rounds(rows, args.envs, rounds, budget, tracker, failures)
+    elapsed = time.monotonic() - started
+    other_cpu, other_wall = other.seconds()
+
+    peer, peer_note = None, None
+    if args.peer_python:
+        peer_started = time.monotonic()
+        try:
+            peer = run_peer(args.peer_python, args.envs, rounds, budget)
+        except Exception as exc:  # noqa: BLE001 - our tables still print; the note says why TorchRL's rows are missing
+            peer_note = f"TorchRL peer ({args.peer_python}) failed, so its rows are missing: {exc!r}"
+        else:
+            peer_note = (f"TorchRL peer ({args.peer_python}): torchrl {peer['torchrl']}, tensordict "
+                         f"{peer['tensordict']}, env {peer['env']}, measured after ours "
+                         f"({time.monotonic() - peer_started:.0f} s), its rounds interleaved among themselves; "
+                         f"ratios against our raw sync loop. Its own raw sync loop: "
+                         + ", ".join(f"{r['envs']} envs {statistics.median(r['fps']):,.0f} frames/s"
+                                     for r in peer.get("raw", []))
+                         + (". Skipped: " + "; ".join(f"{k}: {v}" for k, v in peer["skipped"].items())
+                            if peer.get("skipped") else ""))
+
+    print(f"\n# Collection frames/s, CartPole-v1, no learning (median of {rounds} interleaved rounds; "
+          f"{os.cpu_count()} CPUs; torch {torch.__version__}, gymnasium {gym.__version__}; "
+          f"{'quick' if args.quick else 'full'} run, {elapsed:.0f} s)")
+    print(f"\nEach row: start, warm up {budget.warmup} iteration(s), then iterate up to "
+          f"{', '.join(f'{budget.frames(n * NUM_STEPS):,} frames at {n} envs' for n in args.envs)} "
+          f"or {budget.cap_s:g} s "
+          "(`*`: the cap ended at least one round first). Collector batches: envs x 32 steps; AsyncBatchedCollector "
+          "batches: one transition per env. ratio = median / raw sync median at the same total env count. start s: "
+          "median seconds to start the row's owners (not counted in frames/s).")
+    share = other_cpu / (other_wall * (os.cpu_count() or 1))
+    print(f"\nOther processes on this machine used {other_cpu:.0f} CPU-seconds during our {other_wall:.0f} s "
+          f"({share:.0%} of its {os.cpu_count()} CPUs)"
+          + (": the machine was shared, so these figures are lower than an idle machine gives and noisier."
+             if share > 0.05 else "."))
+    if peer_note:
+        print(f"\n{peer_note}")
+    report(rows, args.envs, results, peer, failures)
+    targets(rows, args.envs, results)
+    if peer:
+        beside_peer(rows, args.envs, results, peer)
+    if not args.peer_python:
+        print("\nTo print TorchRL 0.14.1's MultiSyncCollector and MultiAsyncCollector beside these, add --peer-python "
+              "PATH (the python of an environment with torchrl 0.14.1; see --help).")
+    left = segments_of(tracker.pids | {os.getpid()})
+    others = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
+    print(f"\ncleanup: {len(tracker.pids)} processes started by the rows, "
+          f"{'none' if not tracker.survivors else len(tracker.survivors)} left after their row"
+          + (f" ({'; '.join(tracker.survivors)})" if tracker.survivors else "")
+          + f"; {len(left)} rlsvc shared-memory segment(s) left" + (f" ({', '.join(left)})" if left else "")
+          + f"; threads besides main: {', '.join(others) if others else 'none'}")
+
+
+if __name__ == "__main__":
+    main()
