@@ -59,7 +59,6 @@ import json
 import multiprocessing as mp
 import os
 import pickle
-import signal
 import subprocess
 import sys
 import threading
@@ -74,7 +73,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from components.inference import InferenceServer, InferenceServerConfig  # noqa: E402
 from transports.segments import Segment  # noqa: E402
-from _common import stop_child  # noqa: E402  (benchmarks/_common.py, beside this script)
+from _common import stop_child, stop_group  # noqa: E402  (benchmarks/_common.py, beside this script)
 from transports.config import TransportConfig  # noqa: E402
 # The workload and the measuring primitives live in the TorchRL peer script beside this one, which must stand alone
 # in TorchRL's environment: one definition, so both sides measure the same way.
@@ -430,23 +429,11 @@ def run_peer(python: str, quick: bool, client_counts, sizes, transports) -> dict
     try:
         out, _ = proc.communicate(timeout=PEER_TIMEOUT)
     except BaseException:
-        _stop_group(proc)
+        stop_group(proc)
         raise
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} exited with status {proc.returncode}")
     return json.loads(out)
-
-
-def _stop_group(proc) -> None:
-    """SIGTERM to the peer's process group (it shuts its servers and clients down), then SIGKILL to what is left."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(30)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(10)
 
 
 def peer_label(peer: dict, transport: str) -> str:

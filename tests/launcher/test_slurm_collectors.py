@@ -25,6 +25,26 @@ def _services(run_dir) -> dict:
         return json.load(f)
 
 
+def _cancel_one_job(local_slurm, run_dir, which: int, *overrides: str, after_training: bool = False):
+    """Run the CLI with collectors as jobs, cancel job ``which`` once they connected (and, with ``after_training``,
+    once metrics are written); the process's return code and stderr, and the collector jobs."""
+    env = {**os.environ, **local_slurm}
+    proc = popen_cli(*AS_JOBS, *overrides, "recipe.target_return=null", f"hydra.run.dir={run_dir}",
+                     cwd=str(run_dir.parent), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        jobs = wait_until(lambda: os.path.isfile(run_dir / "services.json") and _services(run_dir)["collector"]["jobs"],
+                          timeout=120, interval=0.1, what="the collector jobs to connect")
+        if after_training:
+            wait_until(lambda: os.path.isfile(run_dir / "metrics.csv"), timeout=60, interval=0.1, what="training")
+        subprocess.run(["scancel", jobs[which]], env=env, check=True, timeout=30)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, err, jobs
+
+
 def test_collector_jobs_feed_the_driver_and_the_run_solves(local_slurm, tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli(*AS_JOBS, f"hydra.run.dir={run_dir}", cwd=str(tmp_path), timeout=300,
@@ -44,20 +64,8 @@ def test_collector_jobs_feed_the_driver_and_the_run_solves(local_slurm, tmp_path
 
 def test_a_cancelled_collector_job_is_a_peer_failure_naming_it(local_slurm, tmp_path):
     run_dir = tmp_path / "run"
-    env = {**os.environ, **local_slurm}
-    proc = popen_cli(*AS_JOBS, "recipe.total_frames=100000000", "recipe.target_return=null",
-                     f"hydra.run.dir={run_dir}", cwd=str(tmp_path), env=env,
-                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        jobs = wait_until(lambda: os.path.isfile(run_dir / "services.json") and _services(run_dir)["collector"]["jobs"],
-                          timeout=120, interval=0.1, what="the collector jobs to connect")
-        subprocess.run(["scancel", jobs[1]], env=env, check=True, timeout=30)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 3, err[-3000:]
+    code, err, jobs = _cancel_one_job(local_slurm, run_dir, 1, "recipe.total_frames=100000000")
+    assert code == 3, err[-3000:]
     assert f"error: collector (submitit) died: collector-1: the Slurm job {jobs[1]} ended (CANCELLED" in err, err[-3000:]
     with open(run_dir / "summary.json") as f:
         assert json.load(f)["failed"]
@@ -92,21 +100,9 @@ def test_a_job_that_does_not_connect_in_time_fails_the_start_and_is_cancelled(lo
 
 def test_a_cancelled_collector_job_is_resubmitted_within_max_restarts(local_slurm, tmp_path):
     run_dir = tmp_path / "run"
-    env = {**os.environ, **local_slurm}
-    proc = popen_cli(*AS_JOBS, "components.collector.resources.max_restarts=1", "recipe.total_frames=40960",
-                     "recipe.target_return=null", f"hydra.run.dir={run_dir}", cwd=str(tmp_path), env=env,
-                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        jobs = wait_until(lambda: os.path.isfile(run_dir / "services.json") and _services(run_dir)["collector"]["jobs"],
-                          timeout=120, interval=0.1, what="the collector jobs to connect")
-        wait_until(lambda: os.path.isfile(run_dir / "metrics.csv"), timeout=60, interval=0.1, what="training")
-        subprocess.run(["scancel", jobs[0]], env=env, check=True, timeout=30)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err[-3000:]
+    code, err, jobs = _cancel_one_job(local_slurm, run_dir, 0, "components.collector.resources.max_restarts=1",
+                                      "recipe.total_frames=40960", after_training=True)
+    assert code == 0, err[-3000:]
     with open(run_dir / "summary.json") as f:
         assert json.load(f)["frames"] == 40960
     with open(run_dir / "launcher.log") as f:
