@@ -4,6 +4,7 @@ and stopping a helper process (or a peer's process group) politely, then firmly.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -43,6 +44,20 @@ def stop_group(proc) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(10)
+
+
+def peer_json(command: list[str], timeout: float) -> dict:
+    """Run a peer's script (another interpreter) in a session of its own and return the JSON it prints; on a timeout
+    or an interruption its whole process group is stopped (:func:`stop_group`)."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except BaseException:
+        stop_group(proc)
+        raise
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} exited with status {proc.returncode}")
+    return json.loads(out)
 
 
 class OtherLoad:

@@ -77,11 +77,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -101,7 +99,7 @@ from components.inference import InferenceServer, InferenceServerConfig  # noqa:
 from recipes.configs import PPOConfig  # noqa: E402
 from transports.layout import Layout  # noqa: E402
 from transports.segments import segments_of  # noqa: E402
-from _common import OtherLoad, stop_group  # noqa: E402  (benchmarks/_common.py, beside this script)
+from _common import OtherLoad, peer_json  # noqa: E402  (benchmarks/_common.py, beside this script)
 
 ENV_ID = "CartPole-v1"
 NUM_STEPS = PPOConfig().num_steps  # steps per env in one Collector batch, as the PPO recipe collects them
@@ -365,15 +363,7 @@ def run_peer(python: str, envs: list[int], rounds: int, budget: Budget) -> dict:
         command = [python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrl_collect_peer.py"),
                    "--weights", weights, "--rounds", str(rounds), "--num-steps", str(NUM_STEPS),
                    "--warmup", str(budget.warmup), "--cap", str(budget.cap_s), "--frames", *frames]
-        proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            out, _ = proc.communicate(timeout=PEER_TIMEOUT)
-        except BaseException:
-            stop_group(proc)
-            raise
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} exited with status {proc.returncode}")
-    return json.loads(out)
+        return peer_json(command, PEER_TIMEOUT)  # inside: the weights file lives until the peer is done
 
 
 # ---------------------------------------------------------------------------------------------- report

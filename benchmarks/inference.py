@@ -55,11 +55,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import multiprocessing as mp
 import os
 import pickle
-import subprocess
 import sys
 import threading
 import time
@@ -73,7 +71,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from components.inference import InferenceServer, InferenceServerConfig  # noqa: E402
 from transports.segments import Segment  # noqa: E402
-from _common import stop_child, stop_group  # noqa: E402  (benchmarks/_common.py, beside this script)
+from _common import peer_json, stop_child  # noqa: E402  (benchmarks/_common.py, beside this script)
 from transports.config import TransportConfig  # noqa: E402
 # The workload and the measuring primitives live in the TorchRL peer script beside this one, which must stand alone
 # in TorchRL's environment: one definition, so both sides measure the same way.
@@ -425,15 +423,7 @@ def run_peer(python: str, quick: bool, client_counts, sizes, transports) -> dict
     command = [python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrl_peer.py"),
                "--clients", *map(str, client_counts), "--sizes", *sizes,
                "--transports", *[PEER_TRANSPORT[t] for t in transports if t in PEER_TRANSPORT]] + (["--quick"] if quick else [])
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=PEER_TIMEOUT)
-    except BaseException:
-        stop_group(proc)
-        raise
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} exited with status {proc.returncode}")
-    return json.loads(out)
+    return peer_json(command, PEER_TIMEOUT)
 
 
 def peer_label(peer: dict, transport: str) -> str:
