@@ -15,6 +15,7 @@ unpickled: a header with the wrong magic, an unknown kind or an oversized count 
 from __future__ import annotations
 
 import datetime
+import itertools
 import os
 import socket
 import struct
@@ -25,8 +26,9 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
-from .errors import ConfigurationError, PeerFailureError, TransportError
+from .errors import ConfigurationError, PeerFailureError, TransportError, error_from_text
 from .layout import Layout
+from .local import LocalFuture
 
 HEADER = struct.Struct("<QqqQ")
 """magic, kind, request id, auxiliary count (text length of ERROR / SHUTDOWN)."""
@@ -34,9 +36,13 @@ MAGIC = 0x31445352_4C52  # "RLRSD1"
 REQUEST, REPLY, ERROR, SHUTDOWN, BYE = 1, 2, 3, 4, 5
 MAX_TEXT_BYTES = 1 << 16
 IDLE = datetime.timedelta(days=30)
-"""The groups' operation timeout. An idle gloo receive that times out closes its pair, and a channel waits for
+"""How long a receive waits (passed to every receive). An idle gloo receive that times out closes its pair, and a channel waits for
 requests as long as its peer lives: peers end channels with messages (SHUTDOWN / BYE) or by dying, which gloo
 reports at once (the connection closes)."""
+CONNECT_S = 15.0
+"""Seconds both sides of an accepted endpoint have to build its groups. It is the groups' own timeout (every
+receive passes :data:`IDLE` explicitly), so a peer that dies between its announcement and its groups costs the
+other side this long, never longer: no thread stays inside gloo's rendezvous when the process ends."""
 BACKENDS = ("gloo", "nccl")
 SEND_TIMEOUT_S = 10.0
 """Seconds a send waits for its peer to post the matching receive (peers always keep one posted)."""
@@ -115,7 +121,7 @@ def pair(store, prefix: str, rank: int, host: str, backend: str = "gloo") -> Any
 
         options = ProcessGroupGloo._Options()
         options._devices = [_device(host)]
-        options._timeout = IDLE
+        options._timeout = datetime.timedelta(seconds=CONNECT_S)
         options._threads = 1  # point-to-point only: one worker thread per group (the default is two)
         return ProcessGroupGloo(scoped, rank, 2, options)
     from torch._C._distributed_c10d import ProcessGroupNCCL  # pragma: no cover - needs CUDA
@@ -238,19 +244,19 @@ class Wire:
         small = self._recv_buf is not None
         buf = self._recv_buf if small else torch.empty(self._recv_size, dtype=torch.uint8)
         header = buf[: HEADER.size] if self._combined_in and not small else self._recv_header
-        self.inp[0].recv([buf if self._combined_in else header], self.peer, 0).wait()
+        self.inp[0].recv([buf if self._combined_in else header], self.peer, 0).wait(IDLE)
         magic, kind, rid, aux = HEADER.unpack_from(self._recv_np if small else header.numpy(), 0)
         if magic != MAGIC or kind not in expect or aux > MAX_TEXT_BYTES:
             raise MalformedMessage(f"malformed control message (magic {magic:#x}, kind {kind}, count {aux})")
         if kind in (REQUEST, REPLY):
             if not self._combined_in:  # pragma: no cover - NCCL
                 buf = _buffers(self.recv_layout, False)[0]
-                self.inp[1].recv([buf], self.peer, 0).wait()
+                self.inp[1].recv([buf], self.peer, 0).wait(IDLE)
             return kind, rid, self._payload(buf)
         text = ""
         if aux:
             data = torch.empty(aux, dtype=torch.uint8)
-            self.inp[0].recv([data], self.peer, 0).wait()
+            self.inp[0].recv([data], self.peer, 0).wait(IDLE)
             text = data.numpy().tobytes().decode("utf-8", errors="replace")
         return kind, rid, text
 
@@ -335,3 +341,38 @@ def groups(store, prefix: str, rank: int, host: str, backend: str) -> tuple[tupl
     return groups["request"], groups["response"]
 
 
+class Connection:
+    """A client's connected endpoint in one process: its wire, the requests in flight, the receiving thread."""
+
+    def __init__(self, wire: Wire, name: str):
+        self.wire, self.name = wire, name
+        self.pending: dict[int, LocalFuture] = {}
+        self.lock = threading.Lock()
+        self.problem: str | None = None
+        self.ids = itertools.count(1)
+        self.thread = threading.Thread(target=self._receive, name=f"{name}-client-rx", daemon=True)
+        self.thread.start()
+
+    def _receive(self) -> None:
+        problem = f"the {self.name} server closed the connection (its process died)"
+        try:
+            while True:
+                kind, rid, payload = self.wire.recv(frozenset({REPLY, ERROR, SHUTDOWN}))
+                if kind == SHUTDOWN:
+                    problem = f"the {self.name} server shut down ({payload or 'no reason given'})"
+                    self.wire.send(BYE, 0)  # ends the server's receiving thread for this endpoint
+                    return
+                with self.lock:
+                    future = self.pending.pop(rid, None)
+                if future is not None:
+                    future.set_result(payload) if kind == REPLY else future.set_exception(error_from_text(payload))
+        except MalformedMessage as exc:
+            problem = f"the {self.name} server sent {exc}"
+        except Exception:  # noqa: BLE001 - the connection closed
+            pass
+        finally:
+            with self.lock:
+                self.problem = problem
+                pending, self.pending = self.pending, {}
+            for future in pending.values():
+                future.set_exception(PeerFailureError(problem))

@@ -26,7 +26,6 @@ unencrypted, as everywhere in torch.distributed; keep ``host`` on loopback or a 
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import os
@@ -38,8 +37,9 @@ from typing import Any, Mapping
 
 from tensordict import TensorDictBase
 
-from ._gloo import BYE, ERROR, POLL_S, REPLY, REQUEST, SEND_TIMEOUT_S, SHUTDOWN, MalformedMessage, Wire, check_backend, \
-    check_options, connect_store, groups, open_store, wait_answer
+from . import _gloo
+from ._gloo import BYE, ERROR, POLL_S, REPLY, REQUEST, SEND_TIMEOUT_S, SHUTDOWN, Connection, MalformedMessage, \
+    Wire, check_backend, check_options, connect_store, groups, open_store, wait_answer
 from .base import Batch, RequestReplyTransport, ServerEndpoint, drain
 from .config import TransportConfig
 from .errors import LayoutError, PeerFailureError, TransportError, error_from_text, error_to_text
@@ -151,8 +151,9 @@ class ServerSpec:
 class _Channel:
     """One accepted endpoint on the server: its operation, its wire and its receiving thread."""
 
-    def __init__(self, number: int, op: str, wire: Wire, pid: int):
+    def __init__(self, number: int, op: str, wire: Wire | None, pid: int, request: Layout, response: Layout):
         self.number, self.op, self.wire, self.pid = number, op, wire, pid
+        self.request, self.response = request, response
         self.thread: threading.Thread | None = None
         self.open = True
 
@@ -170,7 +171,7 @@ class DistributedServer(ServerEndpoint):
         self._store = connect_store(a.host, a.port, a.connect_timeout, f"the {a.name} server")
         self.inbox: queue.Queue = queue.Queue()
         self.channels: dict[int, _Channel] = {}
-        self._stop = threading.Event()
+        self._stop, self._reason = threading.Event(), "the server was shut down"
         self._accepting = threading.Thread(target=self._accept, name=f"{a.name}-accept", daemon=True)
         self._accepting.start()
 
@@ -200,13 +201,11 @@ class DistributedServer(ServerEndpoint):
             log.warning("%s: endpoint %d refused: %s", self.address.name, n, reason)
             return
         self._store.set(f"answer/{n}", "ok")
-        prefix, host = f"{self.address.generation}/{n}/", self.address.host
-        out, inp = groups(self._store, prefix, 0, host, self.address.backend)
-        channel = _Channel(n, op, Wire(out, inp, response, request, peer=1), pid)
-        channel.thread = threading.Thread(target=self._receive, args=(channel,), name=f"{self.address.name}-rx{n}",
-                                          daemon=True)
+        channel = _Channel(n, op, None, pid, request, response)
+        channel.thread = threading.Thread(target=self._serve_channel, args=(channel,),
+                                          name=f"{self.address.name}-rx{n}", daemon=True)
         self.channels[n] = channel
-        channel.thread.start()
+        channel.thread.start()  # its groups are built there: a peer that never builds its side delays nobody else
 
     def _read_hello(self, text: bytes) -> tuple[str, Layout, Layout, int]:
         hello = json.loads(text)
@@ -225,17 +224,25 @@ class DistributedServer(ServerEndpoint):
                 raise LayoutError((), f"the server's {what} layout ({mine.describe()})", theirs.describe())
         return op, request, response, pid
 
-    def _receive(self, channel: _Channel) -> None:
+    def _serve_channel(self, channel: _Channel) -> None:
+        a = self.address
         try:
+            store = connect_store(a.host, a.port, a.connect_timeout, f"the {a.name} server")
+            out, inp = groups(store, f"{a.generation}/{channel.number}/", 0, a.host, a.backend)
+            channel.wire = Wire(out, inp, channel.response, channel.request, peer=1)
+            if self._stop.is_set():  # closed while this endpoint connected: it missed the SHUTDOWN of close()
+                self._send(channel, SHUTDOWN, 0, text=self._reason, timeout=1.0)
             while True:
                 kind, rid, payload = channel.wire.recv(frozenset({REQUEST, BYE}))
                 if kind == BYE:
                     return
                 self.inbox.put(((channel, rid), payload, time.monotonic()))
         except MalformedMessage as exc:
-            log.warning("%s: endpoint %d (pid %d) dropped: %s", self.address.name, channel.number, channel.pid, exc)
-        except Exception:  # noqa: BLE001 - the client's process ended: its connection closed
-            pass
+            log.warning("%s: endpoint %d (pid %d) dropped: %s", a.name, channel.number, channel.pid, exc)
+        except Exception as exc:  # noqa: BLE001 - the client's process ended (before or after connecting)
+            if channel.wire is None and not self._stop.is_set():
+                log.warning("%s: endpoint %d (pid %d) never connected: %s", a.name, channel.number, channel.pid,
+                            str(exc).splitlines()[0][:200])
         finally:
             channel.open = False
             self.channels.pop(channel.number, None)
@@ -263,8 +270,8 @@ class DistributedServer(ServerEndpoint):
 
     def _send(self, channel: _Channel, kind: int, rid: int, values: Any = None, row: int | None = None,
               text: str = "", timeout: float = SEND_TIMEOUT_S):
-        if not channel.open:
-            return  # its caller is gone
+        if not channel.open or channel.wire is None:
+            return  # its caller is gone (or never connected)
         try:
             channel.wire.send(kind, rid, values, row, text, timeout)
         except LayoutError:
@@ -274,7 +281,9 @@ class DistributedServer(ServerEndpoint):
             channel.open = False
 
     def close(self, reason: str = "the server was shut down", timeout: float = 2.0) -> None:
-        """Stop accepting, tell every connected client (which answers BYE), and wait for the channels to end."""
+        """Stop accepting, tell every connected client (which answers BYE), and wait for the channels to end (an
+        endpoint still building its groups ends within ``_gloo.CONNECT_S``: no thread is left inside gloo)."""
+        self._reason = reason
         self._stop.set()
         self._accepting.join(timeout)
         channels = list(self.channels.values())
@@ -283,45 +292,9 @@ class DistributedServer(ServerEndpoint):
         deadline = time.monotonic() + timeout
         for channel in channels:
             if channel.thread is not None:
-                channel.thread.join(max(0.0, deadline - time.monotonic()))
+                connecting = channel.wire is None
+                channel.thread.join(max(0.0, deadline - time.monotonic()) + (_gloo.CONNECT_S if connecting else 0.0))
         self._store = None
-
-
-class _Connection:
-    """A client's connected endpoint in one process: its wire, the requests in flight, the receiving thread."""
-
-    def __init__(self, wire: Wire, name: str):
-        self.wire, self.name = wire, name
-        self.pending: dict[int, LocalFuture] = {}
-        self.lock = threading.Lock()
-        self.problem: str | None = None
-        self.ids = itertools.count(1)
-        self.thread = threading.Thread(target=self._receive, name=f"{name}-client-rx", daemon=True)
-        self.thread.start()
-
-    def _receive(self) -> None:
-        problem = f"the {self.name} server closed the connection (its process died)"
-        try:
-            while True:
-                kind, rid, payload = self.wire.recv(frozenset({REPLY, ERROR, SHUTDOWN}))
-                if kind == SHUTDOWN:
-                    problem = f"the {self.name} server shut down ({payload or 'no reason given'})"
-                    self.wire.send(BYE, 0)  # ends the server's receiving thread for this endpoint
-                    return
-                with self.lock:
-                    future = self.pending.pop(rid, None)
-                if future is not None:
-                    future.set_result(payload) if kind == REPLY else future.set_exception(error_from_text(payload))
-        except MalformedMessage as exc:
-            problem = f"the {self.name} server sent {exc}"
-        except Exception:  # noqa: BLE001 - the connection closed
-            pass
-        finally:
-            with self.lock:
-                self.problem = problem
-                pending, self.pending = self.pending, {}
-            for future in pending.values():
-                future.set_exception(PeerFailureError(problem))
 
 
 class DistributedClient:
@@ -335,7 +308,7 @@ class DistributedClient:
                  response_layout: Layout | None = None):
         self.address, self.op = address, op
         self.request_layout, self.response_layout = request_layout, response_layout
-        self._connection: _Connection | None = None
+        self._connection: Connection | None = None
         self._pid = None
         self._lock = threading.Lock()
 
@@ -374,7 +347,7 @@ class DistributedClient:
                                    f"({type(exc).__name__})") from None
         return future
 
-    def _connect(self) -> _Connection:
+    def _connect(self) -> Connection:
         if self._connection is not None and self._pid == os.getpid():
             return self._connection
         with self._lock:
@@ -382,7 +355,7 @@ class DistributedClient:
                 self._connection, self._pid = self._open(), os.getpid()
             return self._connection
 
-    def _open(self) -> _Connection:
+    def _open(self) -> Connection:
         a = self.address
         what = f"the {a.name} {self.op!r} endpoint"
         store = connect_store(a.host, a.port, a.connect_timeout, what)
@@ -397,4 +370,4 @@ class DistributedClient:
                 raise error
             raise TransportError(f"{what} was refused: {error}")
         out, inp = groups(store, f"{a.generation}/{n}/", 1, a.host, a.backend)
-        return _Connection(Wire(out, inp, self.request_layout, self.response_layout, peer=0), a.name)
+        return Connection(Wire(out, inp, self.request_layout, self.response_layout, peer=0), a.name)

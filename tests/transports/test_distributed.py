@@ -209,11 +209,42 @@ def test_garbage_on_the_control_channel_drops_only_that_channel(served):
     out, _ = groups(store, f"{a.generation}/{n}/", 1, a.host, "gloo")
     # a message of the size the channel expects whose header is not ours (gloo itself aborts on a message larger
     # than the posted buffer: that is torch.distributed's trusted-network model, see the README's security notes)
-    channel = wait_until(lambda: server.endpoint.channels.get(n), timeout=10, what="the server accepts the channel")
+    channel = wait_until(lambda: (c := server.endpoint.channels.get(n)) is not None and c.wire is not None and c,
+                         timeout=10, what="the server accepts the channel")
     garbage = torch.full((channel.wire._recv_size,), 0xAB, dtype=torch.uint8)
     out[0].send([garbage], 0, 0).wait()
     wait_until(lambda: n not in server.endpoint.channels, timeout=10, what="the bad channel is dropped")
     assert good.submit(request(2.0)).result(10)["action"][0].item() == 5.0  # the others keep being served
+
+
+def test_a_client_dying_between_announcement_and_groups_delays_nobody_and_leaves_no_thread(monkeypatch):
+    """A client accepted by the server that never builds its side (killed in between) must neither hold up other
+    clients nor leave a thread inside gloo's rendezvous when the server closes (a thread there when the process
+    ends aborts it)."""
+    monkeypatch.setattr("transports._gloo.CONNECT_S", 3.0)
+    transport = DistributedTransport(REQUEST_TD, RESPONSE_TD, name="halfway")
+    server = EchoServer(transport)
+    try:
+        good = transport.client()
+        a = transport.address
+        store = connect_store(a.host, a.port, 10, "test")
+        n = store.add("endpoints", 1) - 1
+        store.set(f"hello/{n}", json.dumps({"generation": a.generation, "op": "call", "pid": os.getpid(),
+                                            "request": good.request_layout.to_text(),
+                                            "response": good.response_layout.to_text()}))
+        assert wait_until(lambda: store.check([f"answer/{n}"]) and store.get(f"answer/{n}"), timeout=10) == b"ok"
+        assert good.submit(request(1.0)).result(10)["action"][0].item() == 3.0  # served while n hangs
+        assert n in server.endpoint.channels  # still waiting for the half-connected peer
+        started = time.monotonic()
+        server.close()
+        assert time.monotonic() - started < 3.0 + 5.0
+        assert not [t for t in threading.enumerate() if t.name == f"halfway-rx{n}"]
+    finally:
+        server.close()
+        transport.mark_dead(stopped=True)
+        transport.close()
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("halfway")], timeout=10,
+               what="the transport's threads end")
 
 
 def test_nccl_without_cuda_is_refused_before_anything_starts():
