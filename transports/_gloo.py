@@ -39,7 +39,7 @@ IDLE = datetime.timedelta(days=30)
 """How long a receive waits (passed to every receive). An idle gloo receive that times out closes its pair, and a channel waits for
 requests as long as its peer lives: peers end channels with messages (SHUTDOWN / BYE) or by dying, which gloo
 reports at once (the connection closes)."""
-CONNECT_S = 15.0
+CONNECT_S = 10.0
 """Seconds both sides of an accepted endpoint have to build its groups. It is the groups' own timeout (every
 receive passes :data:`IDLE` explicitly), so a peer that dies between its announcement and its groups costs the
 other side this long, never longer: no thread stays inside gloo's rendezvous when the process ends."""

@@ -154,6 +154,7 @@ class _Channel:
     def __init__(self, number: int, op: str, wire: Wire | None, pid: int, request: Layout, response: Layout):
         self.number, self.op, self.wire, self.pid = number, op, wire, pid
         self.request, self.response = request, response
+        self.connecting: threading.Thread | None = None  # builds the groups, then starts ``thread``
         self.thread: threading.Thread | None = None
         self.open = True
 
@@ -202,10 +203,10 @@ class DistributedServer(ServerEndpoint):
             return
         self._store.set(f"answer/{n}", "ok")
         channel = _Channel(n, op, None, pid, request, response)
-        channel.thread = threading.Thread(target=self._serve_channel, args=(channel,),
-                                          name=f"{self.address.name}-rx{n}", daemon=True)
+        channel.connecting = threading.Thread(target=self._connect, args=(channel,),
+                                              name=f"{self.address.name}-connect{n}", daemon=False)
         self.channels[n] = channel
-        channel.thread.start()  # its groups are built there: a peer that never builds its side delays nobody else
+        channel.connecting.start()  # a peer that never builds its side delays nobody else
 
     def _read_hello(self, text: bytes) -> tuple[str, Layout, Layout, int]:
         hello = json.loads(text)
@@ -224,12 +225,28 @@ class DistributedServer(ServerEndpoint):
                 raise LayoutError((), f"the server's {what} layout ({mine.describe()})", theirs.describe())
         return op, request, response, pid
 
-    def _serve_channel(self, channel: _Channel) -> None:
+    def _connect(self, channel: _Channel) -> None:
+        """Build the endpoint's groups, then receive on a daemon thread. This thread is not a daemon: a process
+        that ends while it waits in gloo's rendezvous waits for it (at most ``_gloo.CONNECT_S``) instead of
+        aborting (a daemon thread inside gloo when the interpreter finalizes kills the process)."""
         a = self.address
         try:
             store = connect_store(a.host, a.port, a.connect_timeout, f"the {a.name} server")
             out, inp = groups(store, f"{a.generation}/{channel.number}/", 0, a.host, a.backend)
-            channel.wire = Wire(out, inp, channel.response, channel.request, peer=1)
+        except Exception as exc:  # noqa: BLE001 - the client's process ended before it connected
+            channel.open = False
+            self.channels.pop(channel.number, None)
+            if not self._stop.is_set():
+                log.warning("%s: endpoint %d (pid %d) never connected: %s", a.name, channel.number, channel.pid,
+                            str(exc).splitlines()[0][:200])
+            return
+        channel.wire = Wire(out, inp, channel.response, channel.request, peer=1)
+        channel.thread = threading.Thread(target=self._receive, args=(channel,), name=f"{a.name}-rx{channel.number}",
+                                          daemon=True)
+        channel.thread.start()
+
+    def _receive(self, channel: _Channel) -> None:
+        try:
             if self._stop.is_set():  # closed while this endpoint connected: it missed the SHUTDOWN of close()
                 self._send(channel, SHUTDOWN, 0, text=self._reason, timeout=1.0)
             while True:
@@ -238,11 +255,9 @@ class DistributedServer(ServerEndpoint):
                     return
                 self.inbox.put(((channel, rid), payload, time.monotonic()))
         except MalformedMessage as exc:
-            log.warning("%s: endpoint %d (pid %d) dropped: %s", a.name, channel.number, channel.pid, exc)
-        except Exception as exc:  # noqa: BLE001 - the client's process ended (before or after connecting)
-            if channel.wire is None and not self._stop.is_set():
-                log.warning("%s: endpoint %d (pid %d) never connected: %s", a.name, channel.number, channel.pid,
-                            str(exc).splitlines()[0][:200])
+            log.warning("%s: endpoint %d (pid %d) dropped: %s", self.address.name, channel.number, channel.pid, exc)
+        except Exception:  # noqa: BLE001 - the client's process ended: its connection closed
+            pass
         finally:
             channel.open = False
             self.channels.pop(channel.number, None)
@@ -291,9 +306,10 @@ class DistributedServer(ServerEndpoint):
             self._send(channel, SHUTDOWN, 0, text=reason, timeout=1.0)
         deadline = time.monotonic() + timeout
         for channel in channels:
+            if channel.connecting is not None:  # gives up within CONNECT_S when its peer never connects
+                channel.connecting.join(max(0.0, deadline - time.monotonic()) + _gloo.CONNECT_S)
             if channel.thread is not None:
-                connecting = channel.wire is None
-                channel.thread.join(max(0.0, deadline - time.monotonic()) + (_gloo.CONNECT_S if connecting else 0.0))
+                channel.thread.join(max(0.0, deadline - time.monotonic()))
         self._store = None
 
 

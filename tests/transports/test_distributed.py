@@ -238,13 +238,56 @@ def test_a_client_dying_between_announcement_and_groups_delays_nobody_and_leaves
         started = time.monotonic()
         server.close()
         assert time.monotonic() - started < 3.0 + 5.0
-        assert not [t for t in threading.enumerate() if t.name == f"halfway-rx{n}"]
+        assert not [t for t in threading.enumerate() if t.name in (f"halfway-rx{n}", f"halfway-connect{n}")]
     finally:
         server.close()
         transport.mark_dead(stopped=True)
         transport.close()
     wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("halfway")], timeout=10,
                what="the transport's threads end")
+
+
+_EXIT_WHILE_CONNECTING = """
+import json, os, sys, time
+sys.path.insert(0, os.getcwd())
+import torch
+from tensordict import TensorDict
+from transports._gloo import connect_store
+from transports.distributed import DistributedTransport
+request, response = TensorDict({"obs": torch.zeros(2)}, []), TensorDict({"act": torch.zeros(1)}, [])
+transport = DistributedTransport(request, response, name="leaving")
+server = transport.server()
+client = transport.client()
+a = transport.address
+store = connect_store(a.host, a.port, 10, "test")
+n = store.add("endpoints", 1) - 1
+store.set(f"hello/{n}", json.dumps({"generation": a.generation, "op": "call", "pid": os.getpid(),
+                                    "request": client.request_layout.to_text(),
+                                    "response": client.response_layout.to_text()}))
+deadline = time.monotonic() + 10
+while not store.check([f"answer/{n}"]) and time.monotonic() < deadline:
+    time.sleep(0.01)
+assert store.get(f"answer/{n}") == b"ok"
+time.sleep(0.2)  # the server's side now waits inside gloo's rendezvous for a peer that never comes
+print("leaving", flush=True)
+sys.exit(0)  # without closing anything: the interpreter finalizes with that thread in gloo
+"""
+
+
+@pytest.mark.slow
+def test_a_process_ending_while_an_endpoint_connects_exits_cleanly(monkeypatch):
+    """Seen in a run whose Slurm collector job was cancelled mid-handshake: the driver aborted (SIGABRT, "terminate
+    called without an active exception") instead of exiting with its status, because a daemon thread was inside
+    gloo's rendezvous when the interpreter finalized."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    result = subprocess.run([sys.executable, "-c", _EXIT_WHILE_CONNECTING], cwd=root, capture_output=True, text=True,
+                            timeout=120)
+    assert "leaving" in result.stdout, result.stderr[-3000:]
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "terminate called" not in result.stderr
 
 
 def test_nccl_without_cuda_is_refused_before_anything_starts():
