@@ -151,9 +151,12 @@ class Row:
     sync: bool = True
     server: tuple[str, str | None] = ("", None)  # the inference server's placement and transport
     bare: bool = False  # a Collector calling the policy module itself (no server)
+    groups: int = 1  # env groups per worker (2: double buffering)
 
     def envs_label(self, n: int) -> str:
-        return f"{self.workers}x{n // self.workers}" if self.workers > 1 else str(n)
+        per = n // self.workers
+        inner = f"2x{per // 2}" if self.groups == 2 else str(per)
+        return f"{self.workers}x{inner}" if self.workers > 1 else (f"({inner})" if self.groups == 2 else str(n))
 
 
 RAW_SYNC = Row("raw gymnasium sync", "raw", mode="sync")
@@ -168,8 +171,11 @@ def all_rows() -> list[Row]:
     for placement, server in servers:
         for workers in (1, 2):
             for sync in (True, False):
-                rows.append(Row(f"Collector {placement} x{workers} sync={sync} [{server[0]}/{server[1]}]", "collector",
-                                placement=placement, workers=workers, sync=sync, server=server))
+                for groups in (1, 2):
+                    tag = " groups=2" if groups == 2 else ""
+                    rows.append(Row(f"Collector {placement} x{workers} sync={sync}{tag} [{server[0]}/{server[1]}]",
+                                    "collector", placement=placement, workers=workers, sync=sync, server=server,
+                                    groups=groups))
     rows += [Row("AsyncBatchedCollector thread [thread/thread]", "batched", placement="thread"),
              Row("AsyncBatchedCollector process [process/process_slot]", "batched", placement="process")]
     return rows
@@ -272,19 +278,20 @@ def start_owners(row: Row, n: int, stack: contextlib.ExitStack, tracker: Tracker
         tracker.owners(owner.start())
         return owner
     per_worker = n // row.workers
+    per_group = per_worker // row.groups
     if row.bare:
         policy: Any = NoGradPolicy(make_policy())
     else:
         placement, transport = row.server
         extra = {}
         if transport in ("shared_memory", "process_slot"):
-            extra = dict(zip(("request_layout", "response_layout"), layouts(per_worker)))
+            extra = dict(zip(("request_layout", "response_layout"), layouts(per_group)))
         policy = InferenceServer(policy_factory=make_policy, config=InferenceServerConfig(placement=placement),
                                  transport=transport, **extra)
         stack.callback(policy.shutdown)
         tracker.owners(policy.start())
-    owner = Collector(functools.partial(make_vector_env, ENV_ID, per_worker), policy, n * NUM_STEPS, -1,
-                      row.workers, placement=row.placement, sync=row.sync, seed=0)
+    owner = Collector(functools.partial(make_vector_env, ENV_ID, per_group), policy, n * NUM_STEPS, -1,
+                      row.workers, placement=row.placement, sync=row.sync, seed=0, env_groups=row.groups)
     stack.callback(owner.shutdown)
     tracker.owners(owner.start())
     return owner

@@ -188,8 +188,23 @@ class EnvMaker:
         return f"EnvMaker({self.name!r}, kwargs={self.kwargs!r})"
 
 
+NEXT_KEYS = ("observation", "reward", "terminated", "truncated", "done", "episode_return", "episode_length")
+"""What one step writes under ``next``, in this order."""
+
+
+def next_storage(spec: EnvSpec, shape: tuple[int, ...]) -> TensorDict:
+    """Uninitialized ``next`` leaves for transitions of batch shape ``shape`` (a rollout's ``[time, env]``)."""
+    dtypes = (spec.observation_dtype, torch.float32, torch.bool, torch.bool, torch.bool, torch.float32, torch.long)
+    return TensorDict({key: torch.empty((*shape, *(spec.observation_shape if key == "observation" else ())),
+                                        dtype=dtype) for key, dtype in zip(NEXT_KEYS, dtypes)}, batch_size=shape)
+
+
 class VectorEnvStepper:
-    """Steps a gymnasium vector env with TensorDict actions and returns TensorDict transitions.
+    """Steps a gymnasium vector env, writing each step's ``next`` into arrays the caller owns (no per-step objects).
+
+    The current observations and the running episode statistics live here as numpy arrays; :meth:`step_into` writes
+    one step at an index of preallocated ``[time, env]`` arrays (see :func:`next_storage`), :meth:`step` is the
+    convenience form that fills ``td["next"]``.
 
     Args:
         env: a vector env using same-step autoreset (see :func:`make_vector_env`).
@@ -203,59 +218,51 @@ class VectorEnvStepper:
         self.num_envs = env.num_envs
         obs, _ = env.reset(seed=[seed + i for i in range(self.num_envs)])
         env.action_space.seed(seed)
-        self._obs = self._to_tensor(obs)
-        self._episode_return = torch.zeros(self.num_envs)
-        self._episode_length = torch.zeros(self.num_envs, dtype=torch.long)
-
-    def _to_tensor(self, obs: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(obs, dtype=self.spec.observation_dtype)
+        np_dtype = torch.empty((), dtype=self.spec.observation_dtype).numpy().dtype
+        self.obs = np.array(obs, dtype=np_dtype)  # our own copy: vector envs may reuse their buffers
+        self._episode_return = np.zeros(self.num_envs, dtype=np.float32)
+        self._episode_length = np.zeros(self.num_envs, dtype=np.int64)
+        self._clip = None
+        if not self.spec.discrete:
+            self._clip = (np.asarray(self.spec.action_low, dtype=np.float32).reshape(self.spec.action_shape),
+                          np.asarray(self.spec.action_high, dtype=np.float32).reshape(self.spec.action_shape))
 
     def observation(self) -> TensorDict:
-        """The current observations as a ``[num_envs]`` TensorDict."""
-        return TensorDict({"observation": self._obs}, batch_size=[self.num_envs])
+        """A copy of the current observations as a ``[num_envs]`` TensorDict."""
+        return TensorDict({"observation": torch.from_numpy(self.obs.copy())}, batch_size=[self.num_envs])
+
+    def step_into(self, action: np.ndarray, nxt: Mapping[str, np.ndarray], index: Any) -> None:
+        """Apply ``action`` (``[num_envs, ...]``) and write the step's ``next`` leaves at ``index`` of each array of
+        ``nxt`` (keyed by :data:`NEXT_KEYS`; ``index`` selects ``num_envs`` rows, e.g. ``(t, slice(a, b))``).
+
+        ``observation`` is the final one where an episode ended (the env itself carries on from its reset
+        observation, see :attr:`obs`); ``episode_return`` / ``episode_length`` are complete where ``done``.
+        """
+        if self._clip is not None:
+            action = np.clip(action, *self._clip)
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        nxt["reward"][index] = reward
+        nxt["terminated"][index] = terminated
+        nxt["truncated"][index] = truncated
+        done = np.logical_or(terminated, truncated, out=nxt["done"][index])
+        next_obs = nxt["observation"][index]  # a view: the rows of this step
+        next_obs[...] = obs
+        self._episode_return += reward
+        self._episode_length += 1
+        nxt["episode_return"][index] = self._episode_return
+        nxt["episode_length"][index] = self._episode_length
+        self.obs[...] = obs
+        if done.any():
+            for i in np.flatnonzero(info["_final_obs"]):
+                next_obs[i] = info["final_obs"][i]
+            self._episode_return[done] = 0.0
+            self._episode_length[done] = 0
 
     def step(self, td: TensorDict) -> TensorDict:
-        """Apply ``td["action"]``; fill ``td["next", ...]`` and return ``td``.
-
-        ``next`` holds observation (the final one where an episode ended), reward, terminated, truncated, done,
-        and the running episode_return / episode_length (complete where done is true).
-        """
-        action = td.get("action")
-        np_action = action.numpy()
-        if not self.spec.discrete:
-            np_action = np.clip(np_action, self.spec.action_low, self.spec.action_high)
-        obs, reward, terminated, truncated, info = self.env.step(np_action)
-        reward_t = torch.as_tensor(reward, dtype=torch.float32)
-        term_t = torch.as_tensor(terminated)
-        trunc_t = torch.as_tensor(truncated)
-        done_t = term_t | trunc_t
-        next_obs = self._to_tensor(obs)
-        final_obs = next_obs
-        if done_t.any():
-            final_obs = next_obs.clone()
-            mask = info["_final_obs"]
-            for i in np.flatnonzero(mask):
-                final_obs[i] = self._to_tensor(info["final_obs"][i])
-        self._episode_return += reward_t
-        self._episode_length += 1
-        td.set(
-            "next",
-            TensorDict(
-                {
-                    "observation": final_obs,
-                    "reward": reward_t,
-                    "terminated": term_t,
-                    "truncated": trunc_t,
-                    "done": done_t,
-                    "episode_return": self._episode_return.clone(),
-                    "episode_length": self._episode_length.clone(),
-                },
-                batch_size=[self.num_envs],
-            ),
-        )
-        self._episode_return[done_t] = 0.0
-        self._episode_length[done_t] = 0
-        self._obs = next_obs
+        """Apply ``td["action"]``; fill ``td["next", ...]`` (see :meth:`step_into`) and return ``td``."""
+        nxt = next_storage(self.spec, (self.num_envs,))
+        self.step_into(td.get("action").numpy(force=True), {k: nxt.get(k).numpy() for k in NEXT_KEYS}, slice(None))
+        td.set("next", nxt)
         return td
 
     def close(self) -> None:

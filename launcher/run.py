@@ -98,11 +98,11 @@ def _inference(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir, resumed: Res
 def _collector(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir, resumed: Resumed):
     o = r.options
     # the recipe's envs are split over the workers, so a batch keeps the size the recipe asked for
-    envs_per_worker = o["num_envs"] // o["num_collectors"]
+    envs_per_group = o["num_envs"] // (o["num_collectors"] * o["env_groups"])
     return Collector(
-        partial(EnvMaker.from_config(cfg.env).vector, envs_per_worker), deps["inference"],
+        partial(EnvMaker.from_config(cfg.env).vector, envs_per_group), deps["inference"],
         o["frames_per_batch"], o["total_frames"], o["num_collectors"], seed=int(cfg.seed), sync=bool(o["sync"]),
-        start_frames=resumed.frames, resolved=r,
+        start_frames=resumed.frames, env_groups=o["env_groups"], resolved=r,
     )
 
 

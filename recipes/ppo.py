@@ -60,8 +60,23 @@ class Actor(nn.Module):
     def dist(self, obs: torch.Tensor):
         out = self.net(obs)
         if self.discrete:
-            return Categorical(logits=out)
-        return Normal(out, self.log_std.exp().expand_as(out))
+            return Categorical(logits=out, validate_args=False)  # the network's outputs are valid logits
+        return Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
+
+    def act(self, obs: torch.Tensor, seed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(action, log-probability)`` per row, drawn as :meth:`sample` does (from ``seed`` where given); for
+        discrete actions straight from the log-softmax, without building a distribution (the collection hot path)."""
+        if not self.discrete:
+            dist = self.dist(obs)
+            action = dist.sample() if seed is None else self.sample(dist, seed)
+            return action, self.log_prob(dist, action)
+        log_p = self.net(obs).log_softmax(-1)
+        if seed is None:
+            action = torch.multinomial(log_p.exp(), 1).squeeze(-1)
+        else:
+            cdf = log_p.exp().cumsum(-1)
+            action = (cdf < uniform(seed, 1) * cdf[..., -1:]).sum(-1)
+        return action, log_p.gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
     def sample(self, dist, seed: torch.Tensor) -> torch.Tensor:
         """An action per row drawn from the row's ``sample_seed`` alone (so batching never changes it): the inverse
@@ -91,11 +106,10 @@ class BehaviourPolicy(nn.Module):
         self.actor = actor
 
     def forward(self, td):
-        dist = self.actor.dist(td.get("observation"))
-        seed = td.get(SAMPLE_SEED, None)  # collectors send one per env and step: the same draw in every placement
-        action = dist.sample() if seed is None else self.actor.sample(dist, seed)
+        # collectors send one seed per env and step: the same draw in every placement
+        action, log_prob = self.actor.act(td.get("observation"), td.get(SAMPLE_SEED, None))
         td.set("action", action)
-        td.set("sample_log_prob", self.actor.log_prob(dist, action))
+        td.set("sample_log_prob", log_prob)
         return td
 
 

@@ -42,7 +42,7 @@ class Collector(Owner["Collector"]):
 
     Args:
         create_env_fn: a picklable callable returning a vector env with same-step autoreset
-            (see :func:`components.envs.make_vector_env`); called where each worker lives.
+            (see :func:`components.envs.make_vector_env`); called where each worker lives, once per env group.
         policy: an inference owner (each worker then gets a client of its own, as ``process_slot`` needs) or
             a callable TensorDict policy (an inference client, a ``PolicyClientModule``...) shared by the
             workers; for ``process`` placement it must travel to worker processes (process clients do).
@@ -57,6 +57,9 @@ class Collector(Owner["Collector"]):
         seed: base seed (worker ``w`` uses ``seed + w * 10000``, env ``i`` of it ``+ i``).
         start_frames: frames collected before this collector started (a resumed run): they count toward
             ``total_frames``, and each env's sampling stream continues where it stopped (its episodes restart).
+        env_groups: vector envs per worker (each from ``create_env_fn``), stepped in turn; with 2 one group's
+            policy request is in flight while the other steps (see :class:`~components.collectors.worker.Worker`).
+            An inference owner gives each group a client of its own.
         resolved: the plan's resolution of this collector.
 
     Example:
@@ -81,13 +84,15 @@ class Collector(Owner["Collector"]):
         sync: bool = True,
         seed: int = 0,
         start_frames: int = 0,
+        env_groups: int = 1,
         resolved: Resolved | None = None,
     ):
         super().__init__(placement=placement, resolved=resolved,
-                         options={"frames_per_batch": frames_per_batch, "num_collectors": num_collectors})
+                         options={"frames_per_batch": frames_per_batch, "num_collectors": num_collectors,
+                                  "env_groups": env_groups})
         self.create_env_fn, self.policy = create_env_fn, policy
         self.frames_per_batch, self.total_frames, self.num_collectors = frames_per_batch, total_frames, num_collectors
-        self.replay_buffer, self.sync, self.seed = replay_buffer, sync, seed
+        self.replay_buffer, self.sync, self.seed, self.env_groups = replay_buffer, sync, seed, env_groups
         self.frames = start_frames
         self.hosts: list = []
         self._restarts: list[int] = []  # restarts done, per worker
@@ -96,11 +101,12 @@ class Collector(Owner["Collector"]):
     def _worker(self, w: int) -> functools.partial:
         # an owner gives each worker its own endpoint; a client is shared (fine for threads; a cross-process
         # client copied into several worker processes is refused at its first call, see EndpointClaims)
-        policy = self.policy.client() if isinstance(self.policy, Owner) else self.policy
+        policy = [self.policy.client() for _ in range(self.env_groups)] if isinstance(self.policy, Owner) else self.policy
         replay = self.replay_buffer.client() if isinstance(self.replay_buffer, Owner) else self.replay_buffer
         # a worker made later (a restart) continues its sampling streams where the run is
         return functools.partial(Worker, self.create_env_fn, policy, self.frames_per_batch // self.num_collectors,
-                                 self.seed + w * SEED_STRIDE, replay, self.frames // self.frames_per_batch)
+                                 self.seed + w * SEED_STRIDE, replay, self.frames // self.frames_per_batch,
+                                 self.env_groups)
 
     def _launch(self) -> None:
         for w in range(self.num_collectors):  # launched together, then waited for: their start-ups overlap

@@ -17,10 +17,15 @@ def check(options: Mapping[str, Any], *, inline: bool = False) -> None:
         require(c, "frames_per_batch", frames, frames >= 1, ">= 1")
         require(c, "num_collectors", workers, frames % workers == 0,
                 f"a divisor of frames_per_batch={frames} (each worker collects an equal share)")
-    envs = options.get("num_envs")
+    envs, groups = options.get("num_envs"), options.get("env_groups")
+    require(c, "env_groups", groups, groups is None or (isinstance(groups, int) and groups >= 1), ">= 1 (or null: auto)")
+    groups = groups or 1
     if envs is not None:
         require(c, "num_collectors", workers, envs % workers == 0,
                 f"a divisor of the recipe's num_envs={envs} (envs are split over workers)")
+        require(c, "env_groups", groups, envs % (workers * groups) == 0,
+                f"a divisor of the {envs // workers} envs of each worker (the recipe's num_envs={envs} split over "
+                f"num_collectors={workers})")
     if inline and workers != 1:
         require(c, "num_collectors", workers, False, "1 for a collector in the caller's thread (use thread, process "
                                                       "or ray placement for more workers)")

@@ -2,54 +2,137 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from tensordict import TensorDict
 
 from transports.errors import ConfigurationError
 
-from ..envs import VectorEnvStepper
+from ..envs import NEXT_KEYS, VectorEnvStepper, next_storage
 from ..inference.sampling import SAMPLE_SEED, env_streams, mix, step_seeds
 
 
+class _Group:
+    """Envs of a worker stepped together: one vector env, its columns of the rollout, its reusable request."""
+
+    def __init__(self, stepper: VectorEnvStepper, columns: slice, policy):
+        self.stepper, self.columns = stepper, columns
+        # the request's observation is the stepper's own array (the env writes it after each answer, never while a
+        # request is in flight), its seeds a buffer refilled before each request: built once, sent every step
+        self._seed = torch.empty(stepper.num_envs, dtype=torch.int64)
+        self.request = TensorDict({"observation": torch.from_numpy(stepper.obs), SAMPLE_SEED: self._seed},
+                                  batch_size=[stepper.num_envs], device="cpu")  # on the policy's device: not moved
+        self._seed_np = self._seed.numpy()
+        self._submit = policy.submit if hasattr(policy, "submit") else _Immediate.wrapping(policy)
+
+    def ask(self, seeds: np.ndarray):
+        """Send the current observations (and this step's sampling seeds, a row of the rollout's) to the policy; a
+        future of its answer."""
+        self._seed_np[...] = seeds[self.columns]
+        return self._submit(self.request)
+
+
+class _Immediate:
+    """The future of a plain callable policy's answer (computed at once)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self, timeout=None):
+        return self.value
+
+    @staticmethod
+    def wrapping(policy):
+        return lambda td: _Immediate(policy(td))
+
+
 class Worker:
-    """Steps one vector env with ``policy`` and hands back ``[time, env]`` rollouts (or writes them to replay).
+    """Steps its vector envs with ``policy`` and hands back ``[time, env]`` rollouts (or writes them to replay).
+
+    A rollout is written into storage allocated once per rollout (a TensorDict built once, numpy views for the
+    per-step writes): no TensorDict, stack or clone per step. With ``env_groups=2`` the worker makes two vector
+    envs and keeps one group's policy request in flight while it steps the other, so env stepping overlaps a
+    policy served elsewhere (double buffering); the rollout is the same as with one group of all the envs.
 
     Args:
-        create_env_fn: picklable callable returning a vector env with same-step autoreset.
-        policy: a callable TensorDict policy (an inference client...).
-        frames: frames per rollout (a multiple of the env's ``num_envs``).
-        seed: seeds env ``i`` with ``seed + i``; its policy requests carry sampling seeds from a stream keyed by
-            ``seed + i`` too (see :mod:`components.inference.sampling`), so its actions do not depend on batching.
+        create_env_fn: picklable callable returning a vector env with same-step autoreset (called once per group).
+        policy: a callable TensorDict policy (an inference client...), or one per group; a policy with ``submit``
+            (inference clients and owners) is asked through it, so groups overlap.
+        frames: frames per rollout (a multiple of the worker's total env count).
+        seed: seeds env ``i`` (over all groups) with ``seed + i``; its policy requests carry sampling seeds from a
+            stream keyed by ``seed + i`` too (see :mod:`components.inference.sampling`), so its actions depend
+            neither on batching nor on the grouping.
         replay_buffer: a replay client; rollouts are written there and :meth:`collect` returns the count.
         rollouts_done: rollouts this worker's place in the run made before it started (a resumed run, a restarted
             worker): the sampling streams continue from there, and the envs reset from a seed drawn from ``seed``
             and that count, so they do not replay the run's first episodes.
+        env_groups: vector envs (each from ``create_env_fn``) stepped in turn.
     """
 
-    def __init__(self, create_env_fn, policy, frames: int, seed: int, replay_buffer=None, rollouts_done: int = 0):
-        env = create_env_fn()
-        if frames % env.num_envs:
-            env.close()
+    def __init__(self, create_env_fn, policy, frames: int, seed: int, replay_buffer=None, rollouts_done: int = 0,
+                 env_groups: int = 1):
+        envs = [create_env_fn() for _ in range(env_groups)]
+        num_envs = sum(env.num_envs for env in envs)
+        if frames % num_envs:
+            for env in envs:
+                env.close()
             raise ConfigurationError(
-                f"frames per worker ({frames}) is not a multiple of num_envs={env.num_envs}",
+                f"frames per worker ({frames}) is not a multiple of the worker's {num_envs} envs",
                 path="components.collector",
             )
-        self.policy, self.steps, self.replay = policy, frames // env.num_envs, replay_buffer
-        self.stepper = VectorEnvStepper(env, reset_seed(seed, rollouts_done))
-        self.streams = env_streams(range(seed, seed + env.num_envs))
+        policies = list(policy) if isinstance(policy, (list, tuple)) else [policy] * env_groups
+        self.steps, self.replay, self.num_envs = frames // num_envs, replay_buffer, num_envs
+        first, self.groups = reset_seed(seed, rollouts_done), []
+        for env, group_policy in zip(envs, policies):
+            start = sum(g.stepper.num_envs for g in self.groups)
+            stepper = VectorEnvStepper(env, first + start)
+            self.groups.append(_Group(stepper, slice(start, start + stepper.num_envs), group_policy))
+        self.stepper = self.groups[0].stepper
+        self.streams = env_streams(range(seed, seed + num_envs))
         self.step_count = rollouts_done * self.steps
+        self._outputs: list | None = None  # (key, shape of one row, dtype) of what the policy answers
 
     def rollout(self) -> TensorDict:
-        stepper, steps = self.stepper, []
-        seeds = step_seeds(self.streams, self.step_count, self.steps)
-        self.step_count += self.steps
-        for t in range(self.steps):
-            request = stepper.observation()
-            request.set(SAMPLE_SEED, seeds[t].clone())  # its own storage: a view would carry the whole rollout's
-            td = self.policy(request)
-            td.pop(SAMPLE_SEED, None)  # the rollout holds what the policy and the env produced
-            steps.append(stepper.step(td))
-        return torch.stack(steps, dim=0)
+        steps, groups = self.steps, self.groups
+        seeds = step_seeds(self.streams, self.step_count, steps).numpy()
+        self.step_count += steps
+        pending = [group.ask(seeds[0]) for group in groups]
+        buf = nxt = outputs = None
+        for t in range(steps):
+            for i, group in enumerate(groups):
+                out = pending[i].result()
+                if buf is None:
+                    buf, observation, action, outputs, nxt = self._allocate(out)
+                index = (t, group.columns)
+                observation[index] = group.stepper.obs  # what the policy saw
+                for key, array, tensor in outputs:
+                    value = out.get(key)
+                    if array is not None and value.device.type == "cpu":
+                        array[index] = value.numpy()
+                    else:  # another device, or a dtype numpy lacks
+                        tensor[index].copy_(value)
+                group.stepper.step_into(action[index], nxt, index)
+                if t + 1 < steps:
+                    pending[i] = group.ask(seeds[t + 1])
+        return buf
+
+    def _allocate(self, out: TensorDict):
+        """Storage for one rollout: the observations, the policy's outputs (as the first answer shows them) and the
+        env's ``next``; numpy views of the observations, the actions and ``next``, torch views of the outputs."""
+        if self._outputs is None:
+            skip = {"observation", SAMPLE_SEED}
+            self._outputs = [(key, out.get(key).shape[1:], out.get(key).dtype)
+                             for key in out.keys(include_nested=True, leaves_only=True) if key not in skip]
+            if "action" not in [key for key, _, _ in self._outputs]:
+                raise ValueError(f"the policy answered without an 'action' (keys: {sorted(map(str, out.keys()))})")
+        spec, shape = self.stepper.spec, (self.steps, self.num_envs)
+        buf = TensorDict({"observation": torch.empty((*shape, *spec.observation_shape), dtype=spec.observation_dtype),
+                          "next": next_storage(spec, shape)}, batch_size=shape)
+        for key, row, dtype in self._outputs:
+            buf.set(key, torch.empty((*shape, *row), dtype=dtype))
+        nxt = {key: buf.get(("next", key)).numpy() for key in NEXT_KEYS}
+        outputs = [(key, _numpy(buf.get(key)), buf.get(key)) for key, _, _ in self._outputs]
+        return buf, buf.get("observation").numpy(), buf.get("action").numpy(), outputs, nxt
 
     def collect(self) -> TensorDict | int:
         """One rollout, or (with a replay buffer) the number of frames written there."""
@@ -61,7 +144,15 @@ class Worker:
         return self.stepper.spec
 
     def close(self) -> None:
-        self.stepper.close()
+        for group in self.groups:
+            group.stepper.close()
+
+
+def _numpy(tensor: torch.Tensor):
+    try:
+        return tensor.numpy()
+    except (TypeError, RuntimeError):  # bfloat16 and other dtypes numpy has no view of
+        return None
 
 
 def reset_seed(seed: int, rollouts_done: int) -> int:

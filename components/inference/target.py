@@ -41,6 +41,7 @@ class ServedPolicy:
                  device_config: InferenceDeviceConfig, weight_sync: Any = None, collate_fn: Callable | None = None):
         self.device = torch.device(device_config.policy_device)
         self.output_device = device_config.output_device
+        self._output = None if device_config.output_device is None else torch.device(device_config.output_device)
         self.policy = build().to(self.device).eval()
         self.weight_sync = weight_sync
         self._version = 0
@@ -94,7 +95,7 @@ class ServedPolicy:
             out = self.policy(td.to(self.device) if td.device != self.device else td)
             version = self._version
         out.set("policy_version", torch.full(out.batch_size, version, dtype=torch.long, device=out.device))
-        target = self.output_device or source_device
-        if target is not None and out.device != torch.device(target):
+        target = self._output or source_device
+        if target is not None and out.device != target:
             out = out.to(target)
         return out

@@ -1,11 +1,12 @@
 """Direct inference, weight sync and the collector over real gymnasium vector envs."""
 
+import pytest
 import torch
 from tensordict import TensorDict
 
 from components.collectors import Collector
 from components.envs import VectorEnvStepper, make_vector_env, spec_of
-from components.inference import InferenceServer
+from components.inference import InferenceServer, InferenceServerConfig
 from components.weight_sync import WeightSync
 
 from tests.factories import CartPolePolicy, cartpole_envs
@@ -103,3 +104,31 @@ def test_pendulum_spec_is_continuous():
     spec = spec_of("Pendulum-v1")
     assert not spec.discrete and spec.action_shape == (1,) and spec.action_low == (-2.0,)
     assert spec.request_layout(8).describe() == "observation [8, 3] float32"
+
+
+def _seeded_ppo_policy():
+    """PPO's behaviour policy (it samples from the per-env seeds) with the same weights wherever it is built."""
+    from recipes.configs import PPOConfig
+    from recipes.ppo import make_policy
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return make_policy(PPOConfig(), spec_of("CartPole-v1"))
+
+
+@pytest.mark.parametrize("placement, transport", [("direct", None), pytest.param("process", "queue", marks=pytest.mark.slow)])
+def test_two_env_groups_collect_the_rollouts_of_one_vector_env(placement, transport):
+    """Double buffering changes when envs step, not what they see: two groups of 2 envs give the batches one vector
+    env of 4 gives (same observations, actions, rewards, episode ends), with the policy in the caller's thread or in
+    a server process answering each group's request while the other group steps."""
+    with InferenceServer(policy_factory=_seeded_ppo_policy, config=InferenceServerConfig(placement=placement),
+                         transport=transport) as server:
+        runs = []
+        for envs, groups in ((4, 1), (2, 2)):
+            with Collector(cartpole_envs(envs), server, 4 * 40, 4 * 40 * 3, 1, seed=3, env_groups=groups) as collector:
+                runs.append(torch.cat(list(collector)))
+    one, two = runs
+    assert one.batch_size == two.batch_size == torch.Size([120, 4])
+    assert one["next", "done"].any()  # episodes ended inside the batches: resets are compared too
+    for key in one.keys(include_nested=True, leaves_only=True):
+        assert torch.equal(one.get(key), two.get(key)), key

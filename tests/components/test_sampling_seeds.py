@@ -40,6 +40,16 @@ def test_uniforms_depend_on_the_row_only():
     assert torch.equal(uniform(seeds[7:9], 2), u[7:9])
 
 
+@pytest.mark.parametrize("n", [1, 3])
+def test_cpu_uniforms_are_the_bits_of_the_torch_formula(n):
+    """CPU seeds are mixed in numpy, other devices in torch: both must draw the same numbers (a CUDA server and a CPU
+    server sample the same actions)."""
+    from components.inference.sampling import _uniform_torch
+
+    seeds = torch.cat([step_seeds(env_streams(range(500)), 7)[0], torch.tensor([0, -1, 2**63 - 1, -(2**63)])])
+    assert torch.equal(uniform(seeds, n), _uniform_torch(seeds, n))
+
+
 SLOW = pytest.mark.slow  # a child process: seconds
 
 

@@ -41,7 +41,8 @@ def test_dry_run_prints_the_plan_and_starts_nothing(compose_cfg, tmp_path, capsy
     assert launch(cfg, str(tmp_path)) is None
     out = capsys.readouterr().out
     assert "NOT IMPLEMENTED YET" not in out and "shared_memory" in out
-    assert "inference.request: observation [16, 4] float32" in out
+    assert "inference.request: observation [8, 4] float32" in out  # one of the worker's two env groups
+    assert "collector.env_groups: 2 (each worker steps one half of its envs" in out
     assert "collector.sync" not in out  # the default is not worth a line
     assert not (tmp_path / "metrics.csv").exists()
 
