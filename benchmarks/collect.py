@@ -18,9 +18,10 @@ What is measured: environment frames collected per second of wall time on CartPo
 
   each iterated with ``sync=True`` (every batch gathers one rollout from every worker) and ``sync=False`` (each
   worker's rollout as soon as it is ready; the workers collect the next one meanwhile);
-* :class:`components.collectors.AsyncBatchedCollector` with ``env_backend`` ``thread`` and ``process`` (N env
-  workers of one env each, against the server it creates beside them: ``thread`` transport, or ``process_slot`` by
-  the table's ``auto`` rule), yielding flat batches of N transitions.
+* :class:`components.collectors.AsyncBatchedCollector` with ``env_backend`` ``thread`` and ``process`` (its default
+  workers: one per core but one, here 1; N env groups of one env each, one policy request per env in flight, or
+  with ``2 groups`` two groups of N/2 envs; against the server it creates beside them: ``thread`` transport, or
+  ``process_slot`` by the table's ``auto`` rule), yielding flat batches of N x 32 transitions.
 
 Every server and the raw loops run the same policy: ``recipes.ppo.make_policy(PPOConfig(), spec)`` built from the
 same seed, so every row carries identical weights (the collectors also send PPO's per-env sampling seeds, which the
@@ -32,8 +33,8 @@ iterations; ``--quick``: 1), then iterates until it has ``max(16 x N x 32, 16,38
 one iteration yields: a ``sync=False`` iteration is one worker's rollout), so 16,384 frames at 16 envs and 32,768 at
 64 with ``--quick`` and four times that in a full run, or until its time cap (4 s; ``--quick``: 1 s); then it shuts
 everything down. frames/s is frames over the measured seconds (from the end of the warm-up to the arrival of the
-last batch). The time cap bounds the slow rows (today the
-AsyncBatchedCollector at a few hundred frames/s, and most 2-worker rows at 16 envs): a capped row is marked ``*`` and
+last batch). The time cap bounds the slow rows (the AsyncBatchedCollector with one request per env, the 2-worker
+rows at 16 envs): a capped row is marked ``*`` and
 measured on fewer frames. Before the rounds, the forkserver that ``process`` children come from is started
 (``prepare()``, as the launcher does) and the raw loop runs once per env count, discarded. Then ``--rounds`` rounds
 (5; ``--quick``: 3): each runs every row at every env count, starting ``rows / rounds`` places further down the list
@@ -177,7 +178,9 @@ def all_rows() -> list[Row]:
                                     "collector", placement=placement, workers=workers, sync=sync, server=server,
                                     groups=groups))
     rows += [Row("AsyncBatchedCollector thread [thread/thread]", "batched", placement="thread"),
-             Row("AsyncBatchedCollector process [process/process_slot]", "batched", placement="process")]
+             Row("AsyncBatchedCollector process [process/process_slot]", "batched", placement="process"),
+             Row("AsyncBatchedCollector process 2 groups [process/process_slot]", "batched", placement="process",
+                 groups=2)]
     return rows
 
 
@@ -272,8 +275,9 @@ def measure(row: Row, n: int, budget: Budget, tracker: Tracker) -> Measurement:
 def start_owners(row: Row, n: int, stack: contextlib.ExitStack, tracker: Tracker) -> Any:
     """Start the row's collector (and its server) and return it; their shutdowns go on ``stack``."""
     if row.kind == "batched":
-        owner = AsyncBatchedCollector(functools.partial(make_vector_env, ENV_ID, 1), n, n, -1,
-                                      policy_factory=make_policy, env_backend=row.placement)
+        per_group = 1 if row.groups == 1 else n // row.groups  # an env per request, or two requests of n/2 envs
+        owner = AsyncBatchedCollector(functools.partial(make_vector_env, ENV_ID, per_group), n // per_group,
+                                      n * NUM_STEPS, -1, policy_factory=make_policy, env_backend=row.placement)
         stack.callback(owner.shutdown)
         tracker.owners(owner.start())
         return owner
@@ -435,8 +439,9 @@ def targets(rows: list[Row], envs: list[int], results: dict) -> None:
         got, label = max(candidates, key=lambda c: c[0][1])
         _verdict(f"process Collector x2 at {n} envs (best of {len(candidates)}: {label})", got, TARGET_PROCESS2)
     for n in envs:
-        got = ratio("AsyncBatchedCollector process [process/process_slot]", n)
-        _verdict(f"AsyncBatchedCollector process at {n} envs", got, TARGET_BATCHED)
+        for label in ("AsyncBatchedCollector process [process/process_slot]",
+                      "AsyncBatchedCollector process 2 groups [process/process_slot]"):
+            _verdict(f"{label.split(' [')[0]} at {n} envs", ratio(label, n), TARGET_BATCHED)
 
 
 def beside_peer(rows: list[Row], envs: list[int], results: dict, peer: dict) -> None:
@@ -518,7 +523,7 @@ def main() -> None:
           f"{', '.join(f'{budget.frames(n * NUM_STEPS):,} frames at {n} envs' for n in args.envs)} "
           f"or {budget.cap_s:g} s "
           "(`*`: the cap ended at least one round first). Collector batches: envs x 32 steps; AsyncBatchedCollector "
-          "batches: one transition per env. ratio = median / raw sync median at the same total env count. start s: "
+          "batches: as many transitions, flat. ratio = median / raw sync median at the same total env count. start s: "
           "median seconds to start the row's owners (not counted in frames/s).")
     share = other_cpu / (other_wall * (os.cpu_count() or 1))
     print(f"\nOther processes on this machine used {other_cpu:.0f} CPU-seconds during our {other_wall:.0f} s "

@@ -1,18 +1,22 @@
-"""``AsyncBatchedCollector``: a pool of environments, each stepping on its own against one inference server.
+"""``AsyncBatchedCollector``: env workers that never wait for each other, against one batched inference server.
 
-Every env worker (on a thread, or in a process: the collector's placement) observes, asks the policy server
-for an action, steps, and hands the transition over; the server batches the requests of all workers into one
-forward pass. Nothing waits for the slowest env. The server is created from a policy factory (placed with the
-envs, its transport resolved by the table's ``auto`` rule for workers with one request in flight, its layouts
-taken from the env spec and a probe of the policy), or given as a running owner. Iteration yields flat batches
-of ``frames_per_batch`` transitions, each carrying ``env_id`` and the ``policy_version`` that chose its action.
+Each env worker (on a thread, or in a process: the collector's placement) holds several env groups (each one
+``create_env_fn()`` vector env) and keeps one policy request in flight per group; the one server batches whatever
+requests wait, from all workers, into one forward pass. A worker writes its transitions in place into a ring of
+shared rollout slots (chunks of ``chunk_steps`` steps of all its envs, see :mod:`~components.collectors.handoff`)
+and announces each full slot by index; the driver copies slots out into flat batches of ``frames_per_batch``
+transitions, each carrying ``env_id`` and the ``policy_version`` that chose its action, and frees them. Nothing is
+pickled per transition; a worker waits only when all its slots are full (the consumer is behind). The server is
+created from a policy factory (placed with the envs, its transport resolved by the table's ``auto`` rule for
+workers with one request in flight per endpoint, its layouts taken from the env spec and a probe of the policy),
+or given as a running owner.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import pickle
+import os
 import queue
 import threading
 from typing import Callable, Iterator
@@ -21,50 +25,57 @@ import torch
 from tensordict import TensorDict
 
 from transports.errors import ConfigurationError, PeerFailureError
+from transports.sync import Semaphore
 
-from ..envs import VectorEnvStepper, spec_from_spaces
+from ..envs import spec_from_spaces
 from ..hosts import stop_all
 from ..inference import InferenceServer, InferenceServerConfig
-from ..inference.sampling import SAMPLE_SEED, env_streams, step_seeds
 from ..resolution import resolve_component
 from ..service import Owner
+from .handoff import Handoff, Received, RolloutSlots
+from .worker import Worker
 
 
 class EnvLoop:
-    """One env worker: observation -> policy -> step -> transition into ``out``, until stopped."""
+    """One env worker: rollouts of ``chunk_steps`` steps into its slots, announced on ``out``, until stopped.
 
-    def __init__(self, create_env_fn, policy, seed: int, env_id: int, out):
-        self.stepper = VectorEnvStepper(create_env_fn(), seed)
-        self.policy, self.env_id, self.out = policy, env_id, out
-        self.streams = env_streams(range(seed, seed + self.stepper.num_envs))  # sampling seeds, as Worker sends them
+    Args:
+        worker: its index (named in what it announces).
+        free: counts this worker's free slots (the driver releases one per slot it copied out).
+        others: as :class:`~components.collectors.worker.Worker` (``frames``: one chunk of all its envs).
+    """
+
+    def __init__(self, create_env_fn, policies, frames: int, seed: int, groups: int, worker: int, out, free,
+                 num_slots: int):
+        self.worker = Worker(create_env_fn, policies, frames, seed, env_groups=groups)
+        self.index, self.out, self.free, self.num_slots = worker, out, free, num_slots
+        self.slots: RolloutSlots | None = None
 
     def serve(self, stop: threading.Event) -> None:
-        stepper, out = self.stepper, self.out
-        step = 0
+        slot = 0
         try:
             while not stop.is_set():
-                request = stepper.observation()
-                request.set(SAMPLE_SEED, step_seeds(self.streams, step)[0])
-                step += 1
-                td = self.policy(request)
-                td.pop(SAMPLE_SEED, None)
-                td = stepper.step(td)
-                td.set("env_id", torch.full(td.batch_size, self.env_id, dtype=torch.long))
-                item = pickle.dumps(td.to_dict(), protocol=pickle.HIGHEST_PROTOCOL)
-                while not stop.is_set():  # a full queue must not keep a worker from stopping
-                    try:
-                        out.put(item, timeout=0.1)
-                        break
-                    except queue.Full:
-                        pass
+                if not self.free.acquire(timeout=0.1):  # every slot full: the consumer is behind
+                    continue
+                if self.slots is None:  # the first chunk shows the layout: the slots are made after it
+                    first = self.worker.rollout()
+                    self.slots = RolloutSlots(first, self.num_slots)
+                    self.slots.slot(0).update_(first)
+                    self.out.put((self.index, Handoff(0, self.slots)))
+                else:
+                    self.worker.rollout(into=self.slots.slot(slot))
+                    self.out.put((self.index, Handoff(slot)))
+                slot = (slot + 1) % self.num_slots
         except PeerFailureError:
             if not stop.is_set():  # the server stopped first during shutdown: not an error
                 raise
 
     def close(self) -> None:
-        self.stepper.close()
+        self.worker.close()
+        if self.slots is not None:
+            self.slots.close()
         if hasattr(self.out, "cancel_join_thread"):
-            # at shutdown nobody reads the transitions still buffered: exit without waiting to flush them
+            # at shutdown nobody reads the announcements still buffered: exit without waiting to flush them
             self.out.cancel_join_thread()
 
 
@@ -72,9 +83,9 @@ class AsyncBatchedCollector(Owner["AsyncBatchedCollector"]):
     """An env pool stepping asynchronously against an inference server.
 
     Args:
-        create_env_fn: picklable callable returning a one-env vector env (see
-            :func:`components.envs.make_vector_env` with ``num_envs=1``).
-        num_envs: env workers.
+        create_env_fn: picklable callable returning a vector env with same-step autoreset (one env group; see
+            :func:`components.envs.make_vector_env`, e.g. ``num_envs=1``: one request per env).
+        num_envs: env groups (``create_env_fn()`` vector envs) in all, split evenly over the workers.
         frames_per_batch: transitions per yielded batch.
         total_frames: stop after this many frames (``-1``: never).
         policy_factory: builds the policy for a server created here (exclusive with ``server``).
@@ -82,21 +93,37 @@ class AsyncBatchedCollector(Owner["AsyncBatchedCollector"]):
         env_backend: the placement of the env workers, ``thread`` or ``process`` (a server created here is
             placed alike).
         server_config: batching settings of a server created here.
-        seed: base seed; env ``i`` gets ``seed + i``.
+        seed: base seed; env ``i`` (over all groups) gets ``seed + i``.
+        num_workers: threads or processes stepping the groups (default: one per core but one, which the server
+            takes; at most ``num_envs``).
+        chunk_steps: steps of all of a worker's envs per slot (what a worker hands over at once).
+        num_slots: slots per worker: how far a worker may run ahead of the consumer.
     """
 
     component = "collector"
 
     def __init__(self, create_env_fn: Callable, num_envs: int, frames_per_batch: int, total_frames: int = -1, *,
                  policy_factory: Callable | None = None, server: InferenceServer | None = None,
-                 env_backend: str = "thread", server_config: InferenceServerConfig | None = None, seed: int = 0):
+                 env_backend: str = "thread", server_config: InferenceServerConfig | None = None, seed: int = 0,
+                 num_workers: int | None = None, chunk_steps: int = 16, num_slots: int = 4):
         if (policy_factory is None) == (server is None):
             raise ConfigurationError("AsyncBatchedCollector needs exactly one of policy_factory or server")
         super().__init__(placement=env_backend)
         if not hasattr(self.host_type, "make_queue") or self.inline:
             raise ConfigurationError(f"env workers cannot run on {env_backend!r}", path="env_backend",
                                      alternatives=("thread", "process"))
-        self.create_env_fn, self.num_envs = create_env_fn, num_envs
+        workers = num_workers or max(1, min(num_envs, (os.cpu_count() or 2) - 1))
+        while num_envs % workers:  # the default: the most workers (a core each, one core left to the server) that
+            # split the groups evenly
+            if num_workers is not None:
+                raise ConfigurationError(f"num_workers={num_workers} does not divide num_envs={num_envs}",
+                                         path="num_workers")
+            workers -= 1
+        for name, value in (("chunk_steps", chunk_steps), ("num_slots", num_slots)):
+            if value < 1:
+                raise ConfigurationError(f"{name} must be >= 1, got {value}", path=name)
+        self.create_env_fn, self.num_envs, self.num_workers = create_env_fn, num_envs, workers
+        self.chunk_steps, self.num_slots = chunk_steps, num_slots
         self.frames_per_batch, self.total_frames, self.seed = frames_per_batch, total_frames, seed
         self.policy_factory, self.server = policy_factory, server
         self.server_config = server_config or InferenceServerConfig(max_batch_size=num_envs)
@@ -104,32 +131,47 @@ class AsyncBatchedCollector(Owner["AsyncBatchedCollector"]):
         self.hosts: list = []
         self._own_server: InferenceServer | None = None
         self._out = None
+        self._free: list = []
+        self._received = Received()
+        self._env_ids: list = []
+        self._spare: list = []  # transitions of the last chunk that did not fit the previous batch
 
-    def _make_server(self) -> InferenceServer:
+    def _spec(self):
         env = self.create_env_fn()
         try:
-            spec = spec_from_spaces(env.spec.id if env.spec else "env", env.single_observation_space, env.single_action_space)
+            spec = spec_from_spaces(env.spec.id if env.spec else "env", env.single_observation_space,
+                                    env.single_action_space)
+            return spec, env.num_envs
         finally:
             env.close()
-        request = spec.request_layout(1)
+
+    def _make_server(self, spec, group_envs: int) -> InferenceServer:
+        request = spec.request_layout(group_envs)
         probe = self.policy_factory()
         with torch.no_grad():
             out = probe(request.zeros())
         out.set("policy_version", torch.zeros(out.batch_size, dtype=torch.long))
         layouts = {"request": request.zeros(), "response": out.exclude(*request.keys)}
-        # the table's auto rule picks the transport for env workers that keep one request in flight each
+        # the table's auto rule picks the transport for env groups that keep one request in flight each
         resolved = resolve_component("inference", self.placement, "auto", layouts=layouts, one_request_per_worker=True)
         config = dataclasses.replace(self.server_config, placement=self.placement)
         return InferenceServer(policy_factory=self.policy_factory, config=config, resolved=resolved)
 
     def _launch(self) -> None:
+        spec, group_envs = self._spec()
         if self.server is None:
-            self._own_server = self._make_server().start()
+            self._own_server = self._make_server(spec, group_envs).start()
         server = self.server or self._own_server
-        self._out = self.host_type.make_queue(4 * self.frames_per_batch)
-        for i in range(self.num_envs):
-            host = self._make_host(f"env-{i}", functools.partial(
-                EnvLoop, self.create_env_fn, server.client(), self.seed + i, i, self._out))
+        groups = self.num_envs // self.num_workers
+        worker_envs = groups * group_envs
+        self._out = self.host_type.make_queue(self.num_workers * (self.num_slots + 1))  # never full
+        for w in range(self.num_workers):
+            free = Semaphore(self.num_slots)
+            self._free.append(free)
+            self._env_ids.append(torch.arange(w * worker_envs, (w + 1) * worker_envs).expand(self.chunk_steps, -1))
+            host = self._make_host(f"env-{w}", functools.partial(
+                EnvLoop, self.create_env_fn, [server.client() for _ in range(groups)], self.chunk_steps * worker_envs,
+                self.seed + w * worker_envs, groups, w, self._out, free, self.num_slots), index=(w, self.num_workers))
             self.hosts.append(host)
             host.launch()
 
@@ -140,9 +182,12 @@ class AsyncBatchedCollector(Owner["AsyncBatchedCollector"]):
     def _shutdown(self, timeout: float | None) -> None:
         for host in self.hosts:
             host.request_stop()
+        for free in self._free:  # a worker waiting for a slot sees the stop within its poll
+            free.release()
         _drain(self._out)
         stop_all(self.hosts, timeout)
         self.hosts = []
+        self._received.close()
         if self._own_server is not None:
             self._own_server.shutdown(timeout)
         if hasattr(self._out, "cancel_join_thread"):
@@ -152,28 +197,43 @@ class AsyncBatchedCollector(Owner["AsyncBatchedCollector"]):
     def _alive(self) -> bool:
         return all(h.is_alive for h in self.hosts)
 
+    def all_hosts(self) -> list:
+        own = self._own_server.all_hosts() if self._own_server is not None else []
+        return list(self.hosts) + own
+
     def _client(self):
         return self
 
     def __reduce__(self):
         raise TypeError("an AsyncBatchedCollector is iterated in the driver and cannot be pickled")
 
-    def _next_transition(self) -> TensorDict:
+    def _next_chunk(self) -> TensorDict:
+        """The next full slot of any worker, copied out and freed, flattened to transitions with ``env_id``."""
         while True:
             try:
-                return TensorDict(pickle.loads(self._out.get(timeout=0.2)), batch_size=[1])
+                w, handoff = self._out.get(timeout=0.2)
+                break
             except queue.Empty:
                 pass
             for host in self.hosts:
                 if not host.is_alive:
                     raise PeerFailureError(f"env worker {host.name} stopped" + (f": {host.death}" if host.death else ""))
+        chunk = self._received.read(w, handoff)
+        self._free[w].release()
+        chunk.set("env_id", self._env_ids[w].clone())
+        return chunk.reshape(-1)
 
     def __iter__(self) -> Iterator[TensorDict]:
         self._require_running()
         while self.total_frames < 0 or self.frames < self.total_frames:
-            batch = torch.cat([self._next_transition() for _ in range(self.frames_per_batch)])
+            parts, have = self._spare, sum(len(p) for p in self._spare)
+            while have < self.frames_per_batch:
+                parts.append(self._next_chunk())
+                have += len(parts[-1])
+            batch = torch.cat(parts) if len(parts) > 1 else parts[0]
+            self._spare = [batch[self.frames_per_batch:]] if have > self.frames_per_batch else []
             self.frames += self.frames_per_batch
-            yield batch
+            yield batch[: self.frames_per_batch]
 
 
 def _drain(q) -> None:

@@ -6,7 +6,8 @@ endpoint's transport and, with a replay buffer attached, writes go over the repl
 (each worker writes its rollout straight into replay and only a completion count comes back).
 
 Each worker (:class:`~components.collectors.worker.Worker`) runs on the host of the collector's placement:
-in the caller's thread (``direct``, one worker), on threads, in child processes (a crash surfaces in the driver
+in the caller's thread (``direct``, one worker), on threads, in child processes (rollouts are written in place into
+shared memory and handed over by index, see :mod:`~components.collectors.handoff`; a crash surfaces in the driver
 within 2 s with the worker's traceback text) or in Ray actors (rollouts return through the object store). With
 ``resources.max_restarts`` a worker whose process or actor died is restarted (Ray restarts its actors itself; other
 hosts are rebuilt here, with fresh endpoints of the owners they were given) and the interrupted rollout retried;
@@ -29,6 +30,7 @@ from transports.errors import PeerFailureError
 from ..hosts import Done, stop_all
 from ..resolution import Resolved
 from ..service import Owner
+from .handoff import Received
 from .worker import Worker
 
 log = logging.getLogger(__name__)
@@ -96,6 +98,7 @@ class Collector(Owner["Collector"]):
         self.frames = start_frames
         self.hosts: list = []
         self._restarts: list[int] = []  # restarts done, per worker
+        self._received = Received()  # rollouts handed over through shared memory (workers in other processes)
         self._spec = None
 
     def _worker(self, w: int) -> functools.partial:
@@ -106,7 +109,7 @@ class Collector(Owner["Collector"]):
         # a worker made later (a restart) continues its sampling streams where the run is
         return functools.partial(Worker, self.create_env_fn, policy, self.frames_per_batch // self.num_collectors,
                                  self.seed + w * SEED_STRIDE, replay, self.frames // self.frames_per_batch,
-                                 self.env_groups)
+                                 self.env_groups, self.host_type.shares_memory)
 
     def _launch(self) -> None:
         for w in range(self.num_collectors):  # launched together, then waited for: their start-ups overlap
@@ -120,7 +123,7 @@ class Collector(Owner["Collector"]):
         of a restarted worker asked again."""
         while True:
             try:
-                return pending.result()
+                return self._received.read(w, pending.result())
             except PeerFailureError as exc:
                 host = self.hosts[w]
                 if host.restarts_itself or self._restarts[w] >= self.resources.max_restarts:
@@ -147,6 +150,7 @@ class Collector(Owner["Collector"]):
 
     def _shutdown(self, timeout: float | None) -> None:
         stop_all(self.hosts, timeout)  # the workers wind down together
+        self._received.close()
         self.hosts = []
 
     def _alive(self) -> bool:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 
 from transports.errors import ConfigurationError
 
 from ..envs import NEXT_KEYS, VectorEnvStepper, next_storage
+from .handoff import Handoff, RolloutSlots
 from ..inference.sampling import SAMPLE_SEED, env_streams, mix, step_seeds
 
 
@@ -67,10 +68,12 @@ class Worker:
             worker): the sampling streams continue from there, and the envs reset from a seed drawn from ``seed``
             and that count, so they do not replay the run's first episodes.
         env_groups: vector envs (each from ``create_env_fn``) stepped in turn.
+        handoff: hand rollouts over through shared memory (:mod:`~components.collectors.handoff`): for a worker in
+            another process of the driver's machine.
     """
 
     def __init__(self, create_env_fn, policy, frames: int, seed: int, replay_buffer=None, rollouts_done: int = 0,
-                 env_groups: int = 1):
+                 env_groups: int = 1, handoff: bool = False):
         envs = [create_env_fn() for _ in range(env_groups)]
         num_envs = sum(env.num_envs for env in envs)
         if frames % num_envs:
@@ -91,8 +94,11 @@ class Worker:
         self.streams = env_streams(range(seed, seed + num_envs))
         self.step_count = rollouts_done * self.steps
         self._outputs: list | None = None  # (key, shape of one row, dtype) of what the policy answers
+        self.handoff, self.slots = handoff, None
 
-    def rollout(self) -> TensorDict:
+    def rollout(self, into: TensorDictBase | None = None) -> TensorDictBase:
+        """One rollout, written into ``into`` (a ``[time, env]`` TensorDict of this worker's rollout layout, as a
+        :class:`~components.collectors.handoff.RolloutSlots` slot) or into storage allocated for it."""
         steps, groups = self.steps, self.groups
         seeds = step_seeds(self.streams, self.step_count, steps).numpy()
         self.step_count += steps
@@ -102,7 +108,7 @@ class Worker:
             for i, group in enumerate(groups):
                 out = pending[i].result()
                 if buf is None:
-                    buf, observation, action, outputs, nxt = self._allocate(out)
+                    buf, observation, action, outputs, nxt = self._allocate(out, into)
                 index = (t, group.columns)
                 observation[index] = group.stepper.obs  # what the policy saw
                 for key, array, tensor in outputs:
@@ -116,7 +122,7 @@ class Worker:
                     pending[i] = group.ask(seeds[t + 1])
         return buf
 
-    def _allocate(self, out: TensorDict):
+    def _allocate(self, out: TensorDict, into: TensorDictBase | None):
         """Storage for one rollout: the observations, the policy's outputs (as the first answer shows them) and the
         env's ``next``; numpy views of the observations, the actions and ``next``, torch views of the outputs."""
         if self._outputs is None:
@@ -126,18 +132,31 @@ class Worker:
             if "action" not in [key for key, _, _ in self._outputs]:
                 raise ValueError(f"the policy answered without an 'action' (keys: {sorted(map(str, out.keys()))})")
         spec, shape = self.stepper.spec, (self.steps, self.num_envs)
-        buf = TensorDict({"observation": torch.empty((*shape, *spec.observation_shape), dtype=spec.observation_dtype),
-                          "next": next_storage(spec, shape)}, batch_size=shape)
-        for key, row, dtype in self._outputs:
-            buf.set(key, torch.empty((*shape, *row), dtype=dtype))
+        buf = into
+        if buf is None:
+            buf = TensorDict({"observation": torch.empty((*shape, *spec.observation_shape),
+                                                         dtype=spec.observation_dtype),
+                              "next": next_storage(spec, shape)}, batch_size=shape)
+            for key, row, dtype in self._outputs:
+                buf.set(key, torch.empty((*shape, *row), dtype=dtype))
         nxt = {key: buf.get(("next", key)).numpy() for key in NEXT_KEYS}
         outputs = [(key, _numpy(buf.get(key)), buf.get(key)) for key, _, _ in self._outputs]
         return buf, buf.get("observation").numpy(), buf.get("action").numpy(), outputs, nxt
 
-    def collect(self) -> TensorDict | int:
-        """One rollout, or (with a replay buffer) the number of frames written there."""
-        batch = self.rollout()
-        return batch if self.replay is None else len(self.replay.extend(batch.reshape(-1)))
+    def collect(self) -> TensorDict | Handoff | int:
+        """One rollout (or its :class:`~components.collectors.handoff.Handoff`), or (with a replay buffer) the number
+        of frames written there."""
+        if self.replay is not None:
+            return len(self.replay.extend(self.rollout().reshape(-1)))
+        if not self.handoff:
+            return self.rollout()
+        if self.slots is None:  # the first rollout shows the layout: the slots are made after it, and travel once
+            first = self.rollout()
+            self.slots = RolloutSlots(first, 1)
+            self.slots.slot(0).update_(first)
+            return Handoff(0, self.slots)
+        self.rollout(into=self.slots.slot(0))  # the driver copied the previous rollout out before asking again
+        return Handoff(0)
 
     def spec(self):
         """The environment's :class:`~components.envs.EnvSpec`."""
@@ -146,6 +165,8 @@ class Worker:
     def close(self) -> None:
         for group in self.groups:
             group.stepper.close()
+        if self.slots is not None:
+            self.slots.close()
 
 
 def _numpy(tensor: torch.Tensor):

@@ -127,6 +127,8 @@ class Host(ABC):
             and retries the interrupted calls (Ray); elsewhere the owner rebuilds the host where it can.
         process_memory_gb: memory of the process of its own a target hosted here runs in (where not
             ``same_process``), as a Slurm job reserves it (:mod:`launcher.slurm`).
+        shares_memory: the target runs in another process of the caller's machine, always: results may be handed
+            over through shared memory by name (collector rollouts, see :mod:`components.collectors.handoff`).
     """
 
     placement: ClassVar[str] = ""
@@ -135,6 +137,7 @@ class Host(ABC):
     command_transport: ClassVar[str] = "queue"
     restarts_itself: ClassVar[bool] = False
     process_memory_gb: ClassVar[float] = 0.0
+    shares_memory: ClassVar[bool] = False
 
     def __init__(self, name: str, factory: Callable[[], Any], *, resources: Resources | None = None,
                  on_death: Callable[[str], None] | None = None, concurrency: int = 1,

@@ -33,6 +33,7 @@ class DistributedHost(ProcessHost):
     """
 
     placement = "distributed"
+    shares_memory = False  # ranks may run on other nodes (torchrun, srun)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

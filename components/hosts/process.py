@@ -94,6 +94,7 @@ class ProcessHost(Host):
 
     placement = "process"
     process_memory_gb = 0.35  # measured: 0.24-0.31 GB RSS per CartPole owner forked from the preloaded forkserver
+    shares_memory = True
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

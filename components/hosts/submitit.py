@@ -138,6 +138,7 @@ class SubmititHost(ProcessHost):
     """Runs the target in a submitit job that connects back to this host's listening socket."""
 
     placement = "submitit"
+    shares_memory = False  # a job may run on another node
     process_memory_gb = 0.0  # its own job's memory (submitit.mem_gb), not the run's
 
     def __init__(self, *args, **kwargs):

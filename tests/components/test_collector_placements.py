@@ -189,3 +189,52 @@ def test_async_batched_collector_batches_requests_across_envs(backend):
     assert (torch.cat([b["policy_version"] for b in batches]) == 0).all()
     assert stats["mean_batch_size"] > 1.0  # one forward served several envs
     assert server_kind == ("process_slot" if backend == "process" else "thread")
+
+
+@pytest.mark.parametrize("backend", ["thread", pytest.param("process", marks=pytest.mark.slow)])
+def test_async_batched_collector_hands_each_envs_trajectory_over_whole_and_in_order(backend):
+    """Chunks travel through shared slots (one slot per worker here, so workers wait for the consumer): every
+    env's transitions arrive in order, each step's next observation is the following step's observation unless the
+    episode ended, and nothing is left in shared memory afterwards."""
+    from components.collectors import AsyncBatchedCollector
+    from components.envs import make_vector_env
+    from transports.segments import segments_of
+
+    ours = set(segments_of([os.getpid()]))  # whatever this process held before
+    with AsyncBatchedCollector(partial(make_vector_env, "CartPole-v1", 2), 4, 48, 48 * 8, policy_factory=CartPolePolicy,
+                               env_backend=backend, seed=3, num_workers=2, chunk_steps=5, num_slots=1) as collector:
+        batches = list(collector)
+        pids = [h.pid for h in collector.all_hosts() if h.pid is not None]
+        assert len(collector.all_hosts()) == 3  # two env workers and the server made for them
+    data = torch.cat(batches)
+    assert len(data) == 48 * 8 and set(data["env_id"].tolist()) == set(range(8))
+    for env in range(8):
+        rows = data[data["env_id"] == env]
+        length = rows["next", "episode_length"]
+        assert ((length[1:] == length[:-1] + 1) | rows["next", "done"][:-1]).all()  # no step lost or repeated
+        cont = ~rows["next", "done"][:-1]
+        assert torch.equal(rows["next", "observation"][:-1][cont], rows["observation"][1:][cont])
+    assert segments_of(pids) == [] and set(segments_of([os.getpid()])) <= ours
+
+
+@pytest.mark.slow
+def test_process_workers_hand_rollouts_over_through_shared_memory():
+    """A process worker writes each rollout into a shared slot and answers with its index: the driver attaches the
+    worker's segment once and copies each rollout out (every batch its own storage), the batches equal what a
+    direct collector gets from the same seed, and the segment is gone with the worker."""
+    from tests.components.test_collector_inference import _seeded_ppo_policy
+    from transports.segments import segments_of
+
+    with InferenceServer(policy_factory=_seeded_ppo_policy, config=InferenceServerConfig(placement="process"),
+                         transport="queue") as server:
+        with Collector(cartpole_envs(4), server, 64, 256, 1, placement="process", seed=3) as collector:
+            shared = list(collector)
+            pid = collector.hosts[0].pid
+            assert len(segments_of([pid])) == 1 and list(collector._received.slots) == [0]
+        assert segments_of([pid]) == []
+        with Collector(cartpole_envs(4), server, 64, 256, 1, placement="direct", seed=3) as collector:
+            direct = list(collector)
+    assert len({b["observation"].data_ptr() for b in shared}) == len(shared) == 4
+    for a, b in zip(shared, direct):
+        for key in b.keys(include_nested=True, leaves_only=True):
+            assert torch.equal(a.get(key), b.get(key)), key

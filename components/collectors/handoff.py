@@ -1,0 +1,80 @@
+"""Rollouts handed from a worker process to the driver through shared memory, by index.
+
+A worker in another process of this machine writes each rollout in place into a slot of a shared segment it made
+(:class:`RolloutSlots`: the rollout's layout, ``num_slots`` times) and answers with a :class:`Handoff`: the slot's
+index, plus the slots themselves the first time (they pickle by segment name and attach where they are unpickled).
+The driver copies the slot out once; nothing else travels per rollout. The worker owns the segment (it unlinks it
+when it closes, its resource tracker if it dies); the driver's attachment is closed with the collector.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tensordict import TensorDict, TensorDictBase
+
+from transports.layout import Layout
+from transports.segments import SlotBank
+
+
+class RolloutSlots:
+    """``num_slots`` rollouts shaped like ``template`` in one shared segment.
+
+    Args:
+        template: a rollout (``[time, env]`` TensorDict) whose layout the slots take.
+        num_slots: how many rollouts the segment holds.
+    """
+
+    def __init__(self, template: TensorDictBase | None = None, num_slots: int = 1, bank: SlotBank | None = None):
+        self.bank = bank if bank is not None else SlotBank(Layout.from_tensordict(template), num_slots)
+
+    def __reduce__(self):
+        return (RolloutSlots, (None, self.bank.num_slots, self.bank))
+
+    @property
+    def num_slots(self) -> int:
+        return self.bank.num_slots
+
+    def slot(self, index: int) -> TensorDictBase:
+        """Slot ``index`` (its leaves are views of the shared segment)."""
+        return self.bank.slots[index]
+
+    def copy(self, index: int) -> TensorDict:
+        """A private copy of slot ``index`` (what the driver keeps: the worker writes the slot again later)."""
+        return self.bank.slots[index].clone()
+
+    def close(self) -> None:
+        """Detach (the process that made the slots also removes the segment)."""
+        if self.bank.slots is not None:
+            self.bank.close()
+
+
+@dataclass
+class Handoff:
+    """A worker's answer: its rollout is in slot ``index``; ``slots`` rides along the first time only."""
+
+    index: int
+    slots: RolloutSlots | None = None
+
+
+class Received:
+    """The driver's side: the slots attached per worker, and rollouts copied out of them."""
+
+    def __init__(self):
+        self.slots: dict[int, RolloutSlots] = {}
+
+    def read(self, worker: int, value):
+        """The rollout ``value`` stands for (``value`` itself unless it is a :class:`Handoff`)."""
+        if not isinstance(value, Handoff):
+            return value
+        if value.slots is not None:  # a (re)started worker's slots: they replace the previous ones
+            old = self.slots.pop(worker, None)
+            if old is not None:
+                old.close()
+            self.slots[worker] = value.slots
+        return self.slots[worker].copy(value.index)
+
+    def close(self) -> None:
+        for slots in self.slots.values():
+            slots.close()
+        self.slots = {}
