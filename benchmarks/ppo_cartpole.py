@@ -44,6 +44,11 @@ PLACEMENTS = [
 # components.collector.sync=false: the worker collects the next batch while the learner trains (policy lag <= 1).
 CANDIDATES = PLACEMENTS + [(f"{label} async", [*overrides, "components.collector.sync=false"])
                            for label, overrides in PLACEMENTS if label == "thread" or label.startswith("process/")]
+# ... and with components.collector.env_groups=2 (double buffering: the worker steps half its envs while the server
+# process answers the other half) for the process servers over local transports, with and without overlap.
+CANDIDATES += [(f"{label} groups=2{tag}", [*overrides, "components.collector.env_groups=2", *extra])
+               for tag, extra in (("", []), (" async", ["components.collector.sync=false"]))
+               for label, overrides in PLACEMENTS if label in ("process/shared_memory", "process/process_slot")]
 REFERENCE = "CleanRL ppo.py (reference figures, not measured in this run): 2.2-3.3k frames/s, solves after 113-173k frames in 2.5-4 min"
 
 

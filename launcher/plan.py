@@ -35,7 +35,7 @@ _CONNECTION_FIELDS = ("placement", "transport", "transport_options", "resources"
 _OPTION_NOTES = {("collector", "sync", False): "workers collect the next batch while the learner trains on this one: "
                                                "policy lag <= 1",
                  ("collector", "env_groups", 2): "each worker steps one half of its envs while the policy answers the "
-                                                 "other half (same rollouts as 1 group)"}
+                                                 "other half: faster beside a server process, not bit-reproducible"}
 
 
 @dataclass(frozen=True)
@@ -249,14 +249,6 @@ def _layouts(recipe: Recipe, recipe_cfg: Any, spec, num_envs: int) -> dict[str, 
     return {"inference": {"request": request, "response": response}}
 
 
-def _auto_env_groups(resolved: dict, envs_per_worker: int) -> int:
-    """``env_groups`` when left to the plan: 2 (double buffering) where the policy answers from another process,
-    so the envs step while it computes, and each worker's envs split evenly; 1 otherwise."""
-    inference = resolved.get("inference")
-    remote = inference is not None and inference.placement not in ("direct", "thread")
-    return 2 if remote and envs_per_worker >= 2 and envs_per_worker % 2 == 0 else 1
-
-
 def _topological(names: tuple[str, ...]) -> tuple[str, ...]:
     order: list[str] = []
     pending = sorted((n for n in compat.COMPONENTS if n in names), key=lambda n: not compat.declaration(n).first)
@@ -298,21 +290,11 @@ def build_plan(cfg: DictConfig) -> LaunchPlan:
         services = recipe.services(recipe_cfg, spec)
     except ValueError as exc:
         raise ConfigurationError(str(exc), path="recipe") from exc
-    workers, groups = int(cfg.components.collector.num_collectors), cfg.components.collector.env_groups
+    # one policy request carries the envs of one group of one worker
+    split = int(cfg.components.collector.num_collectors) * int(cfg.components.collector.env_groups)
     num_envs = services.get("collector", {}).get("num_envs", 1)
-
-    def resolve(groups: int) -> dict:  # one policy request carries one env group of one worker
-        split = workers * groups
-        layouts = _layouts(recipe, recipe_cfg, spec, num_envs // split if num_envs % split == 0 else num_envs)
-        return resolve_components(cfg, recipe.needs, services, layouts)
-
-    resolved = resolve(groups or 1)
-    if groups is None and "collector" in resolved:  # env_groups=null: the plan decides, and says so
-        groups = _auto_env_groups(resolved, num_envs // workers)
-        if groups != 1:
-            resolved = resolve(groups)
-        collector = resolved["collector"]
-        resolved["collector"] = dataclasses.replace(collector, options={**collector.options, "env_groups": groups})
+    layouts = _layouts(recipe, recipe_cfg, spec, num_envs // split if split >= 1 and num_envs % split == 0 else num_envs)
+    resolved = resolve_components(cfg, recipe.needs, services, layouts)
     check_calls(resolved)
     plans = tuple(
         dataclasses.replace(resolved[name], depends_on=tuple(d for d in compat.declaration(name).depends_on

@@ -61,9 +61,9 @@ class CollectorConf(ComponentConf):
     num_collectors: int = bounded(1, ge=1)  # collector workers (one vector env each)
     sync: bool = True  # false: workers collect the next batch while the learner trains on this one (policy lag <= 1)
     # vector envs per worker, stepped in turn: with 2, one group's policy request is in flight while the other
-    # group steps (same rollouts as 1). null: 2 where the policy is served in another process and each worker's
-    # envs split evenly, else 1
-    env_groups: Optional[int] = bounded(None, ge=1)
+    # group steps (faster beside a server process; the server then batches half-size requests together or apart,
+    # so a seeded run is no longer bit-reproducible across placements)
+    env_groups: int = bounded(1, ge=1)
 
 
 @dataclass

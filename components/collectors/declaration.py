@@ -17,9 +17,8 @@ def check(options: Mapping[str, Any], *, inline: bool = False) -> None:
         require(c, "frames_per_batch", frames, frames >= 1, ">= 1")
         require(c, "num_collectors", workers, frames % workers == 0,
                 f"a divisor of frames_per_batch={frames} (each worker collects an equal share)")
-    envs, groups = options.get("num_envs"), options.get("env_groups")
-    require(c, "env_groups", groups, groups is None or (isinstance(groups, int) and groups >= 1), ">= 1 (or null: auto)")
-    groups = groups or 1
+    envs, groups = options.get("num_envs"), options.get("env_groups", 1)
+    require(c, "env_groups", groups, isinstance(groups, int) and groups >= 1, ">= 1")
     if envs is not None:
         require(c, "num_collectors", workers, envs % workers == 0,
                 f"a divisor of the recipe's num_envs={envs} (envs are split over workers)")

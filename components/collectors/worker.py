@@ -24,7 +24,9 @@ class _Group:
         self.request = TensorDict({"observation": torch.from_numpy(stepper.obs), SAMPLE_SEED: self._seed},
                                   batch_size=[stepper.num_envs], device="cpu")  # on the policy's device: not moved
         self._seed_np = self._seed.numpy()
-        self._submit = policy.submit if hasattr(policy, "submit") else _Immediate.wrapping(policy)
+        # an owner in this thread (a direct server) answers at once: called, without a future per step
+        inline = getattr(policy, "inline", False) is True
+        self._submit = policy.submit if hasattr(policy, "submit") and not inline else _Immediate.wrapping(policy)
 
     def ask(self, seeds: np.ndarray):
         """Send the current observations (and this step's sampling seeds, a row of the rollout's) to the policy; a

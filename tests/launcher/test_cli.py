@@ -41,10 +41,17 @@ def test_dry_run_prints_the_plan_and_starts_nothing(compose_cfg, tmp_path, capsy
     assert launch(cfg, str(tmp_path)) is None
     out = capsys.readouterr().out
     assert "NOT IMPLEMENTED YET" not in out and "shared_memory" in out
-    assert "inference.request: observation [8, 4] float32" in out  # one of the worker's two env groups
-    assert "collector.env_groups: 2 (each worker steps one half of its envs" in out
-    assert "collector.sync" not in out  # the default is not worth a line
+    assert "inference.request: observation [16, 4] float32" in out
+    assert "collector.sync" not in out and "env_groups" not in out  # defaults are not worth a line
     assert not (tmp_path / "metrics.csv").exists()
+
+
+def test_two_env_groups_halve_the_request_and_say_what_they_cost(compose_cfg, tmp_path, capsys):
+    cfg = compose_cfg("+recipe=ppo", "service=process", "components.collector.env_groups=2", "launcher.dry_run=true")
+    assert launch(cfg, str(tmp_path)) is None
+    out = capsys.readouterr().out
+    assert "inference.request: observation [8, 4] float32" in out  # one of the worker's two groups of 8 envs
+    assert "collector.env_groups: 2 (each worker steps one half of its envs" in out and "not bit-reproducible" in out
 
 
 def test_dry_run_says_when_collection_overlaps_learning(compose_cfg, tmp_path, capsys):
