@@ -37,7 +37,6 @@ from typing import Any, Mapping
 
 from tensordict import TensorDictBase
 
-from . import _gloo
 from ._gloo import BYE, ERROR, POLL_S, REPLY, REQUEST, SEND_TIMEOUT_S, SHUTDOWN, Connection, MalformedMessage, \
     Wire, check_backend, check_options, connect_store, groups, open_store, wait_answer
 from .base import Batch, RequestReplyTransport, ServerEndpoint, drain
@@ -297,7 +296,8 @@ class DistributedServer(ServerEndpoint):
 
     def close(self, reason: str = "the server was shut down", timeout: float = 2.0) -> None:
         """Stop accepting, tell every connected client (which answers BYE), and wait for the channels to end (an
-        endpoint still building its groups ends within ``_gloo.CONNECT_S``: no thread is left inside gloo)."""
+        endpoint still building its groups is waited for as long as the others; it ends on its own within
+        ``_gloo.CONNECT_S``, and the process, if it ends first, waits for it: no thread is left inside gloo)."""
         self._reason = reason
         self._stop.set()
         self._accepting.join(timeout)
@@ -306,8 +306,8 @@ class DistributedServer(ServerEndpoint):
             self._send(channel, SHUTDOWN, 0, text=reason, timeout=1.0)
         deadline = time.monotonic() + timeout
         for channel in channels:
-            if channel.connecting is not None:  # gives up within CONNECT_S when its peer never connects
-                channel.connecting.join(max(0.0, deadline - time.monotonic()) + _gloo.CONNECT_S)
+            if channel.connecting is not None:
+                channel.connecting.join(max(0.0, deadline - time.monotonic()))
             if channel.thread is not None:
                 channel.thread.join(max(0.0, deadline - time.monotonic()))
         self._store = None

@@ -235,10 +235,10 @@ def test_a_client_dying_between_announcement_and_groups_delays_nobody_and_leaves
         assert wait_until(lambda: store.check([f"answer/{n}"]) and store.get(f"answer/{n}"), timeout=10) == b"ok"
         assert good.submit(request(1.0)).result(10)["action"][0].item() == 3.0  # served while n hangs
         assert n in server.endpoint.channels  # still waiting for the half-connected peer
-        started = time.monotonic()
-        server.close()
-        assert time.monotonic() - started < 3.0 + 5.0
-        assert not [t for t in threading.enumerate() if t.name in (f"halfway-rx{n}", f"halfway-connect{n}")]
+        server.close()  # waits for the half-connected endpoint no longer than for the others; it gives up on its own
+
+        wait_until(lambda: not [t for t in threading.enumerate() if t.name in (f"halfway-rx{n}", f"halfway-connect{n}")],
+                   timeout=3.0 + 5.0, what="the half-connected endpoint's thread gives up")
     finally:
         server.close()
         transport.mark_dead(stopped=True)
@@ -252,8 +252,10 @@ import json, os, sys, time
 sys.path.insert(0, os.getcwd())
 import torch
 from tensordict import TensorDict
+import transports._gloo
 from transports._gloo import connect_store
 from transports.distributed import DistributedTransport
+transports._gloo.CONNECT_S = 3.0  # how long the abandoned endpoint waits (and the exit with it)
 request, response = TensorDict({"obs": torch.zeros(2)}, []), TensorDict({"act": torch.zeros(1)}, [])
 transport = DistributedTransport(request, response, name="leaving")
 server = transport.server()
