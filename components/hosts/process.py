@@ -153,6 +153,9 @@ class ProcessHost(Host):
 
     def _watch(self) -> None:
         ready = wait([self._process.sentinel, self._wake_r])
+        while self._process.sentinel in ready and not self._stopping and self._runs():
+            ready = wait([self._wake_r], timeout=0.2)  # the forkserver ended, the child runs: watch its pid
+            ready = [] if ready else [self._process.sentinel]
         if self._process.sentinel in ready and not self._stopping:
             self._died(self._lost())
 
@@ -171,7 +174,16 @@ class ProcessHost(Host):
 
     def _peer_alive(self) -> bool:
         """Whether the process the target lives in still runs (checked while a control call waits)."""
-        return self._process.is_alive()
+        return self._runs()
+
+    def _runs(self) -> bool:
+        """Whether the child process runs. Its sentinel says so while the forkserver that started it lives; a signal
+        to the whole process group (a terminal's Ctrl-C, a batch system's SIGTERM) may end the forkserver first,
+        which closes every child's sentinel at once: the child's pid decides then (a zombie has ended)."""
+        process = self._process
+        if process is None:
+            return False
+        return process.is_alive() or _pid_runs(process.pid)
 
     def _lost(self) -> str:
         """How the target's process ended, in words (the start of a peer-failure message)."""
@@ -194,7 +206,7 @@ class ProcessHost(Host):
         if self._process is None or self._stopping:
             return
         self._stopping = True
-        if self._process.is_alive():
+        if self._runs():
             try:
                 _send(self._conn, ("stop", None))
             except (OSError, ValueError):
@@ -206,8 +218,7 @@ class ProcessHost(Host):
         timeout = DEFAULT_STOP_TIMEOUT if timeout is None else timeout
         deadline = time.monotonic() + timeout
         self.request_stop()
-        if self._process.is_alive():
-            self._process.join(max(0.0, 0.6 * (deadline - time.monotonic())))
+        self._wait_ended(max(0.0, 0.6 * (deadline - time.monotonic())))
         self._force_stop(max(0.1, deadline - time.monotonic()))
         self._stop_watcher()
         if self._conn is not None:
@@ -221,12 +232,21 @@ class ProcessHost(Host):
 
     def _force_stop(self, budget: float) -> None:
         self._stopping = True
-        if self._process.is_alive():
-            self._process.terminate()
-            self._process.join(budget / 2)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join(budget / 2 + 1.0)
+        for signum, wait_s in ((signal.SIGTERM, budget / 2), (signal.SIGKILL, budget / 2 + 1.0)):
+            if not self._runs():
+                return
+            try:  # by pid: the Popen object may believe the child ended when only its forkserver did
+                os.kill(self._process.pid, signum)
+            except ProcessLookupError:
+                return
+            self._wait_ended(wait_s)
+
+    def _wait_ended(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self._runs() and time.monotonic() < deadline:
+            self._process.join(0.02)
+            if not self._process.is_alive():  # its sentinel is closed: join returns at once, so pace the checks
+                time.sleep(0.02)
 
     @staticmethod
     def make_queue(maxsize: int):
@@ -237,7 +257,7 @@ class ProcessHost(Host):
     # ------------------------------------------------------------------ introspection
     @property
     def is_alive(self) -> bool:
-        return self._process is not None and self._process.is_alive() and self.death is None and not self._stopping
+        return self._process is not None and self._runs() and self.death is None and not self._stopping
 
     @property
     def pid(self) -> int | None:
@@ -311,3 +331,14 @@ def _child_main(factory, conn, *, own_signals: bool = True) -> bool:
         stop.set()
         close_target(target)
     return True
+
+
+def _pid_runs(pid: int | None) -> bool:
+    """Whether process ``pid`` exists and has not ended (a zombie has)."""
+    if pid is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False

@@ -123,6 +123,33 @@ def test_a_killed_child_is_reported_once_and_calls_fail():
     assert process_gone(pid)
 
 
+@pytest.mark.slow
+def test_a_process_host_outlives_the_forkserver_that_started_it():
+    """A SIGTERM to the whole process group (a terminal, a batch system) can end multiprocessing's forkserver before
+    the launcher stops the children it started; they ignore the signal and keep serving, and their hosts must not
+    take the forkserver's end for theirs (seen: a logger marked dead mid-shutdown, its last rows refused)."""
+    from multiprocessing import forkserver
+
+    deaths = []
+    host = host_class("process")("survivor", make, on_death=deaths.append).start()
+    try:
+        pid, server = host.pid, forkserver._forkserver._forkserver_pid
+        os.kill(server, signal.SIGKILL)
+        wait_until(lambda: process_gone(server), timeout=10, what="the forkserver gone")
+        assert host.is_alive and host.call("add", 1, 2) == 3 and deaths == []
+        os.kill(pid, signal.SIGKILL)  # its own end is still seen, by its pid
+        wait_until(lambda: deaths, timeout=10, what="the death report")
+        assert deaths[0].startswith("the survivor process died")
+    finally:
+        host.stop()
+    assert process_gone(pid)
+    second = host_class("process")("after", make).start()  # the next child comes from a new forkserver
+    try:
+        assert second.call("add", 2, 2) == 4
+    finally:
+        second.stop()
+
+
 def test_a_thread_loop_that_ends_on_its_own_is_reported():
     deaths = []
 
