@@ -26,6 +26,7 @@ unencrypted, as everywhere in torch.distributed; keep ``host`` on loopback or a 
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ from typing import Any, Mapping
 
 from tensordict import TensorDictBase
 
+from . import _gloo
 from ._gloo import BYE, ERROR, POLL_S, REPLY, REQUEST, SEND_TIMEOUT_S, SHUTDOWN, Connection, MalformedMessage, \
     Wire, check_backend, check_options, connect_store, groups, open_store, wait_answer
 from .base import Batch, RequestReplyTransport, ServerEndpoint, drain
@@ -306,10 +308,14 @@ class DistributedServer(ServerEndpoint):
             self._send(channel, SHUTDOWN, 0, text=reason, timeout=1.0)
         deadline = time.monotonic() + timeout
         for channel in channels:
-            if channel.connecting is not None:
-                channel.connecting.join(max(0.0, deadline - time.monotonic()))
+            if channel.connecting is not None:  # gives up within CONNECT_S when its peer never connects
+                channel.connecting.join(max(0.0, deadline - time.monotonic()) + _gloo.CONNECT_S)
             if channel.thread is not None:
                 channel.thread.join(max(0.0, deadline - time.monotonic()))
+        if any(channel.connecting is not None and channel.wire is None for channel in channels):
+            # what a failed rendezvous left (a half-built gloo context) is freed now, while the interpreter runs:
+            # freed during its finalization, it aborted the process about half the time
+            gc.collect()
         self._store = None
 
 
