@@ -77,6 +77,17 @@ def served():
                what="the transport's threads end")
 
 
+def announce(store, client) -> int:
+    """Announce ``client``'s endpoint in ``store`` by hand, as a client does before it builds its groups (tests that
+    stop there, or speak on the channel themselves); its endpoint number."""
+    a = client.address
+    n = store.add("endpoints", 1) - 1
+    store.set(f"hello/{n}", json.dumps({"generation": a.generation, "op": client.op, "pid": os.getpid(),
+                                        "request": client.request_layout.to_text(),
+                                        "response": client.response_layout.to_text()}))
+    return n
+
+
 def test_round_trip_nested_keys_extra_keys_dropped_and_errors_typed(served):
     transport, _ = served
     client = transport.client()
@@ -201,10 +212,7 @@ def test_garbage_on_the_control_channel_drops_only_that_channel(served):
     assert good.submit(request(1.0)).result(10)["action"][0].item() == 3.0
     a = transport.address
     store = connect_store(a.host, a.port, 10, "test")
-    n = store.add("endpoints", 1) - 1
-    store.set(f"hello/{n}", json.dumps({"generation": a.generation, "op": "call", "pid": os.getpid(),
-                                        "request": good.request_layout.to_text(),
-                                        "response": good.response_layout.to_text()}))
+    n = announce(store, good)
     wait_until(lambda: store.check([f"answer/{n}"]), timeout=10)
     out, _ = groups(store, f"{a.generation}/{n}/", 1, a.host, "gloo")
     # a message of the size the channel expects whose header is not ours (gloo itself aborts on a message larger
@@ -228,10 +236,7 @@ def test_a_client_dying_between_announcement_and_groups_delays_nobody_and_leaves
         good = transport.client()
         a = transport.address
         store = connect_store(a.host, a.port, 10, "test")
-        n = store.add("endpoints", 1) - 1
-        store.set(f"hello/{n}", json.dumps({"generation": a.generation, "op": "call", "pid": os.getpid(),
-                                            "request": good.request_layout.to_text(),
-                                            "response": good.response_layout.to_text()}))
+        n = announce(store, good)
         assert wait_until(lambda: store.check([f"answer/{n}"]) and store.get(f"answer/{n}"), timeout=10) == b"ok"
         assert good.submit(request(1.0)).result(10)["action"][0].item() == 3.0  # served while n hangs
         assert n in server.endpoint.channels  # still waiting for the half-connected peer
@@ -255,6 +260,7 @@ from tensordict import TensorDict
 import transports._gloo
 from transports._gloo import connect_store
 from transports.distributed import DistributedTransport
+from tests.transports.test_distributed import announce
 transports._gloo.CONNECT_S = 3.0  # how long the abandoned endpoint waits (and the exit with it)
 request, response = TensorDict({"obs": torch.zeros(2)}, []), TensorDict({"act": torch.zeros(1)}, [])
 transport = DistributedTransport(request, response, name="leaving")
@@ -262,10 +268,7 @@ server = transport.server()
 client = transport.client()
 a = transport.address
 store = connect_store(a.host, a.port, 10, "test")
-n = store.add("endpoints", 1) - 1
-store.set(f"hello/{n}", json.dumps({"generation": a.generation, "op": "call", "pid": os.getpid(),
-                                    "request": client.request_layout.to_text(),
-                                    "response": client.response_layout.to_text()}))
+n = announce(store, client)
 deadline = time.monotonic() + 10
 while not store.check([f"answer/{n}"]) and time.monotonic() < deadline:
     time.sleep(0.01)
