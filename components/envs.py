@@ -18,6 +18,7 @@ from tensordict import TensorDict
 from transports.errors import ConfigurationError
 from transports.layout import Layout
 
+from .env_backends import check_backend, make_vector
 from .targets import instantiate_target
 
 
@@ -119,28 +120,34 @@ def make_vector_env(env_id: str, num_envs: int, **kwargs: Any) -> gym.vector.Vec
 
 class EnvMaker:
     """Makes one environment as the ``env`` config says: ``gymnasium.make(id, **kwargs)``, or your own callable
-    ``_target_(**kwargs) -> gymnasium.Env``. Plain data, so it pickles: collectors make their envs where they run.
+    ``_target_(**kwargs) -> gymnasium.Env``; and vector envs of it on the chosen backend. Plain data, so it pickles:
+    collectors make their envs where they run.
 
     Args:
         id: a registered gymnasium id (``CartPole-v1``).
         _target_: instead of ``id``, the dotted name of a callable that returns one gymnasium env.
-        kwargs: keyword arguments of ``gymnasium.make``, or of the ``_target_`` callable.
+        kwargs: keyword arguments of ``gymnasium.make``, or of the ``_target_`` callable; on the ``vector`` and
+            ``envpool`` backends, of the vector env (see :mod:`components.env_backends`).
+        backend: how :meth:`vector` vectorizes: ``gymnasium`` (per-env SyncVectorEnv), ``vector`` (the env's own
+            array-vectorized implementation) or ``envpool``; all with same-step autoreset.
 
     Raises:
-        ConfigurationError: neither or both of ``id`` and ``_target_`` are set.
+        ConfigurationError: neither or both of ``id`` and ``_target_`` are set; a backend that cannot make the env.
 
     Example:
         >>> EnvMaker(_target_="my_envs.make_maze", kwargs={"size": 5}).vector(8)   # a SyncVectorEnv of 8 mazes
     """
 
-    def __init__(self, id: str | None = None, _target_: str | None = None, kwargs: Mapping[str, Any] | None = None):
+    def __init__(self, id: str | None = None, _target_: str | None = None, kwargs: Mapping[str, Any] | None = None,
+                 backend: str = "gymnasium"):
         if id is not None and _target_ is not None:
             raise ConfigurationError(f"env.id={id!r} and env._target_={_target_!r} both name an environment: keep one "
                                      "(e.g. env.id=null)", path="env")
         if id is None and _target_ is None:
             raise ConfigurationError("no environment: set env.id (a gymnasium id) or env._target_ (a callable that "
                                      "returns one gymnasium env)", path="env.id")
-        self.id, self.target, self.kwargs = id, _target_, dict(kwargs or {})
+        check_backend(backend, id)
+        self.id, self.target, self.kwargs, self.backend = id, _target_, dict(kwargs or {}), backend
 
     @classmethod
     def from_config(cls, node: Any) -> "EnvMaker":
@@ -152,10 +159,10 @@ class EnvMaker:
         from omegaconf import OmegaConf
 
         data = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
-        unknown = sorted(set(data) - {"id", "_target_", "kwargs"})
+        unknown = sorted(set(data) - {"id", "_target_", "kwargs", "backend"})
         if unknown:
             raise ConfigurationError(f"env: unknown keys {unknown}; the callable's arguments go under env.kwargs",
-                                     path=f"env.{unknown[0]}", alternatives=("id", "_target_", "kwargs"))
+                                     path=f"env.{unknown[0]}", alternatives=("id", "_target_", "kwargs", "backend"))
         return cls(**data)
 
     @property
@@ -170,22 +177,32 @@ class EnvMaker:
         return instantiate_target({"_target_": self.target, **self.kwargs}, "env", expect=gym.Env)
 
     def spec(self) -> EnvSpec:
-        """The :class:`EnvSpec`, read from a throwaway instance (closed before returning)."""
+        """The :class:`EnvSpec`, read from a throwaway instance (closed before returning): one env, or on a fast
+        backend a vector of one (its kwargs are the vector env's)."""
+        path = "env.id" if self.id is not None else "env._target_"
+        if self.backend != "gymnasium":
+            env = self.vector(1)
+            try:
+                return spec_from_spaces(self.name, env.single_observation_space, env.single_action_space, path=path)
+            finally:
+                env.close()
         env = self()
         try:
-            return spec_from_spaces(self.name, env.observation_space, env.action_space,
-                                    path="env.id" if self.id is not None else "env._target_")
+            return spec_from_spaces(self.name, env.observation_space, env.action_space, path=path)
         finally:
             env.close()
 
     def vector(self, num_envs: int) -> gym.vector.VectorEnv:
-        """``num_envs`` environments in one synchronous vector env with same-step autoreset."""
+        """``num_envs`` environments in one vector env on :attr:`backend`, with same-step autoreset."""
+        if self.backend != "gymnasium":
+            return make_vector(self.backend, self.id, num_envs, self.kwargs)
         if self.id is not None:
             return make_vector_env(self.id, num_envs, **self.kwargs)
         return gym.vector.SyncVectorEnv([self] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
     def __repr__(self) -> str:
-        return f"EnvMaker({self.name!r}, kwargs={self.kwargs!r})"
+        backend = "" if self.backend == "gymnasium" else f", backend={self.backend!r}"
+        return f"EnvMaker({self.name!r}, kwargs={self.kwargs!r}{backend})"
 
 
 NEXT_KEYS = ("observation", "reward", "terminated", "truncated", "done", "episode_return", "episode_length")

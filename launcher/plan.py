@@ -47,6 +47,7 @@ class LaunchPlan:
         env_id: the environment.
         seed: the run's seed.
         components: one :class:`~components.resolution.Resolved` per owner, in start order.
+        env_backend: how collectors vectorize the envs (``env.backend``).
         defaults: each component's option defaults (the printed plan names only what a run sets otherwise).
     """
 
@@ -54,6 +55,7 @@ class LaunchPlan:
     env_id: str
     seed: int
     components: tuple[Resolved, ...]
+    env_backend: str = "gymnasium"
     defaults: dict = dataclasses.field(default_factory=dict, compare=False)
 
     def __getitem__(self, name: str) -> Resolved:
@@ -80,7 +82,7 @@ class LaunchPlan:
         return tuple(c for c in self.components if not c.built)
 
     def to_dict(self) -> dict:
-        data = {"recipe": self.recipe, "env_id": self.env_id, "seed": self.seed,
+        data = {"recipe": self.recipe, "env_id": self.env_id, "env_backend": self.env_backend, "seed": self.seed,
                 "components": [{"name": c.name, **asdict(c)} for c in self.components]}
         return json.loads(json.dumps(data, default=str))
 
@@ -94,7 +96,8 @@ class LaunchPlan:
         ]
         widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
         fmt = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + "  {}"
-        lines = [f"plan: recipe={self.recipe} env={self.env_id} seed={self.seed}", fmt.format(*head)]
+        backend = "" if self.env_backend == "gymnasium" else f" (env.backend={self.env_backend})"
+        lines = [f"plan: recipe={self.recipe} env={self.env_id}{backend} seed={self.seed}", fmt.format(*head)]
         lines += [fmt.format(*r) for r in rows]
         details = []
         for c in self.components:
@@ -284,7 +287,8 @@ def build_plan(cfg: DictConfig) -> LaunchPlan:
     from components.envs import EnvMaker  # gymnasium and tensordict: only once a recipe is chosen
     from components.logger import logger_class
 
-    spec = EnvMaker.from_config(cfg.env).spec()
+    maker = EnvMaker.from_config(cfg.env)
+    spec = maker.spec()
     logger_class(cfg.logger)  # a logger _target_ that does not fit fails here, before anything starts
     try:
         services = recipe.services(recipe_cfg, spec)
@@ -302,4 +306,4 @@ def build_plan(cfg: DictConfig) -> LaunchPlan:
         for name in _topological(recipe.needs)
     )
     return LaunchPlan(recipe=recipe.name, env_id=spec.env_id, seed=int(cfg.seed), components=plans,
-                      defaults=_option_defaults(cfg, recipe.needs))
+                      env_backend=maker.backend, defaults=_option_defaults(cfg, recipe.needs))

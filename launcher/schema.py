@@ -131,6 +131,7 @@ class EnvConf:
     id: Optional[str] = None  # gymnasium id, e.g. CartPole-v1
     _target_: Optional[str] = None  # instead of id: dotted name of a callable (**kwargs) -> gymnasium.Env
     kwargs: Dict[str, Any] = field(default_factory=dict)  # keyword arguments of gymnasium.make, or of _target_
+    backend: str = "gymnasium"  # how collectors vectorize envs: gymnasium | vector | envpool (components.env_backends)
 
 
 @dataclass

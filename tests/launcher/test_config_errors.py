@@ -63,6 +63,9 @@ MISTAKES = [
     (("~seed",), "seed", "seed has no value"),
     (("components.inference.max_batch_size=-5",), "components.inference.max_batch_size", ">= 1, got -5"),
     (("components.inference.timeout=-1",), "components.inference.timeout", ">= 0 seconds, got -1"),
+    (("env.backend=fast",), "env.backend", "supported: gymnasium, vector, envpool"),
+    (("env=pendulum", "env.backend=vector"), "env.backend", "'Pendulum-v1' has no array-vectorized implementation"),
+    (("env.id=NoSuchEnv-v0", "env.backend=envpool"), "env.id", "EnvPool does not implement 'NoSuchEnv-v0'"),
 ]
 
 

@@ -133,3 +133,12 @@ def test_layouts_come_from_env_specs_and_the_policy(compose_cfg):
 def test_recipe_constraints_fail_before_anything_starts(compose_cfg):
     with pytest.raises(ConfigurationError, match="must be divisible by num_minibatches=3"):
         build_plan(compose_cfg("+recipe=ppo", "recipe.num_minibatches=3"))
+
+
+@pytest.mark.parametrize("backend", ["gymnasium", "vector", "envpool"])
+def test_the_plan_names_the_env_backend_where_it_is_not_the_default(compose_cfg, backend):
+    plan = build_plan(compose_cfg("+recipe=ppo", f"env.backend={backend}"))
+    assert plan.env_backend == backend and plan.to_dict()["env_backend"] == backend
+    first = plan.render().splitlines()[0]
+    assert first == "plan: recipe=ppo env=CartPole-v1 seed=0" if backend == "gymnasium" else \
+        first == f"plan: recipe=ppo env=CartPole-v1 (env.backend={backend}) seed=0"

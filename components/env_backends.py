@@ -1,0 +1,199 @@
+"""How a collector's envs are vectorized: ``env.backend`` picks one, and every one steps with same-step autoreset.
+
+- ``gymnasium`` (the default): gymnasium's ``SyncVectorEnv`` over ``gymnasium.make(id)``, one Python env object per
+  env (works for every env, and for ``env._target_`` callables).
+- ``vector``: the env's own array-vectorized implementation, gymnasium's ``vectorization_mode="vector_entry_point"``
+  (CartPole's ``CartPoleVectorEnv`` steps all its envs in a few numpy expressions).
+- ``envpool``: EnvPool's C++ environments (``pip install '.[envpool]'``), for the ids EnvPool implements.
+
+Both fast backends reset an ended env on the *next* step natively (the action given then is ignored and a zero
+reward returned). The adapters here reset ended envs within the step instead, as gymnasium's
+``AutoresetMode.SAME_STEP`` does: the step returns the reset observation, the final one goes into
+``info["final_obs"]`` where ``info["_final_obs"]`` is set. So recipes see the same kind of data on every backend:
+every transition is a real one, and an episode's last transition carries its final observation.
+
+Seeds: the ``gymnasium`` backend seeds env ``i`` with ``seed + i``; the other two take one seed for the whole
+vector (the first of a list), so their episodes differ from the ``gymnasium`` backend's, reproducibly.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Mapping
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector.utils import batch_space
+
+from transports.errors import ConfigurationError
+
+BACKENDS = ("gymnasium", "vector", "envpool")
+"""The values ``env.backend`` takes."""
+
+
+def check_backend(backend: str, env_id: str | None) -> None:
+    """Refuse, before anything starts, a backend that cannot make ``env_id`` here.
+
+    Raises:
+        ConfigurationError: an unknown backend; a fast backend without ``env.id``; ``vector`` for an env without a
+            vector entry point or without a same-step adapter; ``envpool`` not installed or not implementing the id.
+    """
+    if backend not in BACKENDS:
+        raise ConfigurationError(f"env.backend={backend!r} is not a backend", path="env.backend", alternatives=BACKENDS)
+    if backend == "gymnasium":
+        return
+    if env_id is None:
+        raise ConfigurationError(f"env.backend={backend} makes envs by id; an env._target_ callable runs on the "
+                                 "gymnasium backend (env.backend=gymnasium)", path="env.backend")
+    if backend == "vector":
+        try:
+            entry = gym.spec(env_id).vector_entry_point
+        except gym.error.Error as exc:
+            raise ConfigurationError(f"cannot make gymnasium env {env_id!r}: {exc}", path="env.id") from exc
+        if entry is None:
+            raise ConfigurationError(f"env {env_id!r} has no array-vectorized implementation (no vector_entry_point "
+                                     "in its gymnasium registration): use env.backend=gymnasium (or envpool)",
+                                     path="env.backend")
+    else:
+        _envpool_ids(env_id)
+
+
+def make_vector(backend: str, env_id: str, num_envs: int, kwargs: Mapping[str, Any]) -> gym.vector.VectorEnv:
+    """``num_envs`` envs of ``env_id`` on a fast backend (``vector`` or ``envpool``), stepping with same-step
+    autoreset; ``kwargs`` go to the vector env's constructor (``gymnasium.make_vec``) or to
+    ``envpool.make_gymnasium`` (``num_threads``, ``max_episode_steps``...)."""
+    check_backend(backend, env_id)
+    if backend == "vector":
+        env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", **kwargs)
+        if env.metadata.get("autoreset_mode") == gym.vector.AutoresetMode.SAME_STEP:
+            return env
+        reset_rows = _ROW_RESETS.get(type(env.unwrapped).__qualname__)
+        if reset_rows is None:
+            env.close()
+            raise ConfigurationError(
+                f"env {env_id!r}: its vector implementation {type(env.unwrapped).__name__} resets on the next step "
+                f"({env.metadata.get('autoreset_mode')}) and has no same-step adapter here: use env.backend=gymnasium",
+                path="env.backend")
+        return SameStepVector(env, reset_rows)
+    return EnvPoolVector(env_id, num_envs, dict(kwargs))
+
+
+# ---------------------------------------------------------------------------------------------- vector_entry_point
+def _reset_cartpole_rows(env: Any, rows: np.ndarray) -> np.ndarray:
+    """Reset the ``rows`` of gymnasium's ``CartPoleVectorEnv`` as its own next step would (same draw, same bounds),
+    now; the observations of every env afterwards."""
+    env.state[:, rows] = env.np_random.uniform(low=env.low, high=env.high, size=(4, int(rows.sum())))
+    env.steps[rows] = 0
+    env.prev_done[rows] = False  # its next step is a real one: no reset, no ignored action
+    return env.state.T.astype(np.float32)
+
+
+_ROW_RESETS: dict[str, Callable[[Any, np.ndarray], np.ndarray]] = {"CartPoleVectorEnv": _reset_cartpole_rows}
+"""Per array-vectorized env class whose own autoreset is NEXT_STEP: how to reset some of its envs at once."""
+
+
+class SameStepVector(gym.vector.VectorEnv):
+    """An array-vectorized gymnasium env that resets on the next step, stepped with same-step autoreset.
+
+    Args:
+        env: the vector env (``gymnasium.make_vec(..., vectorization_mode="vector_entry_point")``).
+        reset_rows: ``(unwrapped env, boolean rows) -> observations of every env`` after resetting those rows.
+    """
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+
+    def __init__(self, env: gym.vector.VectorEnv, reset_rows: Callable[[Any, np.ndarray], np.ndarray]):
+        self.env, self._reset_rows = env, reset_rows
+        self.num_envs, self.spec = env.num_envs, env.spec
+        self.single_observation_space, self.single_action_space = env.single_observation_space, env.single_action_space
+        self.observation_space, self.action_space = env.observation_space, env.action_space
+
+    def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
+        return self.env.reset(seed=_first(seed), options=options)
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, info = self.env.step(actions)
+        done = np.logical_or(terminated, truncated)
+        if done.any():
+            info = {**info, "final_obs": obs, "_final_obs": done}
+            obs = self._reset_rows(self.env.unwrapped, done)
+        return obs, reward, terminated, truncated, info
+
+    def close(self, **kwargs: Any) -> None:
+        self.env.close(**kwargs)
+
+
+def _first(seed: int | list[int] | None) -> int | None:
+    """One seed for a whole vector: the first of a per-env list."""
+    return seed[0] if isinstance(seed, (list, tuple)) else seed
+
+
+# ---------------------------------------------------------------------------------------------- envpool
+def _envpool():
+    try:
+        import envpool
+    except ImportError as exc:
+        raise ConfigurationError("env.backend=envpool needs EnvPool: pip install '.[envpool]'",
+                                 path="env.backend") from exc
+    return envpool
+
+
+def _envpool_ids(env_id: str) -> None:
+    if env_id not in _envpool().list_all_envs():
+        raise ConfigurationError(f"EnvPool does not implement {env_id!r}: use env.backend=gymnasium (EnvPool's ids: "
+                                 "envpool.list_all_envs())", path="env.id")
+
+
+class EnvPoolVector(gym.vector.VectorEnv):
+    """EnvPool's synchronous env pool as a gymnasium vector env with same-step autoreset.
+
+    EnvPool resets an ended env on its next step; here the ended envs are reset within the step
+    (``pool.reset(env_ids)``), so the step after is a real transition. Seeding (``reset(seed=s)``) makes a new pool
+    with ``seed=s``: EnvPool derives every env's seed from it.
+
+    Args:
+        env_id: an id of ``envpool.list_all_envs()``.
+        num_envs: envs in the pool (all stepped together: ``batch_size = num_envs``).
+        kwargs: more arguments of ``envpool.make_gymnasium`` (``num_threads``: its worker threads, default one per
+            core; ``max_episode_steps``...).
+    """
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+
+    def __init__(self, env_id: str, num_envs: int, kwargs: dict[str, Any], seed: int = 0):
+        self.env_id, self.num_envs, self._kwargs = env_id, num_envs, kwargs
+        self._pool, self._seed = self._make(seed), seed
+        self.single_observation_space = self._pool.observation_space
+        self.single_action_space = self._pool.action_space
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+
+    def _make(self, seed: int):
+        with warnings.catch_warnings():  # EnvPool builds float32 Boxes from float64 bounds: gymnasium warns, harmlessly
+            warnings.filterwarnings("ignore", message=".*precision lowered by casting to float32", category=UserWarning)
+            pool = _envpool().make_gymnasium(self.env_id, num_envs=self.num_envs, batch_size=self.num_envs, seed=seed,
+                                             **self._kwargs)
+            pool.observation_space, pool.action_space  # built on first access: here, where the warning is ignored
+        return pool
+
+    def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
+        seed = _first(seed)
+        if seed is not None and seed != self._seed:
+            self._pool.close()
+            self._pool, self._seed = self._make(seed), seed
+        obs, _ = self._pool.reset()
+        return obs, {}
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, _ = self._pool.step(np.asarray(actions))
+        done = np.logical_or(terminated, truncated)
+        info: dict = {}
+        if done.any():
+            fresh, reset_info = self._pool.reset(np.flatnonzero(done))
+            info = {"final_obs": obs, "_final_obs": done}
+            obs = obs.copy()
+            obs[reset_info["env_id"]] = fresh
+        return obs, reward, terminated, truncated, info
+
+    def close(self, **kwargs: Any) -> None:
+        self._pool.close()
