@@ -50,6 +50,12 @@ Run from the repository root (on an idle 2-core machine: ``--quick`` about 2.5 m
     python benchmarks/collect.py --quick
     python benchmarks/collect.py --envs 16 --rows raw direct process_slot --rounds 3
     python benchmarks/collect.py --quick --peer-python /tmp/trl/bin/python
+    python benchmarks/collect.py --quick --backend vector     # or envpool: see below
+
+``--backend vector|envpool`` makes every collector row's envs on that ``env.backend`` (CartPole's numpy
+``CartPoleVectorEnv``, or EnvPool; :mod:`components.env_backends`, both adapted to same-step autoreset) and adds
+``raw vector`` / ``raw envpool``: the same policy loop over that backend natively (its own next-step autoreset),
+which is then the base of the ratios and of the targets; the raw gymnasium sync loop stays as a row.
 
 ``--rows`` keeps the rows whose label contains one of the given substrings (the raw sync loop always runs: it is
 the base of the ratios).
@@ -94,7 +100,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
 from components.collectors import AsyncBatchedCollector, Collector  # noqa: E402
-from components.envs import make_vector_env, spec_of  # noqa: E402
+from components.envs import EnvMaker, spec_of  # noqa: E402
 from components.hosts import host_class  # noqa: E402
 from components.inference import InferenceServer, InferenceServerConfig  # noqa: E402
 from recipes.configs import PPOConfig  # noqa: E402
@@ -108,6 +114,7 @@ POLICY_SEED = 0
 MIN_BATCHES, MIN_FRAMES = 16, 16_384  # a --quick row measures max(16 x N x 32, 16,384) frames; a full one 4x
 PEER_TIMEOUT = 1800  # seconds for the whole TorchRL run
 TARGET_DIRECT, TARGET_PROCESS2, TARGET_BATCHED = 0.9, 1.3, 0.8
+BACKEND = "gymnasium"  # env.backend of every collector row (--backend); its raw loop is the base of the ratios
 
 
 # ---------------------------------------------------------------------------------------------- the policy
@@ -163,8 +170,19 @@ class Row:
 RAW_SYNC = Row("raw gymnasium sync", "raw", mode="sync")
 
 
+def base_row() -> Row:
+    """The raw loop of :data:`BACKEND`: the base of the ratios."""
+    return RAW_SYNC if BACKEND == "gymnasium" else Row(f"raw {BACKEND}", "raw", mode=BACKEND)
+
+
+def env_factory(num_envs: int) -> Callable[[], Any]:
+    """What a collector row's workers make their envs with: ``num_envs`` CartPoles on :data:`BACKEND`."""
+    return functools.partial(EnvMaker(id=ENV_ID, backend=BACKEND).vector, num_envs)
+
+
 def all_rows() -> list[Row]:
-    rows = [RAW_SYNC, Row("raw gymnasium async", "raw", mode="async"),
+    rows = [base_row()] + ([RAW_SYNC] if BACKEND != "gymnasium" else []) + [
+            Row("raw gymnasium async", "raw", mode="async"),
             Row("Collector direct [direct server]", "collector", placement="direct", server=("direct", None)),
             Row("Collector direct [policy module, no server]", "collector", placement="direct", bare=True)]
     servers = [("thread", ("thread", "thread"))] + [("process", ("process", t))
@@ -276,7 +294,7 @@ def start_owners(row: Row, n: int, stack: contextlib.ExitStack, tracker: Tracker
     """Start the row's collector (and its server) and return it; their shutdowns go on ``stack``."""
     if row.kind == "batched":
         per_group = 1 if row.groups == 1 else n // row.groups  # an env per request, or two requests of n/2 envs
-        owner = AsyncBatchedCollector(functools.partial(make_vector_env, ENV_ID, per_group), n // per_group,
+        owner = AsyncBatchedCollector(env_factory(per_group), n // per_group,
                                       n * NUM_STEPS, -1, policy_factory=make_policy, env_backend=row.placement)
         stack.callback(owner.shutdown)
         tracker.owners(owner.start())
@@ -294,7 +312,7 @@ def start_owners(row: Row, n: int, stack: contextlib.ExitStack, tracker: Tracker
                                  transport=transport, **extra)
         stack.callback(policy.shutdown)
         tracker.owners(policy.start())
-    owner = Collector(functools.partial(make_vector_env, ENV_ID, per_group), policy, n * NUM_STEPS, -1,
+    owner = Collector(env_factory(per_group), policy, n * NUM_STEPS, -1,
                       row.workers, placement=row.placement, sync=row.sync, seed=0, env_groups=row.groups)
     stack.callback(owner.shutdown)
     tracker.owners(owner.start())
@@ -304,12 +322,20 @@ def start_owners(row: Row, n: int, stack: contextlib.ExitStack, tracker: Tracker
 def _measure_raw(row: Row, n: int, budget: Budget, tracker: Tracker) -> Measurement:
     t0 = time.perf_counter()
     actor = make_policy().actor
-    env = gym.make_vec(ENV_ID, num_envs=n, vectorization_mode=row.mode,
-                       vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    seeds: Any = list(range(n))
+    if row.mode == "envpool":  # the fast backends natively, with their own next-step autoreset (nothing is kept)
+        import envpool
+
+        env, seeds = envpool.make_gymnasium(ENV_ID, num_envs=n, batch_size=n, seed=0), None
+    elif row.mode == "vector":
+        env, seeds = gym.make_vec(ENV_ID, num_envs=n, vectorization_mode="vector_entry_point"), 0
+    else:
+        env = gym.make_vec(ENV_ID, num_envs=n, vectorization_mode=row.mode,
+                           vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
     pids = {p.pid for p in getattr(env, "processes", [])}
     tracker.pids |= pids
     try:
-        obs, _ = env.reset(seed=list(range(n)))
+        obs, _ = env.reset(seed=seeds)
         start_s = time.perf_counter() - t0
 
         def batch() -> int:
@@ -339,7 +365,7 @@ def run_rounds(rows: list[Row], envs: list[int], rounds: int, budget: Budget, tr
     if any(row.placement == "process" for row in rows):
         host_class("process").prepare()
     for n in envs:
-        measure(RAW_SYNC, n, budget, tracker)
+        measure(base_row(), n, budget, tracker)
     for r in range(rounds):
         shift = r * len(rows) // rounds
         order = rows[shift:] + rows[:shift]
@@ -390,10 +416,10 @@ def report(rows: list[Row], envs: list[int], results: dict, peer: dict | None, f
     for r in (peer or {}).get("results", []):
         peer_rows.setdefault(r["envs"], []).append(r)
     for n in envs:
-        base = results.get((RAW_SYNC.label, n))
+        base = results.get((base_row().label, n))
         base_fps = summary(base)["median"] if base else None
         print(f"\n### {n} envs in total\n")
-        print("| row | envs | frames/s median | min-max | ratio to raw sync | start s |")
+        print(f"| row | envs | frames/s median | min-max | ratio to {base_row().label} | start s |")
         print("|---|---|---|---|---|---|")
         for row in rows:
             ms = results.get((row.label, n))
@@ -418,10 +444,10 @@ def _line(label: str, envs_label: str, s: dict, base_fps: float | None) -> None:
 
 
 def targets(rows: list[Row], envs: list[int], results: dict) -> None:
-    print("\n### Targets (ratio of medians to the raw sync loop at the same total env count)\n")
+    print(f"\n### Targets (ratio of medians to the {base_row().label} loop at the same total env count)\n")
 
     def ratio(label: str, n: int):
-        ms, base = results.get((label, n)), results.get((RAW_SYNC.label, n))
+        ms, base = results.get((label, n)), results.get((base_row().label, n))
         if not ms or not base:
             return None
         return summary(ms)["median"], summary(ms)["median"] / summary(base)["median"]
@@ -463,7 +489,7 @@ def _verdict(what: str, got, target: float) -> None:
         print(f"- {what}: not measured in this run")
         return
     fps, ratio = got
-    print(f"- {'PASS' if ratio >= target else 'MISS'} {what}: {fps:,.0f} frames/s = {ratio:.2f}x raw sync "
+    print(f"- {'PASS' if ratio >= target else 'MISS'} {what}: {fps:,.0f} frames/s = {ratio:.2f}x {base_row().label} "
           f"(target >= {target:.2f}x)")
 
 
@@ -480,16 +506,21 @@ def main() -> None:
     parser.add_argument("--rows", nargs="+", default=None, metavar="SUBSTRING",
                         help="only rows whose label contains one of these (the raw sync loop always runs)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 5; --quick: 3)")
+    parser.add_argument("--backend", choices=("gymnasium", "vector", "envpool"), default="gymnasium",
+                        help="env.backend of the collectors' envs; the raw loop of that backend (natively) is the base "
+                             "of the ratios, the raw gymnasium sync loop stays as a row")
     parser.add_argument("--peer-python", metavar="PATH", default=None,
                         help="python of an environment with torchrl 0.14.1: also measure TorchRL's multi-process "
                              "collectors")
     args = parser.parse_args()
+    global BACKEND
+    BACKEND = args.backend
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     torch.set_num_threads(1)
     rounds = args.rounds or (3 if args.quick else 5)
     budget = Budget(warmup=1, scale=1.0, cap_s=1.0) if args.quick else Budget(warmup=2, scale=4.0, cap_s=4.0)
     rows = [row for row in all_rows()
-            if row is RAW_SYNC or not args.rows or any(s.lower() in row.label.lower() for s in args.rows)]
+            if row.kind == "raw" and row.mode == BACKEND.replace("gymnasium", "sync") or not args.rows or any(s.lower() in row.label.lower() for s in args.rows)]
 
     tracker = Tracker()
     other = OtherLoad()
@@ -523,7 +554,8 @@ def main() -> None:
           f"{', '.join(f'{budget.frames(n * NUM_STEPS):,} frames at {n} envs' for n in args.envs)} "
           f"or {budget.cap_s:g} s "
           "(`*`: the cap ended at least one round first). Collector batches: envs x 32 steps; AsyncBatchedCollector "
-          "batches: as many transitions, flat. ratio = median / raw sync median at the same total env count. start s: "
+          f"batches: as many transitions, flat. ratio = median / {base_row().label} median at the same total env count; "
+          f"env.backend of the collectors: {BACKEND}. start s: "
           "median seconds to start the row's owners (not counted in frames/s).")
     share = other_cpu / (other_wall * (os.cpu_count() or 1))
     print(f"\nOther processes on this machine used {other_cpu:.0f} CPU-seconds during our {other_wall:.0f} s "

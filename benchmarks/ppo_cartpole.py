@@ -9,6 +9,7 @@ with learning.
     python benchmarks/ppo_cartpole.py --seeds 0 1 2
     python benchmarks/ppo_cartpole.py --services direct --seeds 0 1 2 3 4
     python benchmarks/ppo_cartpole.py --peer "python path/to/cleanrl/ppo.py --total-timesteps 500000"
+    python benchmarks/ppo_cartpole.py --seeds 0 1 2 --extra env.backend=vector   # every row on CartPole's numpy vector env
 
 ``--peer`` runs another command once per seed in the same session and reports its wall seconds beside ours
 (for a peer such as CleanRL's ppo.py installed in its own environment). Without one, the reference figures
@@ -57,12 +58,12 @@ def runnable(overrides: list[str]) -> bool:
     return all(compat.TABLE[(c, service)].built for c in compat.COMPONENTS if (c, service) in compat.TABLE)
 
 
-def run_once(overrides: list[str], seed: int, timeout: float) -> dict:
+def run_once(overrides: list[str], seed: int, timeout: float, extra: list[str] = ()) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         proc = subprocess.run(
             [sys.executable, "-m", "launcher", "+recipe=ppo", f"seed={seed}", "launcher.progress=false",
-             "launcher.plot=false", f"hydra.run.dir={tmp}", *overrides],
+             "launcher.plot=false", f"hydra.run.dir={tmp}", *overrides, *extra],
             capture_output=True, text=True, timeout=timeout,
         )
         elapsed = time.perf_counter() - start
@@ -80,6 +81,8 @@ def main() -> None:
     parser.add_argument("--services", nargs="+", default=None, help="labels to run (default: every built one)")
     parser.add_argument("--peer", default=None, help="a peer command to time once per seed ({seed} is substituted)")
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--extra", nargs="+", default=[], metavar="OVERRIDE",
+                        help="launcher overrides added to every row (e.g. env.backend=vector)")
     args = parser.parse_args()
 
     rows = []
@@ -91,7 +94,7 @@ def main() -> None:
             continue
         results = []
         for seed in args.seeds:
-            r = run_once(overrides, seed, args.timeout)
+            r = run_once(overrides, seed, args.timeout, args.extra)
             results.append(r)
             print(f"{label:>28} seed={seed}: {'solved' if r['solved'] else 'NOT solved'} after {r['frames']:,} frames, "
                   f"{r['wall_seconds']:.1f} s train, {r['process_seconds']:.1f} s process, {r['fps']:,.0f} frames/s",
@@ -105,7 +108,9 @@ def main() -> None:
             subprocess.run(shlex.split(args.peer.format(seed=seed)), check=True, capture_output=True, timeout=args.timeout)
             peer.append(time.perf_counter() - start)
 
-    print(f"\nPPO on CartPole-v1, {len(args.seeds)} seeds {args.seeds}, medians (target: mean return of the last 20 episodes >= 475)")
+    extra = f", every row with {' '.join(args.extra)}" if args.extra else ""
+    print(f"\nPPO on CartPole-v1, {len(args.seeds)} seeds {args.seeds}{extra}, medians (target: mean return of the last 20 "
+          "episodes >= 475)")
     width = max([22, *(len(label) for label, _ in rows)])
     head = f"| {'placement':<{width}} | solved | frames to solve | train s | process s | frames/s |"
     print(head)
