@@ -15,7 +15,7 @@ from multiprocessing.connection import Connection
 
 from tensordict import TensorDictBase
 
-from ._shared import spin
+from ._shared import AdaptiveSpin
 from .base import Batch, ServerEndpoint
 from .errors import PeerFailureError, RemoteError, ServiceError
 from .wire import frame, from_wire, rows_to_wire
@@ -67,6 +67,7 @@ class QueueServer(ServerEndpoint):
         self._socks: dict[int, socket.socket] = {}  # client number -> socket for non-blocking sends, made on first use
         self._outbox: dict[int, collections.deque] = {}  # client number -> bytes its channel could not take yet
         self._uid = os.getuid()
+        self._spin = AdaptiveSpin()
 
     def _accept(self) -> None:
         """Take every waiting connection of a process of this user (others are closed unread)."""
@@ -134,7 +135,7 @@ class QueueServer(ServerEndpoint):
         items: list = []
         # Poll without blocking for a moment first: a client that asks again right after its answer is then
         # read without a wake-up, which can take longer than the whole serving pass on a small VM.
-        if not (spin(lambda: self._sweep(0.0, items, max_n)) or self._sweep(poll, items, max_n)):
+        if not self._spin.wait(lambda: self._sweep(0.0, items, max_n), lambda: self._sweep(poll, items, max_n)):
             return None
         while len(items) < max_n and self._sweep(0.0, items, max_n):  # take what is there
             pass

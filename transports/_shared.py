@@ -136,9 +136,10 @@ def pid_alive(pid: int) -> bool:
 
 
 SPIN_S = 50e-6
-"""Seconds a waiter polls before it blocks: a blocked process can take tens of microseconds to be woken on a small
-VM, more than a whole small round trip. Servers spin when idle; a slot client only while its request is the only
-one in flight (many spinning clients would take the cores the server needs)."""
+"""Seconds a waiter polls before it blocks, at least: a blocked process can take tens of microseconds to be woken
+on a small VM, more than a whole small round trip. Servers spin when idle; a slot client only while its request is
+the only one in flight (many spinning clients would take the cores the server needs). :class:`AdaptiveSpin` polls
+longer where a waiter's own recent waits say the answer comes within :data:`SPIN_MAX_S`."""
 YIELD_EVERY = 8
 """Spin turns between two yields of the core: a peer that shares it runs within a few microseconds instead of after
 our time slice, while a yield every turn would add its system call to every wake-up (about 1 us of a 17 us round
@@ -156,6 +157,41 @@ def spin(ready: Callable[[], bool], seconds: float = SPIN_S) -> bool:
         if turn % YIELD_EVERY == 0:
             os.sched_yield()
     return False
+
+
+SPIN_MAX_S = 1e-3
+"""The longest an :class:`AdaptiveSpin` polls: a waiter whose answers come sooner (a collector worker asking its
+server, a server between one worker's steps) catches them without a wake-up."""
+
+
+class AdaptiveSpin:
+    """One waiter's polling budget, learned from its own recent waits.
+
+    It polls up to twice its typical wait, between :data:`SPIN_S` and :data:`SPIN_MAX_S`; a waiter whose waits
+    are longer than that (a server idle while the learner trains) polls only :data:`SPIN_S` before it blocks, so it
+    does not burn a core for nothing. The typical wait is a running mean over about the last eight waits, each
+    counted up to twice the cap (one long pause among short waits barely moves it).
+
+    Per waiter (a client, a server), in its own process: not shared, not pickled.
+    """
+
+    __slots__ = ("typical",)
+
+    def __init__(self):
+        self.typical = SPIN_S
+
+    def budget(self) -> float:
+        """Seconds to poll now."""
+        return SPIN_S if self.typical > SPIN_MAX_S else min(SPIN_MAX_S, max(SPIN_S, 2.0 * self.typical))
+
+    def wait(self, ready: Callable[[], bool], block: Callable[[], bool]) -> bool:
+        """Poll ``ready()`` for :meth:`budget` seconds, then ``block()`` (which waits on its own terms); whether
+        either succeeded. The time it took (or, when neither did, the longest counted) updates the typical wait."""
+        start = time.perf_counter()
+        done = ready() or spin(ready, self.budget()) or block()
+        waited = time.perf_counter() - start if done else 2.0 * SPIN_MAX_S
+        self.typical += (min(waited, 2.0 * SPIN_MAX_S) - self.typical) * 0.125
+        return done
 
 
 class Spinners:

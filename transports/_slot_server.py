@@ -3,6 +3,7 @@ scatters the answers in one pass (see :mod:`transports._slots` for the slot stat
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -10,7 +11,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from ._slots import (ANSWERED, FAILED, READY, SERVING, VERSION_KEY, _CPU, _ROW_COPY_BYTES, SlotTransport, _clones,
-                     _Control, _flat, _leaves, _lookup_key, _spin)
+                     _Control, _flat, _leaves, _lookup_key)
+from ._shared import AdaptiveSpin
 from .base import Batch, ServerEndpoint
 from .errors import LayoutError, PeerFailureError
 from .layout import Layout
@@ -39,6 +41,7 @@ class SlotServer(ServerEndpoint):
         self.control: _Control = shared["control"]
         self.doorbell = shared["doorbell"]
         self.answered = shared["answered"]
+        self._spin, self._rung = AdaptiveSpin(), functools.partial(self.doorbell.acquire, False)
         self.response_layout: Layout = self.responses.layout
         # Built once (see SlotClientBase): one-slot request views for single-request batches, the response
         # leaf banks with the shapes a stacked answer must have, and per slot the response leaf views.
@@ -86,7 +89,7 @@ class SlotServer(ServerEndpoint):
         return ready
 
     def collect(self, max_n: int, min_n: int, timeout: float, poll: float) -> Batch | None:
-        if not (_spin(self.doorbell) or self.doorbell.acquire(timeout=poll)):
+        if not self._spin.wait(self._rung, functools.partial(self.doorbell.acquire, timeout=poll)):
             return None
         while self.doorbell.acquire(False):  # one sweep answers every ring so far
             pass

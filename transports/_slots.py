@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ._shared import PeerStatus, spin, wait_for
+from ._shared import AdaptiveSpin, PeerStatus, wait_for
 from .segments import Segment, SlotBank
 from .base import RequestReplyTransport, ResponseFuture
 from .config import TransportConfig
@@ -31,11 +31,6 @@ ERROR_BYTES = 8192
 _CPU = torch.device("cpu")
 VERSION_KEY = ("policy_version",)
 _ROW_COPY_BYTES = 8192  # answer rows at least this large are scattered row by row (see SlotServer.reply)
-
-
-def _spin(sem) -> bool:
-    """Try ``sem`` without blocking for up to :data:`~transports._shared.SPIN_S`; whether it was acquired."""
-    return sem.acquire(False) or spin(functools.partial(sem.acquire, False))
 
 
 class _Control:
@@ -216,6 +211,7 @@ class SlotClientBase:
         self.doorbell = shared["doorbell"]
         self.answered = shared["answered"]
         self.status: PeerStatus = shared["status"]
+        self.spin = AdaptiveSpin()  # this client's own, in its own process
         # Hot-path state, built once: the checks of each request leaf, and per slot the request leaf views and
         # the response TensorDict view (indexing a TensorDict costs more than the whole copy of a small payload).
         # Slot layouts are CPU-only (_cpu_only), so ``is_cpu`` is the device check; a flat key is looked up as a string.
@@ -289,8 +285,11 @@ class SlotFuture(ResponseFuture):
         sem = c.answered[slot]
         if step <= 0:
             woken = sem.acquire(False)
-        else:  # spin only as the sole request in flight: with many waiters, spinning steals the server's CPU
-            woken = (np.count_nonzero(c.control.state) <= 1 and _spin(sem)) or sem.acquire(timeout=step)
+        elif np.count_nonzero(c.control.state) <= 1:  # spin only as the sole request in flight: with many waiters,
+            woken = c.spin.wait(functools.partial(sem.acquire, False),  # spinning steals the server's CPU
+                                functools.partial(sem.acquire, timeout=step))
+        else:
+            woken = sem.acquire(timeout=step)
         if not woken:
             return False
         state = c.control.state[slot]

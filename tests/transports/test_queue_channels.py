@@ -260,3 +260,28 @@ def test_the_server_accepts_processes_of_its_own_user_only():
     finally:
         server.close()
         transport.close()
+
+
+def test_an_adaptive_spin_polls_as_long_as_its_recent_waits_and_no_longer():
+    from transports._shared import SPIN_MAX_S, SPIN_S, AdaptiveSpin
+
+    spin, blocked = AdaptiveSpin(), []
+
+    def waits(after: float, n: int) -> None:
+        """``n`` waits whose answer comes ``after`` seconds in; a block waits the rest out and is recorded."""
+        for _ in range(n):
+            due = time.perf_counter() + after
+            ready = lambda: time.perf_counter() >= due  # noqa: E731
+            assert spin.wait(ready, lambda: blocked.append(1) or (time.sleep(max(0.0, due - time.perf_counter()))
+                                                                  or True))
+
+    waits(300e-6, 30)  # answers within the cap: the budget grows past them and the waits stop blocking
+    assert 1.5 * 300e-6 <= spin.budget() <= SPIN_MAX_S
+    blocked.clear()
+    waits(300e-6, 10)
+    assert len(blocked) <= 3  # (a wait the scheduler interrupts may still block)
+    waits(20e-3, 30)  # answers far beyond the cap: it polls the floor only, then blocks
+    assert spin.budget() == SPIN_S
+    blocked.clear()
+    waits(20e-3, 3)
+    assert len(blocked) == 3
