@@ -2,8 +2,8 @@
 
 Reads top to bottom: the config (``PPOConfig``, plain data in ``recipes/configs.py``), the networks,
 advantage estimation, then ``run``: collect a batch through the collector (which calls the inference client),
-estimate advantages, write the batch to the replay buffer, optimise on minibatches sampled without
-replacement, push the new weights to the inference server.
+estimate advantages, write the batch to the replay buffer, optimise on minibatches of each epoch the buffer
+samples without replacement, push the new weights to the inference server.
 Nothing here knows where those services live.
 """
 
@@ -200,12 +200,16 @@ def run(cfg: PPOConfig, clients: Clients) -> dict:
             optimizer.param_groups[0]["lr"] = cfg.lr * max(0.0, 1.0 - stats.frames / cfg.total_frames)
         clients.replay.extend(estimate_advantages(batch, learner, cfg).reshape(-1))
         losses = {}
-        for _ in range(cfg.update_epochs * cfg.num_minibatches):
-            loss, losses = ppo_loss(clients.replay.sample(cfg.minibatch_size), learner, cfg)
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(learner.parameters(), cfg.max_grad_norm)
-            optimizer.step()
+        for _ in range(cfg.update_epochs):
+            # one call per epoch: the sampler's permutation of the batch, split here into the minibatches that
+            # num_minibatches calls would return one by one (the same rows, in the same order), so a replay buffer
+            # in another process costs one round trip per epoch, not per minibatch
+            for minibatch in clients.replay.sample(cfg.frames_per_batch).split(cfg.minibatch_size):
+                loss, losses = ppo_loss(minibatch, learner, cfg)
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(learner.parameters(), cfg.max_grad_norm)
+                optimizer.step()
         version = clients.weight_sync.push(learner.policy)
 
         # ---- report
@@ -223,14 +227,14 @@ def run(cfg: PPOConfig, clients: Clients) -> dict:
 
 def services(cfg: PPOConfig, spec) -> dict:
     """PPO's needs: a collector batch of ``num_envs * num_steps`` frames, and a replay buffer holding exactly
-    one batch, sampled in minibatches without replacement."""
+    one batch, sampled without replacement one epoch (a permutation of the batch) per call."""
     if cfg.frames_per_batch % cfg.num_minibatches:
         raise ValueError(
             f"num_envs * num_steps = {cfg.frames_per_batch} must be divisible by num_minibatches={cfg.num_minibatches}"
         )
     return {
         "collector": {"num_envs": cfg.num_envs, "frames_per_batch": cfg.frames_per_batch, "total_frames": cfg.total_frames},
-        "replay": {"capacity": cfg.frames_per_batch, "sampler": "without_replacement", "batch_size": cfg.minibatch_size},
+        "replay": {"capacity": cfg.frames_per_batch, "sampler": "without_replacement", "batch_size": cfg.frames_per_batch},
     }
 
 

@@ -62,6 +62,21 @@ def test_without_replacement_visits_every_item_once_per_epoch():
             assert sorted(seen.tolist()) == list(range(64))
 
 
+def test_one_epoch_in_one_call_is_the_minibatches_in_order():
+    # PPO samples each epoch in one call and splits it: the rows a minibatch at a time would have given, in order
+    minibatches, epochs = [], []
+    for one_call in (False, True):
+        with ReplayBuffer(capacity=64, sampler="without_replacement", batch_size=16, seed=3) as rb:
+            rb.extend(_batch(64))
+            for _ in range(3):
+                if one_call:
+                    epochs += list(rb.sample(64)["action"].split(16))
+                else:
+                    minibatches += [rb.sample()["action"] for _ in range(4)]
+    assert all(torch.equal(a, b) for a, b in zip(minibatches, epochs, strict=True))
+    assert not torch.equal(torch.cat(epochs[:4]), torch.cat(epochs[4:8]))  # each epoch its own permutation
+
+
 def test_a_write_starts_a_new_epoch():
     with ReplayBuffer(capacity=32, sampler="without_replacement", batch_size=8, seed=2) as rb:
         rb.extend(_batch(32))
