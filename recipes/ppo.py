@@ -10,9 +10,11 @@ Nothing here knows where those services live.
 from __future__ import annotations
 
 import math
+from typing import Iterator
 
 import torch
 from torch import nn
+from tensordict import TensorDictBase
 from torch.distributions import Categorical, Normal
 
 from components.inference.sampling import SAMPLE_SEED, uniform
@@ -173,6 +175,29 @@ def ppo_loss(mb, learner: Learner, cfg: PPOConfig) -> tuple[torch.Tensor, dict]:
 # ============================================================================ training loop
 
 
+def rows_per_call(batch_rows: int, cfg: PPOConfig) -> int:
+    """How many rows :func:`minibatches` asks the buffer for at once, from the run's first batch: the whole batch
+    when minibatches tile it, else one minibatch. Fixed for the run (a shared-memory or distributed endpoint binds
+    its sample layout on the first call)."""
+    return batch_rows if batch_rows % cfg.minibatch_size == 0 else cfg.minibatch_size
+
+
+def minibatches(replay, cfg: PPOConfig, per_call: int) -> Iterator[TensorDictBase]:
+    """The ``update_epochs * num_minibatches`` minibatches of one update, in order.
+
+    The buffer samples without replacement, one permutation of what it holds at a time. It holds the batch just
+    written (or with ``sync=false`` and several workers also the batches before it, up to its capacity: a multiple
+    of a batch), so ``per_call`` rows (a batch, see :func:`rows_per_call`) at once, split here, are the rows
+    ``minibatch_size`` calls would give one by one, in the same order; a replay buffer in another process then
+    costs a round trip per batch's worth of rows rather than per minibatch.
+    """
+    left = cfg.update_epochs * cfg.num_minibatches
+    while left > 0:
+        for minibatch in replay.sample(per_call).split(cfg.minibatch_size)[:left]:
+            left -= 1
+            yield minibatch
+
+
 def run(cfg: PPOConfig, clients: Clients) -> dict:
     """Train until ``target_return`` or ``total_frames``; return the result and learning curve."""
     torch.manual_seed(clients.seed)
@@ -192,6 +217,7 @@ def run(cfg: PPOConfig, clients: Clients) -> dict:
         return {"learner": learner.state_dict(), "optimizer": optimizer.state_dict(), "stats": stats.state_dict(),
                 "rng": torch.get_rng_state()}
 
+    per_call = 0  # rows per replay sample: set by the first batch
     for batch in clients.collector:
         mean_return = stats.update(batch)
 
@@ -200,16 +226,13 @@ def run(cfg: PPOConfig, clients: Clients) -> dict:
             optimizer.param_groups[0]["lr"] = cfg.lr * max(0.0, 1.0 - stats.frames / cfg.total_frames)
         clients.replay.extend(estimate_advantages(batch, learner, cfg).reshape(-1))
         losses = {}
-        for _ in range(cfg.update_epochs):
-            # one call per epoch: the sampler's permutation of the batch, split here into the minibatches that
-            # num_minibatches calls would return one by one (the same rows, in the same order), so a replay buffer
-            # in another process costs one round trip per epoch, not per minibatch
-            for minibatch in clients.replay.sample(cfg.frames_per_batch).split(cfg.minibatch_size):
-                loss, losses = ppo_loss(minibatch, learner, cfg)
-                optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(learner.parameters(), cfg.max_grad_norm)
-                optimizer.step()
+        per_call = per_call or rows_per_call(batch.numel(), cfg)
+        for minibatch in minibatches(clients.replay, cfg, per_call):
+            loss, losses = ppo_loss(minibatch, learner, cfg)
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(learner.parameters(), cfg.max_grad_norm)
+            optimizer.step()
         version = clients.weight_sync.push(learner.policy)
 
         # ---- report
@@ -227,14 +250,14 @@ def run(cfg: PPOConfig, clients: Clients) -> dict:
 
 def services(cfg: PPOConfig, spec) -> dict:
     """PPO's needs: a collector batch of ``num_envs * num_steps`` frames, and a replay buffer holding exactly
-    one batch, sampled without replacement one epoch (a permutation of the batch) per call."""
+    one batch, sampled without replacement (see :func:`minibatches`)."""
     if cfg.frames_per_batch % cfg.num_minibatches:
         raise ValueError(
             f"num_envs * num_steps = {cfg.frames_per_batch} must be divisible by num_minibatches={cfg.num_minibatches}"
         )
     return {
         "collector": {"num_envs": cfg.num_envs, "frames_per_batch": cfg.frames_per_batch, "total_frames": cfg.total_frames},
-        "replay": {"capacity": cfg.frames_per_batch, "sampler": "without_replacement", "batch_size": cfg.frames_per_batch},
+        "replay": {"capacity": cfg.frames_per_batch, "sampler": "without_replacement", "batch_size": cfg.minibatch_size},
     }
 
 
