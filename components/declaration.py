@@ -61,7 +61,8 @@ class Cell:
 @dataclass(frozen=True)
 class Calls:
     """An edge: this component's owner (or its workers) calls the client of ``service``, so ``service``'s
-    transport must reach where this component is placed. ``when``: only if this option is set (not ``None``).
+    transport must reach where this component is placed. ``when``: only if this option is set (neither ``None`` nor
+    ``False``).
     ``one_request_per_worker``: each worker keeps one request in flight (steers ``service``'s ``auto``)."""
 
     service: str

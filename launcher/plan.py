@@ -202,7 +202,7 @@ def _unreached(resolved: dict[str, Resolved]):
     for caller, r in resolved.items():
         for call in compat.declaration(caller).calls:
             far = resolved.get(call.service)
-            if far is None or (call.when is not None and r.options.get(call.when) is None):
+            if far is None or (call.when is not None and r.options.get(call.when) in (None, False)):
                 continue
             if far.transport != compat.NO_TRANSPORT and not reaches(far.transport, r.placement):
                 yield caller, r, call.service, far
@@ -237,6 +237,25 @@ def check_calls(resolved: dict[str, Resolved]) -> None:
             alternatives=tuple(k for k in compat.TABLE[(service, far.placement)].transports
                                if reaches(k, r.placement)),
         )
+
+
+def _needs(cfg: DictConfig, needs: tuple[str, ...]) -> tuple[str, ...]:
+    """The recipe's components, less the inference server where ``components.collector.local_policy`` runs the policy
+    in the collector's workers.
+
+    Raises:
+        ConfigurationError: the inference server is placed or given a transport explicitly as well.
+    """
+    if "collector" not in needs or not cfg.components.collector.local_policy:
+        return needs
+    node = cfg.components.inference
+    for key in ("placement", "transport"):
+        if node[key] is not None:
+            raise ConfigurationError(
+                f"components.inference.{key}={node[key]} places an inference server, but "
+                "components.collector.local_policy=true runs the policy in each collector worker and starts none: "
+                f"drop one of them", path=f"components.inference.{key}")
+    return tuple(n for n in needs if n != "inference")
 
 
 def _layouts(recipe: Recipe, recipe_cfg: Any, spec, num_envs: int) -> dict[str, dict[str, Any]]:
@@ -298,12 +317,17 @@ def build_plan(cfg: DictConfig) -> LaunchPlan:
     split = int(cfg.components.collector.num_collectors) * int(cfg.components.collector.env_groups)
     num_envs = services.get("collector", {}).get("num_envs", 1)
     layouts = _layouts(recipe, recipe_cfg, spec, num_envs // split if split >= 1 and num_envs % split == 0 else num_envs)
-    resolved = resolve_components(cfg, recipe.needs, services, layouts)
+    needs = _needs(cfg, recipe.needs)
+    resolved = resolve_components(cfg, needs, services, layouts)
     check_calls(resolved)
+    if needs != recipe.needs:  # the collector's workers run the policy themselves
+        resolved["collector"] = dataclasses.replace(
+            resolved["collector"], transport_reason="local_policy: a policy replica in each worker, weights from "
+                                                    "weight_sync; no inference server")
     plans = tuple(
         dataclasses.replace(resolved[name], depends_on=tuple(d for d in compat.declaration(name).depends_on
-                                                              if d in recipe.needs))
-        for name in _topological(recipe.needs)
+                                                              if d in needs))
+        for name in _topological(needs)
     )
     return LaunchPlan(recipe=recipe.name, env_id=spec.env_id, seed=int(cfg.seed), components=plans,
-                      env_backend=maker.backend, defaults=_option_defaults(cfg, recipe.needs))
+                      env_backend=maker.backend, defaults=_option_defaults(cfg, needs))

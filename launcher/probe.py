@@ -33,8 +33,9 @@ def _timed(call: Callable[[], Any], rounds: int) -> dict:
 def probe(plan: Any, clients: dict, policy: Any, rounds: int = ROUNDS) -> list[dict]:
     """Round trips on the plan's edges; one record per edge (``edge``, ``transport``, ``placement``, figures)."""
     out = []
-    inference, replay, weights = plan["inference"], plan["replay"], plan["weight_sync"]
-    request = inference.layouts.get("request")
+    replay, weights = plan["replay"], plan["weight_sync"]
+    inference = next((c for c in plan.components if c.name == "inference"), None)  # none with local_policy
+    request = inference.layouts.get("request") if inference is not None else None
     if request is not None:
         td, client = request.zeros(), clients["inference"]
         out.append({"edge": "collector -> inference", "transport": inference.transport,

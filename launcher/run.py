@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from components.collectors import Collector
 from components.envs import EnvMaker
-from components.inference import InferenceDeviceConfig, InferenceServer, InferenceServerConfig
+from components.inference import InferenceDeviceConfig, InferenceServer, InferenceServerConfig, PolicyReplica
 from components.replay import PolicyAgeFilter, ReplayBuffer
 from components.resolution import Resolved
 from components.weight_sync import WeightSync
@@ -95,12 +95,20 @@ def _inference(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir, resumed: Res
                            device_config=devices, weight_sync=deps.get("weight_sync"), resolved=r)
 
 
+def _replica(cfg, recipe, rcfg, spec, weight_sync) -> PolicyReplica:
+    """The policy each collector worker runs itself (``components.collector.local_policy``)."""
+    node = cfg.components.inference
+    return PolicyReplica(partial(recipe.make_policy, rcfg, spec), weight_sync,
+                         InferenceDeviceConfig(policy_device=node.policy_device, output_device=node.output_device))
+
+
 def _collector(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir, resumed: Resumed):
     o = r.options
     # the recipe's envs are split over the workers, so a batch keeps the size the recipe asked for
     envs_per_group = o["num_envs"] // (o["num_collectors"] * o["env_groups"])
+    policy = deps["inference"] if "inference" in deps else _replica(cfg, recipe, rcfg, spec, deps["weight_sync"])
     return Collector(
-        partial(EnvMaker.from_config(cfg.env).vector, envs_per_group), deps["inference"],
+        partial(EnvMaker.from_config(cfg.env).vector, envs_per_group), policy,
         o["frames_per_batch"], o["total_frames"], o["num_collectors"], seed=int(cfg.seed), sync=bool(o["sync"]),
         start_frames=resumed.frames, env_groups=o["env_groups"], resolved=r,
     )
@@ -155,7 +163,9 @@ def execute(plan: LaunchPlan, cfg: DictConfig, run_dir: str, *, on_started: Call
             result = recipe.run(
                 rcfg,
                 Clients(
-                    policy=clients["inference"], collector=clients["collector"], replay=clients["replay"],
+                    policy=clients["inference"] if "inference" in clients else
+                    _replica(cfg, recipe, rcfg, spec, clients["weight_sync"]),
+                    collector=clients["collector"], replay=clients["replay"],
                     logger=clients["logger"], weight_sync=clients["weight_sync"], env_spec=spec, progress=progress,
                     seed=int(cfg.seed), checkpoint=checkpoint,
                 ),

@@ -64,6 +64,9 @@ class CollectorConf(ComponentConf):
     # group steps (faster beside a server process; the server then batches half-size requests together or apart,
     # so a seeded run is no longer bit-reproducible across placements)
     env_groups: int = bounded(1, ge=1)
+    # true: each worker runs its own copy of the policy (weights from weight_sync before each step) and no inference
+    # server starts; workers then scale with cores like a raw env loop, without batching across workers
+    local_policy: bool = False
 
 
 @dataclass

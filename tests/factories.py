@@ -129,3 +129,15 @@ def crashing_envs(num_envs: int = 2, steps: int = 5):
     import gymnasium as gym
 
     return gym.vector.SyncVectorEnv([CrashAfter(steps)] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+
+
+def ppo_cartpole_policy():
+    """The PPO recipe's CartPole policy, built from seed 0 (the same weights wherever it is built); it samples
+    from each request's seeds, so its answers depend only on the request."""
+    from components.envs import spec_of
+    from recipes.configs import PPOConfig
+    from recipes.ppo import make_policy
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        return make_policy(PPOConfig(), spec_of("CartPole-v1"))

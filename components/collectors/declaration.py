@@ -40,7 +40,8 @@ DECLARATION = Declaration(
         Cell("collector", "distributed", {}, None, S),
         Cell("collector", "submitit", {}, None, S),
     ),
-    depends_on=("inference", "replay"),
-    calls=(Calls("inference", one_request_per_worker=True),),
+    depends_on=("inference", "replay", "weight_sync"),
+    # with local_policy the plan has no inference server: each worker runs a replica fed by weight sync
+    calls=(Calls("inference", one_request_per_worker=True), Calls("weight_sync", when="local_policy")),
     check=check,
 )

@@ -14,6 +14,7 @@ _EXPORTS = {
     "InferenceDeviceConfig": "config",
     "InferenceServerConfig": "config",
     "InferenceServer": "server",
+    "PolicyReplica": "replica",
 }
 
 __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -64,6 +64,10 @@ MISTAKES = [
     (("components.inference.max_batch_size=-5",), "components.inference.max_batch_size", ">= 1, got -5"),
     (("components.inference.timeout=-1",), "components.inference.timeout", ">= 0 seconds, got -1"),
     (("env.backend=fast",), "env.backend", "supported: gymnasium, vector, envpool"),
+    (("components.collector.local_policy=true", "components.inference.placement=process"),
+     "components.inference.placement", "runs the policy in each collector worker and starts none"),
+    (("components.collector.local_policy=true", "components.collector.placement=process"),
+     "components.weight_sync.transport", "weight_sync ('direct') over transport 'direct' cannot reach the collector"),
     (("env=pendulum", "env.backend=vector"), "env.backend", "'Pendulum-v1' has no array-vectorized implementation"),
     (("env.id=NoSuchEnv-v0", "env.backend=envpool"), "env.id", "EnvPool does not implement 'NoSuchEnv-v0'"),
 ]

@@ -142,3 +142,14 @@ def test_the_plan_names_the_env_backend_where_it_is_not_the_default(compose_cfg,
     first = plan.render().splitlines()[0]
     assert first == "plan: recipe=ppo env=CartPole-v1 seed=0" if backend == "gymnasium" else \
         first == f"plan: recipe=ppo env=CartPole-v1 (env.backend={backend}) seed=0"
+
+
+@pytest.mark.parametrize("service", ["direct", "thread", "process", "ray"])
+def test_local_policy_plans_replicas_fed_by_weight_sync_and_no_inference_server(compose_cfg, service):
+    plan = build_plan(compose_cfg("+recipe=ppo", f"service={service}", "components.collector.local_policy=true"))
+    assert "inference" not in plan.start_order
+    collector = plan["collector"]
+    assert set(collector.depends_on) == {"replay", "weight_sync"}
+    assert "policy replica in each worker" in plan.render()
+    assert all(c.built for c in plan.components)
+    ensure_runnable(plan)

@@ -69,3 +69,17 @@ def test_collectors_as_worker_ranks(recipe, compose_cfg, tmp_path, capfd):
     # nobody placed the inference server: the plan serves it from a thread of the driver, over gloo, for the ranks
     assert (plan["inference"]["placement"], plan["inference"]["transport"]) == ("thread", "distributed")
     assert "Traceback" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_collector_processes_with_their_own_policy_replicas(recipe, compose_cfg, tmp_path, capfd):
+    run_dir = tmp_path / "run"
+    launch(compose_cfg(f"+recipe={recipe}", "service=process", "components.collector.local_policy=true",
+                       "components.collector.num_collectors=2", *TINY[recipe], "launcher.progress=false"), str(run_dir))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["frames"] >= 256 and summary["fps"] > 0
+    plan = json.loads((run_dir / "plan.json").read_text())["components"]
+    assert [c["name"] for c in plan] == ["logger", "weight_sync", "replay", "collector"]  # no inference server
+    services = json.loads((run_dir / "services.json").read_text())
+    assert "inference" not in services and len(services["collector"]["pids"]) == 2
+    assert "Traceback" not in capfd.readouterr().err

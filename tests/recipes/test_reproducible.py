@@ -17,7 +17,8 @@ DQN_BUDGET = ["recipe.total_frames=3072", "recipe.learning_starts=512", "recipe.
               "recipe.target_return=null", "recipe.window=5", "seed=3", "components.collector.sync=true",
               "launcher.progress=false", "launcher.plot=false"]
 PLACEMENTS = [["service=thread"]] + [["service=process", f"transport={t}"]
-                                      for t in ("queue", "shared_memory", "process_slot")]
+                                      for t in ("queue", "shared_memory", "process_slot")] + [
+    ["service=process", "components.collector.local_policy=true"]]  # the policy in the worker, fed by weight sync
 
 
 def curve(compose_cfg, tmp_path, *overrides: str, recipe: str = "ppo") -> list:
@@ -59,3 +60,5 @@ def test_dqn_learns_the_same_in_direct_and_in_processes(compose_cfg, tmp_path):
     # epsilon-greedy draws from the rows' seeds too; replay samples come from the buffer's seeded generator
     direct_curve = curve(compose_cfg, tmp_path, "service=direct", recipe="dqn")
     assert curve(compose_cfg, tmp_path, "service=process", "transport=shared_memory", recipe="dqn") == direct_curve
+    assert curve(compose_cfg, tmp_path, "service=process", "components.collector.local_policy=true",
+                 recipe="dqn") == direct_curve
