@@ -16,6 +16,9 @@ What is measured: environment frames collected per second of wall time on CartPo
   - ``thread`` with a ``thread`` server over the ``thread`` transport, 1 and 2 workers;
   - ``process`` with a ``process`` server over ``queue``, ``shared_memory`` and ``process_slot``, 1 and 2 workers;
 
+  - ``process`` with 2 workers each running its own copy of the policy (``PolicyReplica``, what
+    ``components.collector.local_policy=true`` runs: no server, no request leaves the worker);
+
   each iterated with ``sync=True`` (every batch gathers one rollout from every worker) and ``sync=False`` (each
   worker's rollout as soon as it is ready; the workers collect the next one meanwhile);
 * :class:`components.collectors.AsyncBatchedCollector` with ``env_backend`` ``thread`` and ``process`` (its default
@@ -102,7 +105,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from components.collectors import AsyncBatchedCollector, Collector  # noqa: E402
 from components.envs import EnvMaker, spec_of  # noqa: E402
 from components.hosts import host_class  # noqa: E402
-from components.inference import InferenceServer, InferenceServerConfig  # noqa: E402
+from components.inference import InferenceServer, InferenceServerConfig, PolicyReplica  # noqa: E402
 from recipes.configs import PPOConfig  # noqa: E402
 from transports.layout import Layout  # noqa: E402
 from transports.segments import segments_of  # noqa: E402
@@ -158,7 +161,7 @@ class Row:
     workers: int = 1
     sync: bool = True
     server: tuple[str, str | None] = ("", None)  # the inference server's placement and transport
-    bare: bool = False  # a Collector calling the policy module itself (no server)
+    bare: bool = False  # no server: the policy module itself (direct), a replica in each worker (process)
     groups: int = 1  # env groups per worker (2: double buffering)
 
     def envs_label(self, n: int) -> str:
@@ -184,7 +187,11 @@ def all_rows() -> list[Row]:
     rows = [base_row()] + ([RAW_SYNC] if BACKEND != "gymnasium" else []) + [
             Row("raw gymnasium async", "raw", mode="async"),
             Row("Collector direct [direct server]", "collector", placement="direct", server=("direct", None)),
-            Row("Collector direct [policy module, no server]", "collector", placement="direct", bare=True)]
+            Row("Collector direct [policy module, no server]", "collector", placement="direct", bare=True),
+            Row("Collector process x2 sync=True [policy replica in each worker]", "collector", placement="process",
+                workers=2, bare=True),
+            Row("Collector process x2 sync=False [policy replica in each worker]", "collector", placement="process",
+                workers=2, sync=False, bare=True)]
     servers = [("thread", ("thread", "thread"))] + [("process", ("process", t))
                                                      for t in ("queue", "shared_memory", "process_slot")]
     for placement, server in servers:
@@ -301,8 +308,10 @@ def start_owners(row: Row, n: int, stack: contextlib.ExitStack, tracker: Tracker
         return owner
     per_worker = n // row.workers
     per_group = per_worker // row.groups
-    if row.bare:
+    if row.bare and row.placement == "direct":
         policy: Any = NoGradPolicy(make_policy())
+    elif row.bare:  # what components.collector.local_policy=true runs: each worker builds the policy itself
+        policy = PolicyReplica(make_policy)
     else:
         placement, transport = row.server
         extra = {}

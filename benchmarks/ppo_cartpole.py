@@ -50,6 +50,10 @@ CANDIDATES = PLACEMENTS + [(f"{label} async", [*overrides, "components.collector
 CANDIDATES += [(f"{label} groups=2{tag}", [*overrides, "components.collector.env_groups=2", *extra])
                for tag, extra in (("", []), (" async", ["components.collector.sync=false"]))
                for label, overrides in PLACEMENTS if label in ("process/shared_memory", "process/process_slot")]
+# ... and with the policy in the collector's worker process (components.collector.local_policy=true: no inference server,
+# weights through the shared-memory weight sync), with and without overlap.
+CANDIDATES += [("process/local_policy" + tag, ["service=process", "components.collector.local_policy=true", *extra])
+               for tag, extra in (("", []), (" async", ["components.collector.sync=false"]))]
 REFERENCE = "CleanRL ppo.py (reference figures, not measured in this run): 2.2-3.3k frames/s, solves after 113-173k frames in 2.5-4 min"
 
 
