@@ -56,3 +56,26 @@ def test_ppo_solves_cartpole_with_default_settings(compose_cfg, tmp_path):
     assert result["solved"], result
     assert result["final_mean_return"] >= 475
     assert result["frames"] <= cfg.recipe.total_frames
+
+
+def test_minibatches_are_what_one_call_per_minibatch_gives_while_the_buffer_fills():
+    # sync=false with two collectors: each batch is half the buffer, which holds one, then two of them
+    from components.replay import ReplayBuffer
+    from recipes.ppo import minibatches, rows_per_call
+
+    cfg = PPOConfig(num_envs=4, num_steps=32, num_minibatches=4, update_epochs=3)  # minibatches of 32 rows
+    half = cfg.frames_per_batch // 2
+    per_call = rows_per_call(half, cfg)
+    assert per_call == half
+    got, expected = [], []
+    for out, one_call in ((got, True), (expected, False)):
+        with ReplayBuffer(capacity=cfg.frames_per_batch, sampler="without_replacement", batch_size=cfg.minibatch_size,
+                          seed=5) as rb:
+            for start in (0, 1000, 2000):  # the buffer holds 64, then 128, then 128 rows
+                rb.extend(TensorDict({"action": torch.arange(start, start + half)}, [half]))
+                if one_call:
+                    out += [mb["action"] for mb in minibatches(rb, cfg, per_call)]
+                else:
+                    out += [rb.sample()["action"] for _ in range(cfg.update_epochs * cfg.num_minibatches)]
+    assert len(got) == 3 * 12 and all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    assert rows_per_call(100, cfg) == cfg.minibatch_size  # minibatches that do not tile a batch: one per call
