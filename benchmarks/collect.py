@@ -75,11 +75,11 @@ TorchRL beside ours: ``--peer-python PATH`` names the python of a separate envir
 tensordict<0.15, so it cannot share this project's). After our rows, this script runs
 ``PATH benchmarks/torchrl_collect_peer.py`` with the same env counts, rounds, frame budgets and policy weights (saved
 to a temporary file): TorchRL's ``MultiSyncCollector`` and ``MultiAsyncCollector`` with 2 workers of N/2 envs, and a
-raw sync loop in that interpreter, printed after our rows in the same tables, against our raw sync loop. No such
-environment exists on the machine this script was written on (no ``torchrl`` under /work, /opt, /tmp or the
-project's venv), so the peer has not been run here; to make one:
+raw sync loop in that interpreter, printed after our rows in the same tables, against our raw sync loop. Its workers
+step a gymnasium ``SyncVectorEnv`` with same-step autoreset through ``GymWrapper`` (TorchRL refuses next-step
+autoreset), or a ``SerialEnv`` of ``GymEnv`` where that fails; the report names which. To make that environment:
 
-    python -m venv /tmp/trl && /tmp/trl/bin/pip install torch==2.13.0 torchrl==0.14.1
+    python -m venv /tmp/trl && /tmp/trl/bin/pip install torch==2.13.0 && /tmp/trl/bin/pip install torchrl==0.14.1
 """
 
 from __future__ import annotations

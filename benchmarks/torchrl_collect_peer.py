@@ -80,7 +80,9 @@ def vector_env(n: int):
     import gymnasium as gym
     from torchrl.envs import GymWrapper
 
-    return GymWrapper(gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="sync"),
+    # TorchRL takes same-step (or disabled) autoreset only, as our collectors' envs step
+    return GymWrapper(gym.make_vec("CartPole-v1", num_envs=n, vectorization_mode="sync",
+                                   vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}),
                       categorical_action_encoding=True)
 
 
