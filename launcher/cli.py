@@ -33,10 +33,17 @@ schema.register()
 
 def launch(cfg: DictConfig, run_dir: str) -> dict | None:
     """Plan, then print (dry run) or execute. Returns the recipe's result (``None`` for a dry run)."""
+    from components.hosts.distributed import check_world, rank_of_environment, serve_rank
+
     from .plan import build_plan, prepare_placements
 
+    rank = rank_of_environment(cfg.get("distributed"))
+    if rank is not None and not cfg.launcher.dry_run:  # a worker rank torchrun/srun started: the driver sends its work
+        serve_rank(cfg.get("distributed"), rank)
     prepare_placements(cfg)
     plan = build_plan(cfg)
+    if rank_of_environment(cfg.get("distributed"), driver=True) is not None:
+        check_world(plan)  # ranks started by torchrun/srun: they must match the collector workers
     if cfg.launcher.dry_run:
         from .slurm import job_resources, own_jobs
 

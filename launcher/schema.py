@@ -120,6 +120,16 @@ class SubmititConf:
 
 
 @dataclass
+class DistributedConf:
+    """`distributed.*`: who starts the ranks of the `distributed` placement (collector workers)."""
+
+    ranks: str = "local"  # local: the launcher spawns them | env: torchrun/srun did; rank 0 drives, rank r is worker r-1
+    host: Optional[str] = None  # env: the address ranks dial the driver at (None: MASTER_ADDR)
+    port: Optional[int] = bounded(None, ge=1, le=65535)  # env: rank r dials port + r - 1 (None: MASTER_PORT + 1)
+    connect_timeout: float = bounded(120.0, gt=0, unit="seconds")  # env: for each rank to connect
+
+
+@dataclass
 class TransportConf:
     """`transport=<name>`: the default transport of components that take that kind."""
 
@@ -177,6 +187,7 @@ class Config:
     components: ComponentsConf = field(default_factory=ComponentsConf)
     ray: RayConf = field(default_factory=RayConf)
     submitit: SubmititConf = field(default_factory=SubmititConf)
+    distributed: DistributedConf = field(default_factory=DistributedConf)
     launcher: LauncherConf = field(default_factory=LauncherConf)
     seed: int = bounded(0, ge=0, le=2**32 - 1)  # seeds torch and the environments
 
@@ -203,6 +214,7 @@ PARITY: List[tuple] = [
     (EnvConf, ("components.envs.EnvMaker",), ()),  # _target_ is an argument here: the env's own callable
     (ResourcesConf, ("components.hosts.base.Resources",), ()),
     (SubmititConf, ("components.hosts.submitit.SubmititSettings",), ()),
+    (DistributedConf, ("components.hosts.distributed.DistributedSettings",), ()),
     (
         InferenceConf,
         ("components.inference.config.InferenceServerConfig", "components.inference.config.InferenceDeviceConfig"),

@@ -24,26 +24,19 @@ import math
 import os
 import pickle
 import secrets
-import select
 import shutil
 import socket
-import struct
 import threading
 import time
-from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from typing import Any, Iterator, Mapping, Optional
 
 from transports.errors import ConfigurationError, PeerFailureError, ServiceTimeoutError
 
-from .base import DEFAULT_STOP_TIMEOUT, Resources
+from .base import Resources
 from ._submitit_job import job_main, ray_cluster
-from .process import ProcessHost, _receive, _send
+from .connected import ConnectedHost
 
 log = logging.getLogger(__name__)
-
-HANDSHAKE_S = 10.0
-"""Seconds a connecting peer has to answer the challenge before it is dropped (and the next one is awaited)."""
-
 
 @dataclasses.dataclass(frozen=True)
 class SubmititSettings:
@@ -134,18 +127,15 @@ class _Session:
 _current: _Session | None = None
 
 
-class SubmititHost(ProcessHost):
+class SubmititHost(ConnectedHost):
     """Runs the target in a submitit job that connects back to this host's listening socket."""
 
     placement = "submitit"
-    shares_memory = False  # a job may run on another node
     process_memory_gb = 0.0  # its own job's memory (submitit.mem_gb), not the run's
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.job = None
-        self._server: socket.socket | None = None
-        self._peer: socket.socket | None = None  # the connection's socket, kept to notice its end
         self._key = secrets.token_bytes(32)
         self._session = _current or _Session(SubmititSettings(), None)
         self.address: tuple[str, int] | None = None
@@ -189,82 +179,20 @@ class SubmititHost(ProcessHost):
     def wait_ready(self) -> None:
         self._session.submit_pending()  # the hosts launched with this one go out together, as one array
         try:
-            self._conn, self._peer = self._accept(time.monotonic() + self._session.settings.connect_timeout)
-            timeout = self.resources.startup_timeout  # then building the target
-            if not self._conn.poll(timeout):
-                raise ServiceTimeoutError(f"{self.name}: connected, but not ready within {timeout:g} s "
-                                          "(resources.startup_timeout)")
-            kind, value = _receive(self._conn)
-        except ServiceTimeoutError:  # before OSError: it is a TimeoutError
+            self._conn, self._peer = self._accept(
+                time.monotonic() + self._session.settings.connect_timeout,
+                f"{self._job_words()} did not connect within {self._session.settings.connect_timeout:g} s (state "
+                f"{self._state()}; submitit.connect_timeout waits for the queue too)")
+        except ServiceTimeoutError:
             self._force_stop(0.0)
             raise
-        except (EOFError, OSError):
-            kind, value = "died", None
-        if kind == "ready":
-            self._start_watcher()
-            return
-        self._force_stop(2.0 if kind == "error" else 0.0)  # a job whose target failed to build ends by itself
-        if kind == "error":
-            raise value
-        raise PeerFailureError(self._lost(" during startup"))
+        except OSError:
+            self._force_stop(0.0)
+            raise PeerFailureError(self._lost(" during startup")) from None
+        self._ready(" during startup")
 
-    def _accept(self, deadline: float) -> tuple[Connection, socket.socket]:
-        """The job's authenticated connection: peers that fail the challenge are dropped and the next awaited; a job
-        that ended, or no job connecting by ``deadline``, raises."""
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ServiceTimeoutError(
-                    f"{self.name}: {self._job_words()} did not connect within {self._session.settings.connect_timeout:g}"
-                    f" s (state {self._state()}; submitit.connect_timeout waits for the queue too)")
-            readable, _, _ = select.select([self._server], [], [], min(2.0, remaining))
-            if not readable:
-                if self.job is not None and self.job.done():
-                    raise PeerFailureError(self._lost(" before connecting"))
-                continue
-            sock, _ = self._server.accept()
-            _timeouts(sock, HANDSHAKE_S)
-            peer = sock.dup()
-            conn = Connection(sock.detach())
-            try:
-                deliver_challenge(conn, self._key)
-                answer_challenge(conn, self._key)
-            except Exception as exc:  # noqa: BLE001 - a stranger, or a peer too slow to answer: drop it, keep waiting
-                log.warning("%s: dropped a connection that failed the challenge (%s)", self.name, exc)
-                conn.close()
-                peer.close()
-                continue
-            _timeouts(peer, 0.0)
-            peer.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            for option, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 4)):
-                if hasattr(socket, option):
-                    peer.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
-            return conn, peer
-
-    # ------------------------------------------------------------------ watching
-    def _watch(self) -> None:
-        peer, wake = self._peer, self._wake_r
-        while True:
-            readable, _, _ = select.select([peer, wake], [], [])
-            if wake in readable:
-                return
-            if self._busy.locked():  # an answer is on its way: its reader notices an end itself
-                time.sleep(0.05)
-                continue
-            try:
-                data = peer.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                continue
-            except OSError:
-                data = b""
-            if not data:
-                if not self._stopping:
-                    self._died(self._lost())
-                return
-            time.sleep(0.05)  # an answer nobody has asked for yet
-
-    def _peer_alive(self) -> bool:
-        return self.death is None and self._conn is not None
+    def _gone(self) -> str | None:
+        return self._lost(" before connecting") if self.job is not None and self.job.done() else None
 
     def _lost(self, when: str = "") -> str:
         log_file = "" if self.job is None else f"; its log: {self.job.paths.stderr}"
@@ -289,36 +217,6 @@ class SubmititHost(ProcessHost):
             time.sleep(0.25)
 
     # ------------------------------------------------------------------ stop
-    def request_stop(self) -> None:
-        if self._stopping:
-            return
-        self._stopping = True
-        if self._conn is not None:
-            try:
-                _send(self._conn, ("stop", None))
-            except (OSError, ValueError):
-                pass
-
-    def stop(self, timeout: float | None = None) -> None:
-        if not self._launched or self._server is None:
-            return
-        timeout = DEFAULT_STOP_TIMEOUT if timeout is None else timeout
-        deadline = time.monotonic() + timeout
-        self.request_stop()
-        connected = self._conn is not None
-        if connected:  # the job closes its end once its target closed
-            try:
-                while self._conn.poll(max(0.0, 0.6 * (deadline - time.monotonic()))):
-                    self._conn.recv_bytes()  # an answer nobody will read
-            except (EOFError, OSError):
-                pass
-        self._force_stop(max(0.5, deadline - time.monotonic()) if connected else 0.0)  # unconnected: nothing to wait for
-        self._stop_watcher()
-        for closable in (self._conn, self._peer, self._server):
-            if closable is not None:
-                closable.close()
-        self._conn = self._peer = self._server = None
-
     def _force_stop(self, budget: float) -> None:
         """Cancel the job unless it is done within ``budget`` seconds (a job never submitted is dropped)."""
         self._stopping = True
@@ -337,21 +235,5 @@ class SubmititHost(ProcessHost):
 
     # ------------------------------------------------------------------ introspection
     @property
-    def is_alive(self) -> bool:
-        return self._conn is not None and self.death is None and not self._stopping
-
-    @property
-    def pid(self) -> int | None:
-        return None  # not a process of this machine
-
-    @property
     def job_id(self) -> str | None:
         return None if self.job is None else str(self.job.job_id)
-
-
-def _timeouts(sock: socket.socket, seconds: float) -> None:
-    """Blocking reads and writes on ``sock`` give up after ``seconds`` (0: never), without making it non-blocking."""
-    whole = int(seconds)
-    value = struct.pack("ll", whole, int((seconds - whole) * 1e6))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, value)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, value)
