@@ -16,6 +16,7 @@ import socket
 import struct
 import time
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
+from typing import Callable
 
 from transports.errors import PeerFailureError, ServiceTimeoutError
 
@@ -47,14 +48,14 @@ class ConnectedHost(ProcessHost):
         """Why no peer will connect any more (its job ended...), or ``None`` while one may."""
         return None
 
-    def _accept(self, deadline: float, waiting: str) -> tuple[Connection, socket.socket]:
+    def _accept(self, deadline: float, waiting: Callable[[], str]) -> tuple[Connection, socket.socket]:
         """The peer's authenticated connection: peers that fail the challenge are dropped and the next awaited; a
-        peer that can no longer come (``_gone``), or none by ``deadline``, raises (``waiting``: what was awaited, for
-        the timeout's message)."""
+        peer that can no longer come (``_gone``), or none by ``deadline``, raises (``waiting()``: what was awaited, in
+        words, for the timeout's message)."""
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise ServiceTimeoutError(f"{self.name}: {waiting}")
+                raise ServiceTimeoutError(f"{self.name}: {waiting()}")
             readable, _, _ = select.select([self._server], [], [], min(2.0, remaining))
             if not readable:
                 gone = self._gone()
@@ -79,6 +80,21 @@ class ConnectedHost(ProcessHost):
                 if hasattr(socket, option):
                     peer.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
             return conn, peer
+
+    def _connect(self, deadline: float, waiting: Callable[[], str], send: bytes | None = None) -> None:
+        """Accept the peer (see :meth:`_accept`), send it ``send`` if given, then wait for it to be ready (see
+        :meth:`_ready`); a peer lost meanwhile is a peer failure, and whatever fails makes it end."""
+        try:
+            self._conn, self._peer = self._accept(deadline, waiting)
+            if send is not None:
+                self._conn.send_bytes(send)
+        except ServiceTimeoutError:  # before OSError: it is a TimeoutError
+            self._force_stop(0.0)
+            raise
+        except OSError:
+            self._force_stop(0.0)
+            raise PeerFailureError(self._lost(" during startup")) from None
+        self._ready(" during startup")
 
     def _ready(self, before: str) -> None:
         """After the connection: wait for the peer's ready handshake (``resources.startup_timeout``) and start

@@ -176,16 +176,9 @@ class EnvRankHost(ConnectedHost, DistributedHost):
 
     def wait_ready(self) -> None:
         timeout = self._settings.connect_timeout
-        try:
-            self._conn, self._peer = self._accept(
-                time.monotonic() + timeout, f"rank {self.rank} did not connect within {timeout:g} s "
-                f"(distributed.connect_timeout; WORLD_SIZE must be the number of collectors + 1)")
-            self._conn.send_bytes(pickle.dumps(self.factory, protocol=pickle.HIGHEST_PROTOCOL))
-        except ServiceTimeoutError:
-            raise
-        except OSError:
-            raise PeerFailureError(self._lost(" during startup")) from None
-        self._ready(" during startup")
+        self._connect(time.monotonic() + timeout, lambda: f"rank {self.rank} did not connect within {timeout:g} s "
+                      "(distributed.connect_timeout; WORLD_SIZE must be the number of collectors + 1)",
+                      send=pickle.dumps(self.factory, protocol=pickle.HIGHEST_PROTOCOL))
 
     def _lost(self, when: str = "") -> str:
         return f"{self.name}: rank {self.rank} closed its connection (it ended, or its node was lost){when}"

@@ -30,7 +30,7 @@ import threading
 import time
 from typing import Any, Iterator, Mapping, Optional
 
-from transports.errors import ConfigurationError, PeerFailureError, ServiceTimeoutError
+from transports.errors import ConfigurationError
 
 from .base import Resources
 from ._submitit_job import job_main, ray_cluster
@@ -178,18 +178,9 @@ class SubmititHost(ConnectedHost):
 
     def wait_ready(self) -> None:
         self._session.submit_pending()  # the hosts launched with this one go out together, as one array
-        try:
-            self._conn, self._peer = self._accept(
-                time.monotonic() + self._session.settings.connect_timeout,
-                f"{self._job_words()} did not connect within {self._session.settings.connect_timeout:g} s (state "
-                f"{self._state()}; submitit.connect_timeout waits for the queue too)")
-        except ServiceTimeoutError:
-            self._force_stop(0.0)
-            raise
-        except OSError:
-            self._force_stop(0.0)
-            raise PeerFailureError(self._lost(" during startup")) from None
-        self._ready(" during startup")
+        self._connect(time.monotonic() + self._session.settings.connect_timeout, lambda: (
+            f"{self._job_words()} did not connect within {self._session.settings.connect_timeout:g} s (state "
+            f"{self._state()}; submitit.connect_timeout waits for the queue too)"))
 
     def _gone(self) -> str | None:
         return self._lost(" before connecting") if self.job is not None and self.job.done() else None
