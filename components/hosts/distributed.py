@@ -186,10 +186,6 @@ class EnvRankHost(ConnectedHost, DistributedHost):
     def _force_stop(self, budget: float) -> None:
         self._stopping = True  # not a process of this machine: it ends once it sees its connection close
 
-    @classmethod
-    def on_run_machine(cls, settings: Mapping[str, Any]) -> bool:
-        return False
-
 
 def check_world(plan: Any) -> None:
     """With ``distributed.ranks=env``, before anything starts: only collector workers run as ranks, one rank each
