@@ -14,6 +14,7 @@ unpickled: a header with the wrong magic, an unknown kind or an oversized count 
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import itertools
 import os
@@ -21,6 +22,7 @@ import socket
 import struct
 import threading
 import time
+import weakref
 from typing import Any
 
 import torch
@@ -342,8 +344,15 @@ def groups(store, prefix: str, rank: int, host: str, backend: str) -> tuple[tupl
     return groups["request"], groups["response"]
 
 
+_OPEN: "weakref.WeakSet[Connection]" = weakref.WeakSet()
+"""This process's connected client endpoints, closed when it exits (:func:`_close_open_connections`)."""
+
+
 class Connection:
-    """A client's connected endpoint in one process: its wire, the requests in flight, the receiving thread."""
+    """A client's connected endpoint in one process: its wire, the requests in flight, the receiving thread.
+
+    The process closes it when it exits: a receiving thread still inside gloo while the interpreter finalizes
+    can abort the process (a non-zero exit status after every answer came)."""
 
     def __init__(self, wire: Wire, name: str):
         self.wire, self.name = wire, name
@@ -353,12 +362,26 @@ class Connection:
         self.ids = itertools.count(1)
         self.thread = threading.Thread(target=self._receive, name=f"{name}-client-rx", daemon=True)
         self.thread.start()
+        _OPEN.add(self)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Say BYE; the server answers BYE, which ends the receiving thread (waited for up to ``timeout``)."""
+        if not self.thread.is_alive():
+            return
+        try:
+            self.wire.send(BYE, 0, timeout=timeout)
+        except Exception:  # noqa: BLE001 - the server is gone: the receiving thread ends on its own
+            pass
+        self.thread.join(timeout)
 
     def _receive(self) -> None:
         problem = f"the {self.name} server closed the connection (its process died)"
         try:
             while True:
-                kind, rid, payload = self.wire.recv(frozenset({REPLY, ERROR, SHUTDOWN}))
+                kind, rid, payload = self.wire.recv(frozenset({REPLY, ERROR, SHUTDOWN, BYE}))
+                if kind == BYE:  # the answer to this side's BYE (close)
+                    problem = f"the {self.name} endpoint was closed in this process"
+                    return
                 if kind == SHUTDOWN:
                     problem = f"the {self.name} server shut down ({payload or 'no reason given'})"
                     self.wire.send(BYE, 0)  # ends the server's receiving thread for this endpoint
@@ -377,3 +400,9 @@ class Connection:
                 pending, self.pending = self.pending, {}
             for future in pending.values():
                 future.set_exception(PeerFailureError(problem))
+
+
+@atexit.register
+def _close_open_connections() -> None:
+    for connection in list(_OPEN):
+        connection.close(timeout=1.0)

@@ -252,7 +252,9 @@ class DistributedServer(ServerEndpoint):
                 self._send(channel, SHUTDOWN, 0, text=self._reason, timeout=1.0)
             while True:
                 kind, rid, payload = channel.wire.recv(frozenset({REQUEST, BYE}))
-                if kind == BYE:
+                if kind == BYE:  # the client closes (its process exits), or answers this server's SHUTDOWN
+                    if not self._stop.is_set():
+                        self._send(channel, BYE, 0, timeout=1.0)  # ends the client's receiving thread
                     return
                 self.inbox.put(((channel, rid), payload, time.monotonic()))
         except MalformedMessage as exc:

@@ -351,6 +351,20 @@ def _client_in_child(client, n, results):
         results.put(repr(exc))
 
 
+def test_a_client_closing_its_endpoint_ends_both_sides_threads(served):
+    """What a process does for its connected endpoints when it exits: no thread stays inside gloo to abort the
+    interpreter's finalization, and the server drops the channel at once."""
+    transport, server = served
+    client = transport.client()
+    assert client.submit(request(3)).result(10)["action"][0].item() == 7
+    connection = client._connect()
+    connection.close()
+    assert not connection.thread.is_alive()
+    wait_until(lambda: not server.endpoint.channels, timeout=10, what="the server drops the closed endpoint")
+    with pytest.raises(PeerFailureError, match="closed in this process"):
+        client.submit(request(1))
+
+
 @pytest.mark.slow
 def test_pickled_clients_connect_from_spawned_processes(served):
     transport, server = served
