@@ -133,6 +133,8 @@ def resolve_component(
         declaration.check(options, inline=inline)
     try:
         resources = Resources.of(resources)
+        if p.value in HOSTS:
+            host_class(p.value).check_resources(resources)
     except ConfigurationError as exc:
         raise ConfigurationError(f"{component}.{exc.message}", path=f"components.{component}.{exc.path}") from None
     return Resolved(

@@ -197,6 +197,10 @@ def explain(exc: BaseException) -> ConfigurationError:
 
     if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and exc.options is not None:
         group, _, option = exc.missing_cfg_file.rpartition("/")
+        if group == "service" and option in ("submitit", "rpc"):  # placements of collectors only
+            return ConfigurationError(f"service has no option {option!r}: {option!r} places collectors only "
+                                      f"(components.collector.placement={option}); services go elsewhere",
+                                      path=group, alternatives=tuple(o for o in exc.options if not o.startswith("base_")))
         return ConfigurationError(f"{group or 'the config'} has no option {option!r}", path=group or option,
                                   alternatives=tuple(o for o in exc.options if not o.startswith("base_")))
     cause = exc if isinstance(exc, OmegaConfBaseException) else exc.__cause__

@@ -130,6 +130,14 @@ class DistributedConf:
 
 
 @dataclass
+class RpcConf:
+    """`rpc.*`: the `rpc` placement's world (collector workers driven through torch.distributed.rpc)."""
+
+    interface: str = "lo"  # the network interface rpc agents listen on (lo: this machine only)
+    threads: int = bounded(4, ge=2)  # rpc threads per process
+
+
+@dataclass
 class TransportConf:
     """`transport=<name>`: the default transport of components that take that kind."""
 
@@ -188,6 +196,7 @@ class Config:
     ray: RayConf = field(default_factory=RayConf)
     submitit: SubmititConf = field(default_factory=SubmititConf)
     distributed: DistributedConf = field(default_factory=DistributedConf)
+    rpc: RpcConf = field(default_factory=RpcConf)
     launcher: LauncherConf = field(default_factory=LauncherConf)
     seed: int = bounded(0, ge=0, le=2**32 - 1)  # seeds torch and the environments
 
@@ -215,6 +224,7 @@ PARITY: List[tuple] = [
     (ResourcesConf, ("components.hosts.base.Resources",), ()),
     (SubmititConf, ("components.hosts.submitit.SubmititSettings",), ()),
     (DistributedConf, ("components.hosts.distributed.DistributedSettings",), ()),
+    (RpcConf, ("components.hosts._rpc_worker.RpcSettings",), ()),
     (
         InferenceConf,
         ("components.inference.config.InferenceServerConfig", "components.inference.config.InferenceDeviceConfig"),

@@ -334,25 +334,18 @@ def wait_answer(store, n: int, timeout: float, what: str) -> bytes:
 def groups(store, prefix: str, rank: int, host: str, backend: str) -> tuple[tuple, tuple]:
     """Both directions' groups of one endpoint, built in the same order on both sides: ``(out, inp)`` for
     ``rank`` (0: the server). NCCL payload groups get gloo control groups beside them."""
-    groups = {}
-    for direction in ("request", "response"):
-        control = pair(store, f"{prefix}{direction}/", rank, host)
-        data = pair(store, f"{prefix}{direction}/data/", rank, host, backend) if backend != "gloo" else None
-        groups[direction] = (control, data)
-    if rank == 0:
-        return groups["response"], groups["request"]
-    return groups["request"], groups["response"]
+    made = [(pair(store, f"{prefix}{d}/", rank, host),
+             pair(store, f"{prefix}{d}/data/", rank, host, backend) if backend != "gloo" else None)
+            for d in ("request", "response")]
+    return (made[1], made[0]) if rank == 0 else (made[0], made[1])
 
 
-_OPEN: "weakref.WeakSet[Connection]" = weakref.WeakSet()
-"""This process's connected client endpoints, closed when it exits (:func:`_close_open_connections`)."""
+_OPEN: "weakref.WeakSet[Connection]" = weakref.WeakSet()  # this process's, closed when it exits
 
 
 class Connection:
-    """A client's connected endpoint in one process: its wire, the requests in flight, the receiving thread.
-
-    The process closes it when it exits: a receiving thread still inside gloo while the interpreter finalizes
-    can abort the process (a non-zero exit status after every answer came)."""
+    """A client's connected endpoint in one process: its wire, the requests in flight, the receiving thread. Closed
+    when the process exits: a receiving thread inside gloo while the interpreter finalizes can abort the process."""
 
     def __init__(self, wire: Wire, name: str):
         self.wire, self.name = wire, name
@@ -402,7 +395,4 @@ class Connection:
                 future.set_exception(PeerFailureError(problem))
 
 
-@atexit.register
-def _close_open_connections() -> None:
-    for connection in list(_OPEN):
-        connection.close(timeout=1.0)
+atexit.register(lambda: [connection.close(timeout=1.0) for connection in list(_OPEN)])

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from .errors import ConfigurationError
 
-PLACEMENTS: tuple[str, ...] = ("direct", "thread", "process", "ray", "distributed", "submitit")
-"""Where an owner is constructed and runs. ``submitit`` applies to collectors only."""
+PLACEMENTS: tuple[str, ...] = ("direct", "thread", "process", "ray", "distributed", "submitit", "rpc")
+"""Where an owner is constructed and runs. ``submitit`` and ``rpc`` apply to collectors only."""
 
 TRANSPORT_KINDS: tuple[str, ...] = (
     "auto",
@@ -49,6 +49,7 @@ DISTANCE: dict[str, str] = {
     "ray": "cluster",
     "distributed": "cluster",
     "submitit": "cluster",
+    "rpc": "cluster",  # an rpc world may span machines: its workers reach services over cluster transports
 }
 _ORDER = {"process": 0, "host": 1, "cluster": 2}
 

@@ -20,6 +20,7 @@ HOSTS: dict[str, str] = {
     "ray": "components.hosts.ray:RayHost",
     "distributed": "components.hosts.distributed:DistributedHost",
     "submitit": "components.hosts.submitit:SubmititHost",
+    "rpc": "components.hosts.rpc:RpcHost",
 }
 """placement -> ``module:class`` of its host (imported on first use)."""
 

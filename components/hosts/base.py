@@ -198,6 +198,15 @@ class Host(ABC):
         run knows it will use the placement). By default: nothing."""
 
     @classmethod
+    def check_resources(cls, resources: "Resources") -> None:
+        """Refuse ``resources`` this placement cannot honour (called when the plan is made, before anything starts).
+        By default: everything is accepted.
+
+        Raises:
+            ConfigurationError: naming the field (``resources.<field>``).
+        """
+
+    @classmethod
     def session(cls, settings: Mapping[str, Any], *, run_dir: str | None = None) -> contextlib.AbstractContextManager:
         """What this placement needs around all of its hosts in a run (entered before the first owner starts,
         left after the last one stopped); ``settings`` is the config node named after the placement (``ray:``),

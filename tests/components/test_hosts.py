@@ -99,7 +99,7 @@ def test_a_control_call_error_is_raised_at_the_call_site(host_type):
 
 
 def test_stop_all_winds_several_hosts_down_together(host_type):
-    hosts = [host_type(f"many-{i}", make) for i in range(2)]
+    hosts = [host_type(f"many-{i}", make, index=(i, 2)) for i in range(2)]  # one owner's two workers
     for host in hosts:
         host.launch()
     for host in hosts:

@@ -70,6 +70,11 @@ MISTAKES = [
      "components.weight_sync.transport", "weight_sync ('direct') over transport 'direct' cannot reach the collector"),
     (("env=pendulum", "env.backend=vector"), "env.backend", "'Pendulum-v1' has no array-vectorized implementation"),
     (("env.id=NoSuchEnv-v0", "env.backend=envpool"), "env.id", "EnvPool does not implement 'NoSuchEnv-v0'"),
+    (("service=rpc",), "service", "'rpc' places collectors only (components.collector.placement=rpc)"),
+    (("components.replay.placement=rpc",), "components.replay.placement", "supported: direct, thread, process, ray"),
+    (("components.collector.placement=rpc", "components.collector.resources.max_restarts=1"),
+     "components.collector.resources.max_restarts", "must be 0 on the rpc placement"),
+    (("components.collector.placement=rpc", "rpc.threads=1"), "rpc.threads", "must be >= 2, got 1"),
 ]
 
 

@@ -57,18 +57,23 @@ def test_recipe_runs_in_every_placement(recipe, overrides, compose_cfg, request,
     assert "Traceback" not in capfd.readouterr().err
 
 
+@pytest.mark.parametrize("placement", ["distributed", "rpc"])
 @pytest.mark.parametrize("recipe", list(RECIPES))
-def test_collectors_as_worker_ranks(recipe, compose_cfg, tmp_path, capfd):
+def test_collectors_as_worker_ranks(recipe, placement, compose_cfg, tmp_path, capfd):
+    """Worker ranks of a torch.distributed job, or workers driven through torch.distributed.rpc."""
     run_dir = tmp_path / "run"
-    launch(compose_cfg(f"+recipe={recipe}", "components.collector.placement=distributed",
+    launch(compose_cfg(f"+recipe={recipe}", f"components.collector.placement={placement}",
                        "components.collector.num_collectors=2", *TINY[recipe], "launcher.progress=false"), str(run_dir))
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["frames"] >= 256 and summary["fps"] > 0
     plan = {c["name"]: c for c in json.loads((run_dir / "plan.json").read_text())["components"]}
-    assert plan["collector"]["placement"] == "distributed"
+    assert plan["collector"]["placement"] == placement
     # nobody placed the inference server: the plan serves it from a thread of the driver, over gloo, for the ranks
     assert (plan["inference"]["placement"], plan["inference"]["transport"]) == ("thread", "distributed")
-    assert "Traceback" not in capfd.readouterr().err
+    services = json.loads((run_dir / "services.json").read_text())
+    assert len(set(services["collector"]["pids"]) - {os.getpid()}) == 2
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "tensorpipe" not in err  # rpc worlds end without the agents' reports
 
 
 @pytest.mark.parametrize("recipe", list(RECIPES))
