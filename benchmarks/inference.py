@@ -79,10 +79,11 @@ from torchrl_peer import (  # noqa: E402
     MIN_PER_CLIENT, SIZES, EchoPolicy, counts, request_td, response_td, round_trips, summarize)
 
 CELLS = [("thread", "thread"), ("thread", "direct"), ("process", "queue"), ("process", "shared_memory"),
-         ("process", "process_slot"), ("process", "distributed"), ("ray", "ray"), ("ray", "distributed")]
-FLOOR_OF = {"queue": "b", "ray": "c", "distributed": "d"}  # every other transport is compared with floor (a)
+         ("process", "process_slot"), ("process", "distributed"), ("ray", "ray"), ("ray", "distributed"),
+         ("monarch", "monarch")]
+FLOOR_OF = {"queue": "b", "ray": "c", "distributed": "d", "monarch": "e"}  # every other one: floor (a)
 FLOOR_NAMES = {"a": "floor (a) shm + semaphore", "b": "floor (b) mp.Queue bytes", "c": "floor (c) Ray actor call",
-               "d": "floor (d) gloo send/recv"}
+               "d": "floor (d) gloo send/recv", "e": "floor (e) Monarch endpoint call"}
 LOCAL_FLOORS = ("a", "b", "d")  # measured between two processes in the interleaved rounds
 TARGETS = [("shared_memory", "a"), ("process_slot", "a"), ("queue", "b")]
 # our transport -> TorchRL's corresponding one, as benchmarks/torchrl_peer.py names it
@@ -392,6 +393,32 @@ def run_ray_cells(cells, sizes, client_counts, quick, results, floors) -> None:
         run_thread_cells(cells, sizes, client_counts, quick, results)
 
 
+def run_monarch_cells(cells, sizes, client_counts, quick, results, floors) -> None:
+    """Monarch rows: clients are threads of this driver calling the Monarch inference client; the floor is a bare
+    endpoint call of an actor in a proc of its own with the same payload, measured in the same run."""
+    from monarch.actor import Actor, endpoint, this_host
+
+    here = os.path.dirname(os.path.abspath(__file__))  # procs inherit the environment: they import torchrl_peer too
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+
+    class EchoActor(Actor):
+        @endpoint
+        def echo(self, payload):
+            return payload
+
+    procs = this_host().spawn_procs(per_host={"procs": 1})
+    try:
+        echo = procs.spawn("echo", EchoActor)
+        for size in sizes:
+            payload = request_td(size)["observation"]
+            warmup, n = counts(size, 1, quick)
+            floors[("e", size)] = summarize([round_trips(lambda: echo.echo.call_one(payload).get(), warmup, n)])
+            progress(FLOOR_NAMES["e"], size, 1, {(FLOOR_NAMES["e"], size, 1): floors[("e", size)]})
+    finally:
+        procs.stop().get()
+    run_thread_cells(cells, sizes, client_counts, quick, results)
+
+
 def _pooled(parts: list) -> dict:
     """:func:`summarize` of one client's sequential rounds: requests/s over the rounds' own durations."""
     out = summarize(parts)
@@ -446,7 +473,7 @@ def report(results, floors, sizes, client_counts, cells, peer=None) -> bool:
         print(f"\n### {size}: {SIZES[size][0]}\n")
         print("| transport | clients | p50 us | p95 us | req/s | floor p50 us | ratio |")
         print("|---|---|---|---|---|---|---|")
-        for floor in ("a", "b", "c", "d"):
+        for floor in ("a", "b", "c", "d", "e"):
             f = floors.get((floor, size))
             if f:
                 print(f"| {FLOOR_NAMES[floor]} | 1 | {f['p50']:.1f} | {f['p95']:.1f} | {f['rps']:.0f} | "
@@ -522,6 +549,8 @@ def main() -> None:
     run_process_cells([c for c in cells if c[0] == "process"], args.sizes, args.clients, args.quick, results, floors)
     if any(c[0] == "ray" for c in cells):
         run_ray_cells([c for c in cells if c[0] == "ray"], args.sizes, args.clients, args.quick, results, floors)
+    if any(c[0] == "monarch" for c in cells):
+        run_monarch_cells([c for c in cells if c[0] == "monarch"], args.sizes, args.clients, args.quick, results, floors)
     elapsed = time.monotonic() - started
 
     peer, peer_note = None, None
@@ -543,7 +572,8 @@ def main() -> None:
           f"{'quick' if args.quick else 'full'} run, {elapsed:.0f} s)")
     print("\nratio = p50 / floor p50 at the same payload; floors are one client, so rows with more clients include "
           "queueing behind the others. (a): shared memory + semaphore doorbell; (b): multiprocessing.Queue of bytes; "
-          "(c): a Ray actor call carrying the payload.")
+          "(c): a Ray actor call carrying the payload; (d): gloo send/recv between two processes; (e): a bare Monarch "
+          "endpoint call carrying the payload.")
     if peer_note:
         print(f"\n{peer_note}")
     report(results, floors, args.sizes, args.clients, cells, peer)

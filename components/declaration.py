@@ -28,6 +28,7 @@ DIRECT = fixed("direct", "owner in the caller's process: plain calls, no seriali
 THREAD = fixed("thread", "owner on a thread: in-process queue and condition")
 RAY = fixed("ray", "Ray owner: Ray calls and the object store (distributed is opt-in)")
 DISTRIBUTED = fixed("distributed", "torch.distributed owner: point-to-point gloo/NCCL groups")
+MONARCH = fixed("monarch", "Monarch owner: actor endpoint calls, answered through response ports")
 
 
 @dataclass(frozen=True)

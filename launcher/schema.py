@@ -209,6 +209,7 @@ SCHEMAS: Dict[str, Dict[str, type]] = {
         "base_process": ServiceConf,
         "base_ray": RayServiceConf,
         "base_distributed": ServiceConf,
+        "base_monarch": ServiceConf,
     },
     "transport": {"base_transport": TransportConf},
     "env": {"base_env": EnvConf},

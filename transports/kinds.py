@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .errors import ConfigurationError
 
-PLACEMENTS: tuple[str, ...] = ("direct", "thread", "process", "ray", "distributed", "submitit", "rpc")
+PLACEMENTS: tuple[str, ...] = ("direct", "thread", "process", "ray", "distributed", "submitit", "rpc", "monarch")
 """Where an owner is constructed and runs. ``submitit`` and ``rpc`` apply to collectors only."""
 
 TRANSPORT_KINDS: tuple[str, ...] = (
@@ -19,6 +19,7 @@ TRANSPORT_KINDS: tuple[str, ...] = (
     "process_slot",
     "ray",
     "distributed",
+    "monarch",
 )
 """How payloads move between clients and an owner. ``auto`` asks the component to choose."""
 
@@ -40,6 +41,7 @@ REACH: dict[str, str] = {
     "process_slot": "host",
     "ray": "cluster",
     "distributed": "cluster",
+    "monarch": "cluster",
 }
 # How far from the driver each placement puts an owner.
 DISTANCE: dict[str, str] = {
@@ -49,7 +51,8 @@ DISTANCE: dict[str, str] = {
     "ray": "cluster",
     "distributed": "cluster",
     "submitit": "cluster",
-    "rpc": "cluster",  # an rpc world may span machines: its workers reach services over cluster transports
+    "rpc": "cluster",
+    "monarch": "cluster",  # an rpc world may span machines: its workers reach services over cluster transports
 }
 _ORDER = {"process": 0, "host": 1, "cluster": 2}
 

@@ -51,19 +51,34 @@ class LocalFuture(ResponseFuture):
     answer is set (no condition variable to build or notify). The first answer set wins; ``result(timeout)``
     raises our timeout type."""
 
-    __slots__ = ("_lock", "_done", "_value", "_error")
+    __slots__ = ("_lock", "_done", "_value", "_error", "_callbacks")
 
     def __init__(self) -> None:
         self._lock = _thread.allocate_lock()
         self._lock.acquire()
         self._done = False
-        self._value = self._error = None
+        self._value = self._error = self._callbacks = None
 
     def _set(self, value, error: BaseException | None) -> None:
         if self._done:
             return
         self._value, self._error, self._done = value, error, True
         self._lock.release()
+        if self._callbacks:
+            self._run_callback()
+
+    def add_done_callback(self, fn) -> None:
+        """Call ``fn(self)`` once the answer is set (at once when it is), in the thread that sets it."""
+        self._callbacks = [fn]
+        if self._done:
+            self._run_callback()
+
+    def _run_callback(self) -> None:
+        try:
+            fn = self._callbacks.pop()  # atomic: the setter and add_done_callback may both get here, one runs it
+        except IndexError:
+            return
+        fn(self)
 
     def set_result(self, value) -> None:
         self._set(value, None)

@@ -21,14 +21,11 @@ together with ``_node_ip_address="127.0.0.1"`` keeps a local cluster on loopback
 
 from __future__ import annotations
 
-import itertools
 import os
-import threading
-import time
 from typing import Any
 
-from .base import RequestReplyTransport
-from .errors import ConfigurationError, PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError, TransportError
+from .actor_calls import ActorCallTransport, ProducerClient, submit_in_order
+from .errors import ConfigurationError, PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError
 
 
 def import_ray():
@@ -108,60 +105,15 @@ def remote(handle: Any, method: str, args: tuple, what: str) -> RayFuture:
 
 
 # ---------------------------------------------------------------------------------------------- transport
-_ids = itertools.count(1)
-_ENDPOINTS: dict[str, tuple[Any, "Sequencer"]] = {}  # endpoint id -> (a client of the in-actor queue, its order)
-_ENDPOINTS_LOCK = threading.Lock()
-
 DELIVER = "deliver"
 """The method every hosting actor offers: ``deliver(endpoint_id, message)`` hands a request to the server
 endpoint of that id inside the actor and returns its answer; ``message`` is ``(producer, sequence, payload)``."""
-
-GAP_TIMEOUT = 5.0
-"""Most seconds a request waits inside the actor for an earlier request of its producer that has not arrived (a
-safety valve: such a request was lost with a restarted actor; past it, order gives way to progress)."""
-
-
-class Sequencer:
-    """Releases each producer's requests in the order of their sequence numbers (0, 1, 2... per producer).
-
-    Args:
-        first_seen: whether a producer's first request seen here starts its sequence (an actor Ray restarted meets
-            producers mid-sequence); otherwise every producer starts at 0.
-    """
-
-    def __init__(self, first_seen: bool = False):
-        self.first_seen = first_seen
-        self._next: dict[bytes, int] = {}  # producer -> the sequence number it releases next
-        self._cond = threading.Condition()
-
-    def release(self, producer: bytes, seq: int, submit: Any) -> Any:
-        """Call ``submit()`` once every earlier request of ``producer`` was released; returns what it returns."""
-        start = seq if self.first_seen else 0
-        with self._cond:
-            expected = self._next.get(producer, start)
-            if seq > expected:
-                deadline = time.monotonic() + GAP_TIMEOUT
-                while seq > expected and (left := deadline - time.monotonic()) > 0:
-                    self._cond.wait(left)
-                    expected = self._next.get(producer, start)
-            try:
-                return submit()  # under the lock: the order of release is the order in the queue
-            finally:
-                self._next[producer] = max(expected, seq + 1)  # a failed submit fails its caller, not the successors
-                if seq >= expected:
-                    self._cond.notify_all()
 
 
 def deliver(endpoint_id: str, message: tuple) -> Any:
     """Inside the actor: hand a request to the server endpoint ``endpoint_id`` in its producer's order and wait for
     its answer."""
-    producer, seq, payload = message
-    with _ENDPOINTS_LOCK:
-        entry = _ENDPOINTS.get(endpoint_id)
-    if entry is None:
-        raise TransportError(f"no server endpoint {endpoint_id!r} in this actor (it was shut down)")
-    client, sequencer = entry
-    return sequencer.release(producer, seq, lambda: client.submit(payload)).result()
+    return submit_in_order(endpoint_id, message).result()
 
 
 def _restarted() -> bool:
@@ -172,12 +124,8 @@ def _restarted() -> bool:
         return False
 
 
-class RayTransport(RequestReplyTransport):
-    """Request/reply over calls to the actor that hosts the server.
-
-    Built on the owner's side and handed to the actor inside the target's factory; in the actor,
-    :meth:`server` returns an endpoint over an in-actor queue. :meth:`bind` records the actor's handle once the
-    host started it, and :meth:`client` hands out endpoints over that handle.
+class RayTransport(ActorCallTransport):
+    """Request/reply over calls to the actor that hosts the server (see :class:`ActorCallTransport`).
 
     Args:
         name: names the endpoint in messages (``inference``, ``replay``...).
@@ -185,72 +133,19 @@ class RayTransport(RequestReplyTransport):
     """
 
     kind = "ray"
-    cross_process = True
 
-    def __init__(self, name: str = "service", max_queue_size: int = 1024):
-        super().__init__()
-        self.name, self.max_queue_size = name, max_queue_size
-        self.endpoint_id = f"{os.getpid()}-{next(_ids)}-{os.urandom(3).hex()}"
-        self.handle: Any = None
-        self._inner = None  # in the actor: the thread transport the server endpoint drains
+    def _first_seen(self) -> bool:
+        return _restarted()
 
-    def __getstate__(self):
-        return {"name": self.name, "max_queue_size": self.max_queue_size, "endpoint_id": self.endpoint_id}
-
-    def __setstate__(self, state):
-        RequestReplyTransport.__init__(self)
-        self.__dict__.update(state)
-        self.handle, self._inner = None, None
-
-    def server(self):
-        from .thread import ThreadTransport
-
-        self._inner = ThreadTransport(max_queue_size=self.max_queue_size)
-        self._inner.mark_serving(os.getpid())
-        sequencer = Sequencer(first_seen=_restarted())
-        with _ENDPOINTS_LOCK:
-            _ENDPOINTS[self.endpoint_id] = (self._inner.client(), sequencer)
-        return self._inner.server()
-
-    def bind(self, host: Any) -> None:
-        self.handle = host.handle
-
-    def client(self) -> "RayClient":
-        if self.handle is None:
-            raise TransportError(f"the {self.name} Ray endpoint has no actor yet: start its owner first")
+    def _client(self) -> "RayClient":
         return RayClient(self.handle, self.endpoint_id, self.name)
 
-    def mark_dead(self, *, stopped: bool) -> None:
-        if self._inner is not None:
-            self._inner.mark_dead(stopped=stopped)
 
-    def _close(self) -> None:
-        if self._inner is not None:
-            with _ENDPOINTS_LOCK:
-                _ENDPOINTS.pop(self.endpoint_id, None)
-            self._inner.close()
+class RayClient(ProducerClient):
+    """The client endpoint of a :class:`RayTransport`: ``submit(payload)`` is one actor call, its answer a
+    :class:`RayFuture`. Picklable anywhere in the cluster (it holds the actor handle)."""
 
+    __slots__ = ()
 
-class RayClient:
-    """The client endpoint of a :class:`RayTransport`: ``submit(payload)`` is one actor call. Picklable anywhere
-    in the cluster (it holds the actor handle); each copy is a producer of its own, whose requests are served in
-    the order it submitted them."""
-
-    __slots__ = ("handle", "endpoint_id", "name", "_producer", "_seq", "_lock")
-
-    def __init__(self, handle: Any, endpoint_id: str, name: str):
-        self.handle, self.endpoint_id, self.name = handle, endpoint_id, name
-        self._producer = os.urandom(8)
-        self._seq = 0
-        self._lock = threading.Lock()
-
-    def __reduce__(self):
-        return (RayClient, (self.handle, self.endpoint_id, self.name))
-
-    def submit(self, payload: Any) -> RayFuture:
-        what = f"{self.name} {payload[0]!r}" if isinstance(payload, tuple) and payload and isinstance(payload[0], str) \
-            else f"{self.name} request"
-        with self._lock:  # numbered and sent together: a number is used only by a request that was sent
-            future = remote(self.handle, DELIVER, (self.endpoint_id, (self._producer, self._seq, payload)), what)
-            self._seq += 1
-        return future
+    def _deliver(self, args: tuple, what: str) -> RayFuture:
+        return remote(self.handle, DELIVER, args, what)

@@ -20,6 +20,7 @@ TRANSPORTS: dict[str, str] = {
     "shared_memory": "transports.shared_memory:SharedMemoryTransport",
     "process_slot": "transports.process_slot:ProcessSlotTransport",
     "ray": "transports.ray:RayTransport",
+    "monarch": "transports.monarch:MonarchTransport",
     "distributed": "transports.distributed:DistributedTransport",
 }
 """kind -> ``module:class`` of its request/reply transport (imported on first use)."""

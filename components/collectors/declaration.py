@@ -40,6 +40,7 @@ DECLARATION = Declaration(
         Cell("collector", "distributed", {}, None, S),
         Cell("collector", "submitit", {}, None, S),
         Cell("collector", "rpc", {}, None, S),
+        Cell("collector", "monarch", {}, None, S),
     ),
     depends_on=("inference", "replay", "weight_sync"),
     # with local_policy the plan has no inference server: each worker runs a replica fed by weight sync

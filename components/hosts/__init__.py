@@ -21,6 +21,7 @@ HOSTS: dict[str, str] = {
     "distributed": "components.hosts.distributed:DistributedHost",
     "submitit": "components.hosts.submitit:SubmititHost",
     "rpc": "components.hosts.rpc:RpcHost",
+    "monarch": "components.hosts.monarch:MonarchHost",
 }
 """placement -> ``module:class`` of its host (imported on first use)."""
 

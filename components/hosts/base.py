@@ -105,6 +105,21 @@ class Done(Pending):
         return self.value
 
 
+class FuturePending(Pending):
+    """A :class:`Pending` over a future that has ``ready(timeout)`` and ``result(timeout)`` itself (an actor call's)."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: Any):
+        self.future = future
+
+    def ready(self, timeout: float) -> bool:
+        return self.future.ready(timeout)
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self.future.result(timeout)
+
+
 class Host(ABC):
     """Runs one target where a placement puts it. One subclass per placement, registered in
     :data:`components.hosts.HOSTS`.
@@ -291,6 +306,20 @@ def run_serving_loop(target: Any, stop: threading.Event) -> None:
         stop.wait()
     else:
         serve(stop)
+
+
+def build_and_serve(factory: Callable[[], Any]) -> tuple[Any, threading.Event, threading.Thread | None]:
+    """In an actor: build the target (torch on one thread), and run its serving loop on a thread when it has one.
+    Returns the target, the event that stops the loop, and the loop's thread."""
+    import torch
+
+    torch.set_num_threads(1)
+    target, stop = factory(), threading.Event()
+    serving = None
+    if getattr(target, "serve", None) is not None:
+        serving = threading.Thread(target=run_serving_loop, args=(target, stop), name="serve", daemon=True)
+        serving.start()
+    return target, stop, serving
 
 
 def close_target(target: Any) -> None:

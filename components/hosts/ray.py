@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
 from transports.errors import ConfigurationError, ServiceTimeoutError
-from transports.ray import DELIVER, RayFuture, deliver, get, import_ray, remote
+from transports.ray import DELIVER, deliver, get, import_ray, remote
 
-from .base import DEFAULT_STOP_TIMEOUT, Host, Pending, Resources, close_target, run_serving_loop
+from .base import DEFAULT_STOP_TIMEOUT, FuturePending, Host, Pending, Resources, build_and_serve, close_target
 from .signals import warning_signals_blocked
 
 log = logging.getLogger(__name__)
@@ -149,16 +149,7 @@ class HostActor:
     control calls on it, and hands transport requests to their endpoints inside the actor."""
 
     def __init__(self, factory):
-        import torch
-
-        torch.set_num_threads(1)
-        self.target = factory()
-        self._stop = threading.Event()
-        self._serving = None
-        if getattr(self.target, "serve", None) is not None:
-            self._serving = threading.Thread(target=run_serving_loop, args=(self.target, self._stop),
-                                             name="serve", daemon=True)
-            self._serving.start()
+        self.target, self._stop, self._serving = build_and_serve(factory)
 
     def ready(self) -> int:
         return os.getpid()
@@ -240,7 +231,7 @@ class RayHost(Host):
         return 0.0 if settings.get("address") else 0.6
 
     def submit(self, method: str, *args: Any) -> Pending:
-        return _RayPending(remote(self._handle, "call", (method, args), f"{self.name}.{method}"))
+        return FuturePending(remote(self._handle, "call", (method, args), f"{self.name}.{method}"))
 
     def node_id(self) -> str:
         """The Ray node the actor runs on."""
@@ -282,15 +273,3 @@ class RayHost(Host):
     def handle(self) -> Any:
         return self._handle
 
-
-class _RayPending(Pending):
-    __slots__ = ("future",)
-
-    def __init__(self, future: RayFuture):
-        self.future = future
-
-    def ready(self, timeout: float) -> bool:
-        return self.future.ready(timeout)
-
-    def result(self, timeout: float | None = None) -> Any:
-        return self.future.result(timeout)

@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 from transports.resolver import TransportContext
 
-from ..declaration import DIRECT, DISTRIBUTED, RAY, THREAD, Calls, Cell, Declaration, N, S
+from ..declaration import DIRECT, DISTRIBUTED, MONARCH, RAY, THREAD, Calls, Cell, Declaration, N, S
 
 
 def _process_auto(ctx: TransportContext) -> tuple[str, str]:
@@ -35,6 +35,7 @@ DECLARATION = Declaration(
         Cell("inference", "process", {"queue": S, "shared_memory": S, "process_slot": S, "distributed": S}, _process_auto),
         Cell("inference", "ray", {"ray": S, "distributed": S}, RAY, discovers_layouts=True),
         Cell("inference", "distributed", {"distributed": N}, DISTRIBUTED),
+        Cell("inference", "monarch", {"monarch": S}, MONARCH),
     ),
     depends_on=("weight_sync",),
     calls=(Calls("weight_sync"),),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..declaration import DIRECT, RAY, THREAD, Cell, Declaration, S, fixed
+from ..declaration import DIRECT, MONARCH, RAY, THREAD, Cell, Declaration, S, fixed
 
 DECLARATION = Declaration(
     component="logger",
@@ -11,6 +11,7 @@ DECLARATION = Declaration(
         Cell("logger", "thread", {"thread": S}, THREAD),
         Cell("logger", "process", {"queue": S}, fixed("queue", "commands and videos of any shape: pickled over local sockets")),
         Cell("logger", "ray", {"ray": S}, RAY),
+        Cell("logger", "monarch", {"monarch": S}, MONARCH),
     ),
     first=True,
 )

@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 from transports.resolver import TransportContext
 
-from ..declaration import DIRECT, DISTRIBUTED, RAY, THREAD, Calls, Cell, Declaration, N, S, require
+from ..declaration import DIRECT, DISTRIBUTED, MONARCH, RAY, THREAD, Calls, Cell, Declaration, N, S, require
 
 SAMPLERS = ("uniform", "without_replacement", "prioritized")
 STORAGES = ("memory", "memmap")
@@ -46,6 +46,7 @@ DECLARATION = Declaration(
         Cell("replay", "process", {"queue": S, "shared_memory": S, "distributed": S}, _process_auto),
         Cell("replay", "ray", {"ray": S, "distributed": S}, RAY),
         Cell("replay", "distributed", {"distributed": N}, DISTRIBUTED),
+        Cell("replay", "monarch", {"monarch": S}, MONARCH),
     ),
     depends_on=("weight_sync",),
     calls=(Calls("weight_sync", when="max_policy_lag"),),

@@ -13,5 +13,6 @@ DECLARATION = Declaration(
              fixed("shared_memory", "a shared-memory state dict and a version counter")),
         Cell("weight_sync", "ray", {"ray": S, "distributed": S}, fixed("ray", "versions through the Ray object store")),
         Cell("weight_sync", "distributed", {"distributed": S}, DISTRIBUTED),
+        Cell("weight_sync", "monarch", {"monarch": S}, fixed("monarch", "versions kept in a Monarch actor")),
     ),
 )

@@ -76,7 +76,7 @@ class WeightSync(Owner["WeightSync"]):
     # ------------------------------------------------------------------ hosting
     def _endpoint(self) -> tuple[str | None, dict]:
         # only versions kept in an actor or a rank need an endpoint; the board and shared memory are reached directly
-        if self.transport_kind in ("ray", "distributed"):
+        if self.transport_kind in ("ray", "monarch", "distributed"):
             return self.host_type.command_transport, {}
         return None, {}
 

@@ -85,7 +85,7 @@ def test_pinned_messages():
         compat.get_cell("logger", "submitit", path="components.logger.placement")
     assert str(info.value) == (
         "logger cannot be placed on 'submitit'\n"
-        "    supported: direct, thread, process, ray\n"
+        "    supported: direct, thread, process, ray, monarch\n"
         "    full_key: components.logger.placement"
     )
     with pytest.raises(NotImplementedYetError) as info:

@@ -19,6 +19,7 @@ RUNS = [(r, ["service=direct"]) for r in RECIPES] + [(r, ["service=thread"]) for
     (r, ["service=process", f"transport={t}"]) for r in RECIPES
     for t in ("queue", "shared_memory", "process_slot", "distributed")
 ] + [(r, ["service=ray", f"transport={t}"]) for r in RECIPES for t in ("ray", "distributed")] + [  # the session's cluster
+    (r, ["service=monarch"]) for r in RECIPES] + [  # each owner in a Monarch actor of its own
     (r, ["service=process", "transport=process_slot", "components.collector.sync=false"]) for r in RECIPES
 ]  # collection overlapping learning
 TINY = {

@@ -15,8 +15,8 @@ from components.inference import InferenceServer, InferenceServerConfig
 
 from tests.helpers import our_live_actors, wait_until
 
-from transports import ray as ray_transport
-from transports.ray import Sequencer
+from transports import actor_calls
+from transports.actor_calls import Sequencer
 
 on_ray = pytest.mark.usefixtures("ray_cluster")
 
@@ -126,7 +126,7 @@ def test_early_requests_wait_for_their_predecessors_only():
 
 
 def test_a_lost_predecessor_stops_blocking_after_the_gap_timeout(monkeypatch):
-    monkeypatch.setattr(ray_transport, "GAP_TIMEOUT", 0.2)
+    monkeypatch.setattr(actor_calls, "GAP_TIMEOUT", 0.2)
     sequencer = Sequencer()
     assert release_in_threads(sequencer, [(b"a", 1), (b"a", 2)]) == [(b"a", 1), (b"a", 2)]
     assert release_in_threads(sequencer, [(b"a", 0)]) == [(b"a", 0)]  # late: released at once

@@ -1,0 +1,187 @@
+"""``monarch``: the target lives in a Monarch actor, in a proc of its own on this machine's host mesh.
+
+``start()`` returns once the actor built the target (an error there surfaces at ``start()`` as a
+:class:`~transports.errors.RemoteError` with the actor's traceback text); the target's serving loop runs on a thread
+of the actor; control calls run one at a time, in the order sent, on a thread of their own, and answer through an
+explicit response port (the actor keeps taking calls, transport requests among them, while one runs). A proc that
+dies is a peer failure within 0.1 s for a caller waiting on it (its pid is watched; Monarch's own supervision
+reports it seconds later; from the first Monarch host on, this process logs such reports instead of ending the
+driver, which is Monarch's default). ``stop()`` asks the target to close, then stops the proc. Monarch's procs talk over Unix sockets by
+default: nothing listens on the network.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import queue
+import socket
+import threading
+from typing import Any
+
+from transports.errors import PeerFailureError, RemoteError
+from transports.monarch import ActorRef, call, import_monarch, translate
+
+from .base import DEFAULT_STOP_TIMEOUT, FuturePending, Host, Pending, build_and_serve, close_target
+from .process import _pid_runs
+
+actor_api = import_monarch()
+log = logging.getLogger(__name__)
+
+
+class HostActor(actor_api.Actor):
+    """The body of every hosting actor: builds the target, serves it on a thread, runs control calls on another, and
+    hands transport requests to their endpoints inside the actor."""
+
+    def __init__(self, factory):
+        self.target, self._stop, self._serving = build_and_serve(factory)
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run_calls, name="control", daemon=True).start()
+
+    def _run_calls(self) -> None:
+        while (item := self._calls.get()) is not None:
+            port, method, args = item
+            try:
+                value = getattr(self.target, method)(*args)
+            except BaseException as exc:  # noqa: BLE001 - every error goes back to the caller
+                port.exception(RemoteError.from_exception(exc))
+                continue
+            try:
+                port.send(value)
+            except BaseException as exc:  # noqa: BLE001 - an answer that cannot travel
+                port.exception(RemoteError.from_exception(exc))
+
+    @actor_api.endpoint
+    def ready(self) -> tuple[int, str]:
+        return os.getpid(), socket.gethostname()
+
+    @actor_api.endpoint(explicit_response_port=True)
+    def call(self, port, method: str, args: tuple) -> None:
+        self._calls.put((port, method, args))
+
+    @actor_api.endpoint(explicit_response_port=True)
+    def deliver(self, port, endpoint_id: str, message: tuple) -> None:
+        """Hand a transport request to its endpoint; the answer goes to ``port`` from the thread that sets it. Never
+        raises: an error escaping an endpoint that answers through its port ends the actor."""
+        from transports.actor_calls import submit_in_order
+
+        try:
+            submit_in_order(endpoint_id, message).add_done_callback(functools.partial(_answer, port))
+        except BaseException as exc:  # noqa: BLE001 - refused before it was queued: the caller raises it
+            port.exception(exc)
+
+    @actor_api.endpoint
+    def finish(self) -> None:
+        """Stop serving and close the target (``stop`` is a name Monarch's actor meshes keep for themselves)."""
+        self._stop.set()
+        if self._serving is not None:
+            self._serving.join(DEFAULT_STOP_TIMEOUT)
+        self._calls.put(None)
+        close_target(self.target)
+
+
+def _answer(port, future) -> None:
+    try:
+        value = future.result()
+    except BaseException as exc:  # noqa: BLE001 - the caller raises it
+        port.exception(exc)
+        return
+    port.send(value)
+
+
+class MonarchHost(Host):
+    """Builds the target in a Monarch actor, in a proc of its own spawned on this machine's host mesh."""
+
+    placement = "monarch"
+    command_transport = "monarch"
+    process_memory_gb = 0.45  # a proc that imported torch, like a Ray actor's worker
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._procs: Any = None
+        self._ref: ActorRef | None = None
+        self._ready: Any = None
+        self._stopped = False
+
+    def _launch(self) -> None:
+        _faults_to_callers()
+        self._procs = actor_api.this_host().spawn_procs(per_host={"procs": 1})
+        self._actor = self._procs.spawn(self.name.replace("-", "_"), HostActor, self.factory)
+        self._ready = self._actor.ready.call_one()
+
+    def wait_ready(self) -> None:
+        timeout = self.resources.startup_timeout
+        try:
+            pid, hostname = self._ready.get(timeout=timeout)
+        except BaseException as exc:  # noqa: BLE001 - translated below
+            self.stop(1.0)
+            if isinstance(exc, TimeoutError):
+                from transports.errors import ServiceTimeoutError
+
+                raise ServiceTimeoutError(f"{self.name}: the Monarch actor was not ready within {timeout} s") from None
+            text = str(exc)
+            raise RemoteError("MonarchActorError", f"{self.name}: building the target in its actor failed: "
+                              f"{text.splitlines()[0][:200]}", text) from None
+        self._ref = ActorRef(self._actor, int(pid), hostname)
+
+    def submit(self, method: str, *args: Any) -> Pending:
+        if self._ref is None or self._stopped:
+            raise PeerFailureError(f"{self.name} is not running")
+        if not self._ref.runs():
+            raise PeerFailureError(self._lost())
+        future = call(self._ref, "call", (method, args), f"{self.name}.{method}")
+        future.on_death = self._lost
+        return FuturePending(future)
+
+    def _lost(self) -> str:
+        reason = f"the {self.name} Monarch proc (pid {self.pid}) died"
+        self._died(reason)
+        return reason
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Let the target release its resource, then stop the proc. Idempotent; never raises for a dead proc."""
+        if self._procs is None or self._stopped:
+            return
+        self._stopped = True
+        timeout = DEFAULT_STOP_TIMEOUT if timeout is None else timeout
+        if self._ref is not None and self._ref.runs():
+            try:
+                self._actor.finish.call_one().get(timeout=timeout)
+            except Exception as exc:  # noqa: BLE001 - dead or stuck: the proc is stopped below either way
+                log.debug("%s: stop: %s", self.name, translate(exc, self.name))
+        try:
+            self._procs.stop().get(timeout=timeout)
+        except Exception as exc:  # noqa: BLE001
+            log.debug("%s: stopping its proc: %s", self.name, exc)
+        self._procs = None
+
+    @property
+    def is_alive(self) -> bool:
+        return self._ref is not None and not self._stopped and _pid_runs(self._ref.pid) and self.death is None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._ref is None else self._ref.pid
+
+    @property
+    def handle(self) -> ActorRef | None:
+        return self._ref
+
+
+
+_hook_lock = threading.Lock()
+
+
+def _faults_to_callers() -> None:
+    """Monarch ends the driver (``sys.exit`` on its main thread, seen as a ``KeyboardInterrupt``) when an actor fails
+    and nothing handles it; our hosts report such failures to their callers instead (a failed build at ``start()``,
+    a dead proc at the next call). Its reports arrive seconds after the failure, when the owner may be gone already,
+    so from the first Monarch host on, this process logs them and goes on."""
+    with _hook_lock:
+        if actor_api.unhandled_fault_hook is not _log_fault:
+            actor_api.unhandled_fault_hook = _log_fault
+
+
+def _log_fault(failure: Any) -> None:
+    log.warning("monarch: an actor failed (its callers are told): %s", str(failure).splitlines()[0][:300])

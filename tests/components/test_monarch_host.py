@@ -1,0 +1,54 @@
+"""The ``monarch`` placement and transport: owners in Monarch actors, a killed proc is a peer failure within 5 s,
+errors keep their kind, and nothing is left behind."""
+
+import functools
+import os
+import signal
+import time
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from components.inference import InferenceServer, InferenceServerConfig
+from transports.errors import PeerFailureError, RemoteError
+
+from tests.factories import echo_factory
+from tests.helpers import process_gone, wait_until
+
+pytestmark = pytest.mark.slow  # a Monarch proc each
+
+
+def test_a_killed_proc_fails_the_waiting_client_within_5_s_and_every_later_call(tmp_path):
+    marker = str(tmp_path / "hung")
+    server = InferenceServer(policy_factory=functools.partial(echo_factory, 0.0, marker),
+                             config=InferenceServerConfig(placement="monarch"), transport="monarch")
+    with server:
+        client = server.client()
+        answer = client(TensorDict({"observation": torch.ones(4)}))
+        assert answer["action"].tolist() == [2.0] * 4
+        with pytest.raises(RemoteError, match="negative marker in the batch"):  # the policy's error, at the call
+            client(TensorDict({"observation": torch.full((4,), -2000.0)}))
+        assert client(TensorDict({"observation": torch.ones(4)}))["action"][0].item() == 2.0  # still serving
+        pid = server.host.pid
+        assert pid != os.getpid()
+        future = client.submit(TensorDict({"observation": torch.full((4,), 2e6)}))
+        wait_until(lambda: os.path.exists(marker), timeout=30, what="the server blocks on the request")
+        os.kill(pid, signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(PeerFailureError, match="inference"):
+            future.result(30)
+        assert time.monotonic() - started < 5
+        with pytest.raises(PeerFailureError):
+            client(TensorDict({"observation": torch.ones(4)}), timeout=10)
+        assert not server.is_alive
+    wait_until(lambda: process_gone(pid), timeout=10, what="the killed proc is reaped")
+
+
+def test_the_owners_proc_ends_with_it():
+    server = InferenceServer(policy_factory=echo_factory, config=InferenceServerConfig(placement="monarch"),
+                             transport="monarch")
+    with server:
+        pid = server.host.pid
+        assert server.client()(TensorDict({"observation": torch.ones(2)}))["action"].tolist() == [2.0, 2.0]
+    wait_until(lambda: process_gone(pid), timeout=10, what="the owner's Monarch proc ends")
