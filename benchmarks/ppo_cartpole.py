@@ -40,6 +40,7 @@ PLACEMENTS = [
     ("process/distributed", ["service=process", "transport=distributed"]),
     ("ray", ["service=ray"]),  # each run starts (and stops) a local Ray cluster on 127.0.0.1
     ("ray/distributed", ["service=ray", "transport=distributed"]),  # Ray owners, payloads over gloo
+    ("monarch", ["service=monarch"]),  # every owner in a Monarch actor, a proc each
 ]
 # ... and where collection can overlap learning (a worker beside the learner), the same with
 # components.collector.sync=false: the worker collects the next batch while the learner trains (policy lag <= 1).
@@ -54,6 +55,10 @@ CANDIDATES += [(f"{label} groups=2{tag}", [*overrides, "components.collector.env
 # weights through the shared-memory weight sync), with and without overlap.
 CANDIDATES += [("process/local_policy" + tag, ["service=process", "components.collector.local_policy=true", *extra])
                for tag, extra in (("", []), (" async", ["components.collector.sync=false"]))]
+# ... and two collector workers as local torch.distributed ranks, rpc workers or Monarch actors (services in the driver).
+CANDIDATES += [(f"collectors {p} x2", ["service=direct", f"components.collector.placement={p}",
+                                         "components.collector.num_collectors=2"])
+               for p in ("distributed", "rpc", "monarch")]
 REFERENCE = "CleanRL ppo.py (reference figures, not measured in this run): 2.2-3.3k frames/s, solves after 113-173k frames in 2.5-4 min"
 
 
