@@ -126,13 +126,16 @@ class RemoteError(ServiceError):
     @classmethod
     def from_exception(cls, exc: BaseException) -> "RemoteError":
         """Capture ``exc`` (with its traceback) as text, ready to travel to the caller."""
-        kind = type(exc)
-        name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-        tb = "".join(_traceback.format_exception(kind, exc, exc.__traceback__))
-        return cls(name, str(exc), tb)
+        tb = "".join(_traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return cls(qualified_name(type(exc)), str(exc), tb)
 
     def __reduce__(self):
         return (RemoteError, (self.remote_type, self.remote_message, self.remote_traceback))
+
+
+def qualified_name(kind: type) -> str:
+    """``KeyError`` for a builtin, ``module.Class`` otherwise: how a remote error names its type."""
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
 def error_to_text(error: BaseException, limit: int = 8192) -> str:

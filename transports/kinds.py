@@ -41,7 +41,7 @@ REACH: dict[str, str] = {
     "process_slot": "host",
     "ray": "cluster",
     "distributed": "cluster",
-    "monarch": "cluster",
+    "monarch": "cluster",  # Monarch actors may live on other hosts of a mesh
 }
 # How far from the driver each placement puts an owner.
 DISTANCE: dict[str, str] = {
@@ -51,8 +51,8 @@ DISTANCE: dict[str, str] = {
     "ray": "cluster",
     "distributed": "cluster",
     "submitit": "cluster",
-    "rpc": "cluster",
-    "monarch": "cluster",  # an rpc world may span machines: its workers reach services over cluster transports
+    "rpc": "cluster",  # rpc workers reach services as workers of any rpc world would: over cluster transports
+    "monarch": "cluster",
 }
 _ORDER = {"process": 0, "host": 1, "cluster": 2}
 

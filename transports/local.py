@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import _thread
 import itertools
+import logging
 import os
 import threading
 import weakref
@@ -68,7 +69,8 @@ class LocalFuture(ResponseFuture):
             self._run_callback()
 
     def add_done_callback(self, fn) -> None:
-        """Call ``fn(self)`` once the answer is set (at once when it is), in the thread that sets it."""
+        """Call ``fn(self)`` once the answer is set (at once when it is), in the thread that sets it. One callback per
+        future (a second replaces the first); its errors are logged, never raised into the setter."""
         self._callbacks = [fn]
         if self._done:
             self._run_callback()
@@ -78,7 +80,10 @@ class LocalFuture(ResponseFuture):
             fn = self._callbacks.pop()  # atomic: the setter and add_done_callback may both get here, one runs it
         except IndexError:
             return
-        fn(self)
+        try:
+            fn(self)
+        except Exception:  # noqa: BLE001 - the setter (a serving loop) goes on
+            logging.getLogger(__name__).exception("a future's done callback failed")
 
     def set_result(self, value) -> None:
         self._set(value, None)

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .actor_calls import ActorCallTransport, ProducerClient
-from .errors import ConfigurationError, PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError
+from .peers import pid_runs
+from .errors import ConfigurationError, PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError, qualified_name
 
 POLL_S = 0.1
 """How often a waiting caller checks that the actor's process still runs."""
@@ -45,13 +46,7 @@ class ActorRef:
 
     def runs(self) -> bool:
         """Whether the actor's process runs (checked by pid on its machine; elsewhere Monarch alone tells)."""
-        if self.hostname != socket.gethostname():
-            return True
-        try:
-            with open(f"/proc/{self.pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-        except (FileNotFoundError, IndexError):
-            return False
+        return self.hostname != socket.gethostname() or pid_runs(self.pid)
 
 
 def translate(exc: BaseException, what: str, ref: ActorRef | None = None) -> BaseException:
@@ -62,9 +57,7 @@ def translate(exc: BaseException, what: str, ref: ActorRef | None = None) -> Bas
         return ServiceTimeoutError(f"{what}: no answer in time (the actor is alive)")
     if type(exc).__name__ == "SupervisionError" or (ref is not None and not ref.runs()):
         return PeerFailureError(f"{what}: the Monarch actor died ({str(exc).splitlines()[0][:300]})")
-    kind = type(exc)
-    qualified = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-    return RemoteError(qualified, str(exc))
+    return RemoteError(qualified_name(type(exc)), str(exc))
 
 
 class MonarchFuture:

@@ -25,7 +25,7 @@ import os
 from typing import Any
 
 from .actor_calls import ActorCallTransport, ProducerClient, submit_in_order
-from .errors import ConfigurationError, PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError
+from .errors import ConfigurationError, PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError, qualified_name
 
 
 def import_ray():
@@ -50,9 +50,7 @@ def translate(exc: BaseException, what: str) -> BaseException:
         if isinstance(cause, ServiceError):
             return cause
         if isinstance(cause, BaseException):
-            kind = type(cause)
-            name = kind.__name__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
-            return RemoteError(name, str(cause), str(exc))
+            return RemoteError(qualified_name(type(cause)), str(cause), str(exc))
         return RemoteError("unknown", str(exc), str(exc))
     if isinstance(exc, rex.ActorDiedError) and "creation task" in str(exc):
         return RemoteError("ActorCreationError", f"{what}: building the owner in its actor failed", str(exc))

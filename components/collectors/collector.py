@@ -51,8 +51,8 @@ class Collector(Owner["Collector"]):
         frames_per_batch: environment steps (summed over all envs of all workers) per yielded batch.
         total_frames: stop after this many frames; ``-1`` iterates until shut down.
         num_collectors: workers; each gets ``frames_per_batch / num_collectors`` frames per batch.
-        placement: ``direct``, ``thread``, ``process``, ``ray``, ``distributed``, ``submitit`` or ``rpc``; ``None`` takes
-            the ``service_backend`` context.
+        placement: ``direct``, ``thread``, ``process``, ``ray``, ``distributed``, ``submitit``, ``rpc`` or
+            ``monarch``; ``None`` takes the ``service_backend`` context.
         replay_buffer: a replay owner (each worker gets its own client) or client; workers write their rollouts
             there and iteration yields frame counts. Process workers need the owner or one client each.
         sync: ``True``: each iteration gathers one rollout from every worker, concatenated along the env

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import re
 import sys
@@ -16,9 +17,9 @@ from typing import Any, Iterator
 
 from transports.errors import ConfigurationError
 
-LEAVE_S = 5.0
+LEAVE_S = 2.0
 """Seconds the ranks of a world wait for each other when it ends (everyone leaves together: no rank sees another's
-connection drop); a rank that died makes the others give up at once and leave alone."""
+connection drop). Where a rank died the others wait this long at most, then leave alone."""
 
 # torch's rpc builds its own gloo group through an API it deprecated itself: nothing a user can act on
 warnings.filterwarnings("ignore", message="You are using a Backend .* as a ProcessGroup", category=UserWarning)
@@ -39,9 +40,6 @@ class RpcSettings:
     def __post_init__(self):
         if self.threads < 2:
             raise ConfigurationError(f"rpc.threads must be >= 2, got {self.threads!r}", path="rpc.threads")
-
-
-_settings = RpcSettings()
 
 
 @contextlib.contextmanager
@@ -68,14 +66,19 @@ def leave_world(together: bool = True) -> None:
     :data:`LEAVE_S`, then leaves alone)."""
     from torch.distributed import rpc
 
-    with _agent_reports_dropped():
-        if together:
-            try:
-                rpc.api._wait_all_workers(LEAVE_S)  # the barrier of torch's graceful shutdown, without its join
-                # (which hangs in a process that ran a world before)
-            except Exception:  # noqa: BLE001 - a rank died or did not come: leave alone
-                pass
-        rpc.shutdown(graceful=False)
+    quiet = logging.getLogger("torch.distributed.rpc.api")  # logs a failed barrier with a traceback: expected here
+    level, quiet.level = quiet.level, logging.CRITICAL
+    try:
+        with _agent_reports_dropped():
+            if together:
+                try:
+                    rpc.api._wait_all_workers(LEAVE_S)  # the barrier of torch's graceful shutdown, without its join
+                    # (which hangs in a process that ran a world before)
+                except Exception:  # noqa: BLE001 - a rank died or did not come: leave alone
+                    pass
+            rpc.shutdown(graceful=False)
+    finally:
+        quiet.setLevel(level)
 
 
 _AGENT_REPORT = re.compile(r"tensorpipe_agent\.cpp:\d+\] RPC agent for .* (encountered error when|won't send response)")

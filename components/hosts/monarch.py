@@ -12,19 +12,18 @@ default: nothing listens on the network.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import queue
 import socket
 import threading
+import time
 from typing import Any
 
 from transports.errors import PeerFailureError, RemoteError
 from transports.monarch import ActorRef, call, import_monarch, translate
 
 from .base import DEFAULT_STOP_TIMEOUT, FuturePending, Host, Pending, build_and_serve, close_target
-from .process import _pid_runs
 
 actor_api = import_monarch()
 log = logging.getLogger(__name__)
@@ -42,15 +41,7 @@ class HostActor(actor_api.Actor):
     def _run_calls(self) -> None:
         while (item := self._calls.get()) is not None:
             port, method, args = item
-            try:
-                value = getattr(self.target, method)(*args)
-            except BaseException as exc:  # noqa: BLE001 - every error goes back to the caller
-                port.exception(RemoteError.from_exception(exc))
-                continue
-            try:
-                port.send(value)
-            except BaseException as exc:  # noqa: BLE001 - an answer that cannot travel
-                port.exception(RemoteError.from_exception(exc))
+            _reply(port, lambda: getattr(self.target, method)(*args), remote=True)
 
     @actor_api.endpoint
     def ready(self) -> tuple[int, str]:
@@ -67,7 +58,7 @@ class HostActor(actor_api.Actor):
         from transports.actor_calls import submit_in_order
 
         try:
-            submit_in_order(endpoint_id, message).add_done_callback(functools.partial(_answer, port))
+            submit_in_order(endpoint_id, message).add_done_callback(lambda done: _reply(port, done.result))
         except BaseException as exc:  # noqa: BLE001 - refused before it was queued: the caller raises it
             port.exception(exc)
 
@@ -81,13 +72,22 @@ class HostActor(actor_api.Actor):
         close_target(self.target)
 
 
-def _answer(port, future) -> None:
+def _reply(port, produce, remote: bool = False) -> None:
+    """Answer ``port`` with ``produce()``, or with its error (``remote``: as a :class:`RemoteError` with the traceback
+    text; otherwise as raised: the transport's errors are ours already). Never raises: an answer that cannot travel
+    (pickled here) becomes the caller's error, and the thread answering (a serving loop's) goes on."""
     try:
-        value = future.result()
+        value = produce()
     except BaseException as exc:  # noqa: BLE001 - the caller raises it
-        port.exception(exc)
+        port.exception(RemoteError.from_exception(exc) if remote else exc)
         return
-    port.send(value)
+    try:
+        port.send(value)
+    except BaseException as exc:  # noqa: BLE001 - the answer cannot travel
+        try:
+            port.exception(RemoteError.from_exception(exc))
+        except BaseException:  # noqa: BLE001 - nothing more can be sent: the caller's timeout tells
+            log.exception("%s: an answer could not be sent", port)
 
 
 class MonarchHost(Host):
@@ -145,20 +145,21 @@ class MonarchHost(Host):
             return
         self._stopped = True
         timeout = DEFAULT_STOP_TIMEOUT if timeout is None else timeout
-        if self._ref is not None and self._ref.runs():
+        deadline = time.monotonic() + timeout
+        if self._ref is not None and self._ref.runs():  # half the budget to close the target, the rest for the proc
             try:
-                self._actor.finish.call_one().get(timeout=timeout)
+                self._actor.finish.call_one().get(timeout=timeout / 2)
             except Exception as exc:  # noqa: BLE001 - dead or stuck: the proc is stopped below either way
                 log.debug("%s: stop: %s", self.name, translate(exc, self.name))
         try:
-            self._procs.stop().get(timeout=timeout)
+            self._procs.stop().get(timeout=max(0.5, deadline - time.monotonic()))
         except Exception as exc:  # noqa: BLE001
             log.debug("%s: stopping its proc: %s", self.name, exc)
         self._procs = None
 
     @property
     def is_alive(self) -> bool:
-        return self._ref is not None and not self._stopped and _pid_runs(self._ref.pid) and self.death is None
+        return self._ref is not None and not self._stopped and self._ref.runs() and self.death is None
 
     @property
     def pid(self) -> int | None:

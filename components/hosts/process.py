@@ -21,6 +21,7 @@ import traceback
 from multiprocessing.connection import wait
 from typing import Any, Mapping
 
+from transports.peers import pid_runs
 from transports.errors import PeerFailureError, RemoteError, ServiceTimeoutError
 
 from .base import DEFAULT_STOP_TIMEOUT, Host, Pending, close_target, exit_description, run_serving_loop
@@ -183,7 +184,7 @@ class ProcessHost(Host):
         process = self._process
         if process is None:
             return False
-        return process.is_alive() or _pid_runs(process.pid)
+        return process.is_alive() or pid_runs(process.pid)
 
     def _lost(self) -> str:
         """How the target's process ended, in words (the start of a peer-failure message)."""
@@ -331,14 +332,3 @@ def _child_main(factory, conn, *, own_signals: bool = True) -> bool:
         stop.set()
         close_target(target)
     return True
-
-
-def _pid_runs(pid: int | None) -> bool:
-    """Whether process ``pid`` exists and has not ended (a zombie has)."""
-    if pid is None:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False

@@ -20,6 +20,7 @@ import contextlib
 import functools
 import itertools
 import os
+import pickle
 import shutil
 import tempfile
 import threading
@@ -56,6 +57,7 @@ class _World:
         self.members: set[int] = set()
         self.stopping: set[int] = set()
         self.broken = False  # a worker failed: ranks leave alone, none waits for the others
+        self.closed = False  # every worker left
         self.ending: threading.Thread | None = None
         self.joined = threading.Event()
         self.error: BaseException | None = None
@@ -78,6 +80,12 @@ class _World:
         position, count = host.index
         with cls.lock:
             world = cls.current
+            if world is not None and world.closed:
+                if world.thread.is_alive():
+                    raise ConfigurationError(f"{host.name}: the previous rpc world's driver is still joining it (its "
+                                             f"rendezvous gives up within {world.timeout:g} s): start again then",
+                                             path="components.collector.placement")
+                world = cls.current = None
             if world is None:
                 from torch.distributed import rpc
 
@@ -112,8 +120,13 @@ class _World:
             self.members.discard(rank)
             if self.members:
                 return
-            _World.current = None
-        self.thread.join(1.0)  # a driver still joining gives up by itself (its rendezvous times out)
+            self.closed = True
+        self.thread.join(1.0)  # a driver still joining gives up by itself (its rendezvous times out); until then
+        # this world stays current, so no other forms beside it
+        if not self.thread.is_alive():
+            with self.lock:
+                if _World.current is self:
+                    _World.current = None
         if self.ending is not None:
             self.ending.join(LEAVE_S + 5.0)
         elif self.joined.is_set() and self.error is None:
@@ -221,16 +234,20 @@ class RpcHost(ProcessHost):
 
         if not self.is_alive:
             raise PeerFailureError(self.death or f"{self.name} is not running")
-        with self._calls_lock:  # numbered as sent: the worker runs them in this order
-            number, self._calls = self._calls, self._calls + 1
+        with self._calls_lock:  # numbered as sent: the worker runs them in this order, so a number not sent is reused
             try:
-                future = rpc.rpc_async(self.name, run_call, args=(number, method, args), timeout=0)
+                future = rpc.rpc_async(self.name, run_call, args=(self._calls, method, args), timeout=0)
+            except (pickle.PicklingError, TypeError, AttributeError):  # arguments that cannot travel: nothing was sent
+                raise
             except Exception as exc:  # noqa: BLE001 - the worker's connection closed
                 raise PeerFailureError(f"{self._lost()} before {method!r} ({str(exc).splitlines()[0]})") from None
+            self._calls += 1
         return _Answer(self, method, future)
 
     def request_stop(self) -> None:
-        serving = self._serving and self._runs() and self.death is None and not self._stopping
+        if self._process is None or self._stopping:
+            return  # asked already (stop() asks again)
+        serving = self._serving and self._runs() and self.death is None
         super().request_stop()
         if self._world is not None:
             self._world.stop_requested(self.rank, serving)
@@ -249,4 +266,6 @@ class RpcHost(ProcessHost):
             world.leave(self.rank)
 
     def _lost(self) -> str:
+        if self._process is None:
+            return f"the {self.name} rpc worker (rank {self.rank}) was stopped"
         return f"the {self.name} rpc worker (rank {self.rank}) died ({exit_description(self._process.exitcode)})"

@@ -52,3 +52,27 @@ def test_the_owners_proc_ends_with_it():
         pid = server.host.pid
         assert server.client()(TensorDict({"observation": torch.ones(2)}))["action"].tolist() == [2.0, 2.0]
     wait_until(lambda: process_gone(pid), timeout=10, what="the owner's Monarch proc ends")
+
+
+class Unsendable:
+    """A target with an answer that cannot be pickled."""
+
+    def lock(self):
+        import threading
+
+        return threading.Lock()
+
+    def add(self, a, b):
+        return a + b
+
+
+def test_an_answer_that_cannot_travel_is_the_callers_error_and_the_actor_keeps_serving():
+    from components.hosts import host_class
+
+    host = host_class("monarch")("unsendable", Unsendable).start()
+    try:
+        with pytest.raises(RemoteError, match="pickle"):
+            host.call("lock", timeout=30)
+        assert host.call("add", 1, 2, timeout=30) == 3
+    finally:
+        host.stop(10)

@@ -1,6 +1,7 @@
 """The ``rpc`` host: collector workers driven through torch.distributed.rpc (one static world per collector)."""
 
 import os
+import pickle
 import signal
 import threading
 import time
@@ -72,6 +73,17 @@ def test_calls_run_in_the_order_sent_and_a_killed_worker_is_a_peer_failure_namin
     from torch.distributed import rpc
 
     assert not rpc.api._is_current_rpc_agent_set()  # the driver left the world: the next one can form
+
+
+def test_arguments_that_cannot_travel_fail_at_the_call_site_and_later_calls_still_run():
+    host = host_class("rpc")("collector-0", Journal).start()
+    try:
+        with pytest.raises((TypeError, pickle.PicklingError)):
+            host.submit("note", threading.Lock())
+        assert host.call("note", 1, timeout=30) == 1  # its number was not used: the worker is not left waiting for it
+        assert host.call("read", timeout=30)[0] == [1]
+    finally:
+        host.stop(10)
 
 
 def test_restarts_are_refused_before_anything_starts():
