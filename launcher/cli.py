@@ -128,11 +128,10 @@ def _hydra_main(cfg: DictConfig) -> None:
         print(f"configuration error: {exc}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG)
     except ServiceDied as exc:
-        log.info("the run stopped: %s", exc, exc_info=True)  # the whole story goes to launcher.log only
-        print(f"error: {exc}; every other service was shut down (traceback: "
-              f"{os.path.join(run_dir, 'launcher.log')})", file=sys.stderr, flush=True)
-        sys.exit(EXIT_SERVICE_DIED)
-    except KeyboardInterrupt:
+        _service_died(exc, run_dir)
+    except KeyboardInterrupt as exc:
+        if (died := _died_first(exc)) is not None:  # Ctrl-C while a dead service's run was winding down
+            _service_died(died, run_dir, then="Ctrl-C arrived during the shutdown")
         print("interrupted: every service was shut down", file=sys.stderr, flush=True)
         sys.exit(EXIT_INTERRUPTED)
     except Preempted as exc:
@@ -141,9 +140,31 @@ def _hydra_main(cfg: DictConfig) -> None:
         print(f"preempted ({exc.signal_name}): every service was shut down; the job goes back to submitit to be "
               f"requeued (a requeued job {then})", file=sys.stderr, flush=True)
         exc.requeue()  # exits, or raises why the job is not requeued (it timed out max_num_timeout times)
-    except Terminated:
+    except Terminated as exc:
+        if (died := _died_first(exc)) is not None:  # e.g. torchrun ends every rank once one of them died
+            _service_died(died, run_dir, then="SIGTERM arrived during the shutdown")
         print("terminated (SIGTERM): every service was shut down", file=sys.stderr, flush=True)
         sys.exit(EXIT_TERMINATED)
+
+
+def _died_first(exc: BaseException) -> ServiceDied | None:
+    """The service death a signal interrupted the handling of (the shutdown it started), if any."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, ServiceDied):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _service_died(exc: ServiceDied, run_dir: str, then: str = "") -> None:
+    """One line naming the dead service (its traceback goes to launcher.log), then exit 3: the run's first failure
+    decides the status, even when a signal arrived while the others were being shut down."""
+    log.info("the run stopped: %s", exc, exc_info=exc)  # the whole story goes to launcher.log only
+    others = f"{then}; every other service was shut down" if then else "every other service was shut down"
+    print(f"error: {exc}; {others} (traceback: {os.path.join(run_dir, 'launcher.log')})", file=sys.stderr, flush=True)
+    sys.exit(EXIT_SERVICE_DIED)
 
 
 def normalize_argv(argv: list[str]) -> list[str]:

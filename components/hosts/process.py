@@ -325,7 +325,7 @@ def _child_main(factory, conn, *, own_signals: bool = True) -> bool:
     thread.start()
     try:
         run_serving_loop(target, stop)
-    except BaseException:
+    except Exception:  # a signal turned into an exception (a rank torchrun ends) unwinds without a traceback
         traceback.print_exc()
         raise
     finally:

@@ -195,3 +195,18 @@ def test_a_ray_address_where_nothing_answers_fails_within_the_connect_deadline(t
     assert f"no Ray cluster answers at ray.address='127.0.0.1:{port}' within 1 s" in proc.stderr
     assert "full_key: ray.address" in proc.stderr and "Traceback" not in proc.stderr
     assert time.monotonic() - started < 60  # the interpreter's start and imports included; Ray alone waits minutes
+
+
+def test_a_signal_during_a_dead_services_shutdown_still_reports_the_death():
+    from launcher.cli import _died_first
+    from launcher.failures import ServiceDied, Terminated
+
+    died = ServiceDied("collector", "distributed", None, "collector-1-rank2: rank 2 closed its connection")
+    try:
+        try:
+            raise died
+        except ServiceDied:
+            raise Terminated()  # what a SIGTERM raises while the teardown runs
+    except Terminated as exc:
+        assert _died_first(exc) is died
+    assert _died_first(Terminated()) is None

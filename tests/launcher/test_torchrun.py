@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
-from tests.helpers import run_cli
+from tests.helpers import pgroup_members, run_cli, wait_until
 
 pytestmark = pytest.mark.slow  # interpreters that import torch, a real training run
 
@@ -52,3 +53,55 @@ def test_env_ranks_without_the_shared_key_are_refused(tmp_path):
                           env={**env, "RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"})
     assert done.returncode != 0
     assert "RLSVC_RANK_KEY" in done.stderr
+
+
+def _rank_pid(run_dir: str, rank: int) -> int | None:
+    """The pid of the launcher process of ``rank`` in the torchrun job writing to ``run_dir``."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if f"hydra.run.dir={run_dir}".encode() not in f.read():
+                    continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if f"RANK={rank}".encode() in f.read().split(b"\0"):
+                    return int(entry)
+        except OSError:
+            continue
+    return None
+
+
+def _log_has(run_dir: str, text: str, name: str = "launcher.log") -> bool:
+    try:
+        with open(os.path.join(run_dir, name)) as f:
+            return text in f.read()
+    except FileNotFoundError:
+        return False
+
+
+def test_a_rank_killed_mid_run_is_a_peer_failure_naming_it_and_nothing_is_left(tmp_path):
+    run_dir = str(tmp_path / "run")
+    command = [c for c in COMMAND if not c.startswith("recipe.total_frames")] + ["recipe.total_frames=100000000"]
+    # torchrun checks its ranks every 5 s here: the driver notices the lost rank first, as on several machines where
+    # the rank's node goes away (torchrun then ends the other ranks, the driver among them, if it still runs)
+    job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3",
+                            "--monitor-interval=5", "-m", "launcher", *command, f"hydra.run.dir={run_dir}"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                           env={**os.environ, "RLSVC_RANK_KEY": "a shared secret"})
+    try:
+        wait_until(lambda: _log_has(run_dir, "rank 2: connected") and _log_has(run_dir, "train/", "metrics.csv"),
+                   timeout=120, what="training runs with rank 2")
+        os.kill(_rank_pid(run_dir, 2), signal.SIGKILL)
+        _, err = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.communicate()
+    assert job.returncode != 0
+    assert "error: collector (distributed) died: collector-1-rank2: rank 2 closed its connection" in err, err[-3000:]
+    assert "rank      : 2" in err and "SIGKILL" in err  # torchrun's own summary names the rank too
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert not [p for p in ("components", "launcher", "transports") if os.path.join(root, p, "") in err], err[-3000:]
+    # (no traceback through our code in any rank; torchrun prints its own)
+    wait_until(lambda: not pgroup_members(job.pid), timeout=30, what="every process of the job ends")
