@@ -163,25 +163,41 @@ def test_channels_and_their_socket_duplicates_are_closed_with_the_transport():
     assert _open_fds() <= before
 
 
-def _spin_in_child(spinners, started, release, seconds) -> None:
-    spinners.spin(1, lambda: release.is_set() or (started.set() or False), seconds)
+def _spin_in_child(spinners, flags, seconds) -> None:
+    def poll():
+        flags[0] = 1  # started: the child polls for endpoint 1
+        return bool(flags[1])  # released
+
+    spinners.spin(1, poll, seconds)
+
+
+class _Release:
+    """Ends the child's polling: a flag in shared memory, read without a lock (a child killed while it held a lock
+    would leave it held, and the test would hang setting it)."""
+
+    def __init__(self, flags):
+        self.flags = flags
+
+    def set(self) -> None:
+        self.flags[1] = 1
 
 
 @contextlib.contextmanager
 def _polling_child(n: int, seconds: float):
     """A child process polling for endpoint 1 of ``Spinners(n)`` for up to ``seconds`` (until released): yields the
-    spinners, the child and the release event; closes everything on exit."""
+    spinners, the child and its :class:`_Release`; closes everything on exit."""
     import multiprocessing as mp
 
     from transports._shared import Spinners
 
     ctx = mp.get_context("spawn")
     spinners = Spinners(n)
-    started, release = ctx.Event(), ctx.Event()
-    child = ctx.Process(target=_spin_in_child, args=(spinners, started, release, seconds))
+    flags = ctx.RawArray("b", 2)  # [started, released]
+    release = _Release(flags)
+    child = ctx.Process(target=_spin_in_child, args=(spinners, flags, seconds))
     try:
         child.start()
-        assert started.wait(30)  # the child polls for endpoint 1
+        wait_until(lambda: flags[0] == 1, timeout=30, what="the child polls for endpoint 1")
         yield spinners, child, release
     finally:
         release.set()
