@@ -75,6 +75,29 @@ class Resources:
         return cls(**fields)
 
 
+class RunSetting:
+    """A placement's settings for the run in progress: set by its host class's ``session``, read by its hosts (a
+    host made outside any session sees ``default``).
+
+    Example:
+        >>> _current = RunSetting(Settings())
+        >>> with _current.holding(Settings(port=9000)):   # in session()
+        ...     _current.value.port                       # in a host
+        9000
+    """
+
+    def __init__(self, default: Any):
+        self.value = default
+
+    @contextlib.contextmanager
+    def holding(self, value: Any):
+        previous, self.value = self.value, value
+        try:
+            yield
+        finally:
+            self.value = previous
+
+
 class Pending(ABC):
     """The answer to one :meth:`Host.submit`: ``ready(timeout)`` and ``result(timeout)``."""
 

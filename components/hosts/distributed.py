@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 
 from transports.errors import ConfigurationError, PeerFailureError, ServiceTimeoutError
 
+from .base import RunSetting
 from .connected import ConnectedHost
 from .process import ProcessHost, _child_main
 
@@ -103,7 +104,7 @@ def settings_of(node: Mapping[str, Any] | None) -> DistributedSettings:
     return DistributedSettings(**fields)
 
 
-_current = DistributedSettings()
+_current = RunSetting(DistributedSettings())
 
 
 def _as_rank(factory: Callable[[], Any], rank: int, world_size: int) -> Any:
@@ -124,7 +125,7 @@ class DistributedHost(ProcessHost):
     shares_memory = False  # ranks may run on other nodes (torchrun, srun)
 
     def __new__(cls, *args, **kwargs):
-        if cls is DistributedHost and _current.ranks == "env":
+        if cls is DistributedHost and _current.value.ranks == "env":
             cls = EnvRankHost
         return super().__new__(cls)
 
@@ -138,16 +139,12 @@ class DistributedHost(ProcessHost):
     @contextlib.contextmanager
     def session(cls, settings: Mapping[str, Any], *, run_dir: str | None = None) -> Iterator[None]:
         """The run's ``distributed.*``; with ``ranks=env``, checks the key and the address before any owner starts."""
-        global _current
         new = settings_of(settings)
         if new.ranks == "env":
             rank_key()
             new.address(1)
-        previous, _current = _current, new
-        try:
+        with _current.holding(new):
             yield
-        finally:
-            _current = previous
 
     @classmethod
     def on_run_machine(cls, settings: Mapping[str, Any]) -> bool:
@@ -163,7 +160,7 @@ class EnvRankHost(ConnectedHost, DistributedHost):
         self.rank, self.world_size = self.index[0] + 1, self.index[1] + 1
         _check_world_size(self.index[1])
         self.name = f"{self.name}-rank{self.rank}"
-        self._settings = _current
+        self._settings = _current.value
         self._key = rank_key()
 
     def _launch(self) -> None:

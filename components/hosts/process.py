@@ -103,6 +103,9 @@ class ProcessHost(Host):
         self._conn = None
         self._stopping = False
         self._busy = threading.Lock()  # one control call in flight: the pipe carries one answer at a time
+        # multiprocessing's Popen.poll is not thread-safe: two threads reading a forkserver child's status at once (the
+        # watcher and a caller describing the death) leave one of them an exit code of 255
+        self._poll_lock = threading.Lock()
         self._watcher: threading.Thread | None = None
         self._wake_r = self._wake_w = None
 
@@ -150,7 +153,8 @@ class ProcessHost(Host):
             raise value
         if kind == "timeout":
             raise ServiceTimeoutError(f"{self.name}: not ready within {timeout} s")
-        raise PeerFailureError(f"{self.name}: the process died during startup ({exit_description(process.exitcode)})")
+        raise PeerFailureError(f"{self.name}: the process died during startup "
+                               f"({exit_description(self._exitcode(process))})")
 
     def _watch(self) -> None:
         ready = wait([self._process.sentinel, self._wake_r])
@@ -184,11 +188,19 @@ class ProcessHost(Host):
         process = self._process
         if process is None:
             return False
-        return process.is_alive() or pid_runs(process.pid)
+        return self._exitcode(process) is None or pid_runs(process.pid)
 
     def _lost(self) -> str:
         """How the target's process ended, in words (the start of a peer-failure message)."""
-        return f"the {self.name} process died ({exit_description(self._process.exitcode)})"
+        return f"the {self.name} process died ({exit_description(self._exitcode())})"
+
+    def _exitcode(self, process=None) -> int | None:
+        """The child's exit code (``None`` while it runs, or when there is none), read by one thread at a time."""
+        process = process or self._process
+        if process is None:
+            return None
+        with self._poll_lock:
+            return process.exitcode
 
     # ------------------------------------------------------------------ calls
     def submit(self, method: str, *args: Any) -> Pending:
@@ -245,8 +257,9 @@ class ProcessHost(Host):
     def _wait_ended(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while self._runs() and time.monotonic() < deadline:
-            self._process.join(0.02)
-            if not self._process.is_alive():  # its sentinel is closed: join returns at once, so pace the checks
+            with self._poll_lock:
+                self._process.join(0.02)
+            if self._exitcode() is not None:  # its sentinel is closed: join returns at once, so pace the checks
                 time.sleep(0.02)
 
     @staticmethod

@@ -30,10 +30,10 @@ from typing import Any, ClassVar, Iterator, Mapping
 from transports.errors import ConfigurationError, PeerFailureError, ServiceTimeoutError
 
 from ._rpc_worker import LEAVE_S, RpcSettings, as_rpc_worker, backend_options, leave_world, on_interface, run_call
-from .base import Pending, Resources, exit_description
+from .base import Pending, Resources, RunSetting, exit_description
 from .process import ProcessHost
 
-_settings = RpcSettings()
+_settings = RunSetting(RpcSettings())
 _WORLDS = itertools.count()
 
 
@@ -93,7 +93,7 @@ class _World:
                     raise ConfigurationError(f"{host.name}: this process is in an rpc world already (torch allows "
                                              "one per process): shut it down, or place the collector elsewhere",
                                              path="components.collector.placement")
-                world = cls.current = cls(count + 1, _settings, host.resources.startup_timeout)
+                world = cls.current = cls(count + 1, _settings.value, host.resources.startup_timeout)
             if world.size != count + 1 or position + 1 in world.members:
                 raise ConfigurationError(f"{host.name}: one collector's workers use the rpc placement at a time (a "
                                          f"world of {world.size - 1} workers runs; worker {position} of {count} "
@@ -167,6 +167,7 @@ class _Answer(Pending):
         try:
             kind, value = self.future.wait()
         except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError for a closed connection
+            self.host._wait_ended(2.0)  # the connection closes as the process dies: its exit status follows
             raise PeerFailureError(f"{self.host._lost()} during {self.method!r} ({str(exc).splitlines()[0]})") from None
         if kind == "error":
             raise value
@@ -202,12 +203,8 @@ class RpcHost(ProcessHost):
     @contextlib.contextmanager
     def session(cls, settings: Mapping[str, Any], *, run_dir: str | None = None) -> Iterator[None]:
         """The run's ``rpc.*``."""
-        global _settings
-        previous, _settings = _settings, RpcSettings(**{k: v for k, v in dict(settings or {}).items() if v is not None})
-        try:
+        with _settings.holding(RpcSettings(**{k: v for k, v in dict(settings or {}).items() if v is not None})):
             yield
-        finally:
-            _settings = previous
 
     def _launch(self) -> None:
         self._world = world = _World.enter(self)
@@ -268,4 +265,4 @@ class RpcHost(ProcessHost):
     def _lost(self) -> str:
         if self._process is None:
             return f"the {self.name} rpc worker (rank {self.rank}) was stopped"
-        return f"the {self.name} rpc worker (rank {self.rank}) died ({exit_description(self._process.exitcode)})"
+        return f"the {self.name} rpc worker (rank {self.rank}) died ({exit_description(self._exitcode())})"

@@ -32,7 +32,7 @@ from typing import Any, Iterator, Mapping, Optional
 
 from transports.errors import ConfigurationError
 
-from .base import Resources
+from .base import Resources, RunSetting
 from ._submitit_job import job_main, ray_cluster
 from .connected import ConnectedHost
 
@@ -124,7 +124,7 @@ class _Session:
                      job.paths.stderr)
 
 
-_current: _Session | None = None
+_current = RunSetting(None)  # the run's _Session
 
 
 class SubmititHost(ConnectedHost):
@@ -137,19 +137,15 @@ class SubmititHost(ConnectedHost):
         super().__init__(*args, **kwargs)
         self.job = None
         self._key = secrets.token_bytes(32)
-        self._session = _current or _Session(SubmititSettings(), None)
+        self._session = _current.value or _Session(SubmititSettings(), None)
         self.address: tuple[str, int] | None = None
 
     @classmethod
     @contextlib.contextmanager
     def session(cls, settings: Mapping[str, Any], *, run_dir: str | None = None) -> Iterator[None]:
         """The run's executor settings (``submitit.*``), checked before any owner starts."""
-        global _current
-        previous, _current = _current, _Session(_settings(settings), run_dir)
-        try:
+        with _current.holding(_Session(_settings(settings), run_dir)):
             yield
-        finally:
-            _current = previous
 
     @classmethod
     def on_run_machine(cls, settings: Mapping[str, Any]) -> bool:
