@@ -175,21 +175,33 @@ def ppo_loss(mb, learner: Learner, cfg: PPOConfig) -> tuple[torch.Tensor, dict]:
 # ============================================================================ training loop
 
 
-def rows_per_call(batch_rows: int, cfg: PPOConfig) -> int:
-    """How many rows :func:`minibatches` asks the buffer for at once, from the run's first batch: the whole batch
-    when minibatches tile it, else one minibatch. Fixed for the run (a shared-memory or distributed endpoint binds
-    its sample layout on the first call)."""
-    return batch_rows if batch_rows % cfg.minibatch_size == 0 else cfg.minibatch_size
+SAMPLE_BYTES = 64 << 20
+"""The most bytes :func:`minibatches` asks the replay buffer for in one call."""
+
+
+def rows_per_call(batch_rows: int, cfg: PPOConfig, row_bytes: int = 0) -> int:
+    """How many rows :func:`minibatches` asks the buffer for at once, from the run's first batch (``row_bytes``: the
+    bytes of one of its rows). When minibatches tile the batch: as many of an update's minibatches as fit in
+    :data:`SAMPLE_BYTES` (every one of them, with small observations: a buffer in another process then costs one
+    round trip per update), a number that divides them; else one minibatch. Fixed for the run (a shared-memory or
+    distributed endpoint binds its sample layout on the first call)."""
+    if batch_rows % cfg.minibatch_size:
+        return cfg.minibatch_size
+    count = cfg.update_epochs * cfg.num_minibatches
+    fit = max(1, SAMPLE_BYTES // max(1, row_bytes * cfg.minibatch_size))
+    return max(m for m in range(1, count + 1) if count % m == 0 and m <= fit) * cfg.minibatch_size
 
 
 def minibatches(replay, cfg: PPOConfig, per_call: int) -> Iterator[TensorDictBase]:
     """The ``update_epochs * num_minibatches`` minibatches of one update, in order.
 
-    The buffer samples without replacement, one permutation of what it holds at a time. It holds the batch just
-    written (or with ``sync=false`` and several workers also the batches before it, up to its capacity: a multiple
-    of a batch), so ``per_call`` rows (a batch, see :func:`rows_per_call`) at once, split here, are the rows
+    The buffer samples without replacement, one permutation of what it holds at a time, and a call for more rows
+    than it holds continues through the next permutations (see
+    :class:`~components.replay.samplers.WithoutReplacementSampler`). It holds the batch just written (or with
+    ``sync=false`` and several workers also the batches before it, up to its capacity: a multiple of a batch), so
+    ``per_call`` rows (several minibatches, see :func:`rows_per_call`) at once, split here, are the rows
     ``minibatch_size`` calls would give one by one, in the same order; a replay buffer in another process then
-    costs a round trip per batch's worth of rows rather than per minibatch.
+    costs a round trip per update (or per :data:`SAMPLE_BYTES`) rather than per minibatch.
     """
     left = cfg.update_epochs * cfg.num_minibatches
     while left > 0:
@@ -224,9 +236,10 @@ def run(cfg: PPOConfig, clients: Clients) -> dict:
         # ---- learn
         if cfg.anneal_lr:
             optimizer.param_groups[0]["lr"] = cfg.lr * max(0.0, 1.0 - stats.frames / cfg.total_frames)
-        clients.replay.extend(estimate_advantages(batch, learner, cfg).reshape(-1))
+        rows = estimate_advantages(batch, learner, cfg).reshape(-1)
+        clients.replay.extend(rows)
         losses = {}
-        per_call = per_call or rows_per_call(batch.numel(), cfg)
+        per_call = per_call or rows_per_call(rows.numel(), cfg, rows.bytes() // max(1, rows.numel()))
         for minibatch in minibatches(clients.replay, cfg, per_call):
             loss, losses = ppo_loss(minibatch, learner, cfg)
             optimizer.zero_grad()

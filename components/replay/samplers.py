@@ -70,17 +70,36 @@ class WithoutReplacementSampler(Sampler):
         self.epoch = None
 
     def sample(self, n, size, valid):
+        """``n`` rows of the current epoch (a permutation of the valid items); a call that does not fit in what is
+        left of it starts a new one. A call for more rows than there are items (several epochs at once) takes what
+        is left of the current epoch, then continues through new ones: the rows that consecutive calls of a size
+        dividing the item count would return, in order."""
         pool = _candidates(size, valid)
         count = size if pool is None else len(pool)
+        if count == 0:
+            raise RuntimeError("no valid transition to sample")
         if n > count:
-            raise ValueError(f"batch_size {n} exceeds the {count} transitions available (sampling without replacement)")
+            return self._epochs(n, count, pool), None
         if self.epoch is None or self.position + n > len(self.epoch):
-            perm = torch.randperm(count, generator=self.generator)
-            self.epoch = perm if pool is None else pool[perm]
-            self.position = 0
+            self._new_epoch(count, pool)
         index = self.epoch[self.position : self.position + n]
         self.position += n
         return index, None
+
+    def _new_epoch(self, count: int, pool: torch.Tensor | None) -> None:
+        perm = torch.randperm(count, generator=self.generator)
+        self.epoch = perm if pool is None else pool[perm]
+        self.position = 0
+
+    def _epochs(self, n: int, count: int, pool: torch.Tensor | None) -> torch.Tensor:
+        parts = [] if self.epoch is None else [self.epoch[self.position :]]
+        taken = sum(len(part) for part in parts)
+        while taken < n:
+            self._new_epoch(count, pool)
+            self.position = min(count, n - taken)
+            parts.append(self.epoch[: self.position])
+            taken += self.position
+        return torch.cat(parts)
 
 
 class SumTree:

@@ -77,6 +77,21 @@ def test_one_epoch_in_one_call_is_the_minibatches_in_order():
     assert not torch.equal(torch.cat(epochs[:4]), torch.cat(epochs[4:8]))  # each epoch its own permutation
 
 
+def test_several_epochs_in_one_call_are_what_consecutive_calls_give():
+    # PPO asks for all of an update's minibatches at once: what is left of the current epoch, then new epochs
+    calls = []
+    for sizes in ((8, 8, 8, 8, 8, 8, 8, 8, 8, 8), (8, 72)):
+        with ReplayBuffer(capacity=32, sampler="without_replacement", batch_size=8, seed=4) as rb:
+            rb.extend(_batch(32))
+            calls.append(torch.cat([rb.sample(n)["action"] for n in sizes]))
+            after = rb.sample(8)["action"]  # the sampler's state goes on from there the same way
+            calls[-1] = torch.cat([calls[-1], after])
+    assert torch.equal(calls[0], calls[1])
+    epochs = calls[1][:32], calls[1][32:64]  # each a permutation of its own
+    assert all(sorted(epoch.tolist()) == list(range(32)) for epoch in epochs)
+    assert not torch.equal(*epochs)
+
+
 def test_a_write_starts_a_new_epoch():
     with ReplayBuffer(capacity=32, sampler="without_replacement", batch_size=8, seed=2) as rb:
         rb.extend(_batch(32))
