@@ -30,7 +30,7 @@ from transports.errors import PeerFailureError
 from ..hosts import Done, stop_all
 from ..resolution import Resolved
 from ..service import Owner
-from .handoff import Received
+from .handoff import Received, SameMachine
 from .worker import Worker
 
 log = logging.getLogger(__name__)
@@ -100,6 +100,7 @@ class Collector(Owner["Collector"]):
         self.hosts: list = []
         self._restarts: list[int] = []  # restarts done, per worker
         self._received = Received()  # rollouts handed over through shared memory (workers in other processes)
+        self._same_machine: SameMachine | None = None  # the probe of workers that may share this machine
         self._spec = None
 
     def _worker(self, w: int) -> functools.partial:
@@ -110,7 +111,16 @@ class Collector(Owner["Collector"]):
         # a worker made later (a restart) continues its sampling streams where the run is
         return functools.partial(Worker, self.create_env_fn, policy, self.frames_per_batch // self.num_collectors,
                                  self.seed + w * SEED_STRIDE, replay, self.frames // self.frames_per_batch,
-                                 self.env_groups, self.host_type.shares_memory)
+                                 self.env_groups, self._handoff())
+
+    def _handoff(self) -> bool | SameMachine:
+        """What tells a worker to hand its rollouts over through shared memory: always where its placement keeps
+        it on this machine, after a probe where it may be (a Ray actor on the local node)."""
+        if self.host_type.shares_memory or not self.host_type.may_share_memory:
+            return self.host_type.shares_memory
+        if self._same_machine is None:
+            self._same_machine = SameMachine()
+        return self._same_machine
 
     def _launch(self) -> None:
         for w in range(self.num_collectors):  # launched together, then waited for: their start-ups overlap
@@ -152,6 +162,9 @@ class Collector(Owner["Collector"]):
     def _shutdown(self, timeout: float | None) -> None:
         stop_all(self.hosts, timeout)  # the workers wind down together
         self._received.close()
+        if self._same_machine is not None:
+            self._same_machine.close()
+            self._same_machine = None
         self.hosts = []
 
     def _alive(self) -> bool:

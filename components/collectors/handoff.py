@@ -9,12 +9,13 @@ when it closes, its resource tracker if it dies); the driver's attachment is clo
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from tensordict import TensorDict, TensorDictBase
 
 from transports.layout import Layout
-from transports.segments import SlotBank
+from transports.segments import Segment, SlotBank
 
 
 class RolloutSlots:
@@ -55,6 +56,46 @@ class Handoff:
 
     index: int
     slots: RolloutSlots | None = None
+
+
+class SameMachine:
+    """Whether a worker placed where it may or may not share this machine (a Ray actor: the local node or another)
+    does: the driver makes a small segment holding a random token, and a worker that attaches to it by name and
+    reads the token back shares ``/dev/shm`` with the driver, so it hands rollouts over through shared memory.
+    Travels as a :class:`Probe`; the driver closes it with the collector."""
+
+    def __init__(self):
+        self.token = os.urandom(16)
+        self.segment = Segment(len(self.token))
+        self.segment.buf[:] = self.token
+
+    def __reduce__(self):
+        return (Probe, (self.segment.name, self.token))
+
+    def here(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self.segment.close()
+
+
+@dataclass(frozen=True)
+class Probe:
+    """A :class:`SameMachine` in a worker's process."""
+
+    name: str
+    token: bytes
+
+    def here(self) -> bool:
+        """Whether the driver's segment is here, with its token."""
+        try:
+            segment = Segment(len(self.token), self.name)
+        except OSError:  # another machine (or another /dev/shm)
+            return False
+        try:
+            return bytes(segment.buf[: len(self.token)]) == self.token
+        finally:
+            segment.close()
 
 
 class Received:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -71,11 +73,12 @@ class Worker:
             and that count, so they do not replay the run's first episodes.
         env_groups: vector envs (each from ``create_env_fn``) stepped in turn.
         handoff: hand rollouts over through shared memory (:mod:`~components.collectors.handoff`): for a worker in
-            another process of the driver's machine.
+            another process of the driver's machine; a :class:`~components.collectors.handoff.Probe`: when it finds
+            this process on the driver's machine.
     """
 
     def __init__(self, create_env_fn, policy, frames: int, seed: int, replay_buffer=None, rollouts_done: int = 0,
-                 env_groups: int = 1, handoff: bool = False):
+                 env_groups: int = 1, handoff: Any = False):
         envs = [create_env_fn() for _ in range(env_groups)]
         num_envs = sum(env.num_envs for env in envs)
         if frames % num_envs:
@@ -96,7 +99,7 @@ class Worker:
         self.streams = env_streams(range(seed, seed + num_envs))
         self.step_count = rollouts_done * self.steps
         self._outputs: list | None = None  # (key, shape of one row, dtype) of what the policy answers
-        self.handoff, self.slots = handoff, None
+        self.handoff, self.slots = (handoff if isinstance(handoff, bool) else handoff.here()), None
 
     def rollout(self, into: TensorDictBase | None = None) -> TensorDictBase:
         """One rollout, written into ``into`` (a ``[time, env]`` TensorDict of this worker's rollout layout, as a

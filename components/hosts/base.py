@@ -167,6 +167,9 @@ class Host(ABC):
             ``same_process``), as a Slurm job reserves it (:mod:`launcher.slurm`).
         shares_memory: the target runs in another process of the caller's machine, always: results may be handed
             over through shared memory by name (collector rollouts, see :mod:`components.collectors.handoff`).
+        may_share_memory: the target may run on the caller's machine or another (a cluster's node): it hands results
+            over through shared memory where a probe finds the caller's shared memory
+            (:class:`components.collectors.handoff.SameMachine`).
     """
 
     placement: ClassVar[str] = ""
@@ -176,6 +179,7 @@ class Host(ABC):
     restarts_itself: ClassVar[bool] = False
     process_memory_gb: ClassVar[float] = 0.0
     shares_memory: ClassVar[bool] = False
+    may_share_memory: ClassVar[bool] = False
 
     def __init__(self, name: str, factory: Callable[[], Any], *, resources: Resources | None = None,
                  on_death: Callable[[str], None] | None = None, concurrency: int = 1,

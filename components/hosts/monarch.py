@@ -95,6 +95,7 @@ class MonarchHost(Host):
 
     placement = "monarch"
     command_transport = "monarch"
+    shares_memory = True  # its proc runs on this machine's host mesh
     process_memory_gb = 0.45  # a proc that imported torch, like a Ray actor's worker
 
     def __init__(self, *args, **kwargs):

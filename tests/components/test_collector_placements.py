@@ -238,3 +238,23 @@ def test_process_workers_hand_rollouts_over_through_shared_memory():
     for a, b in zip(shared, direct):
         for key in b.keys(include_nested=True, leaves_only=True):
             assert torch.equal(a.get(key), b.get(key)), key
+
+
+def test_the_same_machine_probe_is_true_only_where_the_drivers_segment_is():
+    """A worker that may or may not share this machine (a Ray actor) hands rollouts over through shared memory only
+    when it finds the driver's probe segment with its token."""
+    import pickle
+
+    from components.collectors.handoff import Probe, SameMachine
+    from transports.segments import segments_of
+
+    probe = SameMachine()
+    try:
+        travelled = pickle.loads(pickle.dumps(probe))
+        assert isinstance(travelled, Probe) and travelled.here()
+        assert not Probe(travelled.name, bytes(16)).here()  # another segment by that name: another machine's
+        assert not Probe(travelled.name + "_elsewhere", travelled.token).here()  # no such segment here
+    finally:
+        probe.close()
+    assert travelled.name not in segments_of([os.getpid()])
+    assert not travelled.here()  # closed with the collector

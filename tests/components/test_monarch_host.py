@@ -76,3 +76,19 @@ def test_an_answer_that_cannot_travel_is_the_callers_error_and_the_actor_keeps_s
         assert host.call("add", 1, 2, timeout=30) == 3
     finally:
         host.stop(10)
+
+
+def test_collector_workers_hand_rollouts_over_through_shared_memory():
+    """A worker's proc runs on this machine: it writes each rollout into a shared slot the driver attaches once, and
+    the slot is gone with the worker."""
+    from components.collectors import Collector
+    from transports.segments import segments_of
+
+    from tests.factories import LocalPolicy, cartpole_envs
+
+    with Collector(cartpole_envs(2), LocalPolicy(), 2 * 4, 2 * 4 * 2, 1, placement="monarch", seed=2) as collector:
+        batches = list(collector)
+        pid = collector.hosts[0].pid
+        assert list(collector._received.slots) == [0] and len(segments_of([pid])) == 1
+    assert [b.batch_size for b in batches] == [torch.Size([4, 2])] * 2
+    wait_until(lambda: segments_of([pid]) == [], timeout=10, what="the worker's slots are removed")

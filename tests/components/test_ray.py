@@ -184,12 +184,23 @@ def test_weight_sync_versions_reach_a_receiver_in_another_actor():
 
 
 # ---------------------------------------------------------------------------------------------- collectors
-def test_ray_collectors_return_rollouts_through_the_object_store():
+def test_ray_collectors_on_the_drivers_node_hand_rollouts_over_through_shared_memory():
+    """Actors of the local node find the driver's probe segment: each writes its rollouts into a shared slot the
+    driver attaches once; every segment (the workers' and the probe) is gone with the collector."""
+    from transports.segments import segments_of
+
+    before = set(segments_of([os.getpid()]))
     with Collector(cartpole_envs(2), LocalPolicy(), 2 * 5 * 2, 2 * 5 * 2 * 2, 2, placement="ray", seed=5) as collector:
         batches = list(collector)
+        pids = [host.pid for host in collector.hosts]
+        assert sorted(collector._received.slots) == [0, 1]
+        assert all(len(segments_of([pid])) == 1 for pid in pids)
     assert [b.batch_size for b in batches] == [torch.Size([5, 4])] * 2
+    assert batches[0]["observation"].data_ptr() != batches[1]["observation"].data_ptr()  # each batch its own copy
     first = batches[0]["observation"][0]
     assert len({tuple(row.tolist()) for row in first}) == 4  # every env of every worker seeded differently
+    wait_until(lambda: segments_of(pids) == [], timeout=10, what="the workers' segments are removed")
+    assert set(segments_of([os.getpid()])) == before
 
 
 def test_ray_collectors_write_straight_into_a_ray_replay_buffer_and_use_a_ray_policy():
@@ -229,13 +240,17 @@ def test_a_worker_without_restarts_is_a_peer_failure():
     collector = Collector(cartpole_envs(2), LocalPolicy(), 8, -1, 1, placement="ray").start()
     try:
         collector.rollout()
-        os.kill(collector.hosts[0].pid, signal.SIGKILL)
+        pid = collector.hosts[0].pid
+        os.kill(pid, signal.SIGKILL)
         start = time.monotonic()
         with pytest.raises(PeerFailureError):
             collector.rollout()
         assert time.monotonic() - start < 5.0
     finally:
         collector.shutdown()
+    from transports.segments import segments_of
+
+    wait_until(lambda: segments_of([pid]) == [], timeout=10, what="the killed worker's slots are removed")
 
 
 # ---------------------------------------------------------------------------------------------- registry
