@@ -123,6 +123,7 @@ class DistributedHost(ProcessHost):
 
     placement = "distributed"
     shares_memory = False  # ranks may run on other nodes (torchrun, srun)
+    may_share_memory = True  # a rank on the driver's machine hands rollouts over through shared memory
 
     def __new__(cls, *args, **kwargs):
         if cls is DistributedHost and _current.value.ranks == "env":

@@ -5,6 +5,7 @@ import signal
 import threading
 
 import pytest
+import torch
 
 from components.hosts import host_class
 from transports.errors import PeerFailureError
@@ -40,9 +41,27 @@ def test_a_rank_gets_its_environment_and_its_death_is_reported():
         assert pid == host.pid and pid != os.getpid() and "RANK" not in os.environ
         os.kill(pid, signal.SIGKILL)
         assert died.wait(5), "a killed rank is reported within 5 s"
-        assert deaths == [f"the collector-1-rank1 process died (killed by SIGKILL)"]
+        assert deaths == ["the collector-1-rank1 process died (killed by SIGKILL)"]
         with pytest.raises(PeerFailureError):
             host.call("read", timeout=10)
     finally:
         host.stop(5)
     wait_until(lambda: process_gone(pid), timeout=10, what="the rank is reaped")
+
+
+def test_collector_ranks_on_this_machine_hand_rollouts_over_through_shared_memory():
+    """A rank may run on another node, so it probes for the driver's segment; a local rank finds it and hands its
+    rollouts over through a shared slot, gone with the rank."""
+    from components.collectors import Collector
+    from transports.segments import segments_of
+
+    from tests.factories import LocalPolicy, cartpole_envs
+
+    with Collector(cartpole_envs(2), LocalPolicy(), 2 * 4 * 2, 2 * 4 * 2 * 2, 2, placement="distributed",
+                   seed=4) as collector:
+        batches = list(collector)
+        pids = [host.pid for host in collector.hosts]
+        assert sorted(collector._received.slots) == [0, 1]
+        assert all(len(segments_of([pid])) == 1 for pid in pids)
+    assert [b.batch_size for b in batches] == [torch.Size([4, 4])] * 2
+    wait_until(lambda: segments_of(pids) == [], timeout=10, what="the ranks' slots are removed")
