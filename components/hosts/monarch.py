@@ -12,13 +12,14 @@ default: nothing listens on the network.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Iterator, Mapping
 
 from transports.errors import PeerFailureError, RemoteError
 from transports.monarch import ActorRef, call, import_monarch, translate
@@ -141,7 +142,8 @@ class MonarchHost(Host):
         return reason
 
     def stop(self, timeout: float | None = None) -> None:
-        """Let the target release its resource, then stop the proc. Idempotent; never raises for a dead proc."""
+        """Let the target release its resource, then stop the proc (in a run, see :meth:`session`, the proc's end is
+        awaited when the run's session ends). Idempotent; never raises for a dead proc."""
         if self._procs is None or self._stopped:
             return
         self._stopped = True
@@ -152,11 +154,35 @@ class MonarchHost(Host):
                 self._actor.finish.call_one().get(timeout=timeout / 2)
             except Exception as exc:  # noqa: BLE001 - dead or stuck: the proc is stopped below either way
                 log.debug("%s: stop: %s", self.name, translate(exc, self.name))
+        stopping, self._procs = self._procs.stop(), None
+        args = (self.name, stopping, max(0.5, deadline - time.monotonic()))
+        with _stopping_lock:
+            deferred = _stopping
+            if deferred is not None:  # in a run: the proc stops beside the others, the session waits for it
+                deferred.append(threading.Thread(target=_await_stop, args=args, name=f"{self.name}-proc-stop"))
+                deferred[-1].start()
+        if deferred is None:
+            _await_stop(*args)
+
+    @classmethod
+    @contextlib.contextmanager
+    def session(cls, settings: Mapping[str, Any], *, run_dir: str | None = None) -> Iterator[None]:
+        """Procs stop together in a run: each owner's target is closed when it stops, in the run's order, and its
+        proc's teardown (about 1 s: the interpreter of a proc that imported torch ending) goes on beside the
+        next owners'; leaving the session waits for every proc."""
+        global _stopping
+        with _stopping_lock:
+            outer = _stopping is not None
+            if not outer:
+                _stopping = []
         try:
-            self._procs.stop().get(timeout=max(0.5, deadline - time.monotonic()))
-        except Exception as exc:  # noqa: BLE001
-            log.debug("%s: stopping its proc: %s", self.name, exc)
-        self._procs = None
+            yield
+        finally:
+            if not outer:
+                with _stopping_lock:
+                    threads, _stopping = _stopping, None
+                for thread in threads:
+                    thread.join(DEFAULT_STOP_TIMEOUT + 1.0)
 
     @property
     def is_alive(self) -> bool:
@@ -170,6 +196,17 @@ class MonarchHost(Host):
     def handle(self) -> ActorRef | None:
         return self._ref
 
+
+
+_stopping: list[threading.Thread] | None = None  # in a session: the threads awaiting procs being stopped
+_stopping_lock = threading.Lock()
+
+
+def _await_stop(name: str, stopping: Any, timeout: float) -> None:
+    try:
+        stopping.get(timeout=timeout)
+    except Exception as exc:  # noqa: BLE001 - a proc that does not stop in time is Monarch's to end
+        log.debug("%s: stopping its proc: %s", name, exc)
 
 
 _hook_lock = threading.Lock()

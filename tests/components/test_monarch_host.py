@@ -92,3 +92,21 @@ def test_collector_workers_hand_rollouts_over_through_shared_memory():
         assert list(collector._received.slots) == [0] and len(segments_of([pid])) == 1
     assert [b.batch_size for b in batches] == [torch.Size([4, 2])] * 2
     wait_until(lambda: segments_of([pid]) == [], timeout=10, what="the worker's slots are removed")
+
+
+def test_in_a_session_procs_stop_together_and_the_session_waits_for_them():
+    """Each owner's target is closed when it stops, in order; its proc's teardown goes on beside the next owner's,
+    and leaving the session waits for all of them."""
+    from components.hosts import monarch
+
+    with monarch.MonarchHost.session({}):
+        servers = [InferenceServer(policy_factory=echo_factory, config=InferenceServerConfig(placement="monarch"),
+                                   transport="monarch").start() for _ in range(2)]
+        pids = [server.host.pid for server in servers]
+        for server in servers:
+            server.shutdown()
+            assert not server.is_alive
+        stopping = list(monarch._stopping)
+        assert [thread.name for thread in stopping] == [f"{server.host.name}-proc-stop" for server in servers]
+    assert monarch._stopping is None and not any(thread.is_alive() for thread in stopping)
+    wait_until(lambda: all(process_gone(pid) for pid in pids), timeout=10, what="both procs end")
