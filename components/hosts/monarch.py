@@ -154,7 +154,12 @@ class MonarchHost(Host):
                 self._actor.finish.call_one().get(timeout=timeout / 2)
             except Exception as exc:  # noqa: BLE001 - dead or stuck: the proc is stopped below either way
                 log.debug("%s: stop: %s", self.name, translate(exc, self.name))
-        stopping, self._procs = self._procs.stop(), None
+        procs, self._procs = self._procs, None
+        try:
+            stopping = procs.stop()
+        except Exception as exc:  # noqa: BLE001 - a mesh Monarch already tore down
+            log.debug("%s: stopping its proc: %s", self.name, exc)
+            return
         args = (self.name, stopping, max(0.5, deadline - time.monotonic()))
         with _stopping_lock:
             deferred = _stopping
