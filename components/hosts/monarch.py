@@ -24,7 +24,7 @@ from typing import Any, Iterator, Mapping
 from transports.errors import PeerFailureError, RemoteError
 from transports.monarch import ActorRef, call, import_monarch, translate
 
-from .base import DEFAULT_STOP_TIMEOUT, FuturePending, Host, Pending, build_and_serve, close_target
+from .base import DEFAULT_STOP_TIMEOUT, FuturePending, Host, Pending, RunSetting, build_and_serve, close_target
 
 actor_api = import_monarch()
 log = logging.getLogger(__name__)
@@ -161,13 +161,12 @@ class MonarchHost(Host):
             log.debug("%s: stopping its proc: %s", self.name, exc)
             return
         args = (self.name, stopping, max(0.5, deadline - time.monotonic()))
-        with _stopping_lock:
-            deferred = _stopping
-            if deferred is not None:  # in a run: the proc stops beside the others, the session waits for it
-                deferred.append(threading.Thread(target=_await_stop, args=args, name=f"{self.name}-proc-stop"))
-                deferred[-1].start()
+        deferred = _stopping.value
         if deferred is None:
             _await_stop(*args)
+            return
+        deferred.append(threading.Thread(target=_await_stop, args=args, name=f"{self.name}-proc-stop"))
+        deferred[-1].start()  # in a run: the proc stops beside the others, the session waits for it
 
     @classmethod
     @contextlib.contextmanager
@@ -175,19 +174,13 @@ class MonarchHost(Host):
         """Procs stop together in a run: each owner's target is closed when it stops, in the run's order, and its
         proc's teardown (about 1 s: the interpreter of a proc that imported torch ending) goes on beside the
         next owners'; leaving the session waits for every proc."""
-        global _stopping
-        with _stopping_lock:
-            outer = _stopping is not None
-            if not outer:
-                _stopping = []
+        threads: list[threading.Thread] = []
         try:
-            yield
+            with _stopping.holding(threads):
+                yield
         finally:
-            if not outer:
-                with _stopping_lock:
-                    threads, _stopping = _stopping, None
-                for thread in threads:
-                    thread.join(DEFAULT_STOP_TIMEOUT + 1.0)
+            for thread in threads:
+                thread.join(DEFAULT_STOP_TIMEOUT + 1.0)
 
     @property
     def is_alive(self) -> bool:
@@ -203,8 +196,7 @@ class MonarchHost(Host):
 
 
 
-_stopping: list[threading.Thread] | None = None  # in a session: the threads awaiting procs being stopped
-_stopping_lock = threading.Lock()
+_stopping = RunSetting(None)  # in a session: the list of threads awaiting procs being stopped
 
 
 def _await_stop(name: str, stopping: Any, timeout: float) -> None:

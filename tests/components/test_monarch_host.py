@@ -106,7 +106,7 @@ def test_in_a_session_procs_stop_together_and_the_session_waits_for_them():
         for server in servers:
             server.shutdown()
             assert not server.is_alive
-        stopping = list(monarch._stopping)
+        stopping = list(monarch._stopping.value)
         assert [thread.name for thread in stopping] == [f"{server.host.name}-proc-stop" for server in servers]
-    assert monarch._stopping is None and not any(thread.is_alive() for thread in stopping)
+    assert monarch._stopping.value is None and not any(thread.is_alive() for thread in stopping)
     wait_until(lambda: all(process_gone(pid) for pid in pids), timeout=10, what="both procs end")
