@@ -37,6 +37,8 @@ HEADER = struct.Struct("<QqqQ")
 """magic, kind, request id, auxiliary count (text length of ERROR / SHUTDOWN)."""
 MAGIC = 0x31445352_4C52  # "RLRSD1"
 REQUEST, REPLY, ERROR, SHUTDOWN, BYE = 1, 2, 3, 4, 5
+ANSWERS, ASKS = frozenset({REPLY, ERROR, SHUTDOWN, BYE}), frozenset({REQUEST, BYE})
+"""What a client's side receives, and what a server's side does."""
 MAX_TEXT_BYTES = 1 << 16
 IDLE = datetime.timedelta(days=30)
 """How long a receive waits (passed to every receive). An idle gloo receive that times out closes its pair, and a channel waits for
@@ -50,6 +52,7 @@ clients connecting at once to a server on 2 busy cores took more than 10 s (test
 BACKENDS = ("gloo", "nccl")
 SEND_TIMEOUT_S = 10.0
 """Seconds a send waits for its peer to post the matching receive (peers always keep one posted)."""
+_WAITS = {SEND_TIMEOUT_S: datetime.timedelta(seconds=SEND_TIMEOUT_S)}
 SMALL_BYTES = 1 << 16
 """Messages up to this size land in one buffer per endpoint and their leaves are copied out; larger ones land in
 a fresh buffer whose views become the leaves (no copy)."""
@@ -188,6 +191,7 @@ class Wire:
         self._recv_np = None if self._recv_buf is None else self._recv_buf.numpy()
         self._recv_views = [(_key(key) if self._flat else key, view, _host_array(view)) for key, view in views.items()]
         self._recv_start = HEADER.size if self._combined_in else 0
+        self._recv_batch = torch.Size(recv_layout.batch_size) if recv_layout is not None else None
         self.lock = threading.Lock()  # one sender at a time on this side
         self._inflight: list = []  # (work, tensors it reads) of sends not yet known complete
 
@@ -203,8 +207,8 @@ class Wire:
         Raises:
             LayoutError: a declared key is missing or its value has another shape, dtype or device (nothing is sent).
         """
-        wait = datetime.timedelta(seconds=timeout)
-        data = text.encode()[:MAX_TEXT_BYTES]
+        wait = _WAITS.get(timeout) or datetime.timedelta(seconds=timeout)
+        data = text.encode()[:MAX_TEXT_BYTES] if text else b""
         with self.lock:
             self._settle(wait)  # the previous message left the buffer (its completion is off the critical path)
             if values is not None:
@@ -228,15 +232,20 @@ class Wire:
             self._inflight.pop(0)
 
     def _fill(self, values: Any, row: int | None) -> None:
+        leaves = values._tensordict if type(values) is TensorDict else None  # its top-level entries, read directly
         for key, shape, dtype, device, view, array in self._checks:
-            value = values.get(key, None)
-            if not isinstance(value, torch.Tensor):
+            value = leaves.get(key) if leaves is not None and type(key) is str else values.get(key, None)
+            if not isinstance(value, torch.Tensor) or value.dtype != dtype or value.device != device or \
+                    (value.shape if row is None else value.shape[1:]) != shape:
                 self.send_layout.validate(values if row is None else values[row])  # raises the precise error
-            if row is not None:
-                value = value[row]
-            if value.shape != shape or value.dtype != dtype or value.device != device:
-                self.send_layout.validate(values if row is None else values[row])
-            _copy(view, array, value)
+            if array is not None:
+                try:  # NumPy (one thread, and indexing a row costs less than in torch)
+                    source = value.numpy()
+                    np.copyto(array, source if row is None else source[row])
+                    continue
+                except (RuntimeError, TypeError):  # requires grad, a conjugate or negative view: torch's own copy
+                    pass
+            view.copy_(value if row is None else value[row])
 
     def recv(self, expect: frozenset) -> tuple[int, int, Any]:
         """Wait for one message of a kind in ``expect``: ``(kind, request id, payload TensorDict or text)``.
@@ -272,7 +281,7 @@ class Wire:
             leaves = {_key(key) if self._flat else key: view
                       for key, view in _views(buf, self.recv_layout, self._recv_start).items()}
         if self._flat:
-            return TensorDict._new_unsafe(leaves, batch_size=torch.Size(self.recv_layout.batch_size))
+            return TensorDict._new_unsafe(leaves, batch_size=self._recv_batch)
         out = TensorDict(batch_size=self.recv_layout.batch_size)
         for key, value in leaves.items():
             out.set(key, value)
@@ -289,17 +298,6 @@ def _host_array(view: torch.Tensor):
         return view.numpy() if view.device.type == "cpu" else None
     except TypeError:  # bfloat16 and the like
         return None
-
-
-def _copy(view: torch.Tensor, array, value: torch.Tensor) -> None:
-    """``view.copy_(value)`` (shapes, dtypes and devices already checked), through ``array`` when there is one."""
-    if array is not None:
-        try:
-            np.copyto(array, value.numpy())
-            return
-        except (RuntimeError, TypeError):  # requires grad, a conjugate or negative view: torch's own copy
-            pass
-    view.copy_(value)
 
 
 def _key(key: tuple) -> Any:
@@ -396,7 +394,7 @@ class Connection:
         problem = f"the {self.name} server closed the connection (its process died)"
         try:
             while True:
-                kind, rid, payload = self.wire.recv(frozenset({REPLY, ERROR, SHUTDOWN, BYE}))
+                kind, rid, payload = self.wire.recv(ANSWERS)
                 if kind == BYE:  # the answer to this side's BYE (close)
                     problem = f"the {self.name} endpoint was closed in this process"
                     return

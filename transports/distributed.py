@@ -36,10 +36,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from . import _gloo
-from ._gloo import BYE, ERROR, POLL_S, REPLY, REQUEST, SEND_TIMEOUT_S, SHUTDOWN, Connection, MalformedMessage, \
+from ._gloo import ASKS, BYE, ERROR, POLL_S, REPLY, REQUEST, SEND_TIMEOUT_S, SHUTDOWN, Connection, MalformedMessage, \
     Wire, check_backend, check_options, connect_store, groups, open_store, wait_answer
 from .base import Batch, RequestReplyTransport, ServerEndpoint, drain
 from .config import TransportConfig
@@ -251,7 +251,7 @@ class DistributedServer(ServerEndpoint):
             if self._stop.is_set():  # closed while this endpoint connected: it missed the SHUTDOWN of close()
                 self._send(channel, SHUTDOWN, 0, text=self._reason, timeout=1.0)
             while True:
-                kind, rid, payload = channel.wire.recv(frozenset({REQUEST, BYE}))
+                kind, rid, payload = channel.wire.recv(ASKS)
                 if kind == BYE:  # the client closes (its process exits), or answers this server's SHUTDOWN
                     if not self._stop.is_set():
                         self._send(channel, BYE, 0, timeout=1.0)  # ends the client's receiving thread
@@ -274,7 +274,8 @@ class DistributedServer(ServerEndpoint):
                      enqueued=[t for _, _, t in items])
 
     def reply(self, batch: Batch, out: Any) -> None:
-        rows = isinstance(out, TensorDictBase)  # one batched answer (row i for request i), or a list of answers
+        # one batched answer (row i for request i), or a list of answers
+        rows = type(out) is TensorDict or isinstance(out, TensorDictBase)
         for i, (channel, rid) in enumerate(batch.handles):
             try:
                 self._send(channel, REPLY, rid, out if rows else out[i], row=i if rows else None)
@@ -351,7 +352,7 @@ class DistributedClient:
     def submit(self, td: TensorDictBase) -> LocalFuture:
         if self.request_layout is None or self.response_layout is None:
             raise TransportError(f"the {self.address.name} {self.op!r} endpoint has no layouts bound yet")
-        if not isinstance(td, TensorDictBase):
+        if type(td) is not TensorDict and not isinstance(td, TensorDictBase):  # the exact type first: no ABC check
             raise LayoutError((), "a TensorDict", type(td).__name__)
         connection = self._connect()
         future = LocalFuture()
