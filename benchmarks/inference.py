@@ -20,6 +20,10 @@ The floors, measured in the same run between two processes with one client:
 * (c) a Ray actor call whose argument is the payload tensor and whose result is that tensor.
 * (d) a standalone two-rank gloo group (through a store on 127.0.0.1): the client sends the payload, the other
   process receives it and sends it back.
+* (f) not a floor but (d) plus the ``distributed`` transport's framing and nothing else: the same payload as a
+  TensorDict through the transport's own wire (header, layout checks, copies, one group per direction), one
+  thread each side, no receiving threads, no serving loop. Its ratio is against (d): what the framing alone
+  costs, before any of the service's work.
 
 ``ratio`` is a row's p50 over its floor's p50 at the same payload (the floors are single-client, so ratios of
 4 and 16 clients include queueing behind the other clients): shared_memory, process_slot and the thread
@@ -83,8 +87,9 @@ CELLS = [("thread", "thread"), ("thread", "direct"), ("process", "queue"), ("pro
          ("monarch", "monarch")]
 FLOOR_OF = {"queue": "b", "ray": "c", "distributed": "d", "monarch": "e"}  # every other one: floor (a)
 FLOOR_NAMES = {"a": "floor (a) shm + semaphore", "b": "floor (b) mp.Queue bytes", "c": "floor (c) Ray actor call",
-               "d": "floor (d) gloo send/recv", "e": "floor (e) Monarch endpoint call"}
-LOCAL_FLOORS = ("a", "b", "d")  # measured between two processes in the interleaved rounds
+               "d": "floor (d) gloo send/recv", "e": "floor (e) Monarch endpoint call",
+               "f": "(f) = (d) + our wire framing only"}
+LOCAL_FLOORS = ("a", "b", "d", "f")  # measured between two processes in the interleaved rounds
 TARGETS = [("shared_memory", "a"), ("process_slot", "a"), ("queue", "b")]
 # our transport -> TorchRL's corresponding one, as benchmarks/torchrl_peer.py names it
 PEER_TRANSPORT = {"thread": "thread", "direct": "direct", "queue": "mp", "shared_memory": "shared_memory",
@@ -141,6 +146,37 @@ class GlooFloor:
             pg.recv([buf], 1, 0).wait()
             pg.send([buf], 1, 0).wait()
 
+    def wire(self, size: str, rank: int):
+        """(f): this transport's wire over a pair of groups of its own (the request layout both ways)."""
+        key = ("wire", size)
+        if key not in self.groups:
+            from transports._gloo import Wire, connect_store, groups
+            from transports.layout import Layout
+
+            store = connect_store(*self.address, 60, "gloo floor")
+            out, inp = groups(store, f"wire/{size}/", rank, self.address[0], "gloo")
+            layout = Layout.from_tensordict(request_td(size))
+            self.groups[key] = (store, Wire(out, inp, layout, layout, peer=1 - rank))
+        return self.groups[key][1]
+
+    def wire_echo(self, size: str, n: int) -> None:
+        from transports._gloo import REPLY, REQUEST
+
+        wire = self.wire(size, 0)
+        for _ in range(n):
+            _, rid, td = wire.recv(frozenset({REQUEST}))
+            wire.send(REPLY, rid, td)
+
+    def wire_call(self, size: str):
+        from transports._gloo import REPLY, REQUEST
+
+        wire, td, expect = self.wire(size, 1), request_td(size), frozenset({REPLY})
+
+        def call():
+            wire.send(REQUEST, 1, td)
+            return wire.recv(expect)
+        return call
+
     def call(self, size: str, nbytes: int):
         pg = self.group(size, 1)
         payload, out = torch.ones(nbytes, dtype=torch.uint8), torch.empty(nbytes, dtype=torch.uint8)
@@ -163,6 +199,8 @@ def _floor_server(conn, channels: dict, gloo: GlooFloor) -> None:
         ch = channels[size]
         if floor == "d":
             gloo.echo(size, ch.nbytes, n)
+        elif floor == "f":
+            gloo.wire_echo(size, n)
         elif floor == "a":
             req, resp = views[size]
             for _ in range(n):
@@ -182,6 +220,8 @@ def _floor_server(conn, channels: dict, gloo: GlooFloor) -> None:
 def floor_call(ch: FloorChannel, floor: str, size: str, gloo: GlooFloor | None = None):
     if floor == "d":
         return gloo.call(size, ch.nbytes)
+    if floor == "f":
+        return gloo.wire_call(size)
     if floor == "a":
         req, resp = ch.tensors()
         payload = torch.ones(ch.nbytes, dtype=torch.uint8)
@@ -473,11 +513,11 @@ def report(results, floors, sizes, client_counts, cells, peer=None) -> bool:
         print(f"\n### {size}: {SIZES[size][0]}\n")
         print("| transport | clients | p50 us | p95 us | req/s | floor p50 us | ratio |")
         print("|---|---|---|---|---|---|---|")
-        for floor in ("a", "b", "c", "d", "e"):
+        for floor in ("a", "b", "c", "d", "e", "f"):
             f = floors.get((floor, size))
             if f:
-                print(f"| {FLOOR_NAMES[floor]} | 1 | {f['p50']:.1f} | {f['p95']:.1f} | {f['rps']:.0f} | "
-                      f"{f['p50']:.1f} ({floor}) | 1.00 |")
+                against = "d" if floor == "f" else floor  # (f) is (d) plus the framing: it is read against (d)
+                _row(FLOOR_NAMES[floor], 1, f, against, floors.get((against, size)))
         for placement, transport in cells:
             floor = FLOOR_OF.get(transport, "a")
             f = floors.get((floor, size))
@@ -573,7 +613,8 @@ def main() -> None:
     print("\nratio = p50 / floor p50 at the same payload; floors are one client, so rows with more clients include "
           "queueing behind the others. (a): shared memory + semaphore doorbell; (b): multiprocessing.Queue of bytes; "
           "(c): a Ray actor call carrying the payload; (d): gloo send/recv between two processes; (e): a bare Monarch "
-          "endpoint call carrying the payload.")
+          "endpoint call carrying the payload; (f): (d) through the distributed transport's wire framing, one thread "
+          "each side, no service (against (d)).")
     if peer_note:
         print(f"\n{peer_note}")
     report(results, floors, args.sizes, args.clients, cells, peer)
