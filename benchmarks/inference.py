@@ -150,7 +150,8 @@ class GlooFloor:
         """(f): this transport's wire over a pair of groups of its own (the request layout both ways)."""
         key = ("wire", size)
         if key not in self.groups:
-            from transports._gloo import Wire, connect_store, groups
+            from transports._framing import Wire
+            from transports._gloo import connect_store, groups
             from transports.layout import Layout
 
             store = connect_store(*self.address, 60, "gloo floor")
@@ -160,7 +161,7 @@ class GlooFloor:
         return self.groups[key][1]
 
     def wire_echo(self, size: str, n: int) -> None:
-        from transports._gloo import REPLY, REQUEST
+        from transports._framing import REPLY, REQUEST
 
         wire = self.wire(size, 0)
         for _ in range(n):
@@ -168,7 +169,7 @@ class GlooFloor:
             wire.send(REPLY, rid, td)
 
     def wire_call(self, size: str):
-        from transports._gloo import REPLY, REQUEST
+        from transports._framing import REPLY, REQUEST
 
         wire, td, expect = self.wire(size, 1), request_td(size), frozenset({REPLY})
 

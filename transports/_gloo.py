@@ -1,45 +1,24 @@
-"""The mechanics under the ``distributed`` transport: a rendezvous store bound where we say, standalone
-point-to-point process groups, and the framing of one message on a pair of them.
+"""The mechanics under the ``distributed`` transport: a rendezvous store bound where we say and standalone
+point-to-point process groups (the framing of a message on a pair of them: :mod:`transports._framing`).
 
 Nothing here touches the application's default process group: every group is built directly from a store of
 its own (``ProcessGroupGloo(store, rank, 2, options)``), so ``init_process_group`` / ``destroy_process_group``
 in user code are unaffected, before and after.
-
-A message is a fixed 32-byte header (:data:`HEADER`: magic, kind, request id, an auxiliary count) and, for
-requests and replies, the payload's leaves packed in the layout's key order. Errors and shutdown reasons are
-UTF-8 JSON text of the length the header announces (at most :data:`MAX_TEXT_BYTES`). Nothing received is
-unpickled: a header with the wrong magic, an unknown kind or an oversized count is a
-:class:`MalformedMessage`, and the channel that carried it is dropped.
 """
 
 from __future__ import annotations
 
-import atexit
 import datetime
-import itertools
 import os
 import socket
-import struct
 import threading
 import time
-import weakref
 from typing import Any
 
-import numpy as np
 import torch
-from tensordict import TensorDict
 
-from .errors import ConfigurationError, PeerFailureError, TransportError, error_from_text
-from .layout import Layout
-from .local import LocalFuture
+from .errors import ConfigurationError, PeerFailureError
 
-HEADER = struct.Struct("<QqqQ")
-"""magic, kind, request id, auxiliary count (text length of ERROR / SHUTDOWN)."""
-MAGIC = 0x31445352_4C52  # "RLRSD1"
-REQUEST, REPLY, ERROR, SHUTDOWN, BYE = 1, 2, 3, 4, 5
-ANSWERS, ASKS = frozenset({REPLY, ERROR, SHUTDOWN, BYE}), frozenset({REQUEST, BYE})
-"""What a client's side receives, and what a server's side does."""
-MAX_TEXT_BYTES = 1 << 16
 IDLE = datetime.timedelta(days=30)
 """How long a receive waits (passed to every receive). An idle gloo receive that times out closes its pair, and a channel waits for
 requests as long as its peer lives: peers end channels with messages (SHUTDOWN / BYE) or by dying, which gloo
@@ -50,18 +29,8 @@ receive passes :data:`IDLE` explicitly), so a peer that dies between its announc
 other side this long, never longer: no thread stays inside gloo's rendezvous when the process ends. Generous: 64
 clients connecting at once to a server on 2 busy cores took more than 10 s (tests/components/test_load.py)."""
 BACKENDS = ("gloo", "nccl")
-SEND_TIMEOUT_S = 10.0
-"""Seconds a send waits for its peer to post the matching receive (peers always keep one posted)."""
-_WAITS = {SEND_TIMEOUT_S: datetime.timedelta(seconds=SEND_TIMEOUT_S)}
-SMALL_BYTES = 1 << 16
-"""Messages up to this size land in one buffer per endpoint and their leaves are copied out; larger ones land in
-a fresh buffer whose views become the leaves (no copy)."""
 POLL_S = (0.0005, 0.02)
 """Store polling pauses: the first, and the longest (the pause doubles while nothing comes)."""
-
-
-class MalformedMessage(TransportError):
-    """A control message that is not one of ours: the channel that carried it is dropped, nothing is executed."""
 
 
 def check_backend(backend: str, path: str = "transport_options.backend") -> None:
@@ -154,187 +123,6 @@ def _device(host: str):
         return _DEVICES[key]
 
 
-class Wire:
-    """One side of one endpoint: sends on one group, receives on the other.
-
-    With gloo the header and the payload travel as one message; with NCCL the header (and any text) rides the
-    gloo control groups and the payload the NCCL groups, posted only once a header announced it. Sends copy the
-    payload's leaves into one buffer allocated once (checking each leaf against the layout on the way); messages
-    up to :data:`SMALL_BYTES` land in one buffer per endpoint and their leaves are copied out, larger ones land in
-    a fresh buffer whose views become the received TensorDict's leaves (no copy after the receive).
-
-    Args:
-        out: ``(control group, payload group or None)`` this side sends on.
-        inp: the same for receiving.
-        send_layout: layout of what this side sends (``None``: control messages only).
-        recv_layout: layout of what it receives.
-        peer: the other rank.
-    """
-
-    def __init__(self, out: tuple, inp: tuple, send_layout: Layout | None, recv_layout: Layout | None, peer: int):
-        self.out, self.inp, self.peer = out, inp, peer
-        self.send_layout, self.recv_layout = send_layout, recv_layout
-        self._combined_out, self._combined_in = out[1] is None, inp[1] is None
-        self._send_buf, self._send_views = _buffers(send_layout, self._combined_out)
-        self._recv_size = _buffers(recv_layout, self._combined_in, allocate=False)
-        self._header = torch.zeros(HEADER.size, dtype=torch.uint8)
-        self._recv_header = torch.zeros(HEADER.size, dtype=torch.uint8)
-        self._flat = recv_layout is None or all(len(leaf.key) == 1 for leaf in recv_layout)
-        # made once: what each send and receive would otherwise rebuild (torch ops cost microseconds each)
-        self._send_np = (self._send_buf if self._combined_out else self._header).numpy()
-        self._send_all = [self._send_buf] if self._combined_out else [self._header]
-        self._send_control = [self._send_buf[: HEADER.size]] if self._combined_out else [self._header]
-        self._checks = [(_key(leaf.key), leaf.shape, leaf.dtype, torch.device(leaf.device), self._send_views[leaf.key],
-                         _host_array(self._send_views[leaf.key])) for leaf in send_layout or ()]
-        small = self._combined_in and self._recv_size <= SMALL_BYTES  # small payloads: one buffer, leaves cloned
-        self._recv_buf, views = _buffers(recv_layout, True) if small else (None, {})
-        self._recv_np = None if self._recv_buf is None else self._recv_buf.numpy()
-        self._recv_views = [(_key(key) if self._flat else key, view, _host_array(view)) for key, view in views.items()]
-        self._recv_start = HEADER.size if self._combined_in else 0
-        self._recv_batch = torch.Size(recv_layout.batch_size) if recv_layout is not None else None
-        self.lock = threading.Lock()  # one sender at a time on this side
-        self._inflight: list = []  # (work, tensors it reads) of sends not yet known complete
-
-    def send(self, kind: int, rid: int, values: Any = None, row: int | None = None, text: str = "",
-             timeout: float = SEND_TIMEOUT_S) -> None:
-        """Send one message: ``values`` (a TensorDict holding at least the send layout's keys; ``row``: take row
-        ``row`` of each leaf) for REQUEST / REPLY, ``text`` for ERROR / SHUTDOWN.
-
-        A gloo send completes only once the peer posts its receive; a peer that has not within ``timeout``
-        seconds (hung, stopped) loses the channel: torch raises here and closes the pair, and the peer sees a
-        closed connection.
-
-        Raises:
-            LayoutError: a declared key is missing or its value has another shape, dtype or device (nothing is sent).
-        """
-        wait = _WAITS.get(timeout) or datetime.timedelta(seconds=timeout)
-        data = text.encode()[:MAX_TEXT_BYTES] if text else b""
-        with self.lock:
-            self._settle(wait)  # the previous message left the buffer (its completion is off the critical path)
-            if values is not None:
-                self._fill(values, row)
-            HEADER.pack_into(self._send_np, 0, MAGIC, kind, rid, len(data))
-            sent = self._send_all if values is not None else self._send_control
-            self._inflight.append((self.out[0].send(sent, self.peer, 0), sent))
-            if values is not None and not self._combined_out:  # pragma: no cover - NCCL
-                self._inflight.append((self.out[1].send([self._send_buf], self.peer, 0), None))
-            if data:
-                text_buf = [torch.frombuffer(bytearray(data), dtype=torch.uint8)]
-                self._inflight.append((self.out[0].send(text_buf, self.peer, 0), text_buf))
-            if kind not in (REQUEST, REPLY):
-                self._settle(wait)  # control messages are rare: wait, so the caller knows they left
-
-    def _settle(self, wait: datetime.timedelta) -> None:
-        """Wait for the sends still in flight (the buffers they read are reused next)."""
-        while self._inflight:
-            work, _ = self._inflight[0]
-            work.wait(wait)
-            self._inflight.pop(0)
-
-    def _fill(self, values: Any, row: int | None) -> None:
-        leaves = values._tensordict if type(values) is TensorDict else None  # its top-level entries, read directly
-        for key, shape, dtype, device, view, array in self._checks:
-            value = leaves.get(key) if leaves is not None and type(key) is str else values.get(key, None)
-            if not isinstance(value, torch.Tensor) or value.dtype != dtype or value.device != device or \
-                    (value.shape if row is None else value.shape[1:]) != shape:
-                self.send_layout.validate(values if row is None else values[row])  # raises the precise error
-            if array is not None:
-                try:  # NumPy (one thread, and indexing a row costs less than in torch)
-                    source = value.numpy()
-                    np.copyto(array, source if row is None else source[row])
-                    continue
-                except (RuntimeError, TypeError):  # requires grad, a conjugate or negative view: torch's own copy
-                    pass
-            view.copy_(value if row is None else value[row])
-
-    def recv(self, expect: frozenset) -> tuple[int, int, Any]:
-        """Wait for one message of a kind in ``expect``: ``(kind, request id, payload TensorDict or text)``.
-
-        Raises:
-            MalformedMessage: not one of ours.
-            RuntimeError: the connection closed (the peer died); raised by torch.
-        """
-        small = self._recv_buf is not None
-        buf = self._recv_buf if small else torch.empty(self._recv_size, dtype=torch.uint8)
-        header = buf[: HEADER.size] if self._combined_in and not small else self._recv_header
-        self.inp[0].recv([buf if self._combined_in else header], self.peer, 0).wait(IDLE)
-        magic, kind, rid, aux = HEADER.unpack_from(self._recv_np if small else header.numpy(), 0)
-        if magic != MAGIC or kind not in expect or aux > MAX_TEXT_BYTES:
-            raise MalformedMessage(f"malformed control message (magic {magic:#x}, kind {kind}, count {aux})")
-        if kind in (REQUEST, REPLY):
-            if not self._combined_in:  # pragma: no cover - NCCL
-                buf = _buffers(self.recv_layout, False)[0]
-                self.inp[1].recv([buf], self.peer, 0).wait(IDLE)
-            return kind, rid, self._payload(buf)
-        text = ""
-        if aux:
-            data = torch.empty(aux, dtype=torch.uint8)
-            self.inp[0].recv([data], self.peer, 0).wait(IDLE)
-            text = data.numpy().tobytes().decode("utf-8", errors="replace")
-        return kind, rid, text
-
-    def _payload(self, buf: torch.Tensor) -> TensorDict:
-        if buf is self._recv_buf:  # small: copies of the leaves (the buffer takes the next message)
-            leaves = {key: view.clone() if array is None else torch.from_numpy(array.copy())
-                      for key, view, array in self._recv_views}
-        else:  # large: the fresh buffer's views are the leaves
-            leaves = {_key(key) if self._flat else key: view
-                      for key, view in _views(buf, self.recv_layout, self._recv_start).items()}
-        if self._flat:
-            return TensorDict._new_unsafe(leaves, batch_size=self._recv_batch)
-        out = TensorDict(batch_size=self.recv_layout.batch_size)
-        for key, value in leaves.items():
-            out.set(key, value)
-        return out
-
-
-def _host_array(view: torch.Tensor):
-    """A NumPy view of a CPU buffer view, through which it is copied (``None``: a dtype NumPy lacks, or CUDA).
-
-    The transport's own copies are plain single-threaded memcpys this way: torch splits a copy of more than 32K
-    elements across its intra-op threads, whose spinning afterwards took a core of two from the peer (a 1 MiB
-    round trip in a process with torch's default threads: 1.9 ms, against 1.1 ms)."""
-    try:
-        return view.numpy() if view.device.type == "cpu" else None
-    except TypeError:  # bfloat16 and the like
-        return None
-
-
-def _key(key: tuple) -> Any:
-    """A TensorDict key as its cheapest form: a string for a top-level key."""
-    return key[0] if len(key) == 1 else key
-
-
-def _offsets(layout: Layout, start: int) -> list[int]:
-    """Where each leaf starts in a message buffer: 8-byte aligned, so any dtype views it."""
-    offsets, end = [], start
-    for leaf in layout:
-        offsets.append(end)
-        end += -(-leaf.nbytes // 8) * 8
-    return offsets
-
-
-def _buffers(layout: Layout | None, with_header: bool, allocate: bool = True):
-    """One flat buffer for a layout (after the header when they travel together) and a typed view per leaf; with
-    ``allocate=False`` only its size."""
-    start = HEADER.size if with_header else 0
-    offsets = _offsets(layout, start) if layout is not None else []
-    size = (offsets[-1] + -(-layout.leaves[-1].nbytes // 8) * 8) if offsets else start
-    if not allocate:
-        return size
-    device = "cpu" if with_header or layout is None or not layout.leaves else layout.leaves[0].device
-    buf = torch.zeros(size, dtype=torch.uint8, device=device)
-    return buf, _views(buf, layout, start)
-
-
-def _views(buf: torch.Tensor, layout: Layout | None, start: int) -> dict:
-    """A typed view of ``buf`` per leaf of ``layout``, at the offsets :func:`_offsets` gives."""
-    if layout is None:
-        return {}
-    return {leaf.key: buf[offset:offset + leaf.nbytes].view(leaf.dtype).view(leaf.shape)
-            for leaf, offset in zip(layout, _offsets(layout, start))}
-
-
 def wait_answer(store, n: int, timeout: float, what: str) -> bytes:
     """The server's answer to announcement ``n`` (``ok`` or ``reject <error text>``), polled from the store.
 
@@ -363,59 +151,3 @@ def groups(store, prefix: str, rank: int, host: str, backend: str) -> tuple[tupl
     return (made[1], made[0]) if rank == 0 else (made[0], made[1])
 
 
-_OPEN: "weakref.WeakSet[Connection]" = weakref.WeakSet()  # this process's, closed when it exits
-
-
-class Connection:
-    """A client's connected endpoint in one process: its wire, the requests in flight, the receiving thread. Closed
-    when the process exits: a receiving thread inside gloo while the interpreter finalizes can abort the process."""
-
-    def __init__(self, wire: Wire, name: str):
-        self.wire, self.name = wire, name
-        self.pending: dict[int, LocalFuture] = {}
-        self.lock = threading.Lock()
-        self.problem: str | None = None
-        self.ids = itertools.count(1)
-        self.thread = threading.Thread(target=self._receive, name=f"{name}-client-rx", daemon=True)
-        self.thread.start()
-        _OPEN.add(self)
-
-    def close(self, timeout: float = 2.0) -> None:
-        """Say BYE; the server answers BYE, which ends the receiving thread (waited for up to ``timeout``)."""
-        if not self.thread.is_alive():
-            return
-        try:
-            self.wire.send(BYE, 0, timeout=timeout)
-        except Exception:  # noqa: BLE001 - the server is gone: the receiving thread ends on its own
-            pass
-        self.thread.join(timeout)
-
-    def _receive(self) -> None:
-        problem = f"the {self.name} server closed the connection (its process died)"
-        try:
-            while True:
-                kind, rid, payload = self.wire.recv(ANSWERS)
-                if kind == BYE:  # the answer to this side's BYE (close)
-                    problem = f"the {self.name} endpoint was closed in this process"
-                    return
-                if kind == SHUTDOWN:
-                    problem = f"the {self.name} server shut down ({payload or 'no reason given'})"
-                    self.wire.send(BYE, 0)  # ends the server's receiving thread for this endpoint
-                    return
-                with self.lock:
-                    future = self.pending.pop(rid, None)
-                if future is not None:
-                    future.set_result(payload) if kind == REPLY else future.set_exception(error_from_text(payload))
-        except MalformedMessage as exc:
-            problem = f"the {self.name} server sent {exc}"
-        except Exception:  # noqa: BLE001 - the connection closed
-            pass
-        finally:
-            with self.lock:
-                self.problem = problem
-                pending, self.pending = self.pending, {}
-            for future in pending.values():
-                future.set_exception(PeerFailureError(problem))
-
-
-atexit.register(lambda: [connection.close(timeout=1.0) for connection in list(_OPEN)])

@@ -39,8 +39,8 @@ from typing import Any, Mapping
 from tensordict import TensorDict, TensorDictBase
 
 from . import _gloo
-from ._gloo import ASKS, BYE, ERROR, POLL_S, REPLY, REQUEST, SEND_TIMEOUT_S, SHUTDOWN, Connection, MalformedMessage, \
-    Wire, check_backend, check_options, connect_store, groups, open_store, wait_answer
+from ._framing import ASKS, BYE, ERROR, REPLY, REQUEST, SEND_TIMEOUT_S, SHUTDOWN, Connection, MalformedMessage, Wire
+from ._gloo import POLL_S, check_backend, check_options, connect_store, groups, open_store, wait_answer
 from .base import Batch, RequestReplyTransport, ServerEndpoint, drain
 from .config import TransportConfig
 from .errors import LayoutError, PeerFailureError, TransportError, error_from_text, error_to_text
