@@ -142,6 +142,27 @@ def wait_answer(store, n: int, timeout: float, what: str) -> bytes:
     return store.get(f"answer/{n}")
 
 
+class Gap:
+    """Whether the server should give up waiting for endpoint ``n``'s announcement: a client takes its number and
+    announces itself right after, so a number still silent ``grace`` seconds after a later one was taken belongs to
+    a process that ended in between. The counter is read at most once a second (the server polls much faster)."""
+
+    def __init__(self, grace: float):
+        self.grace, self.number, self.since, self.read = grace, -1, 0.0, 0.0
+
+    def skips(self, n: int, store) -> bool:
+        now = time.monotonic()
+        if n != self.number:
+            self.number, self.since, self.read = n, now, 0.0
+        if now - self.read < 1.0:
+            return False
+        self.read = now
+        if int(store.add("endpoints", 0)) <= n + 1:  # no later number taken: n may still be on its way
+            self.since = now
+            return False
+        return now - self.since > self.grace and not store.check([f"hello/{n}"])
+
+
 def groups(store, prefix: str, rank: int, host: str, backend: str) -> tuple[tuple, tuple]:
     """Both directions' groups of one endpoint, built in the same order on both sides: ``(out, inp)`` for
     ``rank`` (0: the server). NCCL payload groups get gloo control groups beside them."""

@@ -40,7 +40,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from . import _gloo
 from ._framing import ASKS, BYE, ERROR, REPLY, REQUEST, SEND_TIMEOUT_S, SHUTDOWN, Connection, MalformedMessage, Wire
-from ._gloo import POLL_S, check_backend, check_options, connect_store, groups, open_store, wait_answer
+from ._gloo import POLL_S, Gap, check_backend, check_options, connect_store, groups, open_store, wait_answer
 from .base import Batch, RequestReplyTransport, ServerEndpoint, drain
 from .config import TransportConfig
 from .errors import LayoutError, PeerFailureError, TransportError, error_from_text, error_to_text
@@ -131,9 +131,7 @@ class DistributedTransport(RequestReplyTransport):
 
 
 def _as_layout(value) -> Layout | None:
-    if value is None or isinstance(value, Layout):
-        return value
-    return Layout.from_tensordict(value)
+    return value if value is None or isinstance(value, Layout) else Layout.from_tensordict(value)
 
 
 @dataclass(frozen=True)
@@ -179,15 +177,19 @@ class DistributedServer(ServerEndpoint):
 
     # ------------------------------------------------------------------ accepting
     def _accept(self) -> None:
-        n, pause = 0, POLL_S[0]
+        n, pause, gap = 0, POLL_S[0], Gap(self.address.connect_timeout / 3)
         while not self._stop.is_set():
             try:
-                if not self._store.check([f"hello/{n}"]):
+                if self._store.check([f"hello/{n}"]):
+                    pause = POLL_S[0]
+                    self._admit(n, self._store.get(f"hello/{n}"))
+                elif gap.skips(n, self._store):
+                    log.warning("%s: endpoint %d was never announced (its process ended after taking the number); "
+                                "accepting the ones after it", self.address.name, n)
+                else:
                     self._stop.wait(pause)
                     pause = min(pause * 2, POLL_S[1])
                     continue
-                pause = POLL_S[0]
-                self._admit(n, self._store.get(f"hello/{n}"))
             except Exception as exc:  # noqa: BLE001 - one bad endpoint never stops the others
                 if self._stop.is_set():
                     return

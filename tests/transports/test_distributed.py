@@ -237,6 +237,24 @@ def test_garbage_in_the_store_is_refused_without_executing_anything(served, tmp_
     assert client.submit(request(1.0)).result(10)["action"][0].item() == 3.0
 
 
+def test_a_number_taken_but_never_announced_does_not_stop_the_server_accepting(caplog):
+    """A client whose process ends between taking its endpoint number and announcing itself leaves a gap in the
+    numbers: the server skips it (once later numbers are taken and a third of the connect timeout has passed)
+    and accepts the endpoints after it."""
+    transport = DistributedTransport(REQUEST_TD, RESPONSE_TD, name="echo", connect_timeout=3.0)
+    server = EchoServer(transport)
+    try:
+        a = transport.address
+        store = connect_store(a.host, a.port, 10, "test")
+        gap = store.add("endpoints", 1) - 1  # taken, never announced: the process died here
+        client = transport.client()
+        assert client.submit(request(1.0)).result(10)["action"][0].item() == 3.0
+        assert f"endpoint {gap} was never announced" in caplog.text
+    finally:
+        server.close()
+        transport.close()
+
+
 def test_a_client_announcing_another_layout_is_refused_with_a_layout_error(served):
     transport, _ = served
     other = transport.client().bind("call", TensorDict({"obs": torch.zeros(3)}), RESPONSE_TD)
