@@ -243,9 +243,9 @@ def floor_call(ch: FloorChannel, floor: str, size: str, gloo: GlooFloor | None =
 
 
 # ---------------------------------------------------------------------------------------------- workers
-def _worker(conn, clients: dict, channels: dict | None, gloo: GlooFloor | None = None) -> None:
+def _worker(conn, clients: dict, channels: dict | None, gloo: GlooFloor | None = None, threads: int = 1) -> None:
     """A client process: runs the round trips the main process asks for and sends back the latencies."""
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     conn.send("ready")
     while True:
         msg = conn.recv()
@@ -323,7 +323,7 @@ def run_thread_cells(cells, sizes, client_counts, quick, results) -> None:
                 server.shutdown()
 
 
-def run_process_cells(cells, sizes, client_counts, quick, results, floors) -> None:
+def run_process_cells(cells, sizes, client_counts, quick, results, floors, threads: int = 1) -> None:
     ctx = mp.get_context("spawn")
     max_clients = max(client_counts)
     with contextlib.ExitStack() as stack:
@@ -365,7 +365,7 @@ def run_process_cells(cells, sizes, client_counts, quick, results, floors) -> No
             clients = {key: s.client() for key, s in servers.items()}
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_worker, args=(child, clients, channels if i == 0 else None,
-                                                     gloo if i == 0 else None), daemon=True)
+                                                     gloo if i == 0 else None, threads), daemon=True)
             proc.start()
             stack.callback(_stop_process, proc, parent)
             conns.append(parent)
@@ -577,8 +577,11 @@ def main() -> None:
     parser.add_argument("--transports", nargs="+", default=[t for _, t in CELLS], choices=[t for _, t in CELLS])
     parser.add_argument("--peer-python", metavar="PATH", default=None,
                         help="python of an environment with torchrl 0.14.1: also measure TorchRL's transports")
+    parser.add_argument("--client-torch-threads", type=int, default=1, metavar="N",
+                        help="torch intra-op threads of the clients' processes (default 1, as the launcher's driver "
+                             "and every owner run; torch's own default is one per core)")
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.client_torch_threads)
 
     cells = [c for c in CELLS if c[1] in args.transports]
     results: dict = {}
@@ -587,7 +590,8 @@ def main() -> None:
     run_thread_cells([c for c in cells if c[0] == "thread"], args.sizes, args.clients, args.quick, results)
     # The floors run with the process cells (their client is worker 0), so they are measured even when only
     # thread transports are selected.
-    run_process_cells([c for c in cells if c[0] == "process"], args.sizes, args.clients, args.quick, results, floors)
+    run_process_cells([c for c in cells if c[0] == "process"], args.sizes, args.clients, args.quick, results, floors,
+                      args.client_torch_threads)
     if any(c[0] == "ray" for c in cells):
         run_ray_cells([c for c in cells if c[0] == "ray"], args.sizes, args.clients, args.quick, results, floors)
     if any(c[0] == "monarch" for c in cells):
@@ -610,7 +614,8 @@ def main() -> None:
                          + f". Skipped: {skipped}.")
 
     print(f"# Inference round trips (median over round trips; {os.cpu_count()} CPUs; torch {torch.__version__}; "
-          f"{'quick' if args.quick else 'full'} run, {elapsed:.0f} s)")
+          f"{'quick' if args.quick else 'full'} run, {elapsed:.0f} s; clients' torch threads "
+          f"{args.client_torch_threads})")
     print("\nratio = p50 / floor p50 at the same payload; floors are one client, so rows with more clients include "
           "queueing behind the others. (a): shared memory + semaphore doorbell; (b): multiprocessing.Queue of bytes; "
           "(c): a Ray actor call carrying the payload; (d): gloo send/recv between two processes; (e): a bare Monarch "
