@@ -23,7 +23,7 @@ from components.resolution import Resolved, resolve_component
 from components.scope import service_backend, transport_backend
 from recipes import RECIPES, Recipe, get_recipe
 from transports.errors import ConfigurationError, IncompatibleCombinationError
-from transports.kinds import DISTANCE, reaches
+from transports.kinds import DISTANCE, reaches, transport_label
 
 from .preflight import check_values
 
@@ -83,15 +83,17 @@ class LaunchPlan:
 
     def to_dict(self) -> dict:
         data = {"recipe": self.recipe, "env_id": self.env_id, "env_backend": self.env_backend, "seed": self.seed,
-                "components": [{"name": c.name, **asdict(c)} for c in self.components]}
+                "components": [{"name": c.name, **asdict(c), "transport_label": transport_label(c.transport,
+                                                                                                c.transport_options)}
+                               for c in self.components]}
         return json.loads(json.dumps(data, default=str))
 
     def render(self) -> str:
         """The plan as a text table (what the dry run prints)."""
         head = ("#", "component", "placement", "transport", "status", "depends on", "why")
         rows = [
-            (str(i + 1), c.name, f"{c.placement} ({c.placement_from})", c.transport,
-             "ok" if c.built else "NOT IMPLEMENTED YET", ", ".join(c.depends_on) or "-", c.transport_reason)
+            (str(i + 1), c.name, f"{c.placement} ({c.placement_from})",
+             transport_label(c.transport, c.transport_options), "ok" if c.built else "NOT IMPLEMENTED YET", ", ".join(c.depends_on) or "-", c.transport_reason)
             for i, c in enumerate(self.components)
         ]
         widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]

@@ -15,6 +15,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from transports.kinds import transport_label
+
 ROUNDS = 20
 WARMUP = 3
 
@@ -38,21 +40,22 @@ def probe(plan: Any, clients: dict, policy: Any, rounds: int = ROUNDS) -> list[d
     request = inference.layouts.get("request") if inference is not None else None
     if request is not None:
         td, client = request.zeros(), clients["inference"]
-        out.append({"edge": "collector -> inference", "transport": inference.transport,
+        out.append({"edge": "collector -> inference", "transport": transport_label(inference.transport, inference.transport_options),
                     "placement": inference.placement, **_timed(lambda: client.submit(td).result(30), rounds)})
     buffer = clients["replay"]
-    out.append({"edge": "learner -> replay (command)", "transport": replay.transport, "placement": replay.placement,
+    out.append({"edge": "learner -> replay (command)", "transport": transport_label(replay.transport, replay.transport_options), "placement": replay.placement,
                 **_timed(lambda: len(buffer), rounds)})
     sync = clients["weight_sync"]
-    out.append({"edge": "learner -> weight push", "transport": weights.transport, "placement": weights.placement,
+    out.append({"edge": "learner -> weight push", "transport": transport_label(weights.transport, weights.transport_options),
+                "placement": weights.placement,
                 **_timed(lambda: sync.push(policy), max(3, rounds // 4))})
     return out
 
 
 def render(records: list[dict]) -> str:
     lines = ["probe (round trips from the driver; us):",
-             f"  {'edge':<28} {'placement':<10} {'transport':<13} {'p50':>9} {'p95':>9}"]
+             f"  {'edge':<28} {'placement':<10} {'transport':<20} {'p50':>9} {'p95':>9}"]
     for r in records:
-        lines.append(f"  {r['edge']:<28} {r['placement']:<10} {r['transport']:<13} {r['p50_us']:>9.1f} "
+        lines.append(f"  {r['edge']:<28} {r['placement']:<10} {r['transport']:<20} {r['p50_us']:>9.1f} "
                      f"{r['p95_us']:>9.1f}")
     return "\n".join(lines)

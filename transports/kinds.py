@@ -55,6 +55,14 @@ DISTANCE: dict[str, str] = {
     "monarch": "cluster",
 }
 _ORDER = {"process": 0, "host": 1, "cluster": 2}
+# Kinds whose payloads ride a wire chosen by an option: that option and its default (the transport's own).
+WIRES: dict[str, tuple[str, str]] = {"distributed": ("backend", "gloo")}
+
+
+def transport_label(kind: str, options: dict | None = None) -> str:
+    """``kind`` as the plan prints it: with the wire it rides where there is a choice (``distributed (gloo)``)."""
+    wire = WIRES.get(kind)
+    return kind if wire is None else f"{kind} ({(options or {}).get(wire[0], wire[1])})"
 
 
 def reaches(transport: str, placement: str) -> bool:

@@ -102,6 +102,16 @@ def test_unreachable_dependencies_are_rejected(compose_cfg):
         build_plan(compose_cfg("+recipe=ppo", "components.inference.placement=process"))
 
 
+def test_the_plan_shows_which_edges_ride_gloo(compose_cfg):
+    plan = build_plan(compose_cfg("+recipe=ppo", "service=ray", "transport=distributed"))
+    rows = {line.split()[1]: line for line in plan.render().splitlines()[2:7]}
+    for name in ("inference", "replay", "weight_sync"):
+        assert "distributed (gloo)" in rows[name]
+    assert "distributed" not in rows["logger"].split("  auto")[0]  # the logger stays on Ray's control plane
+    labels = {c["name"]: c["transport_label"] for c in plan.to_dict()["components"]}
+    assert labels["inference"] == "distributed (gloo)" and labels["logger"] == "ray"
+
+
 def test_worker_ranks_move_an_unplaced_server_within_reach(compose_cfg):
     plan = build_plan(compose_cfg("+recipe=ppo", "components.collector.placement=distributed",
                                   "components.collector.num_collectors=2"))
