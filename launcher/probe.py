@@ -6,6 +6,10 @@ the inference server (the call every collector worker makes), a replay command (
 every replay call), and a weight push of the recipe's policy (what the learner does after each update). The
 medians and 95th percentiles are printed beside the plan and written into ``plan.json`` under ``probe``. The
 pushes publish fresh weights of the recipe's own policy; the recipe publishes its own right after.
+
+There is no ``collector -> replay`` row: in the plans the launcher builds, collector workers hand their rollouts
+to the learner, which writes them to the buffer (the ``learner -> replay`` edge); nothing is written to the
+buffer before training, so the probe leaves its contents and its sampling as the recipe finds them.
 """
 
 from __future__ import annotations
