@@ -115,7 +115,7 @@ def test_a_killed_child_is_reported_once_and_calls_fail():
         pid = host.pid
         os.kill(pid, signal.SIGKILL)
         wait_until(lambda: deaths, timeout=10, what="the death report")
-        assert deaths == [f"the doomed process died (killed by SIGKILL)"]
+        assert deaths == ["the doomed process died (killed by SIGKILL)"]
         with pytest.raises(PeerFailureError):
             host.call("add", 1, 2)
     finally:
