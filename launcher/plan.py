@@ -83,8 +83,8 @@ class LaunchPlan:
 
     def to_dict(self) -> dict:
         data = {"recipe": self.recipe, "env_id": self.env_id, "env_backend": self.env_backend, "seed": self.seed,
-                "components": [{"name": c.name, **asdict(c), "transport_label": transport_label(c.transport,
-                                                                                                c.transport_options)}
+                "components": [{"name": c.name, **asdict(c),
+                                "transport_label": transport_label(c.transport, c.transport_options)}
                                for c in self.components]}
         return json.loads(json.dumps(data, default=str))
 
@@ -93,7 +93,8 @@ class LaunchPlan:
         head = ("#", "component", "placement", "transport", "status", "depends on", "why")
         rows = [
             (str(i + 1), c.name, f"{c.placement} ({c.placement_from})",
-             transport_label(c.transport, c.transport_options), "ok" if c.built else "NOT IMPLEMENTED YET", ", ".join(c.depends_on) or "-", c.transport_reason)
+             transport_label(c.transport, c.transport_options), "ok" if c.built else "NOT IMPLEMENTED YET",
+             ", ".join(c.depends_on) or "-", c.transport_reason)
             for i, c in enumerate(self.components)
         ]
         widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]

@@ -44,16 +44,19 @@ def probe(plan: Any, clients: dict, policy: Any, rounds: int = ROUNDS) -> list[d
     request = inference.layouts.get("request") if inference is not None else None
     if request is not None:
         td, client = request.zeros(), clients["inference"]
-        out.append({"edge": "collector -> inference", "transport": transport_label(inference.transport, inference.transport_options),
-                    "placement": inference.placement, **_timed(lambda: client.submit(td).result(30), rounds)})
+        out.append({"edge": "collector -> inference", **_where(inference),
+                    **_timed(lambda: client.submit(td).result(30), rounds)})
     buffer = clients["replay"]
-    out.append({"edge": "learner -> replay (command)", "transport": transport_label(replay.transport, replay.transport_options), "placement": replay.placement,
-                **_timed(lambda: len(buffer), rounds)})
+    out.append({"edge": "learner -> replay (command)", **_where(replay), **_timed(lambda: len(buffer), rounds)})
     sync = clients["weight_sync"]
-    out.append({"edge": "learner -> weight push", "transport": transport_label(weights.transport, weights.transport_options),
-                "placement": weights.placement,
+    out.append({"edge": "learner -> weight push", **_where(weights),
                 **_timed(lambda: sync.push(policy), max(3, rounds // 4))})
     return out
+
+
+def _where(component: Any) -> dict:
+    return {"transport": transport_label(component.transport, component.transport_options),
+            "placement": component.placement}
 
 
 def render(records: list[dict]) -> str:
