@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from .errors import ConfigurationError, PeerFailureError
+from .kinds import WIRES
 
 IDLE = datetime.timedelta(days=30)
 """How long a receive waits (passed to every receive). An idle gloo receive that times out closes its pair, and a channel waits for
@@ -29,6 +30,9 @@ receive passes :data:`IDLE` explicitly), so a peer that dies between its announc
 other side this long, never longer: no thread stays inside gloo's rendezvous when the process ends. Generous: 64
 clients connecting at once to a server on 2 busy cores took more than 10 s (tests/components/test_load.py)."""
 BACKENDS = ("gloo", "nccl")
+DEFAULT_BACKEND = WIRES["distributed"][1]
+"""The backend when ``transport_options`` names none (declared in :data:`transports.kinds.WIRES`, which the plan
+prints)."""
 POLL_S = (0.0005, 0.02)
 """Store polling pauses: the first, and the longest (the pause doubles while nothing comes)."""
 
@@ -44,7 +48,7 @@ def check_backend(backend: str, path: str = "transport_options.backend") -> None
 
 def check_options(options, *, path: str = "transport_options") -> None:
     """The distributed transport's option values, checked while planning (``nccl`` needs CUDA on this machine)."""
-    check_backend(options.get("backend", "gloo"), path=f"{path}.backend")
+    check_backend(options.get("backend", DEFAULT_BACKEND), path=f"{path}.backend")
     for name in ("connect_timeout", "max_payload_mb"):
         value = options.get(name, 1)
         if not isinstance(value, (int, float)) or value <= 0:

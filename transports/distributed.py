@@ -40,7 +40,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from . import _gloo
 from ._framing import ASKS, BYE, ERROR, REPLY, REQUEST, SEND_TIMEOUT_S, SHUTDOWN, Connection, MalformedMessage, Wire
-from ._gloo import POLL_S, Gap, check_backend, check_options, connect_store, groups, open_store, wait_answer
+from ._gloo import DEFAULT_BACKEND, POLL_S, Gap, check_backend, check_options, connect_store, groups, open_store, wait_answer
 from .base import Batch, RequestReplyTransport, ServerEndpoint, drain
 from .config import TransportConfig
 from .errors import LayoutError, PeerFailureError, TransportError, error_from_text, error_to_text
@@ -86,9 +86,9 @@ class DistributedTransport(RequestReplyTransport):
     fixed_layout = True
     cross_process = True
 
-    def __init__(self, request_layout=None, response_layout=None, backend: str = "gloo", host: str = "127.0.0.1",
-                 port: int = 0, connect_timeout: float = 30.0, max_payload_mb: float = 1024, name: str = "service",
-                 operations: Mapping[str, tuple] | None = None):
+    def __init__(self, request_layout=None, response_layout=None, backend: str = DEFAULT_BACKEND,
+                 host: str = "127.0.0.1", port: int = 0, connect_timeout: float = 30.0, max_payload_mb: float = 1024,
+                 name: str = "service", operations: Mapping[str, tuple] | None = None):
         super().__init__()
         check_backend(backend)
         self.request_layout = _as_layout(request_layout)
