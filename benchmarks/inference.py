@@ -391,8 +391,7 @@ def run_process_cells(cells, sizes, client_counts, quick, results, floors, threa
         # The floors and the one-client cells run in ROUNDS interleaved rounds: this machine's wake-up latency
         # drifts by several times within minutes, so each transport is compared with the floor measured beside it.
         for size in sizes:
-            warmup, n = counts(size, 1, quick)
-            warmup, n = max(10, warmup // ROUNDS), max(MIN_PER_CLIENT // 2, n // ROUNDS)
+            warmup, n = per_round(*counts(size, 1, quick))
             parts: dict = {}
             for _ in range(ROUNDS):
                 for floor in LOCAL_FLOORS:
@@ -426,7 +425,7 @@ def run_process_cells(cells, sizes, client_counts, quick, results, floors, threa
 
 def _rounds_beside_floor_d(label: str, client, size: str, warmup: int, n: int, floor, results) -> None:
     floor_conn, gloo, channels = floor
-    warmup, n = max(10, warmup // ROUNDS), max(MIN_PER_CLIENT // 2, n // ROUNDS)
+    warmup, n = per_round(warmup, n)
     td, ours, theirs, call = request_td(size), [], [], None
     for _ in range(ROUNDS):
         floor_conn.send(("d", size, warmup + n))
@@ -492,6 +491,11 @@ def run_monarch_cells(cells, sizes, client_counts, quick, results, floors) -> No
     finally:
         procs.stop().get()
     run_thread_cells(cells, sizes, client_counts, quick, results)
+
+
+def per_round(warmup: int, n: int) -> tuple[int, int]:
+    """One interleaved round's share of a cell's (warm-up, measured) round trips."""
+    return max(10, warmup // ROUNDS), max(MIN_PER_CLIENT // 2, n // ROUNDS)
 
 
 def _pooled(parts: list) -> dict:
