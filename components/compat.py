@@ -15,7 +15,7 @@ from typing import Mapping
 
 from transports.config import TransportConfig
 from transports.errors import IncompatibleCombinationError, NotImplementedYetError
-from transports.kinds import PLACEMENTS, TRANSPORT_KINDS
+from transports.kinds import PLACEMENTS, transport_kinds
 from transports.resolver import Resolution, TransportContext
 
 from .declaration import NOT_YET, SUPPORTED, Cell, Declaration
@@ -42,9 +42,31 @@ def _assemble() -> dict[str, Declaration]:
     return declarations
 
 
-DECLARATIONS: Mapping[str, Declaration] = _assemble()
+DECLARATIONS: dict[str, Declaration] = _assemble()
+"""component -> its :class:`Declaration`, in table order."""
 COMPONENTS: tuple[str, ...] = tuple(DECLARATIONS)
-TABLE: Mapping[tuple[str, str], Cell] = {(c.component, c.placement): c for d in DECLARATIONS.values() for c in d.cells}
+
+
+class _Table(Mapping):
+    """``(component, placement) -> Cell``, read from :data:`DECLARATIONS` on every lookup (so the table is always
+    what the declarations say)."""
+
+    def __getitem__(self, key: tuple[str, str]) -> Cell:
+        declared = DECLARATIONS.get(key[0])
+        found = [cell for cell in (declared.cells if declared is not None else ()) if (cell.component, cell.placement) == key]
+        if not found:
+            raise KeyError(key)
+        return found[0]
+
+    def __iter__(self):
+        return ((c.component, c.placement) for d in DECLARATIONS.values() for c in d.cells)
+
+    def __len__(self) -> int:
+        return sum(len(d.cells) for d in DECLARATIONS.values())
+
+
+TABLE: Mapping[tuple[str, str], Cell] = _Table()
+"""The compatibility table: every declared cell."""
 
 
 def declaration(component: str) -> Declaration:
@@ -68,7 +90,7 @@ def placements_of(component: str) -> tuple[str, ...]:
 def transports_of(component: str) -> tuple[str, ...]:
     """Every transport kind ``component`` takes in some placement (its transport vocabulary)."""
     kinds = {k for cell in declaration(component).cells for k in cell.transports}
-    return tuple(k for k in TRANSPORT_KINDS if k in kinds)
+    return tuple(k for k in transport_kinds() if k in kinds)
 
 
 def get_cell(component: str, placement: str, *, path: str | None = None, origin: str | None = None) -> Cell:

@@ -1,5 +1,6 @@
 """What a component declares next to its code: its placements and transports (with their status and the
-``auto`` rule), what it depends on, whose clients it calls, and how its options are checked.
+``auto`` rule), how it uses each transport (:class:`Binding`), what it depends on, whose clients it calls, and how
+its options are checked.
 
 Each service package has a ``declaration.py`` holding one :class:`Declaration`; :mod:`components.compat`
 assembles them into the one compatibility table. Nothing here imports torch.
@@ -7,10 +8,12 @@ assembles them into the one compatibility table. Nothing here imports torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
 from transports.resolver import TransportContext
+
+from .config import ComponentConfig
 
 SUPPORTED = "supported"
 NOT_YET = "not implemented yet"
@@ -59,6 +62,36 @@ class Cell:
         return any(status == SUPPORTED for status in self.transports.values())
 
 
+SELF = "self"
+"""A :class:`Binding` endpoint: requests travel over a request/reply transport of the resolved kind itself."""
+COMMANDS = "commands"
+"""A :class:`Binding` endpoint: requests travel as commands over the hosting placement's own command transport
+(``Host.command_transport``), while bulk payloads ride the resolved kind beside it (``payload``)."""
+
+
+@dataclass(frozen=True)
+class Binding:
+    """How a component uses one transport kind: declared beside its cells, read by its owner instead of the kind.
+
+    Attributes:
+        endpoint: what carries the component's requests: :data:`SELF` (a request/reply transport of the resolved
+            kind), :data:`COMMANDS` (the host's command transport), another kind by name (``queue``), or ``None``
+            (no endpoint: clients reach the resource itself, in this process or in shared memory).
+        payload: bulk payloads ride a transport of the resolved kind beside the endpoint (replay's tensors, weight
+            versions), built from the resolved options.
+        shared_state: the resource's state lives in shared memory that clients attach to by name (a replay storage,
+            a weight-sync state dict laid out from a template).
+    """
+
+    endpoint: str | None = SELF
+    payload: bool = False
+    shared_state: bool = False
+
+
+DEFAULT_BINDING = Binding()
+"""A kind a component declares nothing about: its requests ride a request/reply transport of that kind."""
+
+
 @dataclass(frozen=True)
 class Calls:
     """An edge: this component's owner (or its workers) calls the client of ``service``, so ``service``'s
@@ -84,10 +117,14 @@ class Declaration:
             records the others' teardown.
         layouts_up_front: its fixed-layout transports need request and response layouts before it starts (a
             replay buffer's layout, by contrast, is bound by its first write).
-        check: ``check(options, inline=...)`` raises :class:`~transports.errors.ConfigurationError` naming
-            ``components.<name>.<option>``, the value and what is allowed (``inline``: the owner lives in the caller's
-            thread); the owner's constructor runs the same.
+        check: ``check(config, inline=...)`` raises :class:`~transports.errors.ConfigurationError` naming
+            ``components.<name>.<option>``, the value and what is allowed, for what the config's own ranges and
+            rules cannot say (``inline``: the owner lives in the caller's thread); the owner's constructor runs the
+            same.
         default_placement: where it lives when nothing says otherwise.
+        bindings: how it uses each transport kind that is not :data:`DEFAULT_BINDING` (see :meth:`binding`).
+        config: its config dataclass (:class:`components.config.ComponentConfig` or a subclass): ``components.<name>``
+            in YAML and what its owner is built from.
     """
 
     component: str
@@ -98,12 +135,9 @@ class Declaration:
     layouts_up_front: bool = False
     check: Callable[..., None] | None = None
     default_placement: str = "direct"
+    bindings: Mapping[str, Binding] = field(default_factory=dict)
+    config: type = ComponentConfig
 
-
-def require(component: str, name: str, value: Any, ok: bool, allowed: str) -> None:
-    """Raise a :class:`~transports.errors.ConfigurationError` for option ``name`` of ``component`` unless ``ok``."""
-    if not ok:
-        from transports.errors import ConfigurationError
-
-        raise ConfigurationError(f"{component}.{name} must be {allowed}, got {value!r}",
-                                 path=f"components.{component}.{name}")
+    def binding(self, kind: str) -> Binding:
+        """How this component uses transport ``kind`` (:data:`DEFAULT_BINDING` unless declared otherwise)."""
+        return self.bindings.get(kind, DEFAULT_BINDING)

@@ -154,9 +154,9 @@ class RayServiceRegistry(ServiceRegistry):
         self._mine: dict[str, tuple[Any, bool]] = {}  # names this instance registered -> (owner or None, owned)
 
     def _check_owner(self, name: str, owner: Owner) -> None:
-        from transports.kinds import REACH
+        from transports.descriptor import Reach
 
-        if REACH.get(owner.transport_kind) != "cluster":  # e.g. a thread or process owner: its clients stay local
+        if owner.descriptor is None or owner.descriptor.reach < Reach.NETWORK:  # e.g. a process owner: clients stay local
             raise ValueError(
                 f"cannot register {type(owner).__name__} as {name!r} in a RayServiceRegistry: it is placed on "
                 f"{owner.placement!r}, and only owners placed on 'ray' have clients that reach the cluster"

@@ -32,7 +32,9 @@ class Resolved:
         status: :data:`~components.declaration.SUPPORTED` or :data:`~components.declaration.NOT_YET`.
         resources: what its host may use.
         layouts: wire layouts by name (``request``, ``response``) where they are known up front.
-        options: the component's own options (checked by its declaration).
+        config: the component's config object (its declaration's config dataclass): placement, transport and
+            resources as asked for, and the component's own options, the recipe's needs included. The owner is
+            built from it.
         depends_on: components it needs started first (set by the plan).
     """
 
@@ -45,12 +47,17 @@ class Resolved:
     status: str = compat.SUPPORTED
     resources: Resources = field(default_factory=Resources)
     layouts: Mapping[str, Any] = field(default_factory=dict)
-    options: Mapping[str, Any] = field(default_factory=dict)
+    config: Any = None
     depends_on: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
         return self.component
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The component's own options (its config's fields beside placement, transport and resources)."""
+        return {} if self.config is None else self.config.options()
 
     @property
     def built(self) -> bool:
@@ -81,14 +88,14 @@ def resolve_component(
     transport_options: Mapping[str, Any] | None = None,
     layouts: Mapping[str, Any] | None = None,
     layouts_known: bool | None = None,
-    options: Mapping[str, Any] | None = None,
+    config: Any = None,
     resources: Any = None,
     placement_path: str | None = None,
     transport_path: str | None = None,
     one_request_per_worker: bool = False,
 ) -> Resolved:
     """Resolve one component: explicit value > ``service_backend`` / ``transport_backend`` scope > default; check
-    the combination against the table, the transport's options and layouts, the component's options and its
+    the combination against the table, the transport's options and layouts, the component's config and its
     resources. Starts nothing.
 
     Args:
@@ -98,8 +105,9 @@ def resolve_component(
         transport_options: options merged over those of a :class:`TransportConfig`.
         layouts: known wire layouts (``request``/``response``).
         layouts_known: whether fixed layouts will be given (default: whether ``layouts`` holds both).
-        options: the component's own options, checked by its declaration.
-        resources: a :class:`Resources`, or a mapping of its fields.
+        config: the component's config object (default: its config dataclass's defaults); its own ranges and rules
+            are checked when it is made, what they cannot say by the declaration.
+        resources: a :class:`Resources`, or a mapping of its fields (default: the config's).
         placement_path: config path of the placement setting, for messages.
         transport_path: config path of the transport setting, for messages.
         one_request_per_worker: its callers keep one request in flight per worker (steers ``auto``).
@@ -108,6 +116,9 @@ def resolve_component(
         ConfigurationError: anything outside the table or out of range, naming the config path.
     """
     declaration = compat.declaration(component)
+    config = declaration.config() if config is None else config
+    if resources is None:
+        resources = config.resources
     layouts = dict(layouts or {})
     known = ("request" in layouts and "response" in layouts) if layouts_known is None else layouts_known
     p = choose_placement(placement, declaration.default_placement, path=placement_path)
@@ -115,9 +126,9 @@ def resolve_component(
     kind = transport.kind if isinstance(transport, TransportConfig) else transport
     t = choose_transport(kind, path=transport_path)
     given = dict(transport.options) if isinstance(transport, TransportConfig) else {}
-    config = TransportConfig(t.value, {**given, **(transport_options or {})})
+    requested = TransportConfig(t.value, {**given, **(transport_options or {})})
     resolution = compat.resolve(
-        component, config,
+        component, requested,
         TransportContext(p.value, layouts_known=known, one_request_per_worker=one_request_per_worker,
                          path=transport_path, origin=t.origin),
         placement_explicit=p.origin == "explicit",
@@ -129,8 +140,8 @@ def resolve_component(
         transport_registry.check_options(resolution.kind, resolution.options,
                                          path=f"components.{component}.transport_options")
     inline = p.value in HOSTS and host_class(p.value).inline
-    if declaration.check is not None and options:
-        declaration.check(options, inline=inline)
+    if declaration.check is not None:
+        declaration.check(config, inline=inline)
     try:
         resources = Resources.of(resources)
         if p.value in HOSTS:
@@ -147,5 +158,5 @@ def resolve_component(
         status=compat.status(component, p.value, resolution.kind),
         resources=resources,
         layouts=layouts,
-        options=dict(options or {}),
+        config=config,
     )

@@ -21,6 +21,8 @@ from typing import Any, Callable, ClassVar, Generic, Protocol, TypeVar, runtime_
 
 from transports import registry as transport_registry
 
+from . import compat
+from .declaration import COMMANDS, SELF, Binding
 from .hosts import Host, Resources
 from .resolution import Resolved, resolve_component
 
@@ -53,26 +55,37 @@ class Owner(Generic[ClientT]):
     :meth:`_alive`.
 
     Args:
-        placement: where the owner lives; ``None`` takes the ``service_backend`` context, else the default.
-        transport: a kind, a :class:`~transports.TransportConfig` or a transport instance (validated like a
-            name); ``None`` takes the ``transport_backend`` context, else ``auto``.
+        config: the component's config object (its declaration's config dataclass; ``None``: its defaults):
+            placement (``None`` takes the ``service_backend`` context, else the default), transport (``None`` takes
+            the ``transport_backend`` context, else ``auto``), transport options, resources and the component's own
+            options.
+        transport: overrides ``config.transport``: a kind, a :class:`~transports.TransportConfig` or a transport
+            instance (validated like a name).
         layouts_known: whether fixed payload layouts are known up front (steers ``auto``).
-        options: the component's own options, checked by its declaration.
-        resolved: the plan's resolution of this component (then placement, transport and options are not read).
+        resolved: the plan's resolution of this component (then ``config`` and ``transport`` are not read: the
+            resolution holds the config).
+
+    Attributes:
+        config: the config the owner was built from (``resolved.config``).
     """
 
     component: ClassVar[str] = ""
 
-    def __init__(self, *, placement: str | None = None, transport: Any = None, layouts_known: bool = False,
-                 options: Any = None, resolved: Resolved | None = None):
+    def __init__(self, config: Any = None, *, transport: Any = None, layouts_known: bool = False,
+                 resolved: Resolved | None = None):
         from transports.base import Transport  # tensordict: only once an owner is built
 
         self._injected: Transport | None = transport if isinstance(transport, Transport) else None
         if resolved is None:
-            kind = self._injected.config if self._injected is not None else transport
-            resolved = resolve_component(self.component, placement, kind, layouts_known=layouts_known, options=options)
+            config = compat.declaration(self.component).config() if config is None else config
+            requested = config.transport if transport is None else transport
+            kind = self._injected.config if self._injected is not None else requested
+            resolved = resolve_component(self.component, config.placement, kind,
+                                         transport_options=config.transport_options, layouts_known=layouts_known,
+                                         config=config)
         resolved.ensure_built()
         self.resolved = resolved
+        self.config = resolved.config
         self.host_type: type[Host] = resolved.host
         self.resources: Resources = resolved.resources
         self._host: Host | None = None
@@ -101,6 +114,19 @@ class Owner(Generic[ClientT]):
     def transport_reason(self) -> str:
         """Why this transport: ``explicit``, or the ``auto`` rule that chose it."""
         return self.resolved.transport_reason
+
+    @property
+    def descriptor(self):
+        """The resolved transport's :class:`~transports.descriptor.TransportDescriptor` (``None`` for components that
+        take none)."""
+        if self._injected is not None:
+            return self._injected.descriptor
+        return transport_registry.find(self.transport_kind)
+
+    @property
+    def binding(self) -> Binding:
+        """How this component uses its resolved transport (declared beside its cells: ``Declaration.bindings``)."""
+        return compat.declaration(self.component).binding(self.transport_kind)
 
     @property
     def host(self) -> Host | None:
@@ -272,13 +298,26 @@ class Owner(Generic[ClientT]):
         raise NotImplementedError
 
     def _endpoint(self) -> tuple[str | None, dict]:
-        """The transport kind and options of the endpoint clients use (default: the resolved transport)."""
-        return self.transport_kind, dict(self.resolved.transport_options)
+        """The transport kind and options of the endpoint clients use, as the binding says: the resolved transport
+        itself, the host's command transport, another kind, or none."""
+        endpoint = self.binding.endpoint
+        if endpoint == SELF:
+            return self.transport_kind, dict(self.resolved.transport_options)
+        if endpoint == COMMANDS:
+            return self.host_type.command_transport, {}
+        return endpoint, {}
 
     def _payload_transport(self) -> Any:
-        """A second transport for bulk payloads beside the command transport (a replay buffer's tensors over
-        ``distributed`` while its other operations stay commands), or ``None``."""
-        return None
+        """The transport of bulk payloads beside the endpoint where the binding has one (a replay buffer's tensors
+        over ``distributed`` while its other operations stay commands), else ``None``."""
+        if not self.binding.payload:
+            return None
+        return transport_registry.build(self.transport_kind, self.resolved.transport_options, name=self.component,
+                                        **self._payload_arguments())
+
+    def _payload_arguments(self) -> dict:
+        """What the payload transport takes beside its options (replay: its operations' explicit layouts)."""
+        return {}
 
     def _concurrency(self) -> int:
         """Calls the target must take at once (a Ray actor serving batched requests needs several)."""

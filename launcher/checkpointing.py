@@ -12,13 +12,12 @@ submitit job resumes its own checkpoint without being told (:mod:`launcher.reque
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
-
-from omegaconf import DictConfig, OmegaConf
 
 from recipes.checkpoint import Checkpoint, load
 from transports.errors import ConfigurationError
@@ -65,23 +64,22 @@ class Resumed:
         return None  # a larger budget now: training goes on
 
 
-def resolve(cfg: DictConfig, own_dir: str, recipe: str, env_id: str) -> Resumed:
+def resolve(plan: Any, own_dir: str) -> Resumed:
     """The run directory this invocation writes into, and the checkpoint it continues from.
 
     Inside a submitit job, ``launcher.resume`` unset resumes a checkpoint in its own run directory that this same job
     wrote (an earlier attempt, before a requeue: :mod:`launcher.requeue`), and starts afresh otherwise.
 
     Args:
-        cfg: the composed config (``launcher.resume``).
+        plan: the run's :class:`~launcher.plan.LaunchPlan`: its ``launcher.resume``, and the recipe and environment
+            it runs (a checkpoint of another one is refused).
         own_dir: this invocation's own run directory (Hydra's output directory).
-        recipe: the recipe this invocation runs (a checkpoint of another one is refused).
-        env_id: the environment it runs on (likewise).
 
     Raises:
         ConfigurationError: ``launcher.resume`` names no directory, one without a checkpoint, an unreadable
             checkpoint, or one of another recipe or environment (before anything starts).
     """
-    where = cfg.launcher.resume
+    where, recipe, env_id = plan.launcher.resume, plan.recipe, plan.env_id
     job = requeue.job_id()
     if where is None and job is None:
         return Resumed(own_dir)
@@ -114,22 +112,22 @@ def resolve(cfg: DictConfig, own_dir: str, recipe: str, env_id: str) -> Resumed:
     return Resumed(run_dir, state)
 
 
-def changed_settings(resumed: Resumed, cfg: DictConfig) -> list[str]:
+def changed_settings(resumed: Resumed, plan: Any) -> list[str]:
     """The recipe settings that differ from the checkpointed run's, as ``name: old -> new``."""
     before = (resumed.state or {}).get("run", {}).get("recipe_config") or {}
-    now = _recipe_config(cfg)
+    now = _recipe_config(plan)
     return [f"{k}: {before[k]!r} -> {now.get(k)!r}" for k in sorted(before) if before[k] != now.get(k)]
 
 
-def checkpoint_for(cfg: DictConfig, resumed: Resumed, clients: Mapping[str, Any], recipe: str,
-                   env_id: str) -> Checkpoint:
+def checkpoint_for(plan: Any, resumed: Resumed, clients: Mapping[str, Any]) -> Checkpoint:
     """The recipe's :class:`Checkpoint`: it writes ``checkpoint.pt`` in the run directory every
     ``launcher.checkpoint_every`` frames (none at 0), flushing the logger first, with the replay buffer's contents
     when ``launcher.checkpoint_replay`` is set; it hands back the resumed state."""
-    every = int(cfg.launcher.checkpoint_every)
-    run = {"recipe": recipe, "env": env_id, "recipe_config": _recipe_config(cfg), "job": requeue.job_id()}
+    settings = plan.launcher
+    every = int(settings.checkpoint_every)
+    run = {"recipe": plan.recipe, "env": plan.env_id, "recipe_config": _recipe_config(plan), "job": requeue.job_id()}
     extras = {"run": lambda: run}
-    if cfg.launcher.checkpoint_replay:
+    if settings.checkpoint_replay:
         extras["replay"] = clients["replay"].state_dict
     return Checkpoint(os.path.join(resumed.run_dir, CHECKPOINT) if every else None, every, restored=resumed.state,
                       extras=extras, before_write=clients["logger"].flush)
@@ -161,6 +159,5 @@ def saved_summary(run_dir: str) -> dict:
         return {}
 
 
-def _recipe_config(cfg: DictConfig) -> dict:
-    node = cfg.get("recipe")
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else {}
+def _recipe_config(plan: Any) -> dict:
+    return {} if plan.recipe_config is None else dataclasses.asdict(plan.recipe_config)

@@ -1,12 +1,19 @@
-"""``python -m launcher``: compose (Hydra) -> plan -> dry run or run.
+"""``python -m launcher``: the command line as phases, each one function, run in this order for every job.
 
-A configuration mistake exits with status 2 and a short message (component, placement, transport, config
-path, supported alternatives), never a long traceback. A service that dies during the run is one line naming
-it (exit 3, the traceback in ``launcher.log``); Ctrl-C and SIGTERM tear every service down in order and exit 130
-and 143, with ``summary.json`` saying ``interrupted``; in a submitit job its preemption signal does the same, then
-requeues the job (:mod:`launcher.requeue`). The statuses: :mod:`launcher.failures`. With
-``launcher.resume`` the run continues in the resumed run directory (:mod:`launcher.checkpointing`); a run that had
-finished is not trained again (exit 0).
+1. **check** (:func:`launcher.preflight.preflight`): compose the config of every job the command line runs, once,
+   as Hydra will, and check it; a mistake exits 2 with one short message before Hydra starts.
+2. **plan** (:func:`plan`): Hydra composes the job's config and hands it over; the plan resolves and checks every
+   component (:func:`launcher.plan.build_plan`). A dry run prints it and stops here.
+3. **run directory and resume** (:func:`prepare`): where the run writes and what checkpoint it continues from
+   (:func:`launcher.checkpointing.resolve`); the resolved config and the plan are written there.
+4. **execute** (:func:`launcher.run.execute`): the owners start in order, the recipe trains, everything stops.
+5. **report** (:func:`report`): ``summary.json``, the learning curve and the summary line.
+
+How a run ends maps to one exit status in one place (:func:`_ended`; the statuses: :mod:`launcher.conventions`):
+a configuration mistake exits 2, a service that died is one line naming it (exit 3, the traceback in
+``launcher.log``), Ctrl-C and SIGTERM tear every service down in order and exit 130 and 143 with ``summary.json``
+saying ``interrupted``; in a submitit job its preemption signal does the same, then requeues the job
+(:mod:`launcher.requeue`).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import json
 import logging
 import os
 import sys
+from dataclasses import dataclass
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -23,16 +31,22 @@ from omegaconf import DictConfig, OmegaConf
 from transports.errors import ConfigurationError
 
 from . import schema
-from .failures import EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_SERVICE_DIED, EXIT_TERMINATED, ServiceDied, Terminated, \
-    handle_sigterm
+from .conventions import EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_SERVICE_DIED, EXIT_TERMINATED, normalize_argv
+from .failures import ServiceDied, Terminated, handle_sigterm
 from .requeue import Preempted, handle_preemption
 
 log = logging.getLogger("launcher")
 schema.register()
 
 
-def launch(cfg: DictConfig, run_dir: str) -> dict | None:
-    """Plan, then print (dry run) or execute. Returns the recipe's result (``None`` for a dry run)."""
+# ---------------------------------------------------------------------------------------------- the phases
+def plan(cfg: DictConfig):
+    """Phase 2: the job's :class:`~launcher.plan.LaunchPlan`. A worker rank that ``torchrun`` or ``srun`` started
+    serves the driver instead and never returns.
+
+    Raises:
+        ConfigurationError: any configuration mistake, before anything starts.
+    """
     from components.hosts.distributed import check_world, rank_of_environment, serve_rank
 
     from .plan import build_plan, prepare_placements
@@ -41,56 +55,88 @@ def launch(cfg: DictConfig, run_dir: str) -> dict | None:
     if rank is not None and not cfg.launcher.dry_run:  # a worker rank torchrun/srun started: the driver sends its work
         serve_rank(cfg.get("distributed"), rank)
     prepare_placements(cfg)
-    plan = build_plan(cfg)
+    built = build_plan(cfg)
     if rank_of_environment(cfg.get("distributed"), driver=True) is not None:
-        check_world(plan)  # ranks started by torchrun/srun: they must match the collector workers
-    if cfg.launcher.dry_run:
-        from .slurm import job_resources, own_jobs
+        check_world(built)  # ranks started by torchrun/srun: they must match the collector workers
+    return built
 
-        print(plan.render())
-        print(job_resources(plan, cfg).line())  # what hydra/launcher=slurm asks for (launcher/slurm.py)
-        for line in own_jobs(plan, cfg):  # components submitted as jobs of their own (collectors on submitit)
-            print(line)
-        return None
 
-    import torch
+def dry_run(built) -> None:
+    """Print the plan and what a Slurm job running it asks for; start nothing."""
+    from .slurm import job_resources, own_jobs
 
-    from .checkpointing import changed_settings, resolve, saved_summary
-    from .report import ProgressLine, plot_learning_curve, summary_line
-    from .run import ensure_runnable, execute
+    print(built.render())
+    print(job_resources(built).line())  # what hydra/launcher=slurm asks for (launcher/slurm.py)
+    for line in own_jobs(built):  # components submitted as jobs of their own (collectors on submitit)
+        print(line)
 
-    ensure_runnable(plan)
-    resumed = resolve(cfg, run_dir, plan.recipe, plan.env_id)  # a resume that cannot be done exits 2 here
-    own_dir, run_dir = run_dir, resumed.run_dir
+
+@dataclass(frozen=True)
+class Prepared:
+    """Where a run writes and what it continues from (phase 3).
+
+    Attributes:
+        resumed: the run directory and the checkpoint (:class:`launcher.checkpointing.Resumed`).
+        finished: why the resumed run needs no more training (its results stay where they are), or ``None``.
+    """
+
+    resumed: object
+    finished: str | None = None
+
+
+def prepare(built, cfg: DictConfig, own_dir: str) -> Prepared:
+    """Phase 3: the run directory (this job's own, or the resumed run's) and the checkpoint it continues from; the
+    resolved config and the plan are written there.
+
+    Raises:
+        ConfigurationError: a resume that cannot be done (before anything starts).
+    """
+    from .checkpointing import changed_settings, resolve
+    from .run import ensure_runnable
+
+    ensure_runnable(built)
+    resumed = resolve(built, own_dir)
+    run_dir = resumed.run_dir
     if resumed.state is not None:
-        finished = resumed.finished(cfg.recipe.get("total_frames"))
+        finished = resumed.finished(getattr(built.recipe_config, "total_frames", None))
         line = (f"nothing to resume: the run in {run_dir} had finished ({finished}); its results are there" if finished
                 else f"resuming the run in {run_dir} at {resumed.frames:,} frames")
         if not finished and os.path.abspath(own_dir) != run_dir:
             line += f" (this invocation's log: {os.path.join(own_dir, 'launcher.log')})"
-        if not finished and not cfg.launcher.checkpoint_every:
+        if not finished and not built.launcher.checkpoint_every:
             line += "; launcher.checkpoint_every=0: no new checkpoints"
-        changes = [] if finished else changed_settings(resumed, cfg)
-        line += "".join(f"\n    changed: {change}" for change in changes)
+        line += "".join(f"\n    changed: {change}" for change in ([] if finished else changed_settings(resumed, built)))
         log.info(line)
         print(line, flush=True)
         if finished:
-            return saved_summary(run_dir)
-    torch.set_num_threads(int(cfg.launcher.torch_threads))
-    torch.manual_seed(int(cfg.seed))
+            return Prepared(resumed, finished)
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "resolved_config.yaml"), "w") as f:
         f.write(OmegaConf.to_yaml(cfg, resolve=True))
     with open(os.path.join(run_dir, "plan.txt"), "w") as f:
-        f.write(plan.render() + "\n")
+        f.write(built.render() + "\n")
     with open(os.path.join(run_dir, "plan.json"), "w") as f:
-        json.dump(plan.to_dict(), f, indent=2)
-    print(plan.render(), flush=True)
-    log.info("plan:\n%s", plan.render())
+        json.dump(built.to_dict(), f, indent=2)
+    print(built.render(), flush=True)
+    log.info("plan:\n%s", built.render())
+    return Prepared(resumed)
 
-    progress = ProgressLine(int(cfg.recipe.get("total_frames", 0)), enabled=bool(cfg.launcher.progress))
+
+def execute(built, prepared: Prepared) -> dict:
+    """Phase 4: run the plan (:func:`launcher.run.execute`) with the live progress line; a run that ends early
+    (Ctrl-C, SIGTERM, a dead service) still leaves its ``summary.json``."""
+    import torch
+
+    from .report import ProgressLine
+    from .run import execute as execute_plan
+
+    run_dir = prepared.resumed.run_dir
+    torch.set_num_threads(int(built.launcher.torch_threads))
+    torch.manual_seed(built.seed)
+    progress = ProgressLine(int(getattr(built.recipe_config, "total_frames", 0) or 0),
+                            enabled=bool(built.launcher.progress))
     try:
-        result = execute(plan, cfg, run_dir, progress=progress, resumed=resumed)
+        return execute_plan(built, run_dir, progress=progress, resumed=prepared.resumed)
     except (KeyboardInterrupt, Terminated, ServiceDied) as exc:  # every service is down by now
         _write_summary(run_dir, {
             "interrupted": not isinstance(exc, ServiceDied),
@@ -100,16 +146,37 @@ def launch(cfg: DictConfig, run_dir: str) -> dict | None:
         })
         raise
 
-    target = getattr(OmegaConf.to_object(cfg.recipe), "target_return", None)
-    if cfg.launcher.plot:
+
+def report(built, result: dict, run_dir: str) -> dict:
+    """Phase 5: the learning curve, ``summary.json`` and the summary line. Returns ``result``."""
+    from .report import plot_learning_curve, summary_line
+
+    if built.launcher.plot:
         png = plot_learning_curve(result.get("curve", []), os.path.join(run_dir, "learning_curve.png"),
-                                  title=f"{plan.recipe} on {plan.env_id} (seed {plan.seed})", target=target)
+                                  title=f"{built.recipe} on {built.env_id} (seed {built.seed})",
+                                  target=getattr(built.recipe_config, "target_return", None))
         result["learning_curve"] = png
     _write_summary(run_dir, {k: v for k, v in result.items() if k != "curve"})
-    line = summary_line(plan.recipe, plan.env_id, result, run_dir)
+    line = summary_line(built.recipe, built.env_id, result, run_dir)
     log.info(line)
     print(line, flush=True)
     return result
+
+
+def launch(cfg: DictConfig, run_dir: str) -> dict | None:
+    """Phases 2 to 5 for one composed config. Returns the recipe's result (``None`` for a dry run; a resumed run that
+    had finished returns its saved summary)."""
+    built = plan(cfg)
+    if built.launcher.dry_run:
+        dry_run(built)
+        return None
+    prepared = prepare(built, cfg, run_dir)
+    if prepared.finished:
+        from .checkpointing import saved_summary
+
+        return saved_summary(prepared.resumed.run_dir)
+    result = execute(built, prepared)
+    return report(built, result, prepared.resumed.run_dir)
 
 
 def _write_summary(run_dir: str, summary: dict) -> None:
@@ -117,6 +184,7 @@ def _write_summary(run_dir: str, summary: dict) -> None:
         json.dump(summary, f, indent=2)
 
 
+# ---------------------------------------------------------------------------------------------- how a run ends
 @hydra.main(version_base=None, config_path="pkg://conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     run_dir = HydraConfig.get().runtime.output_dir
@@ -124,27 +192,35 @@ def _hydra_main(cfg: DictConfig) -> None:
     handle_preemption()  # in a submitit job: its preemption signal checkpoints and stops the run, then requeues
     try:
         launch(cfg, run_dir)
-    except ConfigurationError as exc:
+    except BaseException as exc:  # noqa: BLE001 - each ending is mapped to its status; the rest is raised again
+        _ended(exc, cfg, run_dir)
+
+
+def _ended(exc: BaseException, cfg: DictConfig, run_dir: str) -> None:
+    """Print how the run ended in one line and exit with its status; what is not an ending of ours (an error in the
+    recipe or the launcher) is raised again (Python's traceback, exit 1)."""
+    if isinstance(exc, ConfigurationError):
         print(f"configuration error: {exc}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG)
-    except ServiceDied as exc:
+    if isinstance(exc, ServiceDied):
         _service_died(exc, run_dir)
-    except KeyboardInterrupt as exc:
+    if isinstance(exc, KeyboardInterrupt):
         if (died := _died_first(exc)) is not None:  # Ctrl-C while a dead service's run was winding down
             _service_died(died, run_dir, then="Ctrl-C arrived during the shutdown")
         print("interrupted: every service was shut down", file=sys.stderr, flush=True)
         sys.exit(EXIT_INTERRUPTED)
-    except Preempted as exc:
+    if isinstance(exc, Preempted):
         then = ("resumes from the checkpoint" if cfg.launcher.checkpoint_every else
                 "starts over: launcher.checkpoint_every=0 writes no checkpoint")
         print(f"preempted ({exc.signal_name}): every service was shut down; the job goes back to submitit to be "
               f"requeued (a requeued job {then})", file=sys.stderr, flush=True)
         exc.requeue()  # exits, or raises why the job is not requeued (it timed out max_num_timeout times)
-    except Terminated as exc:
+    if isinstance(exc, Terminated):
         if (died := _died_first(exc)) is not None:  # e.g. torchrun ends every rank once one of them died
             _service_died(died, run_dir, then="SIGTERM arrived during the shutdown")
         print("terminated (SIGTERM): every service was shut down", file=sys.stderr, flush=True)
         sys.exit(EXIT_TERMINATED)
+    raise exc
 
 
 def _died_first(exc: BaseException) -> ServiceDied | None:
@@ -167,18 +243,8 @@ def _service_died(exc: ServiceDied, run_dir: str, then: str = "") -> None:
     sys.exit(EXIT_SERVICE_DIED)
 
 
-def normalize_argv(argv: list[str]) -> list[str]:
-    """Accept ``+recipe=ppo`` as well as ``recipe=ppo`` (the defaults list already holds ``recipe: null``)."""
-    out = []
-    for arg in argv:
-        if arg.startswith("+recipe=") or arg.startswith("++recipe="):
-            arg = arg.lstrip("+")
-        out.append(arg)
-    return out
-
-
 def main() -> None:
-    """Entry point of ``python -m launcher``."""
+    """Entry point of ``python -m launcher``: phase 1 (check), then Hydra runs phases 2 to 5 for each job."""
     from .preflight import preflight
 
     sys.argv = [sys.argv[0], *normalize_argv(sys.argv[1:])]

@@ -1,13 +1,5 @@
-"""How a run ends when it does not finish: the exit statuses, which service died, and the signals that stop a run.
-
-=====  =====================================================================================
- 0     the recipe finished
- 1     an error in the recipe or the launcher itself (its traceback is printed)
- 2     a configuration error (nothing was started)
- 3     a service died during the run, or failed to start (one line names it; the traceback is in ``launcher.log``)
-130    interrupted by Ctrl-C (SIGINT): every service was shut down in order
-143    stopped by SIGTERM: the same orderly shutdown
-=====  =====================================================================================
+"""How a run ends when it does not finish: which service died, and the signals that stop a run. The exit statuses
+are in :mod:`launcher.conventions`.
 """
 
 from __future__ import annotations
@@ -17,12 +9,6 @@ import time
 from typing import Any, Mapping
 
 from transports.errors import PeerFailureError, ServiceError
-
-EXIT_ERROR = 1
-EXIT_CONFIG = 2
-EXIT_SERVICE_DIED = 3
-EXIT_INTERRUPTED = 130
-EXIT_TERMINATED = 143
 
 SETTLE_S = 2.0
 """Seconds to wait, after a client saw its peer fail, for the host watching that peer to record why."""

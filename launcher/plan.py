@@ -1,11 +1,14 @@
 """compose -> **plan** -> run. The plan is pure data, built without side effects.
 
-``build_plan`` resolves every component once (:func:`components.resolution.resolve_component`: explicit value >
-``service`` / ``transport`` default > component default; ``auto`` explained), which checks it against the
-compatibility table, its transport's options and layouts, its own options and its resources; then it checks
-each declared call edge for reachability, derives wire layouts from the env's specs and the policy, and orders
-owners by their declared dependencies. A :class:`LaunchPlan` prints as a table (the dry run) and is saved with
-every run; each of its entries is the :class:`~components.resolution.Resolved` the owner is built from.
+``build_plan`` makes each component's config object (its YAML node, then what the recipe needs of it), resolves it
+once (:func:`components.resolution.resolve_component`: explicit value > ``service`` / ``transport`` default >
+component default; ``auto`` explained), which checks it against the compatibility table, its transport's options
+and layouts, its own options and its resources; then it checks each declared call edge for reachability, derives
+wire layouts from the env's specs and the policy, and orders owners by their declared dependencies. A
+:class:`LaunchPlan` prints as a table (the dry run) and is saved with every run; each of its entries is the
+:class:`~components.resolution.Resolved` the owner is built from, and it holds everything else a run reads of the
+config (the recipe's config, the env, the logger backend, the launcher's settings, each placement's session
+settings), so executing a plan reads no config of its own.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from components.resolution import Resolved, resolve_component
 from components.scope import service_backend, transport_backend
 from recipes import RECIPES, Recipe, get_recipe
 from transports.errors import ConfigurationError, IncompatibleCombinationError
+from transports.descriptor import Reach
 from transports.kinds import DISTANCE, reaches, transport_label
 
 from .preflight import check_values
@@ -31,7 +35,6 @@ ComponentPlan = Resolved
 """One owner of the plan: its resolution."""
 
 _RESOURCE_DEFAULTS: dict = asdict(Resources())
-_CONNECTION_FIELDS = ("placement", "transport", "transport_options", "resources")
 _OPTION_NOTES = {("collector", "sync", False): "workers collect the next batch while the learner trains on this one: "
                                                "policy lag <= 1",
                  ("collector", "env_groups", 2): "each worker steps one half of its envs while the policy answers the "
@@ -49,6 +52,12 @@ class LaunchPlan:
         components: one :class:`~components.resolution.Resolved` per owner, in start order.
         env_backend: how collectors vectorize the envs (``env.backend``).
         defaults: each component's option defaults (the printed plan names only what a run sets otherwise).
+        recipe_config: the recipe's config object.
+        env: the ``env`` node (for :meth:`components.envs.EnvMaker.from_config`).
+        logger: the ``logger`` node: the backend's ``_target_`` and its options.
+        launcher: the ``launcher`` settings (:class:`launcher.schema.LauncherConf`).
+        sessions: each placement's session settings (its node, ``ray:``, ``submitit:``...; empty where it has none).
+        replica: the inference config whose devices a policy replica uses (``components.collector.local_policy``).
     """
 
     recipe: str
@@ -57,6 +66,12 @@ class LaunchPlan:
     components: tuple[Resolved, ...]
     env_backend: str = "gymnasium"
     defaults: dict = dataclasses.field(default_factory=dict, compare=False)
+    recipe_config: Any = dataclasses.field(default=None, compare=False)
+    env: dict = dataclasses.field(default_factory=dict, compare=False)
+    logger: dict = dataclasses.field(default_factory=dict, compare=False)
+    launcher: Any = dataclasses.field(default=None, compare=False)
+    sessions: dict = dataclasses.field(default_factory=dict, compare=False)
+    replica: Any = dataclasses.field(default=None, compare=False)
 
     def __getitem__(self, name: str) -> Resolved:
         for c in self.components:
@@ -83,7 +98,8 @@ class LaunchPlan:
 
     def to_dict(self) -> dict:
         data = {"recipe": self.recipe, "env_id": self.env_id, "env_backend": self.env_backend, "seed": self.seed,
-                "components": [{"name": c.name, **asdict(c),
+                "components": [{"name": c.name, **{k: v for k, v in asdict(c).items() if k != "config"},
+                                "options": c.options,
                                 "transport_label": transport_label(c.transport, c.transport_options)}
                                for c in self.components]}
         return json.loads(json.dumps(data, default=str))
@@ -145,18 +161,27 @@ def recipe_of(cfg: DictConfig) -> tuple[Recipe, Any]:
     raise ConfigurationError(f"no recipe takes a config of type {name}", path="recipe", alternatives=RECIPES)
 
 
-def _options(cfg: DictConfig, name: str, services: dict) -> dict:
-    """A component's own options: its YAML node beside placement/transport/resources, then the recipe's needs."""
-    node = _container(cfg.components[name])
-    return {**{k: v for k, v in node.items() if k not in _CONNECTION_FIELDS}, **services.get(name, {})}
+def component_config(cfg: DictConfig, name: str, needs: dict) -> Any:
+    """A component's config object: its YAML node (typed by its config dataclass), then what the recipe needs of it.
+
+    Raises:
+        ConfigurationError: a value the YAML sets that the recipe sets otherwise (naming both), or one out of range.
+    """
+    config = OmegaConf.to_object(cfg.components[name])
+    defaults = compat.declaration(name).config()
+    for key, value in needs.items():
+        mine = getattr(config, key)
+        if mine != getattr(defaults, key) and mine != value:
+            raise ConfigurationError(f"components.{name}.{key}={mine!r} conflicts with the recipe, which sets it to "
+                                     f"{value!r} (from its own settings): change those instead",
+                                     path=f"components.{name}.{key}")
+    return config.replace(**needs) if needs else config
 
 
-def _option_defaults(cfg: DictConfig, needs: tuple[str, ...]) -> dict:
-    defaults = {}
-    for name in needs:
-        schema = OmegaConf.to_container(OmegaConf.structured(type(OmegaConf.to_object(cfg.components[name]))))
-        defaults[name] = {k: v for k, v in schema.items() if k not in _CONNECTION_FIELDS}
-    return defaults
+def _option_defaults(needs: tuple[str, ...], services: dict) -> dict:
+    """Each component's option defaults, less what the recipe sets (the plan prints what a run sets otherwise)."""
+    return {name: {k: v for k, v in compat.declaration(name).config().options().items()
+                   if k not in services.get(name, {})} for name in needs}
 
 
 def resolve_components(cfg: DictConfig, needs: tuple[str, ...], services: dict, layouts: dict) -> dict[str, Resolved]:
@@ -167,18 +192,18 @@ def resolve_components(cfg: DictConfig, needs: tuple[str, ...], services: dict, 
     """
     service, transport = cfg.service.name, cfg.transport.name
     one_request = {call.service for n in needs for call in compat.declaration(n).calls if call.one_request_per_worker}
+    configs = {name: component_config(cfg, name, services.get(name, {})) for name in needs}
     out = {}
 
     def resolve(name: str, placement: Any = None, kind: Any = None) -> Resolved:
-        node = cfg.components[name]
-        t_explicit = node.transport is not None
-        options = {**(_container(cfg.transport.options) if not t_explicit else {}), **_container(node.transport_options)}
+        config = configs[name]
+        t_explicit = config.transport is not None
+        options = {**(_container(cfg.transport.options) if not t_explicit else {}), **config.transport_options}
         return resolve_component(
-            name, placement or node.placement, kind or node.transport, transport_options=options,
+            name, placement or config.placement, kind or config.transport, transport_options=options,
             layouts=layouts.get(name), layouts_known=True,  # the plan derives layouts; a replay binds its own
-            options=_options(cfg, name, services),
-            resources=_container(node.resources),
-            placement_path=f"components.{name}.placement" if node.placement is not None else "service",
+            config=config,
+            placement_path=f"components.{name}.placement" if config.placement is not None else "service",
             transport_path=f"components.{name}.transport" if t_explicit else "transport",
             one_request_per_worker=name in one_request,
         )
@@ -218,7 +243,7 @@ def _moves_for_remote_callers(cfg: DictConfig, resolved: dict[str, Resolved]) ->
     moves = []
     for caller, r, service, _ in _unreached(resolved):
         node = cfg.components[service]
-        if node.placement is not None or node.transport is not None or DISTANCE[r.placement] != "cluster":
+        if node.placement is not None or node.transport is not None or DISTANCE[r.placement] < Reach.NETWORK:
             continue
         for nearer in _NEARER:
             cell = compat.TABLE.get((service, nearer))
@@ -332,5 +357,9 @@ def build_plan(cfg: DictConfig) -> LaunchPlan:
                                                               if d in needs))
         for name in _topological(needs)
     )
+    placements = {c.placement for c in plans}
     return LaunchPlan(recipe=recipe.name, env_id=spec.env_id, seed=int(cfg.seed), components=plans,
-                      env_backend=maker.backend, defaults=_option_defaults(cfg, needs))
+                      env_backend=maker.backend, defaults=_option_defaults(needs, services), recipe_config=recipe_cfg,
+                      env=_container(cfg.env), logger=_container(cfg.logger), launcher=OmegaConf.to_object(cfg.launcher),
+                      sessions={p: _container(cfg.get(p)) for p in sorted(placements)},
+                      replica=OmegaConf.to_object(cfg.components.inference))

@@ -6,8 +6,8 @@ Two checks, both raising :class:`~transports.errors.ConfigurationError` (the CLI
   sweep), and Hydra's own config with the ``hydra/...`` and ``hydra.*`` overrides (a launcher's fields), and turns
   Hydra's and OmegaConf's errors into one short message: the key or value, its config path, what is allowed there;
 - :func:`check_values` walks a composed config against its schema: the range each field declares
-  (:func:`recipes.configs.bounded`), keys the schema does not have, then the ``rules()`` between fields
-  (``(field to blame, holds, what is wrong)``).
+  (:func:`transports.options.bounded`, :func:`~transports.options.one_of`), keys the schema does not have, then the
+  ``rules()`` between fields (``(field to blame, holds, what is wrong)``).
   ``build_plan`` runs it too, so a config composed in Python is checked the same way, dry run or not.
 
 Where it cannot be sure what Hydra will do (``--help``, ``--cfg``, ``--info``, another config path or name,
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import io
 import itertools
 import os
@@ -30,9 +29,11 @@ from typing import Any, Iterator
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from transports import options
 from transports.errors import ConfigurationError
 
 from . import schema
+from .conventions import EXIT_CONFIG, normalize_argv
 
 _HANDS_OFF = ("help", "hydra_help", "cfg", "info", "package", "resolve", "shell_completion", "config_path",
               "config_name", "config_dir", "experimental_rerun")
@@ -52,8 +53,6 @@ def preflight(argv: list[str]) -> None:
     try:
         check_argv(argv)
     except ConfigurationError as exc:
-        from .cli import EXIT_CONFIG
-
         print(f"configuration error: {exc}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG)
 
@@ -71,8 +70,6 @@ def check_argv(argv: list[str]) -> list[DictConfig]:
         ConfigurationError: an override that does not parse, an unknown key or group option, a value of the
             wrong type or out of range, naming its config path and what is allowed.
     """
-    from .cli import normalize_argv
-
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         return []
     argv = normalize_argv(list(argv))
@@ -223,10 +220,7 @@ def explain(exc: BaseException) -> ConfigurationError:
     return ConfigurationError(text[0] if text else type(exc).__name__, path=full_key or None)
 
 
-def _fields(kind: Any) -> dict[str, dataclasses.Field]:
-    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
-        return {f.name: f for f in dataclasses.fields(kind)}
-    return {}
+_fields = options.fields_of
 
 
 def _kind(hint: Any) -> str:
@@ -254,7 +248,8 @@ def _kind(hint: Any) -> str:
 # ---------------------------------------------------------------------------------------------- the values
 def check_values(cfg: DictConfig, *, strict: bool = True) -> None:
     """Check a composed config against its schema: every key known, every value within the range its field
-    declares (:func:`recipes.configs.bounded`), then each dataclass's ``rules()`` between its fields.
+    declares (:func:`transports.options.bounded`, :func:`~transports.options.one_of`), then each dataclass's ``rules()``
+    between its fields.
 
     Args:
         cfg: the composed config.
@@ -309,8 +304,7 @@ def _check_fields(path: str, node: DictConfig, kind: type, strict: bool) -> None
         full = _join(path, name)
         if name not in node or OmegaConf.is_missing(node, name):
             raise ConfigurationError(f"{full} has no value: set one ({_kind(hints.get(name, Any))})", path=full)
-        bounds = f.metadata.get("bounds")
-        if not bounds:
+        if not options.allowed(f):
             continue
         try:
             value = node[name]
@@ -318,29 +312,4 @@ def _check_fields(path: str, node: DictConfig, kind: type, strict: bool) -> None
             if strict:
                 raise ConfigurationError(f"{full} cannot be resolved: {str(exc).splitlines()[0]}", path=full) from None
             continue
-        if value is None and type(None) in typing.get_args(hints.get(name)):
-            continue
-        if not _within(value, bounds):
-            allowed = _describe(bounds, f.metadata.get("unit", ""), type(None) in typing.get_args(hints.get(name)))
-            raise ConfigurationError(f"{full} must be {allowed}, got {value!r}", path=full)
-
-
-def _within(value: Any, bounds: dict) -> bool:
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return False
-    checks = {"ge": lambda b: value >= b, "gt": lambda b: value > b, "le": lambda b: value <= b,
-              "lt": lambda b: value < b}
-    return all(checks[op](bound) for op, bound in bounds.items())
-
-
-def _describe(bounds: dict, unit: str, optional: bool) -> str:
-    """``bounds`` in words: ``>= 1``, ``> 0 seconds``, ``in (0, 1]``, ``>= 0 or null``."""
-    low = next(((op, b) for op, b in bounds.items() if op in ("ge", "gt")), None)
-    high = next(((op, b) for op, b in bounds.items() if op in ("le", "lt")), None)
-    signs = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
-    if low and high:
-        text = f"in {'[' if low[0] == 'ge' else '('}{low[1]}, {high[1]}{']' if high[0] == 'le' else ')'}"
-    else:
-        op, bound = low or high
-        text = f"{signs[op]} {bound}"
-    return text + (f" {unit}" if unit else "") + (" or null" if optional else "")
+        options.check_value(f, value, full, hints.get(name))

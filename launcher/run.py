@@ -15,25 +15,25 @@ import json
 import logging
 import os
 from contextlib import ExitStack
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Mapping
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
 
 from components.collectors import Collector
 from components.envs import EnvMaker
-from components.inference import InferenceDeviceConfig, InferenceServer, InferenceServerConfig, PolicyReplica
-from components.replay import PolicyAgeFilter, ReplayBuffer
+from components.inference import InferenceServer, PolicyReplica
+from components.replay import ReplayBuffer
 from components.resolution import Resolved
 from components.weight_sync import WeightSync
+from recipes import Checkpoint, Clients, get_recipe
 from transports.errors import PeerFailureError, RemoteError, ServiceTimeoutError
-from recipes import Checkpoint, Clients
 
 from . import checkpointing
 from .checkpointing import Resumed
 from .failures import ServiceDied, ServiceFailedToStart, Terminated, dead_service
-from .plan import LaunchPlan, recipe_of
+from .plan import LaunchPlan
 from .report import ProgressLine
 from .telemetry import EdgeReporter
 
@@ -46,18 +46,35 @@ def ensure_runnable(plan: LaunchPlan) -> None:
         c.ensure_built()
 
 
-# One builder per component: (its resolution, composed config, recipe, recipe config, env spec, clients (or, per
-# OWNER_DEPENDENCIES, owners) of its dependencies, run dir, what the run resumes) -> an owner not started yet.
-def _logger(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir, resumed: Resumed):
-    log_dir = os.path.join(run_dir, cfg.logger.log_dir)
-    factory = hydra.utils.instantiate(cfg.logger, log_dir=log_dir, _partial_=True)
+@dataclass(frozen=True)
+class _Run:
+    """What every builder gets: the plan, its recipe, the env's spec, where the run writes and what it resumes."""
+
+    plan: LaunchPlan
+    recipe: Any
+    spec: Any
+    run_dir: str
+    resumed: Resumed
+
+    def make_policy(self) -> Any:
+        return self.recipe.make_policy(self.plan.recipe_config, self.spec)
+
+    def policy_factory(self) -> partial:
+        return partial(self.recipe.make_policy, self.plan.recipe_config, self.spec)
+
+
+# One builder per component: (its resolution, the run, clients (or, per OWNER_DEPENDENCIES, owners) of its
+# dependencies) -> an owner not started yet. Each owner takes its config from its resolution.
+def _logger(r: Resolved, run: _Run, deps: dict):
+    node = dict(run.plan.logger)
+    factory = hydra.utils.instantiate(node, log_dir=os.path.join(run.run_dir, node["log_dir"]), _partial_=True)
     extra = {}
-    if resumed.state is not None:  # what was logged after the checkpoint goes
+    if run.resumed.state is not None:  # what was logged after the checkpoint goes
         if _takes(factory.func, "resume_step"):
-            extra["resume_step"] = resumed.frames
+            extra["resume_step"] = run.resumed.frames
         else:
-            log.warning("%s takes no resume_step: values it logged after frame %d stay", cfg.logger._target_,
-                        resumed.frames)
+            log.warning("%s takes no resume_step: values it logged after frame %d stay", node["_target_"],
+                        run.resumed.frames)
     if _takes(factory.func, "resolved"):
         return factory(resolved=r, **extra)
     # a user's logger that takes only placement and transport: it resolves the same values again
@@ -69,49 +86,31 @@ def _takes(cls: type, name: str) -> bool:
     return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
-def _weight_sync(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir, resumed: Resumed):
-    # versions kept outside this process are laid out from a template of the policy
-    template = recipe.make_policy(rcfg, spec) if r.transport == "shared_memory" else None
-    return WeightSync(template, first_version=resumed.policy_version, resolved=r)
+def _weight_sync(r: Resolved, run: _Run, deps: dict):
+    template = run.make_policy() if WeightSync.needs_template(r) else None  # shared state is laid out from it
+    return WeightSync(template, first_version=run.resumed.policy_version, resolved=r)
 
 
-def _replay(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir, resumed: Resumed):
-    o = r.options
-    filters = ()
-    if o.get("max_policy_lag") is not None:  # the live version comes from the weight-sync channel
-        filters = (PolicyAgeFilter(int(o["max_policy_lag"]), deps["weight_sync"], when="sample"),)
-    return ReplayBuffer(o["capacity"], o["sampler"], o["batch_size"], alpha=o.get("alpha", 0.6), beta=o.get("beta", 0.4),
-                        filters=filters, seed=int(cfg.seed), resolved=r)
+def _replay(r: Resolved, run: _Run, deps: dict):
+    return ReplayBuffer(weight_sync=deps.get("weight_sync"), seed=run.plan.seed, resolved=r)
 
 
-def _inference(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir, resumed: Resumed):
-    o = r.options
-    server_cfg = InferenceServerConfig(
-        placement=r.placement, max_batch_size=o["max_batch_size"], min_batch_size=o["min_batch_size"],
-        timeout=o["timeout"], collect_stats=o["collect_stats"], stats_window=o["stats_window"],
-    )
-    devices = InferenceDeviceConfig(policy_device=o["policy_device"], output_device=o["output_device"])
-    return InferenceServer(policy_factory=partial(recipe.make_policy, rcfg, spec), config=server_cfg,
-                           device_config=devices, weight_sync=deps.get("weight_sync"), resolved=r)
+def _inference(r: Resolved, run: _Run, deps: dict):
+    return InferenceServer(policy_factory=run.policy_factory(), weight_sync=deps.get("weight_sync"), resolved=r)
 
 
-def _replica(cfg, recipe, rcfg, spec, weight_sync) -> PolicyReplica:
+def _replica(run: _Run, weight_sync) -> PolicyReplica:
     """The policy each collector worker runs itself (``components.collector.local_policy``)."""
-    node = cfg.components.inference
-    return PolicyReplica(partial(recipe.make_policy, rcfg, spec), weight_sync,
-                         InferenceDeviceConfig(policy_device=node.policy_device, output_device=node.output_device))
+    return PolicyReplica(run.policy_factory(), weight_sync, run.plan.replica)
 
 
-def _collector(r: Resolved, cfg, recipe, rcfg, spec, deps, run_dir, resumed: Resumed):
-    o = r.options
+def _collector(r: Resolved, run: _Run, deps: dict):
+    c = r.config
     # the recipe's envs are split over the workers, so a batch keeps the size the recipe asked for
-    envs_per_group = o["num_envs"] // (o["num_collectors"] * o["env_groups"])
-    policy = deps["inference"] if "inference" in deps else _replica(cfg, recipe, rcfg, spec, deps["weight_sync"])
-    return Collector(
-        partial(EnvMaker.from_config(cfg.env).vector, envs_per_group), policy,
-        o["frames_per_batch"], o["total_frames"], o["num_collectors"], seed=int(cfg.seed), sync=bool(o["sync"]),
-        start_frames=resumed.frames, env_groups=o["env_groups"], resolved=r,
-    )
+    envs_per_group = c.num_envs // (c.num_collectors * c.env_groups)
+    policy = deps["inference"] if "inference" in deps else _replica(run, deps["weight_sync"])
+    return Collector(partial(EnvMaker.from_config(run.plan.env).vector, envs_per_group), policy, seed=run.plan.seed,
+                     start_frames=run.resumed.frames, resolved=r)
 
 
 # Dependencies handed over as owners rather than clients: the collector makes one inference client per worker.
@@ -126,11 +125,16 @@ BUILDERS: Mapping[str, Callable[..., Any]] = {
 }
 
 
-def execute(plan: LaunchPlan, cfg: DictConfig, run_dir: str, *, on_started: Callable[[dict], None] | None = None,
+def execute(plan: LaunchPlan, run_dir: str, *, on_started: Callable[[dict], None] | None = None,
             progress: ProgressLine | None = None, resumed: Resumed | None = None) -> dict:
-    """Run the plan: start owners in order, run the recipe with their clients, tear down in reverse.
+    """Run the plan: start owners in order, run the recipe with their clients, tear down in reverse. Everything it
+    reads is the plan's (it reads no config of its own).
 
     Args:
+        plan: what to run (:func:`launcher.plan.build_plan`).
+        run_dir: where the run writes (unless it resumes another run directory).
+        on_started: called with the owners once every one is ready.
+        progress: the live progress line (default: one from the plan's launcher settings).
         resumed: the checkpoint the run continues from (:func:`launcher.checkpointing.resolve`); its ``run_dir``
             is where the run writes. ``None``: a fresh start in ``run_dir``.
 
@@ -140,34 +144,32 @@ def execute(plan: LaunchPlan, cfg: DictConfig, run_dir: str, *, on_started: Call
             revealed it is its cause.
     """
     ensure_runnable(plan)
-    recipe, rcfg = recipe_of(cfg)
-    spec = EnvMaker.from_config(cfg.env).spec()
-    owners: dict[str, Any] = {}  # every owner built so far, started or starting
-    progress = progress or ProgressLine(getattr(rcfg, "total_frames", 0), enabled=bool(cfg.launcher.progress))
+    settings = plan.launcher
     resumed = resumed or Resumed(run_dir)
-    run_dir = resumed.run_dir
+    run = _Run(plan, get_recipe(plan.recipe), EnvMaker.from_config(plan.env).spec(), resumed.run_dir, resumed)
+    owners: dict[str, Any] = {}  # every owner built so far, started or starting
+    progress = progress or ProgressLine(getattr(plan.recipe_config, "total_frames", 0), enabled=bool(settings.progress))
     checkpoint = Checkpoint()  # writes nothing until the services run
     with ExitStack() as stack:
         stack.callback(progress.close)
         try:
-            clients = _start(plan, cfg, recipe, rcfg, spec, run_dir, stack, owners, resumed)
-            checkpoint = checkpointing.checkpoint_for(cfg, resumed, clients, plan.recipe, plan.env_id)
+            clients = _start(run, stack, owners)
+            checkpoint = checkpointing.checkpoint_for(plan, resumed, clients)
             checkpointing.restore_services(resumed, clients)
             if on_started is not None:
                 on_started(owners)
-            if cfg.launcher.probe:
-                _probe(plan, clients, recipe.make_policy(rcfg, spec), run_dir)
-            reporter = EdgeReporter(owners, clients["logger"], every=float(cfg.launcher.telemetry_every)).start()
+            if settings.probe:
+                _probe(plan, clients, run.make_policy(), run.run_dir)
+            reporter = EdgeReporter(owners, clients["logger"], every=float(settings.telemetry_every)).start()
             stack.callback(reporter.report)  # a last reading before the services stop
             stack.callback(reporter.stop)
-            result = recipe.run(
-                rcfg,
+            result = run.recipe.run(
+                plan.recipe_config,
                 Clients(
-                    policy=clients["inference"] if "inference" in clients else
-                    _replica(cfg, recipe, rcfg, spec, clients["weight_sync"]),
+                    policy=clients["inference"] if "inference" in clients else _replica(run, clients["weight_sync"]),
                     collector=clients["collector"], replay=clients["replay"],
-                    logger=clients["logger"], weight_sync=clients["weight_sync"], env_spec=spec, progress=progress,
-                    seed=int(cfg.seed), checkpoint=checkpoint,
+                    logger=clients["logger"], weight_sync=clients["weight_sync"], env_spec=run.spec, progress=progress,
+                    seed=plan.seed, checkpoint=checkpoint,
                 ),
             )
             checkpointing.save(checkpoint, "at the end", finished={"solved": bool(result.get("solved")),
@@ -187,20 +189,20 @@ def execute(plan: LaunchPlan, cfg: DictConfig, run_dir: str, *, on_started: Call
     return dict(result)
 
 
-def _start(plan: LaunchPlan, cfg, recipe, rcfg, spec, run_dir: str, stack: ExitStack, owners: dict,
-           resumed: Resumed) -> dict:
+def _start(run: _Run, stack: ExitStack, owners: dict) -> dict:
     """Enter each placement's session, then start the owners level by level; returns their clients."""
+    plan = run.plan
     clients: dict[str, Any] = {}
     hosts = {c.placement: c.host for c in plan.components}
     for placement, host in hosts.items():  # each placement's session: entered before any owner, left last
-        stack.enter_context(host.session(_container(cfg.get(placement)), run_dir=run_dir))
+        stack.enter_context(host.session(plan.sessions.get(placement, {}), run_dir=run.run_dir))
     for level in plan.levels:  # the owners of one level start at the same time, after those they depend on
         launched = []
         for c in level:
             deps = {d: owners[d] if d in OWNER_DEPENDENCIES.get(c.name, ()) else clients[d] for d in c.depends_on}
-            owner = owners[c.name] = BUILDERS[c.name](c, cfg, recipe, rcfg, spec, deps, run_dir, resumed)
+            owner = owners[c.name] = BUILDERS[c.name](c, run, deps)
             # registered before the launch: a failed start is torn down too
-            stack.callback(_shutdown, c.name, owner, float(cfg.launcher.shutdown_timeout))
+            stack.callback(_shutdown, c.name, owner, float(plan.launcher.shutdown_timeout))
             log.info("starting %s (%s, %s)", c.name, c.placement, c.transport)
             launched.append((c.name, owner.launch()))
         for name, owner in launched:
@@ -210,7 +212,7 @@ def _start(plan: LaunchPlan, cfg, recipe, rcfg, spec, run_dir: str, stack: ExitS
                 raise ServiceFailedToStart(name, owner.placement, str(exc)) from exc
             clients[name] = owner.client()
             log.info("%s ready (%s, pids %s)", name, owner.placement, _pids(owner) or "-")
-    _write_services(run_dir, owners)
+    _write_services(run.run_dir, owners)
     return clients
 
 
@@ -243,10 +245,6 @@ def _probe(plan: LaunchPlan, clients: dict, policy: Any, run_dir: str) -> None:
     written["probe"] = records
     with open(path, "w") as f:
         json.dump(written, f, indent=2)
-
-
-def _container(node) -> dict:
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
 
 
 def _shutdown(name: str, owner: Any, timeout: float) -> None:

@@ -14,68 +14,24 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from recipes.configs import DQNConfig, PPOConfig, bounded
+from components.collectors.config import CollectorConfig
+from components.config import LoggerConfig, WeightSyncConfig, bounded
+from components.inference.config import InferenceServerConfig
+from components.logger.config import CSVLoggerConfig, TensorBoardLoggerConfig
+from components.replay.config import ReplayConfig
+from recipes.configs import DQNConfig, PPOConfig
 
 
 # ---------------------------------------------------------------------------------------------- components
 @dataclass
-class ResourcesConf:
-    """What an owner's host may use where it is placed (components.hosts.Resources; Ray actors read every field)."""
-
-    num_cpus: Optional[float] = bounded(None, ge=0)  # CPUs reserved for the owner (None: the placement's default)
-    num_gpus: float = bounded(0.0, ge=0)  # GPUs reserved for the owner
-    memory: Optional[int] = bounded(None, gt=0, unit="bytes")  # bytes of memory reserved (Ray)
-    max_restarts: int = bounded(0, ge=0)  # times a crashed owner is restarted (Ray actors; collector workers anywhere)
-    max_concurrency: int = bounded(1, ge=1)  # concurrent calls an actor serves (Ray)
-    custom: Dict[str, float] = field(default_factory=dict)  # custom resources, e.g. {node_b: 1}
-    startup_timeout: float = bounded(120.0, gt=0, unit="seconds")  # for the owner's thread, process or Ray actor to be ready
-
-
-@dataclass
-class ComponentConf:
-    """Placement and transport of one component; ``null`` inherits ``service`` / ``transport``."""
-
-    placement: Optional[str] = None  # direct | thread | process | ray | distributed (| submitit for collectors)
-    transport: Optional[str] = None  # auto | direct | thread | queue | shared_memory | process_slot | ray | distributed
-    transport_options: Dict[str, Any] = field(default_factory=dict)  # options of the chosen transport
-    resources: ResourcesConf = field(default_factory=ResourcesConf)
-
-
-@dataclass
-class InferenceConf(ComponentConf):
-    """The inference server: batching (InferenceServerConfig) and devices (InferenceDeviceConfig)."""
-
-    max_batch_size: int = 64  # most requests combined into one forward pass
-    min_batch_size: int = 1  # fewest requests to wait for, up to `timeout`
-    timeout: float = 0.002  # seconds to wait for min_batch_size requests
-    collect_stats: bool = True  # keep batch-size and latency statistics
-    stats_window: int = 1000  # batches the statistics cover
-    policy_device: str = "cpu"  # device of the policy forward pass
-    output_device: Optional[str] = None  # device of returned tensors (None: the request's)
-
-
-@dataclass
-class CollectorConf(ComponentConf):
-    """Collectors. Their payloads use the inference and replay transports, so `transport` stays null."""
-
-    num_collectors: int = bounded(1, ge=1)  # collector workers (one vector env each)
-    sync: bool = True  # false: workers collect the next batch while the learner trains on this one (policy lag <= 1)
-    # vector envs per worker, stepped in turn: with 2, one group's policy request is in flight while the other
-    # group steps (faster beside a server process; the server then batches half-size requests together or apart,
-    # so a seeded run is no longer bit-reproducible across placements)
-    env_groups: int = bounded(1, ge=1)
-    # true: each worker runs its own copy of the policy (weights from weight_sync before each step) and no inference
-    # server starts; workers then scale with cores like a raw env loop, without batching across workers
-    local_policy: bool = False
-
-
-@dataclass
 class ComponentsConf:
-    inference: InferenceConf = field(default_factory=InferenceConf)
-    replay: ComponentConf = field(default_factory=ComponentConf)
-    logger: ComponentConf = field(default_factory=ComponentConf)
-    collector: CollectorConf = field(default_factory=CollectorConf)
-    weight_sync: ComponentConf = field(default_factory=ComponentConf)
+    """``components.<name>``: each component's own config dataclass, the one its owner is built from."""
+
+    inference: InferenceServerConfig = field(default_factory=InferenceServerConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    collector: CollectorConfig = field(default_factory=CollectorConfig)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
 
 
 # ---------------------------------------------------------------------------------------------- groups
@@ -156,22 +112,6 @@ class EnvConf:
 
 
 @dataclass
-class CSVLoggerConf:
-    _target_: str = "components.logger.CSVLogger"
-    log_dir: str = "."  # relative to the run directory
-    flush_every: int = bounded(100, ge=1)  # rows between flushes (shutdown always flushes)
-    tensorboard: bool = True  # also TensorBoard event files under <run dir>/tensorboard, if tensorboard is installed
-    resume_step: Optional[int] = bounded(None, ge=0)  # set by the launcher on resume: rows after this step are dropped
-
-
-@dataclass
-class TensorBoardLoggerConf:
-    _target_: str = "components.logger.TensorBoardLogger"
-    log_dir: str = "tensorboard"  # relative to the run directory
-    resume_step: Optional[int] = bounded(None, ge=0)  # set by the launcher on resume: later events are hidden
-
-
-@dataclass
 class LauncherConf:
     dry_run: bool = False  # print the plan and exit without starting anything
     torch_threads: int = bounded(1, ge=1)  # torch intra-op threads in the driver (1 is fastest for small models)
@@ -213,24 +153,19 @@ SCHEMAS: Dict[str, Dict[str, type]] = {
     },
     "transport": {"base_transport": TransportConf},
     "env": {"base_env": EnvConf},
-    "logger": {"base_csv": CSVLoggerConf, "base_tensorboard": TensorBoardLoggerConf},
+    "logger": {"base_csv": CSVLoggerConfig, "base_tensorboard": TensorBoardLoggerConfig},
     "recipe": {"base_ppo": PPOConfig, "base_dqn": DQNConfig},
 }
 
-# Which constructor each schema configures (checked by the parity test): schema -> (callables, ignored fields).
+# Which constructor each schema configures (checked by the parity test): schema -> (callables, ignored fields). The
+# components' own configs need no entry: their owners take the config object itself.
 PARITY: List[tuple] = [
-    (CSVLoggerConf, ("components.logger.CSVLogger",), ("_target_",)),
-    (TensorBoardLoggerConf, ("components.logger.TensorBoardLogger",), ("_target_",)),
+    (CSVLoggerConfig, ("components.logger.CSVLogger",), ("_target_",)),
+    (TensorBoardLoggerConfig, ("components.logger.TensorBoardLogger",), ("_target_",)),
     (EnvConf, ("components.envs.EnvMaker",), ()),  # _target_ is an argument here: the env's own callable
-    (ResourcesConf, ("components.hosts.base.Resources",), ()),
     (SubmititConf, ("components.hosts.submitit.SubmititSettings",), ()),
     (DistributedConf, ("components.hosts.distributed.DistributedSettings",), ()),
     (RpcConf, ("components.hosts._rpc_worker.RpcSettings",), ()),
-    (
-        InferenceConf,
-        ("components.inference.config.InferenceServerConfig", "components.inference.config.InferenceDeviceConfig"),
-        ("placement", "transport", "transport_options", "resources"),
-    ),
 ]
 
 

@@ -31,7 +31,7 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from transports.errors import ConfigurationError, NotImplementedYetError
 
@@ -79,11 +79,6 @@ class JobResources:
                    why={name: job.why.get(name, "") for name, job in top.items()})
 
 
-def _settings(cfg: DictConfig, placement: str) -> dict:
-    node = cfg.get(placement)
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else {}
-
-
 def _device_count(value: Any) -> int:
     """GPUs a device option needs on the node: ``cuda`` 1, ``cuda:2`` 3, anything else 0."""
     match = re.fullmatch(r"cuda(?::(\d+))?", str(value).strip())
@@ -101,14 +96,14 @@ def _row_bytes(plan) -> int | None:
     return None
 
 
-def job_resources(plan, cfg: DictConfig) -> JobResources:
-    """What a job running ``plan`` (built from ``cfg``) needs: see the module's docstring for the rules.
+def job_resources(plan) -> JobResources:
+    """What a job running ``plan`` needs: see the module's docstring for the rules.
 
     Args:
-        plan: the :class:`~launcher.plan.LaunchPlan`.
-        cfg: the composed config it was built from (``launcher.torch_threads``, ``ray.*``).
+        plan: the :class:`~launcher.plan.LaunchPlan` (its components, ``launcher.torch_threads`` and each placement's
+            session settings, ``ray.*``).
     """
-    threads = int(cfg.launcher.torch_threads)
+    threads = int(plan.launcher.torch_threads)
     cpus, gpus, memory, device_gpus = float(threads), 0.0, DRIVER_MEMORY_GB, 0
     cpu_parts, mem_parts, gpu_parts = [f"the driver {threads}"], [f"the driver {DRIVER_MEMORY_GB:g} GB"], []
     # What each placement starts besides its targets, counted once per function: process and distributed share one
@@ -119,7 +114,7 @@ def job_resources(plan, cfg: DictConfig) -> JobResources:
             host = c.host
         except NotImplementedYetError:  # a placement without a host cannot run: nothing to count
             continue
-        settings = _settings(cfg, c.placement)
+        settings = plan.sessions.get(c.placement, {})
         if not host.on_run_machine(settings):
             continue
         n = int(c.options.get("num_collectors", 1))  # one host per worker
@@ -154,7 +149,7 @@ def job_resources(plan, cfg: DictConfig) -> JobResources:
     )
 
 
-def own_jobs(plan, cfg: DictConfig) -> list[str]:
+def own_jobs(plan) -> list[str]:
     """One line per component whose hosts are batch jobs of their own (collectors on ``submitit``): what each job
     asks for. Those jobs are not part of the run's own job (their hosts are not on the run's machine)."""
     lines = []
@@ -163,7 +158,7 @@ def own_jobs(plan, cfg: DictConfig) -> list[str]:
             host = c.host
         except NotImplementedYetError:
             continue
-        said = host.own_jobs(_settings(cfg, c.placement), c.resources, int(c.options.get("num_collectors", 1)))
+        said = host.own_jobs(plan.sessions.get(c.placement, {}), c.resources, int(c.options.get("num_collectors", 1)))
         if said:
             lines.append(f"{c.name} jobs: {said}")
     return lines
@@ -292,7 +287,7 @@ def submission_parameters(params: Mapping[str, Any], configs: list[DictConfig], 
         if not cfg.launcher.dry_run:
             for c in plan.components:  # a cell not built yet fails now, not in the job
                 c.ensure_built()
-        needs.append(job_resources(plan, cfg))
+        needs.append(job_resources(plan))
     largest = JobResources.largest(needs)
     user_set = [name for name in DERIVED if params.get(name) is not None]
     out = {**params, **{name: getattr(largest, name) for name in DERIVED if name not in user_set}}

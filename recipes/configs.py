@@ -2,33 +2,17 @@
 
 ``launcher/schema.py`` registers these with Hydra's ConfigStore, so composing a config never imports torch;
 each recipe (``recipes/<name>.py``) imports its config from here and reads on with its networks and loop.
-A field declares the range it accepts with :func:`bounded`, and ``rules()`` states what must hold between
-fields (a minibatch count that divides the batch): the launcher checks every composed config against both
-before anything starts.
+A field declares the range it accepts with :func:`~components.config.bounded` (the one mechanism every config of the
+project uses), and ``rules()`` states what must hold between fields (a minibatch count that divides the batch): the
+launcher checks every composed config against both before anything starts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
-
-def bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
-            lt: float | None = None, unit: str = "") -> Any:
-    """A dataclass field whose value must lie within the given bounds (``None`` passes an ``Optional`` field).
-
-    Args:
-        default: the field's default.
-        ge, gt, le, lt: the bounds: ``>=``, ``>``, ``<=``, ``<``.
-        unit: what the value counts (``"seconds"``), shown in the error.
-
-    Example:
-        >>> @dataclass
-        ... class Conf:
-        ...     lr: float = bounded(1e-3, gt=0)
-    """
-    bounds = {k: v for k, v in {"ge": ge, "gt": gt, "le": le, "lt": lt}.items() if v is not None}
-    return field(default=default, metadata={"bounds": bounds, "unit": unit})
+from components.config import bounded
 
 
 @dataclass

@@ -42,7 +42,8 @@ def owner_factories(tmp_path, placement: str = "direct") -> dict:
         "logger/csv": lambda: CSVLogger(str(tmp_path / "csv"), placement=placement),
         "logger/tensorboard": lambda: TensorBoardLogger(str(tmp_path / "tb"), placement=placement),
         "weight_sync": lambda: WeightSync(CartPolePolicy(), placement=placement),
-        "collector": lambda: Collector(cartpole_envs(2), _direct_policy(), 8, 16, placement=placement),
+        "collector": lambda: Collector(cartpole_envs(2), _direct_policy(), frames_per_batch=8, total_frames=16,
+                                       placement=placement),
     }
 
 
@@ -61,12 +62,17 @@ def _direct_policy():
     return LocalPolicy()
 
 
+SLOW_PASS_S = 0.5
+"""How long :class:`EchoPolicy` takes over a request marked slow."""
+
+
 class EchoPolicy(nn.Module):
     """A real policy for server tests: ``action = 2 * observation``; records which pass served each request.
 
     Markers in the observation: a value below -1000 raises ``ValueError`` (a failing batch); a value above
     1e6 blocks for 30 s (a hung server, to be killed; ``hang_marker``, a file path, is created when it starts
-    blocking, so a test can wait for that); ``delay`` slows every pass down (to force batching).
+    blocking, so a test can wait for that); a value in [1e5, 1e6] takes :data:`SLOW_PASS_S` (a slow answer, not a
+    hung one); ``delay`` slows every pass down (to force batching).
     """
 
     def __init__(self, delay: float = 0.0, hang_marker: str | None = None):
@@ -86,6 +92,8 @@ class EchoPolicy(nn.Module):
             if self.hang_marker:
                 open(self.hang_marker, "w").close()
             time.sleep(30)
+        elif (obs >= 1e5).any():
+            time.sleep(SLOW_PASS_S)
         if self.delay:
             time.sleep(self.delay)
         self.calls += 1

@@ -1,12 +1,13 @@
 """Payload transports: how TensorDicts and commands move between clients and owners.
 
-This package knows no domain (no inference, replay or logging): it holds the vocabulary of kinds, the
-``TransportConfig`` value and the data of a transport choice, wire ``Layout`` s, the error hierarchy, shared-memory
-segments, the registry that builds a transport by kind (:mod:`transports.registry`), and one module per transport
-over :class:`transports.base.Transport`.
+This package knows no domain (no inference, replay or logging): it holds what each transport says about itself
+(:mod:`transports.descriptor`), the vocabulary of kinds derived from it, the ``TransportConfig`` value and the data
+of a transport choice, wire ``Layout`` s, the error hierarchy, shared-memory segments, the registry that builds a
+transport by kind (:mod:`transports.registry`), and one module per transport over :class:`transports.base.Transport`.
 """
 
 from .config import TransportConfig, as_transport_config
+from .descriptor import Reach, TransportDescriptor
 from .errors import (
     ConfigurationError,
     IncompatibleCombinationError,
@@ -18,7 +19,8 @@ from .errors import (
     ServiceTimeoutError,
     TransportError,
 )
-from .kinds import PLACEMENTS, TRANSPORT_KINDS, normalize_placement, normalize_transport_kind
+from .kinds import PLACEMENTS, normalize_placement, normalize_transport_kind, transport_kinds
+from .registry import register
 from .resolver import Resolution, TransportContext
 
 
@@ -45,17 +47,20 @@ __all__ = [
     "NotImplementedYetError",
     "PLACEMENTS",
     "PeerFailureError",
+    "Reach",
     "RemoteError",
     "RequestReplyTransport",
     "Resolution",
     "ServiceError",
     "ServiceTimeoutError",
-    "TRANSPORT_KINDS",
     "Transport",
     "TransportConfig",
     "TransportContext",
+    "TransportDescriptor",
     "TransportError",
     "as_transport_config",
     "normalize_placement",
     "normalize_transport_kind",
+    "register",
+    "transport_kinds",
 ]

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from .errors import ConfigurationError, PeerFailureError
-from .kinds import WIRES
+from .descriptor import DistributedOptions
 
 IDLE = datetime.timedelta(days=30)
 """How long a receive waits (passed to every receive). An idle gloo receive that times out closes its pair, and a channel waits for
@@ -29,10 +29,9 @@ CONNECT_S = 60.0
 receive passes :data:`IDLE` explicitly), so a peer that dies between its announcement and its groups costs the
 other side this long, never longer: no thread stays inside gloo's rendezvous when the process ends. Generous: 64
 clients connecting at once to a server on 2 busy cores took more than 10 s (tests/components/test_load.py)."""
-BACKENDS = ("gloo", "nccl")
-DEFAULT_BACKEND = WIRES["distributed"][1]
-"""The backend when ``transport_options`` names none (declared in :data:`transports.kinds.WIRES`, which the plan
-prints)."""
+BACKENDS = DistributedOptions.__dataclass_fields__["backend"].metadata["choices"]
+DEFAULT_BACKEND = DistributedOptions.backend
+"""The backend when ``transport_options`` names none (the options' default, which the plan prints)."""
 POLL_S = (0.0005, 0.02)
 """Store polling pauses: the first, and the longest (the pause doubles while nothing comes)."""
 
@@ -47,12 +46,9 @@ def check_backend(backend: str, path: str = "transport_options.backend") -> None
 
 
 def check_options(options, *, path: str = "transport_options") -> None:
-    """The distributed transport's option values, checked while planning (``nccl`` needs CUDA on this machine)."""
+    """What the distributed transport's declared ranges cannot say, checked while planning: ``nccl`` needs CUDA on
+    this machine."""
     check_backend(options.get("backend", DEFAULT_BACKEND), path=f"{path}.backend")
-    for name in ("connect_timeout", "max_payload_mb"):
-        value = options.get(name, 1)
-        if not isinstance(value, (int, float)) or value <= 0:
-            raise ConfigurationError(f"{name} must be a number > 0, got {value!r}", path=f"{path}.{name}")
 
 
 def open_store(host: str, port: int, timeout: float):

@@ -21,7 +21,7 @@ from tensordict import TensorDict, TensorDictBase
 from ._shared import AdaptiveSpin, PeerStatus, wait_for
 from .segments import Segment, SlotBank
 from .base import RequestReplyTransport, ResponseFuture
-from .config import TransportConfig
+from .descriptor import SlotOptions
 from .errors import ConfigurationError, PeerFailureError, error_from_text, error_to_text
 from .layout import Layout
 from .sync import Semaphore
@@ -74,10 +74,8 @@ class SlotTransport(RequestReplyTransport):
         name: the component served, named in its clients' errors.
     """
 
-    fixed_layout = True
-    cross_process = True
-
-    def __init__(self, request_layout, response_layout, num_slots: int, context: str = "spawn", name: str = "service"):
+    def __init__(self, request_layout, response_layout, num_slots: int = SlotOptions.num_slots,
+                 context: str = SlotOptions.context, name: str = "service"):
         super().__init__()
         if request_layout is None or response_layout is None:
             raise ConfigurationError(
@@ -92,16 +90,13 @@ class SlotTransport(RequestReplyTransport):
         _cpu_only(self.response_layout, "response")
         _stampable(self.response_layout)
         self.num_slots, self.context = num_slots, context
+        self.options = SlotOptions(num_slots, context)
         self.requests = SlotBank(self.request_layout, num_slots)
         self.responses = SlotBank(self.response_layout, num_slots)
         self.control = _Control(num_slots)
         self.doorbell = Semaphore(0, context)
         self.answered = [Semaphore(0, context) for _ in range(num_slots)]
         self.status = PeerStatus(name=name)
-
-    @property
-    def config(self) -> TransportConfig:
-        return TransportConfig(self.kind, {"num_slots": self.num_slots})
 
     def server(self):
         from ._slot_server import SlotServer
@@ -282,17 +277,21 @@ class SlotFuture(ResponseFuture):
         if self._outcome is not None:
             return True
         c, slot = self.client, self.slot
+        states = c.control.state
+        if states is None:  # the owner closed the transport in this very process: nothing answers (wait_for says why)
+            return False
         sem = c.answered[slot]
         if step <= 0:
             woken = sem.acquire(False)
-        elif np.count_nonzero(c.control.state) <= 1:  # spin only as the sole request in flight: with many waiters,
+        elif np.count_nonzero(states) <= 1:  # spin only as the sole request in flight: with many waiters,
             woken = c.spin.wait(functools.partial(sem.acquire, False),  # spinning steals the server's CPU
                                 functools.partial(sem.acquire, timeout=step))
         else:
             woken = sem.acquire(timeout=step)
-        if not woken:
+        states = c.control.state  # closed while this thread waited: as above
+        if not woken or states is None:
             return False
-        state = c.control.state[slot]
+        state = states[slot]
         if state == ANSWERED:
             self._outcome = (True, c._answer(slot))
         elif state == FAILED:

@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 from .base import RequestReplyTransport
+from .descriptor import ActorCallOptions
 from .errors import TransportError
 
 _ids = itertools.count(1)
@@ -83,11 +84,10 @@ class ActorCallTransport(RequestReplyTransport):
         max_queue_size: most requests waiting inside the actor.
     """
 
-    cross_process = True
-
-    def __init__(self, name: str = "service", max_queue_size: int = 1024):
+    def __init__(self, name: str = "service", max_queue_size: int = ActorCallOptions.max_queue_size):
         super().__init__()
         self.name, self.max_queue_size = name, max_queue_size
+        self.options = ActorCallOptions(max_queue_size)
         self.endpoint_id = f"{os.getpid()}-{next(_ids)}-{os.urandom(3).hex()}"
         self.handle: Any = None
         self._inner = None  # in the actor: the thread transport the server endpoint drains
@@ -99,6 +99,7 @@ class ActorCallTransport(RequestReplyTransport):
         RequestReplyTransport.__init__(self)
         self.__dict__.update(state)
         self.handle, self._inner = None, None
+        self.options = ActorCallOptions(self.max_queue_size)
 
     def _first_seen(self) -> bool:
         """Whether producers may be met mid-sequence here (an actor restarted by its placement)."""

@@ -11,26 +11,43 @@ of policies; batching policy (sizes, timeouts) belongs to the caller of ``collec
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
-
-from tensordict import TensorDictBase
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .config import TransportConfig
-from .layout import Layout
+from .descriptor import TransportDescriptor
+
+if TYPE_CHECKING:
+    from tensordict import TensorDictBase
+
+    from .layout import Layout
 
 
 class Transport(ABC):
     """Base class of payload transports.
 
-    Subclasses set :attr:`kind` (a name from :data:`transports.kinds.TRANSPORT_KINDS`), state their rules
-    in the class docstring, and implement :meth:`client` and :meth:`_close`.
+    Subclasses set :attr:`descriptor` (what the transport is: its kind, reach, layouts, options; see
+    :mod:`transports.descriptor`), state their rules in the class docstring, and implement :meth:`client` and
+    :meth:`_close`. :attr:`kind` follows from the descriptor.
+
+    Attributes:
+        descriptor: the transport's :class:`~transports.descriptor.TransportDescriptor`.
+        kind: its kind (``descriptor.kind``).
+        options: the instance's options, an instance of ``descriptor.options`` (set by subclasses that take any).
     """
 
+    descriptor: ClassVar[TransportDescriptor | None] = None
     kind: ClassVar[str] = "custom"
+    options: Any = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "descriptor" in cls.__dict__ and cls.descriptor is not None:
+            cls.kind = cls.descriptor.kind
 
     def __init__(self) -> None:
         self._closed = False
@@ -55,8 +72,9 @@ class Transport(ABC):
 
     @property
     def config(self) -> TransportConfig:
-        """The transport as a value, for plans and messages."""
-        return TransportConfig(self.kind, {})
+        """The transport as a value (its kind and options), for plans and messages."""
+        options = {} if self.options is None else dataclasses.asdict(self.options)
+        return TransportConfig(self.kind, options)
 
     def __enter__(self):
         return self
@@ -171,13 +189,10 @@ class ResponseFuture(ABC):
 class RequestReplyTransport(Transport):
     """A transport that carries TensorDict requests to one server and answers back.
 
-    Attributes:
-        fixed_layout: whether requests and responses must match layouts bound at construction.
-        cross_process: whether the server may live in another process than the clients.
+    Whether requests and responses must match layouts bound at construction, and how far clients reach, are the
+    descriptor's (``descriptor.fixed_layout``, ``descriptor.reach``).
     """
 
-    fixed_layout: ClassVar[bool] = False
-    cross_process: ClassVar[bool] = False
     request_layout: Layout | None = None
     response_layout: Layout | None = None
 

@@ -15,7 +15,7 @@ class TransportConfig:
     """A transport kind and its options.
 
     Args:
-        kind: one of :data:`transports.kinds.TRANSPORT_KINDS` (aliases accepted).
+        kind: ``auto`` or a registered transport kind (:func:`transports.kinds.transport_kinds`; aliases accepted).
         options: keyword options for the concrete transport (``num_slots``, ``backend``...).
 
     Example:

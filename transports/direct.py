@@ -15,6 +15,7 @@ from tensordict import TensorDictBase
 
 from . import local as _local
 from .base import Batch, RequestReplyTransport, ServerEndpoint
+from .descriptor import DIRECT, DirectOptions
 from .errors import PeerFailureError
 
 
@@ -30,12 +31,17 @@ class _Slot:
 
 
 class DirectSlotTransport(RequestReplyTransport):
-    """Per-client slots swept by a server thread in the same process."""
+    """Per-client slots swept by a server thread in the same process.
 
-    kind = "direct"
+    Args:
+        name: the component served (kept for messages).
+    """
 
-    def __init__(self) -> None:
+    descriptor = DIRECT
+
+    def __init__(self, name: str = "service") -> None:
         super().__init__()
+        self.options, self.name = DirectOptions(), name
         self.slots: list[_Slot] = []
         self.pending: list[_Slot] = []
         self.cond = threading.Condition()

@@ -40,9 +40,9 @@ from tensordict import TensorDict, TensorDictBase
 
 from . import _gloo
 from ._framing import ASKS, BYE, ERROR, REPLY, REQUEST, SEND_TIMEOUT_S, SHUTDOWN, Connection, MalformedMessage, Wire
-from ._gloo import DEFAULT_BACKEND, POLL_S, Gap, check_backend, check_options, connect_store, groups, open_store, wait_answer
+from ._gloo import POLL_S, Gap, check_backend, check_options, connect_store, groups, open_store, wait_answer
 from .base import Batch, RequestReplyTransport, ServerEndpoint, drain
-from .config import TransportConfig
+from .descriptor import DISTRIBUTED, DistributedOptions
 from .errors import LayoutError, PeerFailureError, TransportError, error_from_text, error_to_text
 from .layout import Layout
 from .local import LocalFuture
@@ -82,29 +82,24 @@ class DistributedTransport(RequestReplyTransport):
             (a replay buffer's explicit ``extend`` / ``sample`` / ``update_priority`` layouts).
     """
 
-    kind = "distributed"
-    fixed_layout = True
-    cross_process = True
+    descriptor = DISTRIBUTED
 
-    def __init__(self, request_layout=None, response_layout=None, backend: str = DEFAULT_BACKEND,
-                 host: str = "127.0.0.1", port: int = 0, connect_timeout: float = 30.0, max_payload_mb: float = 1024,
-                 name: str = "service", operations: Mapping[str, tuple] | None = None):
+    def __init__(self, request_layout=None, response_layout=None, backend: str = DistributedOptions.backend,
+                 host: str = DistributedOptions.host, port: int = DistributedOptions.port,
+                 connect_timeout: float = DistributedOptions.connect_timeout,
+                 max_payload_mb: float = DistributedOptions.max_payload_mb, name: str = "service",
+                 operations: Mapping[str, tuple] | None = None):
         super().__init__()
         check_backend(backend)
         self.request_layout = _as_layout(request_layout)
         self.response_layout = _as_layout(response_layout)
         self.operations = {op: (_as_layout(req), _as_layout(resp)) for op, (req, resp) in (operations or {}).items()}
-        self._options = {"backend": backend, "host": host, "port": port, "connect_timeout": connect_timeout,
-                         "max_payload_mb": max_payload_mb}
+        self.options = DistributedOptions(backend, host, port, connect_timeout, max_payload_mb)
         self._store, port = open_store(host, port, connect_timeout)
         self.address = Address(host, port, os.urandom(8).hex(), backend, name, float(connect_timeout),
                                int(max_payload_mb * (1 << 20)))
 
-    check_options = staticmethod(check_options)  # the option values, checked while planning
-
-    @property
-    def config(self) -> TransportConfig:
-        return TransportConfig(self.kind, self._options)
+    check_options = staticmethod(check_options)  # what a range cannot say (nccl needs CUDA), checked while planning
 
     def server_side(self) -> "ServerSpec":
         return ServerSpec(self.address, self.request_layout, self.response_layout, dict(self.operations))

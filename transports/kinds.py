@@ -1,73 +1,55 @@
 """The two vocabularies: placements (where an owner lives) and transport kinds (how payloads move).
 
-Names are normalized once, here, so every other module compares canonical spellings.
+Transport kinds, their aliases and how far their clients reach are the registered transports' own
+(:mod:`transports.registry`, each from its :class:`~transports.descriptor.TransportDescriptor`); this module names
+them in canonical spellings, so every other module compares those.
 """
 
 from __future__ import annotations
 
+from . import registry
+from .descriptor import Reach
 from .errors import ConfigurationError
 
 PLACEMENTS: tuple[str, ...] = ("direct", "thread", "process", "ray", "distributed", "submitit", "rpc", "monarch")
 """Where an owner is constructed and runs. ``submitit`` and ``rpc`` apply to collectors only."""
 
-TRANSPORT_KINDS: tuple[str, ...] = (
-    "auto",
-    "direct",
-    "thread",
-    "queue",
-    "shared_memory",
-    "process_slot",
-    "ray",
-    "distributed",
-    "monarch",
-)
-"""How payloads move between clients and an owner. ``auto`` asks the component to choose."""
-
 PLACEMENT_ALIASES: dict[str, str] = {"threading": "thread", "multiprocessing": "process"}
-TRANSPORT_ALIASES: dict[str, str] = {
-    "threading": "thread",
-    "multiprocessing": "queue",
-    "process": "queue",
-    "shm": "shared_memory",
-}
 
-# How far a client of each transport can travel from its owner; the launcher uses it to check that a
-# dependant placed elsewhere can still reach its dependency.
-REACH: dict[str, str] = {
-    "direct": "process",
-    "thread": "process",
-    "queue": "host",
-    "shared_memory": "host",
-    "process_slot": "host",
-    "ray": "cluster",
-    "distributed": "cluster",
-    "monarch": "cluster",  # Monarch actors may live on other hosts of a mesh
+DISTANCE: dict[str, Reach] = {
+    "direct": Reach.PROCESS,
+    "thread": Reach.PROCESS,
+    "process": Reach.MACHINE,
+    "ray": Reach.NETWORK,
+    "distributed": Reach.NETWORK,
+    "submitit": Reach.NETWORK,
+    "rpc": Reach.NETWORK,  # rpc workers reach services as workers of any rpc world would: over network transports
+    "monarch": Reach.NETWORK,
 }
-# How far from the driver each placement puts an owner.
-DISTANCE: dict[str, str] = {
-    "direct": "process",
-    "thread": "process",
-    "process": "host",
-    "ray": "cluster",
-    "distributed": "cluster",
-    "submitit": "cluster",
-    "rpc": "cluster",  # rpc workers reach services as workers of any rpc world would: over cluster transports
-    "monarch": "cluster",
-}
-_ORDER = {"process": 0, "host": 1, "cluster": 2}
-# Kinds whose payloads ride a wire chosen by an option: that option and its default (the transport's own).
-WIRES: dict[str, tuple[str, str]] = {"distributed": ("backend", "gloo")}
+"""How far from the driver each placement puts an owner: what a client it is handed must reach."""
+
+
+def transport_kinds() -> tuple[str, ...]:
+    """``auto`` and every registered transport kind, in table order."""
+    return ("auto", *(d.kind for d in registry.descriptors()))
+
+
+def transport_aliases() -> dict[str, str]:
+    """Other spellings of the registered kinds -> the kind."""
+    return {alias: d.kind for d in registry.descriptors() for alias in d.aliases}
 
 
 def transport_label(kind: str, options: dict | None = None) -> str:
     """``kind`` as the plan prints it: with the wire it rides where there is a choice (``distributed (gloo)``)."""
-    wire = WIRES.get(kind)
-    return kind if wire is None else f"{kind} ({(options or {}).get(wire[0], wire[1])})"
+    try:
+        return registry.describe(kind).label(options)
+    except ConfigurationError:  # '-' (takes none), or a transport given as an instance of an unregistered class
+        return kind
 
 
 def reaches(transport: str, placement: str) -> bool:
     """Whether a client over ``transport`` still works when its user is placed at ``placement``."""
-    return _ORDER[REACH[transport]] >= _ORDER[DISTANCE[placement]]
+    return registry.describe(transport).reach >= DISTANCE[placement]
 
 
 def _normalize(value: object, vocabulary: tuple[str, ...], aliases: dict[str, str], what: str, path: str | None):
@@ -93,8 +75,8 @@ def normalize_transport_kind(value: object, *, path: str | None = None) -> str:
     """Return the canonical transport kind for ``value`` (aliases accepted; ``None`` means ``auto``).
 
     Raises:
-        ConfigurationError: ``value`` is not a transport kind.
+        ConfigurationError: ``value`` is not a registered transport kind.
     """
     if value is None:
         return "auto"
-    return _normalize(value, TRANSPORT_KINDS, TRANSPORT_ALIASES, "transport", path)
+    return _normalize(value, transport_kinds(), transport_aliases(), "transport", path)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .actor_calls import ActorCallTransport, ProducerClient
+from .descriptor import MONARCH
 from .peers import pid_runs
 from .errors import ConfigurationError, PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError, qualified_name
 
@@ -121,7 +122,7 @@ class MonarchTransport(ActorCallTransport):
         max_queue_size: most requests waiting inside the actor.
     """
 
-    kind = "monarch"
+    descriptor = MONARCH
 
     def _client(self) -> "MonarchClient":
         return MonarchClient(self.handle, self.endpoint_id, self.name)

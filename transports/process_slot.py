@@ -13,6 +13,7 @@ from tensordict import TensorDictBase
 
 from ._shared import EndpointClaims
 from ._slots import FREE, SlotClientBase, SlotFuture, SlotTransport
+from .descriptor import PROCESS_SLOT, SlotOptions
 from .errors import PeerFailureError, TransportError
 from .sync import Lock
 
@@ -28,10 +29,10 @@ class ProcessSlotTransport(SlotTransport):
         name: the component served, named in its clients' errors.
     """
 
-    kind = "process_slot"
+    descriptor = PROCESS_SLOT
 
-    def __init__(self, request_layout, response_layout, num_slots: int = 64, context: str = "spawn",
-                 name: str = "service"):
+    def __init__(self, request_layout, response_layout, num_slots: int = SlotOptions.num_slots,
+                 context: str = SlotOptions.context, name: str = "service"):
         super().__init__(request_layout, response_layout, num_slots, context, name)
         self.claims = EndpointClaims(num_slots, Lock(context))
         self._next = 0

@@ -35,7 +35,7 @@ from ._queue_server import ERR as _ERR, OK as _OK, SEND_FLAGS as _SEND_FLAGS, Qu
     socket_of as _socket_of
 from ._shared import WAIT_SLICE, PeerStatus, Spinners, wait_for
 from .base import RequestReplyTransport, ResponseFuture
-from .config import TransportConfig
+from .descriptor import QUEUE, QueueOptions
 from .errors import PeerFailureError, TransportError
 from .wire import frame, from_wire, to_wire
 
@@ -67,13 +67,14 @@ class QueueTransport(RequestReplyTransport):
         >>> client = transport.client()   # picklable: hand it to any process of this machine
     """
 
-    kind = "queue"
-    cross_process = True
+    descriptor = QUEUE
 
-    def __init__(self, max_queue_size: int = 1024, context: str = "spawn", name: str = "service"):
+    def __init__(self, max_queue_size: int = QueueOptions.max_queue_size, context: str = QueueOptions.context,
+                 name: str = "service"):
         super().__init__()
         if max_queue_size < 1:
             raise TransportError(f"max_queue_size must be >= 1, got {max_queue_size}")
+        self.options = QueueOptions(max_queue_size, context)
         self.max_queue_size, self.context = max_queue_size, context
         # the owner listens (so clients may connect before the server runs: they wait in the backlog) and hands
         # the listening socket to the server's process as it starts
@@ -81,10 +82,6 @@ class QueueTransport(RequestReplyTransport):
         self._listener = _listen(self.address)
         self.status = PeerStatus(name=name)
         self.spinners = Spinners(SPINNERS)
-
-    @property
-    def config(self) -> TransportConfig:
-        return TransportConfig(self.kind, {"max_queue_size": self.max_queue_size})
 
     def client(self) -> "QueueClient":
         return QueueClient(self.address, self.status, self.max_queue_size, self.spinners)

@@ -25,6 +25,7 @@ import os
 from typing import Any
 
 from .actor_calls import ActorCallTransport, ProducerClient, submit_in_order
+from .descriptor import RAY
 from .errors import ConfigurationError, PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError, qualified_name
 
 
@@ -130,7 +131,7 @@ class RayTransport(ActorCallTransport):
         max_queue_size: most requests waiting inside the actor.
     """
 
-    kind = "ray"
+    descriptor = RAY
 
     def _first_seen(self) -> bool:
         return _restarted()

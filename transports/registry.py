@@ -1,73 +1,94 @@
-"""Transports by kind: one registry builds both ends of any request/reply transport from its kind and options.
+"""Transports by kind: every registered :class:`~transports.descriptor.TransportDescriptor`, and building both ends of
+a request/reply transport from its kind and options.
 
-A new transport is one new module plus one line in :data:`TRANSPORTS`. Components never import a transport
-module directly; they ask :func:`build` for a kind the compatibility table resolved, and the plan checks the
-options (:func:`check_options`) before anything starts.
+The built-in descriptors (:data:`transports.descriptor.BUILT_IN`) are registered from the start; :func:`register`
+adds another (a transport of your own, in a module of yours). Components never import a transport module: they ask
+:func:`build` for a kind the compatibility table resolved, and the plan checks the options (:func:`check_options`)
+and layouts (:func:`check_layouts`) from the descriptor alone, before any transport module is imported.
 """
 
 from __future__ import annotations
 
 import importlib
-import inspect
 from typing import Any, Mapping
 
+from .descriptor import BUILT_IN, TransportDescriptor
 from .errors import ConfigurationError
 
-TRANSPORTS: dict[str, str] = {
-    "thread": "transports.thread:ThreadTransport",
-    "direct": "transports.direct:DirectSlotTransport",
-    "queue": "transports.queue:QueueTransport",
-    "shared_memory": "transports.shared_memory:SharedMemoryTransport",
-    "process_slot": "transports.process_slot:ProcessSlotTransport",
-    "ray": "transports.ray:RayTransport",
-    "monarch": "transports.monarch:MonarchTransport",
-    "distributed": "transports.distributed:DistributedTransport",
-}
-"""kind -> ``module:class`` of its request/reply transport (imported on first use)."""
+_REGISTERED: dict[str, TransportDescriptor] = {d.kind: d for d in BUILT_IN}
 
-FIXED_LAYOUT: frozenset = frozenset({"shared_memory", "process_slot", "distributed"})
-"""Kinds that preallocate from request and response layouts known before the server starts."""
 
-_BUILT_IN = frozenset({"request_layout", "response_layout", "name", "context", "self"})
+def register(descriptor: TransportDescriptor) -> TransportDescriptor:
+    """Add a transport: its kind (and aliases) become a transport name everywhere (YAML, plans, the table's
+    cells that list it). Returns ``descriptor``.
+
+    Raises:
+        ValueError: the kind or an alias is taken by another transport.
+    """
+    taken = {name: d.kind for d in _REGISTERED.values() for name in (d.kind, *d.aliases) if d.kind != descriptor.kind}
+    for name in (descriptor.kind, *descriptor.aliases):
+        if name in taken or name == "auto":
+            raise ValueError(f"transport name {name!r} is taken (by {taken.get(name, 'auto')!r})")
+    _REGISTERED[descriptor.kind] = descriptor
+    return descriptor
+
+
+def unregister(kind: str) -> None:
+    """Remove a transport :func:`register` added (built-in ones stay)."""
+    if any(d.kind == kind for d in BUILT_IN):
+        raise ValueError(f"{kind!r} is a built-in transport")
+    _REGISTERED.pop(kind, None)
+
+
+def descriptors() -> tuple[TransportDescriptor, ...]:
+    """Every registered descriptor, built-in ones first, in their table order."""
+    return tuple(_REGISTERED.values())
+
+
+def describe(kind: str) -> TransportDescriptor:
+    """The descriptor of ``kind``.
+
+    Raises:
+        ConfigurationError: no transport of that kind is registered.
+    """
+    try:
+        return _REGISTERED[kind]
+    except KeyError:
+        raise ConfigurationError(f"no transport {kind!r} is registered", path="transport",
+                                 alternatives=tuple(_REGISTERED)) from None
+
+
+def find(kind: str) -> TransportDescriptor | None:
+    """The descriptor of ``kind``, or ``None`` when none is registered (``-``: a component that takes none)."""
+    return _REGISTERED.get(kind)
 
 
 def transport_class(kind: str) -> type:
-    """The transport class of ``kind``.
-
-    Raises:
-        ConfigurationError: no request/reply transport of that kind is built.
-    """
-    try:
-        module, name = TRANSPORTS[kind].split(":")
-    except KeyError:
-        raise ConfigurationError(f"no request/reply transport {kind!r} is built", path="transport",
-                                 alternatives=tuple(TRANSPORTS)) from None
+    """The transport class of ``kind`` (its module is imported here, on first use)."""
+    module, name = describe(kind).implementation.split(":")
     return getattr(importlib.import_module(module), name)
 
 
 def check_options(kind: str, options: Mapping[str, Any], *, path: str = "transport_options") -> None:
-    """Check that ``options`` are keyword arguments the transport of ``kind`` takes, and their values where the
-    transport class says how (its ``check_options(options, path=...)``). Imports only that transport's module.
+    """Check ``options`` against the descriptor of ``kind``: known names and declared ranges (no import); then, where
+    the transport class checks more than a range (``distributed``: ``nccl`` needs CUDA here), its own
+    ``check_options(options, path=...)``.
 
     Raises:
-        ConfigurationError: an option the transport does not take, naming it and the ones it does.
+        ConfigurationError: an option the transport does not take (naming the ones it does) or a value outside
+            what it allows.
     """
-    if not options or kind not in TRANSPORTS:
+    if not options:
         return
-    cls = transport_class(kind)
-    accepted = [p for p in inspect.signature(cls.__init__).parameters if p not in _BUILT_IN]
-    for key in options:
-        if key not in accepted:
-            raise ConfigurationError(f"transport {kind!r} takes no option {key!r}", path=f"{path}.{key}",
-                                     alternatives=tuple(accepted))
-    check = getattr(cls, "check_options", None)
-    if check is not None:
-        check(options, path=path)
+    descriptor = describe(kind)
+    descriptor.check(options, path=path)
+    if descriptor.checks_more:
+        transport_class(kind).check_options(options, path=path)
 
 
 def check_layouts(kind: str, layouts_known: bool, *, path: str = "transport") -> None:
     """Raise when ``kind`` needs fixed layouts and none are known (never fall back to another kind silently)."""
-    if kind in FIXED_LAYOUT and not layouts_known:
+    if describe(kind).fixed_layout and not layouts_known:
         raise ConfigurationError(
             f"transport {kind!r} needs request and response layouts (fixed layouts) before the server starts; pass "
             "both, or use transport 'queue' for payloads whose layout is not known up front",
@@ -76,20 +97,20 @@ def check_layouts(kind: str, layouts_known: bool, *, path: str = "transport") ->
 
 
 def build(kind: str, options: Mapping[str, Any] | None = None, *, request_layout: Any = None,
-          response_layout: Any = None, name: str = "service") -> Any:
+          response_layout: Any = None, name: str = "service", **extra: Any) -> Any:
     """Build the request/reply transport of ``kind`` on the owner's side.
 
     Args:
-        kind: a resolved transport kind.
-        options: the transport's keyword options (``transport_options``).
+        kind: a registered kind.
+        options: its keyword options (``transport_options``), checked with the resolution.
         request_layout: one request's layout (fixed-layout kinds).
         response_layout: one response's layout (fixed-layout kinds).
         name: names the endpoint in messages.
+        extra: keyword arguments a component hands its transport beside the options (replay's ``operations``).
     """
-    options = dict(options or {})  # checked with the resolution (check_options, check_layouts)
+    descriptor = describe(kind)
     cls = transport_class(kind)
-    if "name" in inspect.signature(cls.__init__).parameters:
-        options["name"] = name
-    if kind in FIXED_LAYOUT:
-        return cls(request_layout, response_layout, **options)
-    return cls(**options)
+    if getattr(cls, "descriptor", None) is not descriptor:
+        raise TypeError(f"{descriptor.implementation} does not carry the descriptor registered for {kind!r}")
+    layouts = {"request_layout": request_layout, "response_layout": response_layout} if descriptor.fixed_layout else {}
+    return cls(**layouts, **dict(options or {}), name=name, **extra)

@@ -13,6 +13,7 @@ from tensordict import TensorDictBase
 
 from ._shared import wait_for
 from ._slots import CLAIMED, FREE, SlotClientBase, SlotFuture, SlotTransport
+from .descriptor import SHARED_MEMORY, SlotOptions
 from .errors import TransportError
 from .sync import Lock, Semaphore
 
@@ -28,10 +29,10 @@ class SharedMemoryTransport(SlotTransport):
         name: the component served, named in its clients' errors.
     """
 
-    kind = "shared_memory"
+    descriptor = SHARED_MEMORY
 
-    def __init__(self, request_layout, response_layout, num_slots: int = 64, context: str = "spawn",
-                 name: str = "service"):
+    def __init__(self, request_layout, response_layout, num_slots: int = SlotOptions.num_slots,
+                 context: str = SlotOptions.context, name: str = "service"):
         super().__init__(request_layout, response_layout, num_slots, context, name)
         self.free = Semaphore(num_slots, context)
         self.claim_lock = Lock(context)

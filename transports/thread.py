@@ -14,7 +14,7 @@ from tensordict import TensorDictBase
 
 from . import local as _local
 from .base import Batch, RequestReplyTransport, ServerEndpoint, drain
-from .config import TransportConfig
+from .descriptor import THREAD, ThreadOptions
 from .errors import PeerFailureError
 
 
@@ -23,24 +23,22 @@ class ThreadTransport(RequestReplyTransport):
 
     Args:
         max_queue_size: most pending requests before producers block.
+        name: the component served (kept for messages).
 
     Example:
         >>> transport = ThreadTransport()
         >>> client = transport.client()   # hand to actor threads
     """
 
-    kind = "thread"
+    descriptor = THREAD
 
-    def __init__(self, max_queue_size: int = 1024):
+    def __init__(self, max_queue_size: int = ThreadOptions.max_queue_size, name: str = "service"):
         super().__init__()
-        self.max_queue_size = max_queue_size
+        self.options = ThreadOptions(max_queue_size)
+        self.max_queue_size, self.name = max_queue_size, name
         self.queue: queue.Queue = queue.Queue(max_queue_size)
         self.status = _local.LocalStatus()
         self._id = _local.register(self)
-
-    @property
-    def config(self) -> TransportConfig:
-        return TransportConfig(self.kind, {"max_queue_size": self.max_queue_size})
 
     def client(self) -> "ThreadClient":
         return ThreadClient(self._id)

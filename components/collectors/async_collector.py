@@ -32,6 +32,7 @@ from ..hosts import stop_all
 from ..inference import InferenceServer, InferenceServerConfig
 from ..resolution import resolve_component
 from ..service import Owner
+from .config import CollectorConfig
 from .handoff import Handoff, Received, RolloutSlots
 from .worker import Worker
 
@@ -108,7 +109,7 @@ class AsyncBatchedCollector(Owner["AsyncBatchedCollector"]):
                  num_workers: int | None = None, chunk_steps: int = 16, num_slots: int = 4):
         if (policy_factory is None) == (server is None):
             raise ConfigurationError("AsyncBatchedCollector needs exactly one of policy_factory or server")
-        super().__init__(placement=env_backend)
+        super().__init__(CollectorConfig(placement=env_backend))
         if not hasattr(self.host_type, "make_queue") or self.inline:
             raise ConfigurationError(f"env workers cannot run on {env_backend!r}", path="env_backend",
                                      alternatives=("thread", "process"))

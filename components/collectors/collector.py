@@ -25,11 +25,12 @@ import gymnasium as gym
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from transports.errors import PeerFailureError
+from transports.errors import ConfigurationError, PeerFailureError
 
 from ..hosts import Done, stop_all
 from ..resolution import Resolved
 from ..service import Owner
+from .config import CollectorConfig
 from .handoff import Received, SameMachine
 from .worker import Worker
 
@@ -48,25 +49,25 @@ class Collector(Owner["Collector"]):
         policy: an inference owner (each worker then gets a client of its own, as ``process_slot`` needs) or
             a callable TensorDict policy (an inference client, a ``PolicyClientModule``...) shared by the
             workers; for ``process`` placement it must travel to worker processes (process clients do).
-        frames_per_batch: environment steps (summed over all envs of all workers) per yielded batch.
-        total_frames: stop after this many frames; ``-1`` iterates until shut down.
-        num_collectors: workers; each gets ``frames_per_batch / num_collectors`` frames per batch.
-        placement: ``direct``, ``thread``, ``process``, ``ray``, ``distributed``, ``submitit``, ``rpc`` or
-            ``monarch``; ``None`` takes the ``service_backend`` context.
+        config: where the workers run and what they collect (:class:`~components.collectors.config.CollectorConfig`:
+            ``placement``, ``frames_per_batch`` (environment steps over all envs of all workers per yielded batch),
+            ``total_frames`` (``-1``: until shut down), ``num_collectors`` (each worker collects an equal share),
+            ``sync`` (``True``: each iteration gathers one rollout from every worker, concatenated along the env
+            dimension; ``False``: each worker's rollout as soon as it is ready), ``env_groups`` (vector envs per
+            worker, each from ``create_env_fn``, stepped in turn: with 2 one group's policy request is in flight while
+            the other steps; an inference owner gives each group a client of its own)); ``None``: built from
+            ``options``.
         replay_buffer: a replay owner (each worker gets its own client) or client; workers write their rollouts
             there and iteration yields frame counts. Process workers need the owner or one client each.
-        sync: ``True``: each iteration gathers one rollout from every worker, concatenated along the env
-            dimension. ``False``: yield each worker's rollout as soon as it is ready.
         seed: base seed (worker ``w`` uses ``seed + w * 10000``, env ``i`` of it ``+ i``).
         start_frames: frames collected before this collector started (a resumed run): they count toward
             ``total_frames``, and each env's sampling stream continues where it stopped (its episodes restart).
-        env_groups: vector envs per worker (each from ``create_env_fn``), stepped in turn; with 2 one group's
-            policy request is in flight while the other steps (see :class:`~components.collectors.worker.Worker`).
-            An inference owner gives each group a client of its own.
-        resolved: the plan's resolution of this collector.
+        resolved: the plan's resolution of this collector (it holds the config).
+        options: fields of :class:`~components.collectors.config.CollectorConfig`, when no ``config`` is given.
 
     Example:
-        >>> collector = Collector(partial(make_vector_env, "CartPole-v1", 8), policy, 256, 10_000).start()
+        >>> collector = Collector(partial(make_vector_env, "CartPole-v1", 8), policy, frames_per_batch=256,
+        ...                       total_frames=10_000).start()
         >>> for batch in collector:
         ...     batch.batch_size
         torch.Size([32, 8])
@@ -78,24 +79,25 @@ class Collector(Owner["Collector"]):
         self,
         create_env_fn: Callable[[], gym.vector.VectorEnv],
         policy: Callable[[TensorDictBase], TensorDictBase],
-        frames_per_batch: int,
-        total_frames: int = -1,
-        num_collectors: int = 1,
+        config: CollectorConfig | None = None,
         *,
-        placement: str | None = None,
         replay_buffer: Any = None,
-        sync: bool = True,
         seed: int = 0,
         start_frames: int = 0,
-        env_groups: int = 1,
         resolved: Resolved | None = None,
+        **options: Any,
     ):
-        super().__init__(placement=placement, resolved=resolved,
-                         options={"frames_per_batch": frames_per_batch, "num_collectors": num_collectors,
-                                  "env_groups": env_groups})
+        if options and (config is not None or resolved is not None):
+            raise TypeError(f"Collector takes its options as a config or as keywords, not both: {sorted(options)}")
+        super().__init__(config or CollectorConfig(**options), resolved=resolved)
+        c = self.config
+        if c.frames_per_batch is None:
+            raise ConfigurationError(f"{c.path}.frames_per_batch is not set: say how many frames each batch holds "
+                                     "(a recipe sets it)", path=f"{c.path}.frames_per_batch")
         self.create_env_fn, self.policy = create_env_fn, policy
-        self.frames_per_batch, self.total_frames, self.num_collectors = frames_per_batch, total_frames, num_collectors
-        self.replay_buffer, self.sync, self.seed, self.env_groups = replay_buffer, sync, seed, env_groups
+        self.frames_per_batch, self.total_frames, self.num_collectors = c.frames_per_batch, c.total_frames, \
+            c.num_collectors
+        self.replay_buffer, self.sync, self.seed, self.env_groups = replay_buffer, c.sync, seed, c.env_groups
         self.frames = start_frames
         self.hosts: list = []
         self._restarts: list[int] = []  # restarts done, per worker

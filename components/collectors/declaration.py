@@ -3,31 +3,18 @@ writes use the inference and replay endpoints' transports."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from transports.errors import ConfigurationError
 
-from ..declaration import Calls, Cell, Declaration, S, require
+from ..declaration import Calls, Cell, Declaration, S
+from .config import CollectorConfig
 
 
-def check(options: Mapping[str, Any], *, inline: bool = False) -> None:
-    """Frames per batch, workers, and how envs split over them (the same checks as :class:`Collector`)."""
-    c = "collector"
-    frames, workers = options.get("frames_per_batch"), options.get("num_collectors", 1)
-    require(c, "num_collectors", workers, isinstance(workers, int) and workers >= 1, ">= 1")
-    if frames is not None:
-        require(c, "frames_per_batch", frames, frames >= 1, ">= 1")
-        require(c, "num_collectors", workers, frames % workers == 0,
-                f"a divisor of frames_per_batch={frames} (each worker collects an equal share)")
-    envs, groups = options.get("num_envs"), options.get("env_groups", 1)
-    require(c, "env_groups", groups, isinstance(groups, int) and groups >= 1, ">= 1")
-    if envs is not None:
-        require(c, "num_collectors", workers, envs % workers == 0,
-                f"a divisor of the recipe's num_envs={envs} (envs are split over workers)")
-        require(c, "env_groups", groups, envs % (workers * groups) == 0,
-                f"a divisor of the {envs // workers} envs of each worker (the recipe's num_envs={envs} split over "
-                f"num_collectors={workers})")
-    if inline and workers != 1:
-        require(c, "num_collectors", workers, False, "1 for a collector in the caller's thread (use thread, process "
-                                                      "or ray placement for more workers)")
+def check(config: CollectorConfig, *, inline: bool = False) -> None:
+    """What the config's own ranges and rules cannot say: a collector in the caller's thread has one worker."""
+    if inline and config.num_collectors != 1:
+        raise ConfigurationError(f"{config.path}.num_collectors must be 1 for a collector in the caller's thread (use "
+                                 f"thread, process or ray placement for more workers), got {config.num_collectors!r}",
+                                 path=f"{config.path}.num_collectors")
 
 
 DECLARATION = Declaration(
@@ -46,4 +33,5 @@ DECLARATION = Declaration(
     # with local_policy the plan has no inference server: each worker runs a replica fed by weight sync
     calls=(Calls("inference", one_request_per_worker=True), Calls("weight_sync", when="local_policy")),
     check=check,
+    config=CollectorConfig,
 )

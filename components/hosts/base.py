@@ -22,14 +22,14 @@ import contextlib
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Mapping
+from typing import Any, Callable, ClassVar, Dict, Mapping, Optional
 
-from transports.errors import ConfigurationError
+from transports.options import bounded, check_instance
 
 DEFAULT_STOP_TIMEOUT = 10.0
 
 
-@dataclass(frozen=True)
+@dataclass
 class Resources:
     """What one host may use and how it is supervised (``components.<name>.resources`` in YAML).
 
@@ -39,27 +39,16 @@ class Resources:
     ``startup_timeout`` bounds scheduling plus construction on every host.
     """
 
-    num_cpus: float | None = None
-    num_gpus: float = 0.0
-    memory: int | None = None
-    max_restarts: int = 0
-    max_concurrency: int = 1
-    custom: Mapping[str, float] = field(default_factory=dict)
-    startup_timeout: float = 120.0
+    num_cpus: Optional[float] = bounded(None, ge=0)  # CPUs reserved for the owner (None: the placement's default)
+    num_gpus: float = bounded(0.0, ge=0)  # GPUs reserved for the owner
+    memory: Optional[int] = bounded(None, gt=0, unit="bytes")  # bytes of memory reserved (Ray)
+    max_restarts: int = bounded(0, ge=0)  # times a crashed owner is restarted (Ray actors; collector workers anywhere)
+    max_concurrency: int = bounded(1, ge=1)  # concurrent calls an actor serves (Ray)
+    custom: Dict[str, float] = field(default_factory=dict)  # custom resources, e.g. {node_b: 1}
+    startup_timeout: float = bounded(120.0, gt=0, unit="seconds")  # for the owner's thread, process or actor to be ready
 
     def __post_init__(self):
-        checks = [
-            ("num_cpus", self.num_cpus is None or self.num_cpus >= 0, ">= 0 or null"),
-            ("num_gpus", self.num_gpus >= 0, ">= 0"),
-            ("memory", self.memory is None or self.memory > 0, "> 0 bytes or null"),
-            ("max_restarts", self.max_restarts >= 0, ">= 0"),
-            ("max_concurrency", self.max_concurrency >= 1, ">= 1"),
-            ("startup_timeout", self.startup_timeout > 0, "> 0 seconds"),
-        ]
-        for name, ok, allowed in checks:
-            if not ok:
-                raise ConfigurationError(f"resources.{name} must be {allowed}, got {getattr(self, name)!r}",
-                                         path=f"resources.{name}")
+        check_instance(self, path="resources")
 
     @classmethod
     def of(cls, conf: Any) -> "Resources":

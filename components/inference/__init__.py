@@ -11,7 +11,6 @@ from ..exports import lazy_exports
 _EXPORTS = {
     "InferenceClient": "client",
     "PolicyClientModule": "client",
-    "InferenceDeviceConfig": "config",
     "InferenceServerConfig": "config",
     "InferenceServer": "server",
     "PolicyReplica": "replica",

@@ -1,63 +1,62 @@
-"""Inference server configuration: execution and batching, and device placement. Both check their values on
-construction, so the plan (which builds them from YAML) and a user building a server from Python get the same
-errors, naming ``components.inference.<field>``, the value and the allowed range."""
+"""The inference server's config (``components.inference`` in YAML): where it runs, batching, instrumentation and
+devices. Constructing one checks its values, so the plan (which builds it from YAML) and a user building a server from
+Python get the same errors, naming ``components.inference.<field>``, the value and the allowed range."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import ClassVar, Optional
 
-from ..declaration import require
+from transports.errors import ConfigurationError
+from transports.options import bounded
+
+from ..config import ComponentConfig
 
 
 @dataclass
-class InferenceServerConfig:
-    """Server-side execution, batching and instrumentation.
+class InferenceServerConfig(ComponentConfig):
+    """Where the server runs, how it batches, what it measures, and its devices.
 
     Attributes:
-        placement: where the server runs (``direct``, ``thread``, ``process``...); ``None`` takes the
-            ``service_backend`` context, else ``direct``.
         max_batch_size: most requests combined into one forward pass.
         min_batch_size: fewest requests to wait for (up to ``timeout``) before a forward pass.
         timeout: seconds to wait for ``min_batch_size`` requests before serving what is there.
         collect_stats: keep batch-size, queue-wait and forward-time statistics.
         stats_window: number of recent batches the statistics cover.
-    """
-
-    placement: Optional[str] = None
-    max_batch_size: int = 64
-    min_batch_size: int = 1
-    timeout: float = 0.002
-    collect_stats: bool = True
-    stats_window: int = 1000
-
-    def __post_init__(self):
-        c = "inference"
-        require(c, "max_batch_size", self.max_batch_size, self.max_batch_size >= 1, ">= 1")
-        require(c, "min_batch_size", self.min_batch_size, 1 <= self.min_batch_size <= self.max_batch_size,
-                f"in [1, max_batch_size={self.max_batch_size}]")
-        require(c, "timeout", self.timeout, self.timeout >= 0, ">= 0 seconds")
-        require(c, "stats_window", self.stats_window, self.stats_window >= 1, ">= 1")
-
-
-@dataclass
-class InferenceDeviceConfig:
-    """Where the policy runs and where its outputs are delivered.
-
-    Attributes:
-        policy_device: device of the policy forward pass.
+        policy_device: device of the policy forward pass (checked against this machine when a server is built).
         output_device: device of the tensors handed back to callers (``None``: the request's device).
+
+    Example:
+        >>> InferenceServerConfig(placement="process", max_batch_size=32)
     """
 
-    policy_device: str = "cpu"
-    output_device: Optional[str] = None
+    component: ClassVar[str] = "inference"
 
-    def __post_init__(self):
+    max_batch_size: int = bounded(64, ge=1)  # most requests combined into one forward pass
+    min_batch_size: int = bounded(1, ge=1)  # fewest requests to wait for, up to `timeout`
+    timeout: float = bounded(0.002, ge=0, unit="seconds")  # to wait for min_batch_size requests
+    collect_stats: bool = True  # keep batch-size and latency statistics
+    stats_window: int = bounded(1000, ge=1)  # batches the statistics cover
+    policy_device: str = "cpu"  # device of the policy forward pass
+    output_device: Optional[str] = None  # device of returned tensors (None: the request's)
+
+    def rules(self) -> tuple[tuple[str, bool, str], ...]:
+        return (("min_batch_size", self.min_batch_size <= self.max_batch_size,
+                 f"{self.path}.min_batch_size must be in [1, max_batch_size={self.max_batch_size}], got "
+                 f"{self.min_batch_size!r}"),)
+
+    def check_devices(self) -> None:
+        """Refuse a device this machine does not have (imports torch: called when a server or replica is built
+        and while planning, not when a config is composed).
+
+        Raises:
+            ConfigurationError: naming ``components.inference.policy_device`` (or ``output_device``).
+        """
         for name in ("policy_device", "output_device"):
             value = getattr(self, name)
-            if value is not None:
-                require("inference", name, value, _usable_device(value), "a device this machine has (cpu, or cuda[:N] "
-                                                                       "with CUDA available)")
+            if value is not None and not _usable_device(value):
+                raise ConfigurationError(f"{self.path}.{name} must be a device this machine has (cpu, or cuda[:N] "
+                                         f"with CUDA available), got {value!r}", path=f"{self.path}.{name}")
 
 
 def _usable_device(name: str) -> bool:

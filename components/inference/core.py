@@ -20,7 +20,7 @@ from tensordict import TensorDict, TensorDictBase
 from transports.base import Batch, ServerEndpoint
 from transports.errors import RemoteError
 
-from .config import InferenceDeviceConfig, InferenceServerConfig
+from .config import InferenceServerConfig
 
 POLL = 0.05
 """Seconds the loop waits for a first request before it checks for stop and weight updates."""
@@ -89,10 +89,9 @@ class ServingCore:
     """Serves one policy over one server endpoint until ``stop`` is set.
 
     Args:
-        policy: the TensorDict policy (already on ``device_config.policy_device``).
+        policy: the TensorDict policy (already on ``config.policy_device``).
         endpoint: the transport's server endpoint.
-        config: batching settings.
-        device_config: devices.
+        config: batching settings and devices.
         weight_sync: a weight-sync client polled between batches (or ``None``).
         collate_fn: combines request TensorDicts into one batch (default: stack along a new dimension).
     """
@@ -102,15 +101,14 @@ class ServingCore:
         policy: torch.nn.Module,
         endpoint: ServerEndpoint,
         config: InferenceServerConfig,
-        device_config: InferenceDeviceConfig,
         weight_sync: Any = None,
         collate_fn: Callable[[list], TensorDictBase] | None = None,
     ):
         self.policy = policy
         self.endpoint = endpoint
         self.config = config
-        self.device = torch.device(device_config.policy_device)
-        self.output_device = torch.device(device_config.output_device or "cpu")
+        self.device = torch.device(config.policy_device)
+        self.output_device = torch.device(config.output_device or "cpu")
         self.weight_sync = weight_sync
         self.collate = collate_fn or default_collate
         self.version = 0

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 from transports.resolver import TransportContext
 
 from ..declaration import DIRECT, DISTRIBUTED, MONARCH, RAY, THREAD, Calls, Cell, Declaration, N, S
+from .config import InferenceServerConfig
 
 
 def _process_auto(ctx: TransportContext) -> tuple[str, str]:
@@ -17,14 +16,9 @@ def _process_auto(ctx: TransportContext) -> tuple[str, str]:
     return "queue", "process owner without fixed layouts: pickled payloads over a local socket per client"
 
 
-def check(options: Mapping[str, Any], *, inline: bool = False) -> None:
-    """Batching, statistics and device options (the same checks as :class:`InferenceServerConfig`)."""
-    from .config import InferenceDeviceConfig, InferenceServerConfig
-
-    batching = {k: options[k] for k in InferenceServerConfig.__dataclass_fields__ if k in options and k != "placement"}
-    devices = {k: options[k] for k in InferenceDeviceConfig.__dataclass_fields__ if k in options}
-    InferenceServerConfig(**batching)
-    InferenceDeviceConfig(**devices)
+def check(config: InferenceServerConfig, *, inline: bool = False) -> None:
+    """What the config's own ranges cannot say: its devices exist on this machine."""
+    config.check_devices()
 
 
 DECLARATION = Declaration(
@@ -41,4 +35,5 @@ DECLARATION = Declaration(
     calls=(Calls("weight_sync"),),
     layouts_up_front=True,
     check=check,
+    config=InferenceServerConfig,
 )

@@ -15,7 +15,7 @@ from typing import Any, Callable
 import torch
 from tensordict import TensorDictBase
 
-from .config import InferenceDeviceConfig, InferenceServerConfig
+from .config import InferenceServerConfig
 from .target import ServedPolicy
 
 
@@ -28,20 +28,21 @@ class PolicyReplica:
     Args:
         build: picklable callable returning the policy (a TensorDict module), as an inference server takes it.
         weight_sync: a weight-sync client, polled before each forward (``None``: the weights it was built with).
-        device_config: the policy's device and the answers' device.
+        config: the inference config whose devices it uses (``policy_device``, ``output_device``); ``None``: its
+            defaults.
     """
 
     inline = True  # the collector's worker calls it at once, with no future per step
 
     def __init__(self, build: Callable[[], torch.nn.Module], weight_sync: Any = None,
-                 device_config: InferenceDeviceConfig | None = None):
+                 config: InferenceServerConfig | None = None):
         self.build, self.weight_sync = build, weight_sync
-        self.device_config = device_config or InferenceDeviceConfig()
+        self.config = config or InferenceServerConfig()
         self._served: ServedPolicy | None = None
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:
-        return {"build": self.build, "weight_sync": self.weight_sync, "device_config": self.device_config}
+        return {"build": self.build, "weight_sync": self.weight_sync, "config": self.config}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(**state)
@@ -56,8 +57,7 @@ class PolicyReplica:
         if served is None:
             with self._lock:
                 if self._served is None:
-                    self._served = ServedPolicy(self.build, None, InferenceServerConfig(), self.device_config,
-                                                self.weight_sync)
+                    self._served = ServedPolicy(self.build, None, self.config, self.weight_sync)
                 served = self._served
         return served.forward(td)
 

@@ -17,14 +17,14 @@ import torch
 from tensordict import TensorDictBase
 from torch import nn
 
+from transports import registry as transport_registry
 from transports.errors import ConfigurationError, IncompatibleCombinationError
-from transports.registry import FIXED_LAYOUT
 
 from ..resolution import Resolved
 from ..scope import choose_transport
 from ..service import Owner
 from .client import DiscoveringEndpoint, InferenceClient
-from .config import InferenceDeviceConfig, InferenceServerConfig
+from .config import InferenceServerConfig
 from .sampling import with_seed_leaf
 from .target import UPDATE_TIMEOUT, ServedPolicy, keep
 
@@ -36,10 +36,11 @@ class InferenceServer(Owner["InferenceServer"]):
         policy: a TensorDict module (reads ``observation``, writes ``action``...). Only for placements in this
             process; elsewhere the policy is built where the server lives: pass ``policy_factory``.
         policy_factory: a picklable callable returning the policy, called where the server lives.
-        config: execution and batching settings (:class:`InferenceServerConfig`).
-        device_config: devices (:class:`InferenceDeviceConfig`).
-        transport: a kind, a :class:`~transports.TransportConfig`, or a transport instance (validated against
-            the placement like a name); ``None`` takes the ``transport_backend`` context, else ``auto``.
+        config: where it runs, batching, statistics and devices (:class:`InferenceServerConfig`; ``None``: its
+            defaults).
+        transport: overrides ``config.transport``: a kind, a :class:`~transports.TransportConfig`, or a transport
+            instance (validated against the placement like a name); ``None`` and no ``config.transport`` take the
+            ``transport_backend`` context, else ``auto``.
         weight_sync: a weight-sync client polled between batches.
         request_layout: layout (or representative TensorDict) of one request; fixed-layout transports need it.
         response_layout: layout of one response (outputs and ``policy_version``). Give both layouts or neither.
@@ -64,7 +65,6 @@ class InferenceServer(Owner["InferenceServer"]):
         *,
         policy_factory: Callable[[], nn.Module] | None = None,
         config: InferenceServerConfig | None = None,
-        device_config: InferenceDeviceConfig | None = None,
         transport: Any = None,
         weight_sync: Any = None,
         request_layout: Any = None,
@@ -74,14 +74,13 @@ class InferenceServer(Owner["InferenceServer"]):
     ):
         if (policy is None) == (policy_factory is None):
             raise ConfigurationError("InferenceServer needs exactly one of policy or policy_factory")
-        self.config = config or InferenceServerConfig()
-        self.device_config = device_config or InferenceDeviceConfig()
+        config = config or InferenceServerConfig()
         if resolved is not None:
             request_layout = request_layout if request_layout is not None else resolved.layouts.get("request")
             response_layout = response_layout if response_layout is not None else resolved.layouts.get("response")
-        _require_both_layouts(request_layout, response_layout, transport, resolved)  # before auto chooses
-        super().__init__(placement=self.config.placement, transport=transport,
-                         layouts_known=request_layout is not None, resolved=resolved)
+        _require_both_layouts(request_layout, response_layout, transport if transport is not None else
+                              config.transport, resolved)  # before auto chooses
+        super().__init__(config, transport=transport, layouts_known=request_layout is not None, resolved=resolved)
         if policy is not None and not self.host_type.same_process:
             raise ConfigurationError(
                 f"{self.placement} placement requires policy_factory: the policy is constructed where the server lives",
@@ -96,8 +95,7 @@ class InferenceServer(Owner["InferenceServer"]):
 
     # ------------------------------------------------------------------ hosting
     def _target(self, server_side: Any) -> Callable[[], ServedPolicy]:
-        return functools.partial(ServedPolicy, self._build, server_side, self.config, self.device_config,
-                                 self._weight_sync, self._collate)
+        return functools.partial(ServedPolicy, self._build, server_side, self.config, self._weight_sync, self._collate)
 
     def _layouts(self) -> dict:
         return {"request_layout": self.request_layout, "response_layout": self.response_layout}
@@ -107,7 +105,7 @@ class InferenceServer(Owner["InferenceServer"]):
 
     def _client(self) -> InferenceClient:
         endpoint = self._transport.client()
-        if self.transport_kind == "distributed" and self.request_layout is None:  # a Ray owner discovers them
+        if self.descriptor.fixed_layout and self.request_layout is None:  # a Ray owner discovers them
             endpoint = DiscoveringEndpoint(self._host.handle, endpoint)
         return self._wrap(endpoint)
 
@@ -169,7 +167,8 @@ def _require_both_layouts(request_layout: Any, response_layout: Any, transport: 
         kind = choose_transport(getattr(config, "kind", config)).value
     raise IncompatibleCombinationError(
         f"inference server has {given} but no {missing} (transport {kind!r}): a fixed layout needs both (transports "
-        f"{', '.join(sorted(FIXED_LAYOUT))}), and half of one never falls back to 'queue'; pass {missing} too, "
+        f"{', '.join(sorted(d.kind for d in transport_registry.descriptors() if d.fixed_layout))}), and half of one "
+        f"never falls back to 'queue'; pass {missing} too, "
         "or neither",
         path=f"components.inference.{missing}", alternatives=(f"{given} and {missing}", "neither (transport 'queue')"),
     )

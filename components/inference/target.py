@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 import torch
 from tensordict import TensorDictBase
 
-from .config import InferenceDeviceConfig, InferenceServerConfig
+from .config import InferenceServerConfig
 from .core import ServingCore, copy_weights, default_collate
 
 UPDATE_TIMEOUT = 60.0
@@ -31,23 +31,22 @@ class ServedPolicy:
     Args:
         build: picklable callable returning the policy (a TensorDict module).
         server_side: the serving side of the endpoint's transport, or ``None`` (called in the caller's thread).
-        config: batching settings.
-        device_config: devices.
+        config: batching settings and devices.
         weight_sync: a weight-sync client polled between batches (or before each direct call).
         collate_fn: combines requests into a batch.
     """
 
     def __init__(self, build: Callable[[], torch.nn.Module], server_side: Any, config: InferenceServerConfig,
-                 device_config: InferenceDeviceConfig, weight_sync: Any = None, collate_fn: Callable | None = None):
-        self.device = torch.device(device_config.policy_device)
-        self.output_device = device_config.output_device
-        self._output = None if device_config.output_device is None else torch.device(device_config.output_device)
+                 weight_sync: Any = None, collate_fn: Callable | None = None):
+        self.device = torch.device(config.policy_device)
+        self.output_device = config.output_device
+        self._output = None if config.output_device is None else torch.device(config.output_device)
         self.policy = build().to(self.device).eval()
         self.weight_sync = weight_sync
         self._version = 0
         self._lock = threading.Lock()
         self.core = None if server_side is None else ServingCore(
-            self.policy, server_side.server(), config, device_config, weight_sync, collate_fn)
+            self.policy, server_side.server(), config, weight_sync, collate_fn)
 
     def serve(self, stop: threading.Event) -> None:
         self.core.run(stop)

@@ -19,6 +19,7 @@ import torch
 from transports.errors import ConfigurationError
 
 from ..commands import Allowed, CommandTarget, hosted
+from ..config import LoggerConfig
 from ..resolution import Resolved
 from ..service import Owner
 from .video import video_frames, write_gif
@@ -44,13 +45,15 @@ class Logger(Owner["Logger"]):
         log_dir: directory the logger writes into (created if missing).
         placement: where the logger lives; ``None`` takes the ``service_backend`` context, else ``direct``.
         transport: transport kind; ``None`` takes the ``transport_backend`` context, else ``auto``.
+        resolved: the plan's resolution of ``components.logger`` (then placement and transport are its).
+        options: the concrete logger's own options (``logger.*`` in YAML besides ``_target_``).
     """
 
     component = "logger"
 
     def __init__(self, log_dir: str = ".", *, placement: str | None = None, transport=None,
                  resolved: Resolved | None = None, **options: Any):
-        super().__init__(placement=placement, transport=transport, resolved=resolved)
+        super().__init__(LoggerConfig(placement=placement), transport=transport, resolved=resolved)
         self.log_dir = log_dir
         self._options = {"log_dir": log_dir, **options}
         self._lock = threading.Lock()

@@ -13,6 +13,7 @@ from transports.errors import ConfigurationError
 
 from ..resolution import Resolved
 from .base import Logger
+from .config import CSVLoggerConfig
 
 
 class CSVLogger(Logger):
@@ -30,9 +31,9 @@ class CSVLogger(Logger):
         transport: transport kind.
     """
 
-    def __init__(self, log_dir: str = ".", flush_every: int = 100, tensorboard: bool = True,
-                 resume_step: int | None = None, *, placement: str | None = None, transport=None,
-                 resolved: Resolved | None = None):
+    def __init__(self, log_dir: str = CSVLoggerConfig.log_dir, flush_every: int = CSVLoggerConfig.flush_every,
+                 tensorboard: bool = CSVLoggerConfig.tensorboard, resume_step: int | None = CSVLoggerConfig.resume_step,
+                 *, placement: str | None = None, transport=None, resolved: Resolved | None = None):
         if flush_every < 1:
             raise ConfigurationError(f"flush_every must be >= 1, got {flush_every!r}", path="logger.flush_every")
         super().__init__(log_dir, placement=placement, transport=transport, resolved=resolved,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..config import LoggerConfig
 from ..declaration import DIRECT, MONARCH, RAY, THREAD, Cell, Declaration, S, fixed
 
 DECLARATION = Declaration(
@@ -14,4 +15,5 @@ DECLARATION = Declaration(
         Cell("logger", "monarch", {"monarch": S}, MONARCH),
     ),
     first=True,
+    config=LoggerConfig,
 )

@@ -9,6 +9,7 @@ from transports.errors import ConfigurationError
 
 from ..resolution import Resolved
 from .base import Logger
+from .config import TensorBoardLoggerConfig
 
 
 class TensorBoardLogger(Logger):
@@ -23,7 +24,8 @@ class TensorBoardLogger(Logger):
         transport: transport kind.
     """
 
-    def __init__(self, log_dir: str = ".", resume_step: int | None = None, *, placement: str | None = None,
+    def __init__(self, log_dir: str = TensorBoardLoggerConfig.log_dir,
+                 resume_step: int | None = TensorBoardLoggerConfig.resume_step, *, placement: str | None = None,
                  transport=None, resolved: Resolved | None = None):
         super().__init__(log_dir, placement=placement, transport=transport, resolved=resolved, resume_step=resume_step)
         self.resume_step = resume_step

@@ -7,10 +7,11 @@ rest loads on first use.
 from __future__ import annotations
 
 from ..exports import lazy_exports
-from .declaration import SAMPLERS
+from .config import SAMPLERS
 
 _EXPORTS = {
     "ReplayBuffer": "buffer",
+    "ReplayConfig": "config",
     "ReplayClient": "client",
     "ReplayStorage": "storage",
     "PolicyAgeFilter": "filters",

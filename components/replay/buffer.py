@@ -14,15 +14,22 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from transports import registry as transport_registry
-from transports.errors import IncompatibleCombinationError
+from transports.errors import ConfigurationError, IncompatibleCombinationError
 
+from .. import compat
 from ..commands import Allowed, CommandTarget
 from ..resolution import Resolved
 from ..service import Owner
+from .config import ReplayConfig
 from .filters import PolicyAgeFilter
 from .payload import SERVER_OPS, explicit_operations
 from .storage import ReplayStorage
+
+def _payload_kinds() -> tuple[str, ...]:
+    """The kinds whose binding carries replay's payloads (``distributed``)."""
+    declaration = compat.declaration(ReplayBuffer.component)
+    return tuple(k for k in compat.transports_of(ReplayBuffer.component) if declaration.binding(k).payload)
+
 
 CLIENT_OPERATIONS = frozenset({
     "add", "extend", "sample", "update_priority", "__len__", "empty", "state_dict", "load_state_dict",
@@ -34,23 +41,21 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
     """A replay buffer owner (and, placed ``direct``, its own client).
 
     Args:
-        capacity: most transitions held; the oldest are overwritten first.
-        sampler: ``uniform``, ``without_replacement`` or ``prioritized``.
-        batch_size: default ``sample()`` size.
-        storage: ``memory`` or ``memmap`` (files under ``scratch_dir``).
-        scratch_dir: directory of the memory-mapped storage (``memmap`` only).
-        alpha: prioritized sampling exponent.
-        beta: importance-weight exponent.
-        filters: :class:`PolicyAgeFilter` s applied at extend or sample time.
-        placement: where the buffer lives (``direct``, ``thread``, ``process``, ``ray``).
-        transport: ``queue`` or ``shared_memory`` for ``process`` (samples come back through shared memory
-            without pickling); ``None`` takes the ``transport_backend`` context, else ``auto``.
+        config: where the buffer lives, its storage and its sampler (:class:`~components.replay.config.ReplayConfig`);
+            ``None``: built from ``options``.
+        weight_sync: a weight-sync client: the live policy version that ``config.max_policy_lag`` is measured
+            against (required with it).
+        filters: more :class:`PolicyAgeFilter` s, applied at extend or sample time.
+        transport: overrides ``config.transport``: ``queue`` or ``shared_memory`` for ``process`` (samples come back
+            through shared memory without pickling), a :class:`~transports.TransportConfig` or an instance.
         seed: seed of the sampler's generator.
         layouts: explicit layouts of the ``distributed`` transport's operations (``extend``: a batch as written;
             ``sample``: a sample as returned; ``update_priority``): their channels bind up front and the owner
             refuses other layouts; any operation without one binds its layout with its first call, so a subset
             is complete. With another transport (``auto`` included) they raise ``IncompatibleCombinationError``.
-        resolved: the plan's resolution of this buffer.
+        resolved: the plan's resolution of this buffer (it holds the config).
+        options: fields of :class:`~components.replay.config.ReplayConfig` (``capacity``, ``sampler``,
+            ``batch_size``, ``placement``...), when no ``config`` is given.
 
     Example:
         >>> with ReplayBuffer(capacity=1000, batch_size=32) as buffer:
@@ -63,59 +68,52 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
 
     def __init__(
         self,
-        capacity: int = 100_000,
-        sampler: str = "uniform",
-        batch_size: int = 256,
+        config: ReplayConfig | None = None,
         *,
-        storage: str = "memory",
-        scratch_dir: str | None = None,
-        alpha: float = 0.6,
-        beta: float = 0.4,
+        weight_sync: Any = None,
         filters: Sequence[PolicyAgeFilter] = (),
-        placement: str | None = None,
-        transport=None,
+        transport: Any = None,
         seed: int | None = None,
         layouts: Mapping[str, Any] | None = None,
         resolved: Resolved | None = None,
+        **options: Any,
     ):
-        self._kwargs = dict(capacity=capacity, sampler=sampler, batch_size=batch_size, storage=storage,
-                            scratch_dir=scratch_dir, alpha=alpha, beta=beta, filters=tuple(filters), seed=seed)
-        options = {k: v for k, v in self._kwargs.items() if k != "filters"}
-        super().__init__(placement=placement, transport=transport, resolved=resolved, options=options)
-        self.capacity, self.sampler_name, self.batch_size = capacity, sampler, batch_size
-        self.filters = tuple(filters)
+        if options and (config is not None or resolved is not None):
+            raise TypeError(f"ReplayBuffer takes its options as a config or as keywords, not both: {sorted(options)}")
+        super().__init__(config or ReplayConfig(**options), transport=transport, resolved=resolved)
+        c = self.config
+        filters = tuple(filters)
+        if c.max_policy_lag is not None:  # measured against the live version the weight-sync channel holds
+            if weight_sync is None:
+                raise ConfigurationError(f"{c.path}.max_policy_lag={c.max_policy_lag} needs the live policy version: "
+                                         "pass weight_sync (a weight-sync client)", path=f"{c.path}.max_policy_lag")
+            filters += (PolicyAgeFilter(int(c.max_policy_lag), weight_sync, when="sample"),)
+        self.capacity, self.sampler_name, self.batch_size = c.capacity, c.sampler, c.batch_size
+        self.filters = filters
+        self._storage_args = dict(capacity=c.capacity, sampler=c.sampler, batch_size=c.batch_size, storage=c.storage,
+                                  scratch_dir=c.scratch_dir, alpha=c.alpha, beta=c.beta, filters=filters, seed=seed)
         self._operations = explicit_operations(layouts or {})
-        if self._operations and self.transport_kind != "distributed":
+        if self._operations and not self.binding.payload:
             raise IncompatibleCombinationError(  # auto included: layouts never fall back to another transport
-                f"replay layouts apply to transport 'distributed', not {self.transport_kind!r} "
-                f"({self.transport_reason})",
-                path="components.replay.layouts", alternatives=("distributed",))
+                f"replay layouts apply to transport {' or '.join(map(repr, _payload_kinds()))}, not "
+                f"{self.transport_kind!r} ({self.transport_reason})",
+                path="components.replay.layouts", alternatives=_payload_kinds())
         self._ops: Any = None  # the storage (in the caller) or this owner's client
 
     @property
     def _shares_storage(self) -> bool:
-        return self.transport_kind == "shared_memory"
+        return self.binding.shared_state
 
     # ------------------------------------------------------------------ hosting
     def _target(self, server_side: Any) -> Callable[[], Any]:
-        build = functools.partial(ReplayStorage, **self._kwargs, share=self._shares_storage)
+        build = functools.partial(ReplayStorage, **self._storage_args, share=self._shares_storage)
         if server_side is None:
             return build
         payload = None if self._payload is None else self._payload.server_side()
         return functools.partial(CommandTarget, build, server_side, Allowed(CLIENT_OPERATIONS), payload, SERVER_OPS)
 
-    def _endpoint(self) -> tuple[str | None, dict]:
-        if self._shares_storage:  # commands over a local socket; payloads stay in shared memory
-            return "queue", {}
-        if self.transport_kind == "distributed":  # commands over the placement's own channel, tensors over gloo
-            return self.host_type.command_transport, {}
-        return super()._endpoint()
-
-    def _payload_transport(self) -> Any:
-        if self.transport_kind != "distributed":
-            return None
-        return transport_registry.build("distributed", {**self.resolved.transport_options, "operations": self._operations},
-                                        name="replay")
+    def _payload_arguments(self) -> dict:
+        return {"operations": self._operations}
 
     def _ready(self) -> None:
         self._ops = self._host.target if self.inline else self._client()

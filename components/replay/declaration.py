@@ -2,40 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 from transports.resolver import TransportContext
 
-from ..declaration import DIRECT, DISTRIBUTED, MONARCH, RAY, THREAD, Calls, Cell, Declaration, N, S, require
-
-SAMPLERS = ("uniform", "without_replacement", "prioritized")
-STORAGES = ("memory", "memmap")
+from ..declaration import COMMANDS, DIRECT, DISTRIBUTED, MONARCH, RAY, THREAD, Binding, Calls, Cell, Declaration, N, S
+from .config import ReplayConfig
 
 
 def _process_auto(ctx: TransportContext) -> tuple[str, str]:
     if ctx.layouts_known:
         return "shared_memory", "process owner with known layouts: storage in shared memory, samples without pickling"
     return "queue", "process owner without fixed layouts: pickled payloads over a local socket per client"
-
-
-def check(options: Mapping[str, Any], *, inline: bool = False) -> None:
-    """Capacity, sampler, batch size and storage (the same checks as :class:`ReplayBuffer`)."""
-    c = "replay"
-    if "capacity" in options:
-        require(c, "capacity", options["capacity"], options["capacity"] >= 1, ">= 1")
-    if "batch_size" in options:
-        require(c, "batch_size", options["batch_size"], options["batch_size"] >= 1, ">= 1")
-    if "sampler" in options:
-        require(c, "sampler", options["sampler"], options["sampler"] in SAMPLERS, f"one of {', '.join(SAMPLERS)}")
-    if "storage" in options:
-        require(c, "storage", options["storage"], options["storage"] in STORAGES, f"one of {', '.join(STORAGES)}")
-        require(c, "scratch_dir", options.get("scratch_dir"),
-                options["storage"] != "memmap" or bool(options.get("scratch_dir")), "a directory for storage 'memmap'")
-    for name in ("alpha", "beta"):
-        if options.get(name) is not None:
-            require(c, name, options[name], options[name] >= 0, ">= 0")
-    if options.get("max_policy_lag") is not None:
-        require(c, "max_policy_lag", options["max_policy_lag"], options["max_policy_lag"] >= 0, ">= 0")
 
 
 DECLARATION = Declaration(
@@ -50,5 +26,11 @@ DECLARATION = Declaration(
     ),
     depends_on=("weight_sync",),
     calls=(Calls("weight_sync", when="max_policy_lag"),),
-    check=check,
+    config=ReplayConfig,
+    bindings={
+        # commands over a local socket; the storage itself in shared memory, so samples come back without pickling
+        "shared_memory": Binding(endpoint="queue", shared_state=True),
+        # commands over the placement's own channel, the tensors of extend / sample / update_priority over gloo
+        "distributed": Binding(endpoint=COMMANDS, payload=True),
+    },
 )

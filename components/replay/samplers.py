@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .declaration import SAMPLERS  # noqa: F401 - the names, declared once
+from .config import SAMPLERS  # noqa: F401 - the names, declared once
 
 
 class Sampler:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..declaration import DISTRIBUTED, Cell, Declaration, S, fixed
+from ..config import WeightSyncConfig
+from ..declaration import COMMANDS, DISTRIBUTED, Binding, Cell, Declaration, S, fixed
 
 DECLARATION = Declaration(
     component="weight_sync",
@@ -15,4 +16,12 @@ DECLARATION = Declaration(
         Cell("weight_sync", "distributed", {"distributed": S}, DISTRIBUTED),
         Cell("weight_sync", "monarch", {"monarch": S}, fixed("monarch", "versions kept in a Monarch actor")),
     ),
+    bindings={
+        "direct": Binding(endpoint=None),  # a board in the owner: receivers of its process read it directly
+        "shared_memory": Binding(endpoint=None, shared_state=True),  # one segment laid out from a template
+        "ray": Binding(endpoint=COMMANDS),  # versions kept in the hosting actor, pushed and polled by calls
+        "monarch": Binding(endpoint=COMMANDS),
+        "distributed": Binding(endpoint=COMMANDS, payload=True),  # versions over gloo, subscriptions answered
+    },
+    config=WeightSyncConfig,
 )

@@ -1,17 +1,19 @@
 """Weight sync: a versioned channel from the learner to inference owners and collectors.
 
 ``push(module)`` publishes a new version; receivers ``poll(since, into=module)`` between their batches and
-copy a newer version in place; versions are monotonic. How versions move is the resolved transport's:
+copy a newer version in place; versions are monotonic. How versions move is the resolved transport's, as the
+component's bindings (:mod:`.declaration`) say:
 
-- ``direct``: a board in this owner. Placed ``direct`` (receivers share the caller's thread) a push hands over
-  references; placed on ``thread`` it snapshots the state so a receiver never sees a torn one.
-- ``shared_memory`` (placement ``process``): the state lives in one shared-memory segment laid out from a
-  template state dict, guarded by a sequence counter (a reader retries if a push overlapped its copy). The
+- no endpoint (``direct``): a board in this owner. Placed ``direct`` (receivers share the caller's thread) a push
+  hands over references; placed on ``thread`` it snapshots the state so a receiver never sees a torn one.
+- shared state (``shared_memory``, placement ``process``): the state lives in one shared-memory segment laid out
+  from a template state dict, guarded by a sequence counter (a reader retries if a push overlapped its copy). The
   client is picklable by segment name and reaches receivers in any process of the host.
-- ``ray``: the versions live in an actor; pushes and polls are actor calls, tensors go through the object
-  store, and the client reaches receivers anywhere in the cluster.
-- ``distributed`` (placements ``ray`` and ``distributed``): the owner's actor or rank holds the versions; pushes
-  and each receiver's standing subscription travel over gloo, so a poll is local (see :mod:`.hub`).
+- commands (``ray``, ``monarch``): the versions live in the hosting actor; pushes and polls are actor calls, tensors
+  travel with them, and the client reaches receivers anywhere in the cluster.
+- commands and a payload transport (``distributed``, placements ``process``, ``ray`` and ``distributed``): the
+  owner's process, actor or rank holds the versions; pushes and each receiver's standing subscription travel over
+  gloo, so a poll is local (see :mod:`.hub`).
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ import torch
 from torch import nn
 
 from transports import local as _local
-from transports import registry as transport_registry
 from transports.errors import ConfigurationError
 
+from .. import compat
 from ..commands import Allowed, CommandTarget
+from ..config import WeightSyncConfig
 from ..resolution import Resolved
 from ..service import Owner
 from .channels import LocalWeights, RayWeights, SharedWeights, StateDict, _copy_into, _state
@@ -40,11 +43,14 @@ class WeightSync(Owner["WeightSync"]):
     """A versioned weight channel.
 
     Args:
-        template: a module or state dict with the layout of the weights (required for ``shared_memory``).
+        template: a module or state dict with the layout of the weights (required where the versions live in shared
+            memory: ``shared_memory``).
         first_version: the version before the first push (a resumed run's: its versions go on from there).
-        placement: where receivers live; ``None`` takes the ``service_backend`` context, else ``direct``.
-        transport: transport kind; ``None`` takes the ``transport_backend`` context, else ``auto``.
-        resolved: the plan's resolution of this channel.
+        config: where the versions live and how receivers reach them
+            (:class:`~components.config.WeightSyncConfig`; ``None``: from ``placement`` and ``transport``).
+        placement: where the versions live; ``None`` takes the ``service_backend`` context, else ``direct``.
+        transport: overrides ``config.transport``; ``None`` takes the ``transport_backend`` context, else ``auto``.
+        resolved: the plan's resolution of this channel (it holds the config).
 
     Example:
         >>> sync = WeightSync().start()
@@ -56,9 +62,10 @@ class WeightSync(Owner["WeightSync"]):
     component = "weight_sync"
 
     def __init__(self, template: nn.Module | StateDict | None = None, *, first_version: int = 0,
-                 placement: str | None = None, transport=None, resolved: Resolved | None = None):
-        super().__init__(placement=placement, transport=transport, resolved=resolved)
-        if self.transport_kind == "shared_memory" and template is None:
+                 config: WeightSyncConfig | None = None, placement: str | None = None, transport=None,
+                 resolved: Resolved | None = None):
+        super().__init__(config or WeightSyncConfig(placement=placement), transport=transport, resolved=resolved)
+        if self.binding.shared_state and template is None:
             raise ConfigurationError(
                 f"weight sync placed on {self.placement!r} needs a template (a module or state dict) to lay out "
                 "shared memory",
@@ -73,18 +80,12 @@ class WeightSync(Owner["WeightSync"]):
         self._shared: SharedWeights | RayWeights | None = None
         self._local_id = _local.register(self)
 
+    @classmethod
+    def needs_template(cls, resolved: Resolved) -> bool:
+        """Whether a channel of this resolution lays its versions out from a template (shared state)."""
+        return compat.declaration(cls.component).binding(resolved.transport).shared_state
+
     # ------------------------------------------------------------------ hosting
-    def _endpoint(self) -> tuple[str | None, dict]:
-        # only versions kept in an actor or a rank need an endpoint; the board and shared memory are reached directly
-        if self.transport_kind in ("ray", "monarch", "distributed"):
-            return self.host_type.command_transport, {}
-        return None, {}
-
-    def _payload_transport(self) -> Any:
-        if self.transport_kind != "distributed":
-            return None
-        return transport_registry.build("distributed", self.resolved.transport_options, name="weight_sync")
-
     def _target(self, server_side: Any) -> Callable[[], Any] | None:
         if server_side is None:
             return None
@@ -100,7 +101,7 @@ class WeightSync(Owner["WeightSync"]):
             self._shared = DistributedWeights(self._transport.client(), self._payload.client())
         elif self._transport is not None:
             self._shared = RayWeights(self._transport.client())
-        elif self.transport_kind == "shared_memory":
+        elif self.binding.shared_state:
             self._shared = SharedWeights.create(self._template, self._first_version)
 
     def _shutdown(self, timeout: float | None) -> None:

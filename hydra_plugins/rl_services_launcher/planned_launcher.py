@@ -25,7 +25,7 @@ if _PluginSlurmLauncher is not None:
         """The plugin's ``SlurmLauncher``; :meth:`launch` sizes the jobs from their plans first."""
 
         def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
-            from launcher.failures import EXIT_CONFIG
+            from launcher.conventions import EXIT_CONFIG
             from launcher.slurm import submission_parameters
             from transports.errors import ConfigurationError
 

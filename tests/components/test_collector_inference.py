@@ -126,7 +126,8 @@ def test_two_env_groups_collect_the_rollouts_of_one_vector_env(placement, transp
                          transport=transport) as server:
         runs = []
         for envs, groups in ((4, 1), (2, 2)):
-            with Collector(cartpole_envs(envs), server, 4 * 40, 4 * 40 * 3, 1, seed=3, env_groups=groups) as collector:
+            with Collector(cartpole_envs(envs), server, frames_per_batch=4 * 40, total_frames=4 * 40 * 3,
+                           num_collectors=1, seed=3, env_groups=groups) as collector:
                 runs.append(torch.cat(list(collector)))
     one, two = runs
     assert one.batch_size == two.batch_size == torch.Size([120, 4])

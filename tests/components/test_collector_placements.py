@@ -22,7 +22,8 @@ PLACEMENTS = ["direct", "thread", "process"]
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_batches_are_time_by_env_and_workers_are_seeded_differently(placement):
     workers = 1 if placement == "direct" else 2
-    with Collector(cartpole_envs(3), LocalPolicy(), 3 * 8 * workers, 3 * 8 * workers * 3, workers,
+    with Collector(cartpole_envs(3), LocalPolicy(), frames_per_batch=3 * 8 * workers,
+                   total_frames=3 * 8 * workers * 3, num_collectors=workers,
                    placement=placement, seed=11) as collector:
         batches = list(collector)
         assert collector.env_spec.n_actions == 2
@@ -43,7 +44,8 @@ def test_process_collector_with_an_inference_owner_gives_each_worker_its_own_slo
     with InferenceServer(policy_factory=CartPolePolicy, config=InferenceServerConfig(placement="process"),
                          transport="process_slot",
                          request_layout=_request(2), response_layout=_response(2)) as server:
-        with Collector(cartpole_envs(2), server, 2 * 4 * 3, 2 * 4 * 3 * 2, 3, placement="process") as collector:
+        with Collector(cartpole_envs(2), server, frames_per_batch=2 * 4 * 3, total_frames=2 * 4 * 3 * 2,
+                       num_collectors=3, placement="process") as collector:
             batches = list(collector)
     assert [b.batch_size for b in batches] == [torch.Size([4, 6])] * 2
     assert (batches[0]["policy_version"] == 0).all()
@@ -66,7 +68,8 @@ def _response(n):
 def test_workers_write_straight_into_replay(placement):
     with ReplayBuffer(capacity=1000, batch_size=8, placement="process" if placement == "process" else "thread") as rb:
         client = rb.client()
-        with Collector(cartpole_envs(2), LocalPolicy(), 2 * 5 * 2, 2 * 5 * 2 * 3, 2, placement=placement,
+        with Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=2 * 5 * 2, total_frames=2 * 5 * 2 * 3,
+                       num_collectors=2, placement=placement,
                        replay_buffer=rb) as collector:  # the owner: each worker gets its own endpoint
             counts = list(collector)
         assert counts == [20, 20, 20]
@@ -80,7 +83,8 @@ def test_one_replay_client_copied_into_two_worker_processes_serves_both(transpor
     # reaches the wrong process, and every write lands
     with ReplayBuffer(capacity=1000, batch_size=8, placement="process", transport=transport) as rb:
         client = rb.client()
-        with Collector(cartpole_envs(2), LocalPolicy(), 2 * 5 * 2, -1, 2, placement="process",
+        with Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=2 * 5 * 2, total_frames=-1,
+                       num_collectors=2, placement="process",
                        replay_buffer=client) as collector:
             counts = [collector.rollout() for _ in range(3)]
         assert counts == [20, 20, 20] and len(client) == 60
@@ -88,7 +92,8 @@ def test_one_replay_client_copied_into_two_worker_processes_serves_both(transpor
 
 @pytest.mark.parametrize("placement", ["thread", "process"])
 def test_unsynchronised_collection_yields_each_workers_rollout(placement):
-    with Collector(cartpole_envs(2), LocalPolicy(), 2 * 4 * 2, 2 * 4 * 2 * 2, 2, placement=placement,
+    with Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=2 * 4 * 2, total_frames=2 * 4 * 2 * 2,
+                   num_collectors=2, placement=placement,
                    sync=False) as collector:
         batches = list(collector)
     assert len(batches) == 4 and all(b.batch_size == torch.Size([4, 2]) for b in batches)
@@ -101,7 +106,8 @@ def test_sync_collects_after_the_last_push_and_async_runs_one_batch_ahead(sync):
     # worker collected it during the wait, with the weights of before. Each batch is 4 steps: 4 policy requests.
     with InferenceServer(policy_factory=CartPolePolicy, config=InferenceServerConfig(placement="process"),
                          transport="process_slot", request_layout=_request(2), response_layout=_response(2)) as server:
-        with Collector(cartpole_envs(2), server, 2 * 4, 2 * 4 * 3, 1, placement="process", sync=sync) as collector:
+        with Collector(cartpole_envs(2), server, frames_per_batch=2 * 4, total_frames=2 * 4 * 3, num_collectors=1,
+                       placement="process", sync=sync) as collector:
             versions = []
             for i, batch in enumerate(collector):
                 versions.append(set(batch["policy_version"].unique().tolist()))
@@ -121,7 +127,8 @@ def test_sync_collects_after_the_last_push_and_async_runs_one_batch_ahead(sync):
 
 @pytest.mark.parametrize("placement", ["thread", "process"])
 def test_a_worker_crash_surfaces_with_its_traceback(placement):
-    with Collector(partial(crashing_envs, 2, 5), LocalPolicy(), 2 * 10, -1, 1, placement=placement) as collector:
+    with Collector(partial(crashing_envs, 2, 5), LocalPolicy(), frames_per_batch=2 * 10, total_frames=-1,
+                   num_collectors=1, placement=placement) as collector:
         start = time.monotonic()
         with pytest.raises(RemoteError) as info:
             next(iter(collector))
@@ -132,7 +139,8 @@ def test_a_worker_crash_surfaces_with_its_traceback(placement):
 
 
 def test_a_killed_worker_is_a_peer_failure_within_2s():
-    collector = Collector(cartpole_envs(2), LocalPolicy(), 2 * 4 * 2, -1, 2, placement="process").start()
+    collector = Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=2 * 4 * 2, total_frames=-1,
+                          num_collectors=2, placement="process").start()
     pids = [w.pid for w in collector.hosts]
     try:
         next(iter(collector))
@@ -151,7 +159,8 @@ def test_a_killed_process_worker_restarts_and_no_acknowledged_write_is_lost(sync
     from components.hosts import Resources
 
     with ReplayBuffer(capacity=10_000, batch_size=8, placement="process") as rb:
-        collector = Collector(cartpole_envs(2), LocalPolicy(), 2 * 4 * 2, -1, 2, placement="process", replay_buffer=rb,
+        collector = Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=2 * 4 * 2, total_frames=-1,
+                              num_collectors=2, placement="process", replay_buffer=rb,
                               sync=sync)
         collector.with_resources(Resources(max_restarts=1)).start()
         try:
@@ -227,12 +236,14 @@ def test_process_workers_hand_rollouts_over_through_shared_memory():
 
     with InferenceServer(policy_factory=_seeded_ppo_policy, config=InferenceServerConfig(placement="process"),
                          transport="queue") as server:
-        with Collector(cartpole_envs(4), server, 64, 256, 1, placement="process", seed=3) as collector:
+        with Collector(cartpole_envs(4), server, frames_per_batch=64, total_frames=256, num_collectors=1,
+                       placement="process", seed=3) as collector:
             shared = list(collector)
             pid = collector.hosts[0].pid
             assert len(segments_of([pid])) == 1 and list(collector._received.slots) == [0]
         assert segments_of([pid]) == []
-        with Collector(cartpole_envs(4), server, 64, 256, 1, placement="direct", seed=3) as collector:
+        with Collector(cartpole_envs(4), server, frames_per_batch=64, total_frames=256, num_collectors=1,
+                       placement="direct", seed=3) as collector:
             direct = list(collector)
     assert len({b["observation"].data_ptr() for b in shared}) == len(shared) == 4
     for a, b in zip(shared, direct):

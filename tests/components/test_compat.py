@@ -10,12 +10,12 @@ from components.errors import IncompatibleCombinationError, NotImplementedYetErr
 from components.replay import ReplayBuffer
 from components.resolution import resolve_component
 from launcher.matrix import README_BEGIN, README_END
-from transports import TRANSPORT_KINDS, PLACEMENTS, TransportConfig
+from transports import PLACEMENTS, TransportConfig, transport_kinds
 from transports.resolver import TransportContext
 
 from tests.helpers import ROOT
 
-ALL = list(itertools.product(compat.COMPONENTS, PLACEMENTS, [k for k in TRANSPORT_KINDS if k != "auto"]))
+ALL = list(itertools.product(compat.COMPONENTS, PLACEMENTS, [k for k in transport_kinds() if k != "auto"]))
 
 
 @pytest.mark.parametrize("component, placement, kind", ALL)

@@ -57,7 +57,8 @@ def test_collector_ranks_on_this_machine_hand_rollouts_over_through_shared_memor
 
     from tests.factories import LocalPolicy, cartpole_envs
 
-    with Collector(cartpole_envs(2), LocalPolicy(), 2 * 4 * 2, 2 * 4 * 2 * 2, 2, placement="distributed",
+    with Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=2 * 4 * 2, total_frames=2 * 4 * 2 * 2,
+                   num_collectors=2, placement="distributed",
                    seed=4) as collector:
         batches = list(collector)
         pids = [host.pid for host in collector.hosts]

@@ -123,7 +123,8 @@ def test_a_backend_that_cannot_make_the_env_is_refused_naming_why(kwargs, path, 
 @pytest.mark.parametrize("backend", ["vector", "envpool"])
 def test_process_collectors_build_fast_backends_where_they_run(backend):
     maker = EnvMaker(id="CartPole-v1", backend=backend)
-    with Collector(partial(maker.vector, 4), LocalPolicy(), 4 * 8 * 2, 4 * 8 * 2 * 3, 2, placement="process",
+    with Collector(partial(maker.vector, 4), LocalPolicy(), frames_per_batch=4 * 8 * 2, total_frames=4 * 8 * 2 * 3,
+                   num_collectors=2, placement="process",
                    seed=1) as collector:
         batches = list(collector)
     assert [b.batch_size for b in batches] == [torch.Size([8, 8])] * 3

@@ -86,7 +86,8 @@ def test_collector_workers_hand_rollouts_over_through_shared_memory():
 
     from tests.factories import LocalPolicy, cartpole_envs
 
-    with Collector(cartpole_envs(2), LocalPolicy(), 2 * 4, 2 * 4 * 2, 1, placement="monarch", seed=2) as collector:
+    with Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=2 * 4, total_frames=2 * 4 * 2, num_collectors=1,
+                   placement="monarch", seed=2) as collector:
         batches = list(collector)
         pid = collector.hosts[0].pid
         assert list(collector._received.slots) == [0] and len(segments_of([pid])) == 1

@@ -33,9 +33,11 @@ def test_a_replica_answers_as_a_direct_server_does():
 
 def test_workers_with_replicas_collect_what_a_server_serves():
     with InferenceServer(policy_factory=ppo_cartpole_policy, config=InferenceServerConfig(placement="direct")) as srv:
-        with Collector(cartpole_envs(4), srv, 4 * 8, 4 * 8 * 3, placement="direct", seed=7) as collector:
+        with Collector(cartpole_envs(4), srv, frames_per_batch=4 * 8, total_frames=4 * 8 * 3, placement="direct",
+                       seed=7) as collector:
             served = list(collector)
-    with Collector(cartpole_envs(4), PolicyReplica(ppo_cartpole_policy), 4 * 8, 4 * 8 * 3, placement="process",
+    with Collector(cartpole_envs(4), PolicyReplica(ppo_cartpole_policy), frames_per_batch=4 * 8,
+                   total_frames=4 * 8 * 3, placement="process",
                    seed=7) as collector:
         local = list(collector)
     for a, b in zip(served, local, strict=True):
@@ -47,7 +49,8 @@ def test_replicas_in_worker_processes_take_each_pushed_version():
     learner = ppo_cartpole_policy()
     with WeightSync(learner, placement="process") as sync:
         replica = PolicyReplica(ppo_cartpole_policy, sync.client())
-        with Collector(cartpole_envs(4), replica, 2 * 4 * 8, -1, 2, placement="process", seed=1) as collector:
+        with Collector(cartpole_envs(4), replica, frames_per_batch=2 * 4 * 8, total_frames=-1, num_collectors=2,
+                       placement="process", seed=1) as collector:
             batches = iter(collector)
             first = next(batches)
             with torch.no_grad():  # a policy that always pushes right

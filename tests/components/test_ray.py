@@ -190,7 +190,8 @@ def test_ray_collectors_on_the_drivers_node_hand_rollouts_over_through_shared_me
     from transports.segments import segments_of
 
     before = set(segments_of([os.getpid()]))
-    with Collector(cartpole_envs(2), LocalPolicy(), 2 * 5 * 2, 2 * 5 * 2 * 2, 2, placement="ray", seed=5) as collector:
+    with Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=2 * 5 * 2, total_frames=2 * 5 * 2 * 2,
+                   num_collectors=2, placement="ray", seed=5) as collector:
         batches = list(collector)
         pids = [host.pid for host in collector.hosts]
         assert sorted(collector._received.slots) == [0, 1]
@@ -206,7 +207,8 @@ def test_ray_collectors_on_the_drivers_node_hand_rollouts_over_through_shared_me
 def test_ray_collectors_write_straight_into_a_ray_replay_buffer_and_use_a_ray_policy():
     with InferenceServer(policy_factory=CartPolePolicy, config=InferenceServerConfig(placement="ray")) as server, \
             ReplayBuffer(capacity=1000, batch_size=8, placement="ray") as rb:
-        with Collector(cartpole_envs(2), server, 20, 60, 2, placement="ray", replay_buffer=rb) as collector:
+        with Collector(cartpole_envs(2), server, frames_per_batch=20, total_frames=60, num_collectors=2,
+                       placement="ray", replay_buffer=rb) as collector:
             counts = list(collector)
         assert counts == [20, 20, 20]
         client = rb.client()
@@ -215,7 +217,8 @@ def test_ray_collectors_write_straight_into_a_ray_replay_buffer_and_use_a_ray_po
 
 
 def test_a_worker_crash_surfaces_with_its_traceback():
-    with Collector(partial(crashing_envs, 2, 5), LocalPolicy(), 20, -1, 1, placement="ray") as collector:
+    with Collector(partial(crashing_envs, 2, 5), LocalPolicy(), frames_per_batch=20, total_frames=-1,
+                   num_collectors=1, placement="ray") as collector:
         with pytest.raises(RemoteError) as info:
             collector.rollout()
     assert "the environment simulator crashed" in info.value.remote_message
@@ -223,7 +226,8 @@ def test_a_worker_crash_surfaces_with_its_traceback():
 
 def test_a_restartable_worker_resumes_after_kill_9_and_no_acknowledged_write_is_lost():
     with ReplayBuffer(capacity=10_000, batch_size=8, placement="ray") as rb:
-        collector = Collector(cartpole_envs(2), LocalPolicy(), 2 * 4 * 2, -1, 2, placement="ray", replay_buffer=rb)
+        collector = Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=2 * 4 * 2, total_frames=-1,
+                              num_collectors=2, placement="ray", replay_buffer=rb)
         collector.with_resources(Resources(max_restarts=2)).start()
         try:
             acknowledged = collector.rollout()
@@ -237,7 +241,8 @@ def test_a_restartable_worker_resumes_after_kill_9_and_no_acknowledged_write_is_
 
 
 def test_a_worker_without_restarts_is_a_peer_failure():
-    collector = Collector(cartpole_envs(2), LocalPolicy(), 8, -1, 1, placement="ray").start()
+    collector = Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=8, total_frames=-1, num_collectors=1,
+                          placement="ray").start()
     try:
         collector.rollout()
         pid = collector.hosts[0].pid

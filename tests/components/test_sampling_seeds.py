@@ -61,7 +61,8 @@ def test_collectors_send_a_seed_per_env_and_step_and_keep_it_out_of_rollouts(pla
                            "policy_version": torch.zeros(2, dtype=torch.long)}, [2])
     layouts = {"request_layout": request, "response_layout": response} if transport in ("shared_memory", "process_slot") else {}
     with InferenceServer(policy_factory=SeedEcho, config=InferenceServerConfig(placement=placement), transport=transport,
-                         **layouts) as server, Collector(cartpole_envs(2), server, 2 * 3, 2 * 3 * 2, 1, seed=5) as collector:
+                         **layouts) as server, Collector(cartpole_envs(2), server, frames_per_batch=2 * 3,
+                                                         total_frames=2 * 3 * 2, num_collectors=1, seed=5) as collector:
         batches = list(collector)
     seen = torch.cat([b["seen"] for b in batches])
     expected = step_seeds(env_streams([5, 6]), 0, 6)
@@ -89,7 +90,8 @@ def test_sync_collection_after_a_push_is_served_with_the_pushed_weights(placemen
     with WeightSync(CartPolePolicy(), placement=placement) as sync, InferenceServer(
             policy_factory=CartPolePolicy, config=InferenceServerConfig(placement=placement),
             weight_sync=sync.client()) as server, \
-            Collector(cartpole_envs(2), server, 2 * 8, -1, 1, sync=True) as collector:
+            Collector(cartpole_envs(2), server, frames_per_batch=2 * 8, total_frames=-1, num_collectors=1,
+                      sync=True) as collector:
         batches = iter(collector)
         for _ in range(5):
             version = sync.client().push(learner)

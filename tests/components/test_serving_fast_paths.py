@@ -9,7 +9,7 @@ from tensordict import NonTensorData, TensorDict
 from torch import nn
 
 from components.errors import LayoutError
-from components.inference.config import InferenceDeviceConfig, InferenceServerConfig
+from components.inference.config import InferenceServerConfig
 from components.inference.core import ServingCore
 from transports.process_slot import ProcessSlotTransport
 from transports.shared_memory import SharedMemoryTransport
@@ -53,7 +53,7 @@ def serving(kind, policy, request_layout=REQUEST, response_layout=RESPONSE, clie
     transport = kind(request_layout, response_layout, num_slots=clients)
     transport.mark_serving(os.getpid())
     server = transport.server()
-    core = ServingCore(policy, server, InferenceServerConfig(), InferenceDeviceConfig())
+    core = ServingCore(policy, server, InferenceServerConfig())
     return transport, [transport.client() for _ in range(clients)], server, core
 
 
@@ -243,7 +243,7 @@ def test_a_single_request_batch_is_what_stack_and_move_make(request_td):
     from components.inference.core import default_collate
     from transports.thread import ThreadTransport
 
-    core = ServingCore(nn.Identity(), ThreadTransport().server(), InferenceServerConfig(), InferenceDeviceConfig())
+    core = ServingCore(nn.Identity(), ThreadTransport().server(), InferenceServerConfig())
     expected = default_collate([request_td]).to("cpu")
     got = core._collate_one([request_td])
     if got is None:  # the general path serves it
@@ -262,8 +262,7 @@ def test_threads_sharing_one_queue_client_each_get_their_answers_in_any_reading_
 
     transport = QueueTransport()
     client, stop = transport.client(), threading.Event()
-    core = ServingCore(Double(), transport.server(), InferenceServerConfig(max_batch_size=4),
-                       InferenceDeviceConfig())
+    core = ServingCore(Double(), transport.server(), InferenceServerConfig(max_batch_size=4))
     transport.mark_serving(os.getpid())
     loop = threading.Thread(target=core.run, args=(stop,), daemon=True)
     loop.start()
@@ -290,7 +289,7 @@ def test_an_endpoint_of_private_copies_serves_without_copying_and_answers_stay_a
     transport = QueueTransport()
     transport.mark_serving(os.getpid())
     server = transport.server()
-    core = ServingCore(Double(), server, InferenceServerConfig(), InferenceDeviceConfig())
+    core = ServingCore(Double(), server, InferenceServerConfig())
     client = transport.client()
     try:
         assert server.private_copies and core._private

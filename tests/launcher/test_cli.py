@@ -11,7 +11,8 @@ import time
 import pytest
 
 from components.errors import ConfigurationError, NotImplementedYetError
-from launcher.cli import EXIT_CONFIG, launch
+from launcher.cli import launch
+from launcher.conventions import EXIT_CONFIG
 from tests.helpers import pgroup_members, popen_cli, run_cli, wait_until
 
 

@@ -77,10 +77,10 @@ def test_every_yaml_option_composes(compose_cfg, group, option, path):
 
 
 def test_transport_yaml_names_match_transport_kinds():
-    from transports import TRANSPORT_KINDS
+    from transports import transport_kinds
 
     options = {option for group, option, _ in _yaml_files() if group == "transport"}
-    assert options == set(TRANSPORT_KINDS)
+    assert options == set(transport_kinds())
 
 
 def test_unknown_keys_are_rejected_at_compose_time(compose_cfg):
@@ -97,7 +97,7 @@ import sys
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 import launcher.schema
-from launcher.cli import normalize_argv
+from launcher.conventions import normalize_argv
 
 launcher.schema.register()
 with initialize_config_module(config_module="conf", version_base=None):

@@ -41,7 +41,7 @@ def test_start_in_dependency_order_and_stop_in_reverse(compose_cfg, lifecycle_lo
     cfg = compose_cfg(*TINY)
     plan = build_plan(cfg)
     owners = {}
-    result = execute(plan, cfg, str(tmp_path), on_started=owners.update)
+    result = execute(plan, str(tmp_path), on_started=owners.update)
     assert result["frames"] == 128
     started = [c for e, c in lifecycle_log if e == "start"]
     stopped = [c for e, c in lifecycle_log if e == "stop"]
@@ -66,7 +66,7 @@ def test_teardown_runs_when_the_recipe_raises(compose_cfg, lifecycle_log, tmp_pa
     cfg = compose_cfg(*TINY)
     owners = {}
     with pytest.raises(RuntimeError, match="recipe failed"):
-        execute(build_plan(cfg), cfg, str(tmp_path), on_started=owners.update)
+        execute(build_plan(cfg), str(tmp_path), on_started=owners.update)
     assert [c for e, c in lifecycle_log if e == "stop"] == ["collector", "inference", "replay", "weight_sync", "logger"]
     assert all(not o.is_alive for o in owners.values())
     assert "before_failure" in (tmp_path / "metrics.csv").read_text()  # the logger flushed on the error path
@@ -81,7 +81,7 @@ def test_a_failed_start_tears_down_what_started(compose_cfg, lifecycle_log, tmp_
     monkeypatch.setattr(Collector, "_launch", failing_start)
     cfg = compose_cfg(*TINY)
     with pytest.raises(OSError, match="env creation failed"):
-        execute(build_plan(cfg), cfg, str(tmp_path))
+        execute(build_plan(cfg), str(tmp_path))
     assert [c for e, c in lifecycle_log if e == "stop"] == ["collector", "inference", "replay", "weight_sync", "logger"]
 
 

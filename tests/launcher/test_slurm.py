@@ -140,6 +140,7 @@ PREEMPTIBLE = ("+recipe=ppo", "recipe.target_return=null", "launcher.progress=fa
 
 def test_a_requeued_job_resumes_its_own_checkpoint_and_no_other(compose_cfg, tmp_path, monkeypatch):
     from launcher.checkpointing import resolve
+    from launcher.plan import build_plan
     from recipes.checkpoint import Checkpoint
 
     def written_by(job: str) -> str:
@@ -150,17 +151,17 @@ def test_a_requeued_job_resumes_its_own_checkpoint_and_no_other(compose_cfg, tmp
         assert checkpoint.save()
         return str(run_dir)
 
-    cfg = compose_cfg("+recipe=ppo")
+    plan = build_plan(compose_cfg("+recipe=ppo"))
     ours, other = written_by("12_3"), written_by("11_3")
-    assert resolve(cfg, ours, "ppo", "CartPole-v1").state is None  # outside a submitit job: launcher.resume decides
+    assert resolve(plan, ours).state is None  # outside a submitit job: launcher.resume decides
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")  # task 3 of array job 12, as Slurm and submitit say it
     monkeypatch.setenv("SLURM_JOB_ID", "15")
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "12")
     monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
-    resumed = resolve(cfg, ours, "ppo", "CartPole-v1")
+    resumed = resolve(plan, ours)
     assert (resumed.run_dir, resumed.frames) == (ours, 512)
-    assert resolve(cfg, other, "ppo", "CartPole-v1").state is None  # another job's checkpoint: a fresh start
-    assert resolve(cfg, str(tmp_path / "first_attempt"), "ppo", "CartPole-v1").state is None
+    assert resolve(plan, other).state is None  # another job's checkpoint: a fresh start
+    assert resolve(plan, str(tmp_path / "first_attempt")).state is None
 
 
 def test_the_preemption_signal_stops_the_run_before_submitit_requeues_the_job(monkeypatch):

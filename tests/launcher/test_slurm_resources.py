@@ -26,7 +26,7 @@ from tests.slurm import JOB_NAME
 
 def needs(compose_cfg, *overrides: str) -> JobResources:
     cfg = compose_cfg(*overrides)
-    return job_resources(build_plan(cfg), cfg)
+    return job_resources(build_plan(cfg))
 
 
 def numbers(job: JobResources) -> tuple[int, int, int, int]:
@@ -74,13 +74,13 @@ def test_a_replay_row_is_estimated_from_the_plans_layouts(compose_cfg):
 
 def test_a_cuda_device_option_asks_for_a_gpu(compose_cfg):
     cfg = compose_cfg("+recipe=ppo")
-    plan = build_plan(cfg)  # the config's check refuses cuda on a machine without one: set it on the plan
+    plan = build_plan(cfg)  # the plan refuses cuda on a machine without one: set it on the plan's own config
     inference = plan["inference"]
     for device, gpus in (("cuda", 1), ("cuda:1", 2), ("cpu", 0)):
-        moved = dataclasses.replace(inference, options={**inference.options, "policy_device": device})
+        moved = dataclasses.replace(inference, config=dataclasses.replace(inference.config, policy_device=device))
         changed = dataclasses.replace(plan, components=tuple(moved if c.name == "inference" else c
                                                              for c in plan.components))
-        assert job_resources(changed, cfg).gpus_per_node == gpus
+        assert job_resources(changed).gpus_per_node == gpus
 
 
 def test_a_sweep_asks_for_the_largest_of_its_jobs():

@@ -114,7 +114,7 @@ def test_a_user_env_factory_named_by_target_is_used(compose_cfg, tmp_path):
     plan = build_plan(cfg)
     assert plan.env_id == "tests.user_code.make_corridor"
     assert plan["inference"].layouts["request"].describe() == "observation [4, 3] float32"  # the corridor's 3 features
-    result = execute(plan, cfg, str(tmp_path))
+    result = execute(plan, str(tmp_path))
     # every episode lasts exactly `length` steps of reward 1: the kwargs reached the factory in every env
     assert result["frames"] == 128 and result["episodes"] == 4 * (32 // 7)
     assert result["final_mean_return"] == 7.0
@@ -169,7 +169,7 @@ def test_an_untyped_env_node_with_other_keys_is_refused():
 def test_a_user_logger_class_named_on_the_command_line_is_used(compose_cfg, tmp_path):
     cfg = compose_cfg(*TINY, "logger._target_=tests.loggers.CustomLogger")
     owners = {}
-    execute(build_plan(cfg), cfg, str(tmp_path), on_started=owners.update)
+    execute(build_plan(cfg), str(tmp_path), on_started=owners.update)
     assert type(owners["logger"]) is CustomLogger
     assert "train/mean_return" in (tmp_path / "metrics.csv").read_text()
 
@@ -181,7 +181,7 @@ def test_a_user_logger_yaml_with_options_of_its_own_is_used(compose_cfg, tmp_pat
         "_target_: tests.user_code.JsonLinesLogger\nlog_dir: logs\nfilename: scalars.jsonl\n")
     cfg = compose_cfg(*TINY, f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "logger=jsonl")
     owners = {}
-    execute(build_plan(cfg), cfg, str(tmp_path / "run"), on_started=owners.update)
+    execute(build_plan(cfg), str(tmp_path / "run"), on_started=owners.update)
     assert type(owners["logger"]) is JsonLinesLogger
     rows = [json.loads(line) for line in (tmp_path / "run" / "logs" / "scalars.jsonl").read_text().splitlines()]
     assert {"hparams"} <= set(rows[0]) and any(r.get("name") == "train/mean_return" for r in rows)

@@ -187,7 +187,7 @@ class StopAt:
 def _interrupted(compose_cfg, run_dir, at: int, *overrides: str, stop: type[BaseException] = KeyboardInterrupt) -> dict:
     cfg = compose_cfg(*overrides)
     with pytest.raises(stop):
-        execute(build_plan(cfg), cfg, str(run_dir), progress=StopAt(at, stop))
+        execute(build_plan(cfg), str(run_dir), progress=StopAt(at, stop))
     return load(str(run_dir / "checkpoint.pt"))
 
 
@@ -278,7 +278,7 @@ def test_a_resume_that_cannot_be_done_fails_before_anything_starts(compose_cfg, 
     assert checkpoint.save()
     with pytest.raises(ConfigurationError, match="is of recipe 'dqn', not 'ppo'"):
         launch(compose_cfg(*PPO, f"launcher.resume={dqn_run}"), str(tmp_path / "own"))
-    fresh = resolve(compose_cfg(*PPO, "launcher.resume=auto"), str(tmp_path / "own"), "ppo", "CartPole-v1")
+    fresh = resolve(build_plan(compose_cfg(*PPO, "launcher.resume=auto")), str(tmp_path / "own"))
     assert fresh.state is None and fresh.run_dir == str(tmp_path / "own")  # auto with nothing there: a fresh start
 
 

@@ -52,5 +52,5 @@ def test_truncation_ends_the_window_but_keeps_the_bootstrap():
 @pytest.mark.slow
 def test_dqn_solves_cartpole_with_default_settings(compose_cfg, tmp_path):
     cfg = compose_cfg("+recipe=dqn", "launcher.progress=false", "seed=0")
-    result = execute(build_plan(cfg), cfg, str(tmp_path))
+    result = execute(build_plan(cfg), str(tmp_path))
     assert result["solved"] and result["final_mean_return"] >= 475, result

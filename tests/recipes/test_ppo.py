@@ -52,7 +52,7 @@ def test_gae_bootstraps_on_truncation_but_not_on_termination():
 def test_ppo_solves_cartpole_with_default_settings(compose_cfg, tmp_path):
     cfg = compose_cfg("+recipe=ppo", "launcher.progress=false", "seed=0")
     torch.manual_seed(0)
-    result = execute(build_plan(cfg), cfg, str(tmp_path))
+    result = execute(build_plan(cfg), str(tmp_path))
     assert result["solved"], result
     assert result["final_mean_return"] >= 475
     assert result["frames"] <= cfg.recipe.total_frames

@@ -365,7 +365,7 @@ def test_nccl_without_cuda_is_refused_before_anything_starts():
     with pytest.raises(ConfigurationError, match="backend 'nccl'.*no CUDA") as info:  # while planning, not at start
         registry.check_options("distributed", {"backend": "nccl"}, path="components.inference.transport_options")
     assert info.value.path == "components.inference.transport_options.backend"
-    with pytest.raises(ConfigurationError, match="connect_timeout must be a number > 0, got 0"):
+    with pytest.raises(ConfigurationError, match="connect_timeout must be > 0 seconds, got 0"):
         registry.check_options("distributed", {"connect_timeout": 0})
 
 
