@@ -60,3 +60,71 @@ def test_placement_is_decided_only_by_the_hosts_and_the_table():
 def test_no_module_passes_400_lines(package):
     long = [(path, source.count("\n")) for path, source in _modules(package) if source.count("\n") > 400]
     assert long == []
+
+
+def _kind_comparisons(source):
+    """Comparisons of a transport kind (a name or attribute with ``transport`` or ``kind`` in it) with the name of a
+    registered transport."""
+    from transports import registry
+
+    kinds = {d.kind for d in registry.descriptors()}
+
+    def names_a_kind(side):
+        if isinstance(side, ast.Constant):
+            return side.value in kinds
+        return isinstance(side, (ast.Tuple, ast.Set, ast.List)) and any(names_a_kind(e) for e in side.elts)
+
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        named = [s for s in sides if isinstance(s, (ast.Name, ast.Attribute))
+                 and any(word in (s.id if isinstance(s, ast.Name) else s.attr) for word in ("transport", "kind"))]
+        if named and any(names_a_kind(s) for s in sides):
+            yield node.lineno
+
+
+def test_components_and_the_launcher_never_branch_on_a_transport_kind():
+    # what a transport is comes from its descriptor, and how a component uses it from its declared bindings
+    found = [f"{path}:{line}" for package in ("components", "launcher") for path, source in _modules(package)
+             if not path.endswith("declaration.py") for line in _kind_comparisons(source)]
+    assert found == []
+
+
+def _local_imports(path, source, package):
+    """The modules of ``package`` that ``path`` imports, at module level or inside functions."""
+    here = os.path.splitext(os.path.relpath(path, package))[0].replace(os.sep, ".")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            if node.level == 1:
+                names = [node.module] if node.module else [alias.name for alias in node.names]
+            elif node.level == 0 and node.module and node.module.split(".")[0] == package:
+                rest = node.module.split(".")[1:]
+                names = [rest[0]] if rest else [alias.name for alias in node.names]
+            else:
+                continue
+            yield from (name.split(".")[0] for name in names if name.split(".")[0] != here)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                parts = alias.name.split(".")
+                if parts[0] == package and len(parts) > 1 and parts[1] != here:
+                    yield parts[1]
+
+
+def test_the_launcher_imports_itself_without_a_cycle():
+    graph = {}
+    for path, source in _modules("launcher"):
+        name = os.path.splitext(os.path.basename(path))[0]
+        graph[name] = {m for m in _local_imports(os.path.relpath(path, "launcher"), source, "launcher") if m != name}
+    cycles = []
+
+    def visit(node, trail):
+        for nxt in sorted(graph.get(node, ())):
+            if nxt in trail:
+                cycles.append(" -> ".join([*trail[trail.index(nxt):], nxt]))
+            elif nxt in graph:
+                visit(nxt, [*trail, nxt])
+
+    for start in sorted(graph):
+        visit(start, [start])
+    assert cycles == []
