@@ -27,8 +27,9 @@ import torch  # noqa: E402
 from hydra import compose, initialize_config_module  # noqa: E402
 
 import launcher.schema  # noqa: E402
-from launcher.cli import normalize_argv  # noqa: E402
+from launcher.conventions import normalize_argv  # noqa: E402
 
+from tests import startup  # noqa: E402
 from tests.helpers import our_live_actors, wait_until  # noqa: E402
 
 pytest_plugins = ["tests.slurm"]  # the one-node Slurm of the slurm tests (local_slurm)
@@ -46,6 +47,15 @@ def compose_cfg():
             return compose(config_name="config", overrides=normalize_argv(list(overrides)))
 
     return _compose
+
+
+@pytest.fixture(autouse=True)
+def startup_cost(request, monkeypatch):
+    """A test not marked ``slow`` may not start what costs seconds (tests/startup.py says what): the quick loop stays
+    quick, and a module that forgets its marker fails here, naming what it started."""
+    if request.node.get_closest_marker("slow") is None:
+        startup.guard(monkeypatch, request.node.nodeid)
+    yield
 
 
 @pytest.fixture(autouse=True)

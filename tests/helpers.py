@@ -101,3 +101,32 @@ def our_live_actors() -> list[str]:
 PLACEMENT_FIXTURES = {"ray": "ray_cluster", "submitit": "submitit_local"}
 """The fixture a placement's hosts need around them (request it with ``request.getfixturevalue``); placements listed
 here start seconds-long workers (a Ray actor, a job's interpreter), so their cases are marked ``slow``."""
+
+
+def cli_in_process(*args: str, cwd: str) -> subprocess.CompletedProcess:
+    """Run ``python -m launcher`` 's entry point (:func:`launcher.cli.main`) in this process, in directory ``cwd``,
+    and capture what it prints and its exit status: the same phases a subprocess runs (preflight, then Hydra), for
+    checks that need no process of their own (a configuration mistake, a dry run). Hydra's global state is cleared
+    afterwards."""
+    import contextlib
+    import io
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    from launcher.cli import main
+
+    out, err, code = io.StringIO(), io.StringIO(), 0
+    argv, here = sys.argv, os.getcwd()
+    try:
+        os.chdir(cwd)
+        sys.argv = ["launcher", *args]
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main()
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = argv
+        os.chdir(here)
+        GlobalHydra.instance().clear()
+    return subprocess.CompletedProcess(["launcher", *args], code, out.getvalue(), err.getvalue())

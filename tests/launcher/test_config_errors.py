@@ -18,11 +18,11 @@ from hypothesis import strategies as st
 
 from components.errors import ConfigurationError
 from launcher import schema
-from launcher.cli import EXIT_CONFIG
+from launcher.conventions import EXIT_CONFIG
 from launcher.plan import build_plan
 from launcher.preflight import check_argv
 from recipes.configs import DQNConfig, PPOConfig
-from tests.helpers import run_cli
+from tests.helpers import cli_in_process, run_cli
 
 
 def outcome(*argv: str):
@@ -131,7 +131,7 @@ def _options(group: str) -> list[str]:
 
 
 RECIPES = {"ppo": PPOConfig, "ppo_custom_mlp": PPOConfig, "dqn": DQNConfig}
-LOGGERS = {"csv": schema.CSVLoggerConf, "tensorboard": schema.TensorBoardLoggerConf}
+LOGGERS = {"csv": schema.CSVLoggerConfig, "tensorboard": schema.TensorBoardLoggerConfig}
 PLACES = ("direct", "thread", "process", "ray", "distributed", "nowhere")
 SKIPPED = {"dry_run", "name", "id", "log_dir", "address", "namespace", "temp_dir", "policy_device", "output_device"}
 
@@ -235,38 +235,51 @@ CLI_MISTAKES = [
 ]
 
 
-@pytest.mark.slow
+def _one_short_message(proc, path: str) -> None:
+    assert proc.returncode == EXIT_CONFIG == 2, proc.stderr
+    assert proc.stderr.startswith("configuration error: ") and proc.stderr.rstrip().endswith(f"full_key: {path}")
+    assert len(proc.stderr.splitlines()) <= 3 and "Traceback" not in proc.stderr and proc.stdout == ""
+
+
 @pytest.mark.parametrize("args", CLI_MISTAKES, ids=[a[-1] for a in CLI_MISTAKES])
 def test_the_cli_exits_2_with_one_short_message(args, tmp_path):
+    # the command line's entry point in this process: the same phases a process runs (below, once, as a process)
     if args[-1].endswith("cuda:7"):
         import torch
 
         if torch.cuda.device_count() > 7:
             pytest.skip("this machine has a cuda:7")
-    proc = run_cli(*args, "launcher.dry_run=true", cwd=str(tmp_path))
-    path = args[-1].split("=")[0].lstrip("+")
-    assert proc.returncode == EXIT_CONFIG == 2, proc.stderr
-    assert proc.stderr.startswith("configuration error: ") and proc.stderr.rstrip().endswith(f"full_key: {path}")
-    assert len(proc.stderr.splitlines()) <= 3 and "Traceback" not in proc.stderr and proc.stdout == ""
+    proc = cli_in_process(*args, "launcher.dry_run=true", cwd=str(tmp_path))
+    _one_short_message(proc, args[-1].split("=")[0].lstrip("+"))
     assert not [*tmp_path.rglob("plan.json"), *tmp_path.rglob("metrics.csv")]  # nothing started
 
 
 @pytest.mark.slow
+def test_a_real_process_exits_2_with_one_short_message(tmp_path):
+    import torch
+
+    cases = [(("+recipe=ppo", "seed=-1"), "seed")]  # refused by the preflight, before Hydra starts
+    if torch.cuda.device_count() <= 7:  # refused by the plan, inside Hydra's job
+        cases.append((("+recipe=ppo", "components.inference.policy_device=cuda:7"), "components.inference.policy_device"))
+    for args, path in cases:
+        _one_short_message(run_cli(*args, "launcher.dry_run=true", cwd=str(tmp_path)), path)
+
+
 def test_a_sweep_with_one_bad_job_starts_none(tmp_path):
-    proc = run_cli("-m", "+recipe=ppo", "service=direct,thread", "seed=0,-1", "launcher.dry_run=true", cwd=str(tmp_path))
+    proc = cli_in_process("-m", "+recipe=ppo", "service=direct,thread", "seed=0,-1", "launcher.dry_run=true",
+                          cwd=str(tmp_path))
     assert proc.returncode == 2 and proc.stderr.rstrip().endswith("full_key: seed"), proc.stderr
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.slow
 def test_hydra_s_own_flags_and_overrides_still_work(tmp_path):
-    proc = run_cli("+recipe=ppo", "recipe.num_envs=0", "--cfg", "job", cwd=str(tmp_path))
+    proc = cli_in_process("+recipe=ppo", "recipe.num_envs=0", "--cfg", "job", cwd=str(tmp_path))
     assert proc.returncode == 0 and "num_envs: 0" in proc.stdout, proc.stderr
-    proc = run_cli("--help", cwd=str(tmp_path))
+    proc = cli_in_process("--help", cwd=str(tmp_path))
     assert proc.returncode == 0 and "== Configuration groups ==" in proc.stdout, proc.stderr
-    proc = run_cli("+recipe=ppo", "launcher.dry_run=true", f"hydra.run.dir={tmp_path / 'run'}", "hydra/launcher=basic",
-                   cwd=str(tmp_path))
+    proc = cli_in_process("+recipe=ppo", "launcher.dry_run=true", f"hydra.run.dir={tmp_path / 'run'}",
+                          "hydra/launcher=basic", cwd=str(tmp_path))
     assert proc.returncode == 0 and proc.stdout.startswith("plan: recipe=ppo"), proc.stderr
-    proc = run_cli("-m", "+recipe=ppo", "service=direct,thread", "launcher.dry_run=true",
-                   f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=str(tmp_path))
+    proc = cli_in_process("-m", "+recipe=ppo", "service=direct,thread", "launcher.dry_run=true",
+                          f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=str(tmp_path))
     assert proc.returncode == 0 and proc.stdout.count("plan: recipe=ppo") == 2, proc.stderr
