@@ -6,9 +6,13 @@ of a transport choice, wire ``Layout`` s, the error hierarchy, shared-memory seg
 transport by kind (:mod:`transports.registry`), and one module per transport over :class:`transports.base.Transport`.
 """
 
-from .config import TransportConfig, as_transport_config
-from .descriptor import Reach, TransportDescriptor
-from .errors import (
+from . import _startup
+
+_startup.install()  # first: importing tensordict in this process then skips torch's compiler frontend (see _startup)
+
+from .config import TransportConfig, as_transport_config  # noqa: E402
+from .descriptor import Reach, TransportDescriptor  # noqa: E402
+from .errors import (  # noqa: E402
     ConfigurationError,
     IncompatibleCombinationError,
     LayoutError,
@@ -19,9 +23,9 @@ from .errors import (
     ServiceTimeoutError,
     TransportError,
 )
-from .kinds import PLACEMENTS, normalize_placement, normalize_transport_kind, transport_kinds
-from .registry import register
-from .resolver import Resolution, TransportContext
+from .kinds import PLACEMENTS, normalize_placement, normalize_transport_kind, transport_kinds  # noqa: E402
+from .registry import register  # noqa: E402
+from .resolver import Resolution, TransportContext  # noqa: E402
 
 
 def __getattr__(name: str):

@@ -27,9 +27,10 @@ from transports.errors import PeerFailureError, RemoteError, ServiceTimeoutError
 from .base import DEFAULT_STOP_TIMEOUT, Host, Pending, close_target, exit_description, run_serving_loop
 from .signals import WARNING_SIGNALS, warning_signals_blocked
 
-PRELOAD = ["torch", "tensordict", "components.hosts.process", "components.inference.target", "components.replay.storage",
+PRELOAD = ["transports", "torch", "tensordict", "components.hosts.process", "components.inference.target", "components.replay.storage",
            "components.commands"]
-"""Imported once by the forkserver, so a child starts in tens of milliseconds instead of seconds."""
+"""Imported once by the forkserver, so a child starts in tens of milliseconds instead of seconds (``transports`` first:
+its import makes tensordict's lighter, see :mod:`transports._startup`)."""
 
 _preloaded = False
 
