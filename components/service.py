@@ -321,7 +321,14 @@ class Owner(Generic[ClientT]):
 
     def _concurrency(self) -> int:
         """Calls the target must take at once (a Ray actor serving batched requests needs several)."""
-        return 1
+        return self.hosts_of(self.resolved)[0]
+
+    @classmethod
+    def hosts_of(cls, resolved: Resolved) -> tuple[int, ...]:
+        """The hosts an owner of ``resolved`` launches, as the calls each must take at once (one entry per host), for
+        a placement that starts their processes ahead (:meth:`components.hosts.base.Host.warm`). By default: one
+        host taking one call at a time."""
+        return (1,)
 
     def _layouts(self) -> dict:
         """Layouts a fixed-layout transport is built with (``request_layout``, ``response_layout``)."""

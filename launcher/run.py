@@ -26,6 +26,7 @@ from components.envs import EnvMaker
 from components.inference import InferenceServer, PolicyReplica
 from components.replay import ReplayBuffer
 from components.resolution import Resolved
+from components.service import Owner
 from components.weight_sync import WeightSync
 from recipes import Checkpoint, Clients, get_recipe
 from transports.errors import PeerFailureError, RemoteError, ServiceTimeoutError
@@ -116,6 +117,11 @@ def _collector(r: Resolved, run: _Run, deps: dict):
 # Dependencies handed over as owners rather than clients: the collector makes one inference client per worker.
 OWNER_DEPENDENCIES: Mapping[str, tuple[str, ...]] = {"collector": ("inference",)}
 
+# The owner class each builder makes, for the hosts it will launch (Owner.hosts_of); the logger's is the user's choice
+# and hosts one target, as Owner does.
+OWNER_TYPES: Mapping[str, type] = {"weight_sync": WeightSync, "replay": ReplayBuffer, "inference": InferenceServer,
+                                   "collector": Collector}
+
 BUILDERS: Mapping[str, Callable[..., Any]] = {
     "logger": _logger,
     "weight_sync": _weight_sync,
@@ -196,6 +202,9 @@ def _start(run: _Run, stack: ExitStack, owners: dict) -> dict:
     hosts = {c.placement: c.host for c in plan.components}
     for placement, host in hosts.items():  # each placement's session: entered before any owner, left last
         stack.enter_context(host.session(plan.sessions.get(placement, {}), run_dir=run.run_dir))
+    for placement, host in hosts.items():  # every host's process starts now, before the first owner waits for any
+        host.warm([(c.resources, concurrency) for c in plan.components if c.placement == placement
+                   for concurrency in OWNER_TYPES.get(c.name, Owner).hosts_of(c)])
     for level in plan.levels:  # the owners of one level start at the same time, after those they depend on
         launched = []
         for c in level:

@@ -124,6 +124,10 @@ class Collector(Owner["Collector"]):
             self._same_machine = SameMachine()
         return self._same_machine
 
+    @classmethod
+    def hosts_of(cls, resolved: Resolved) -> tuple[int, ...]:
+        return (1,) * resolved.config.num_collectors  # one host per worker
+
     def _launch(self) -> None:
         for w in range(self.num_collectors):  # launched together, then waited for: their start-ups overlap
             host = self._make_host(f"collector-{w}", self._worker(w), index=(w, self.num_collectors))

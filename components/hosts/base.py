@@ -22,7 +22,7 @@ import contextlib
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Dict, Mapping, Optional
+from typing import Any, Callable, ClassVar, Dict, Mapping, Optional, Sequence
 
 from transports.options import bounded, check_instance
 
@@ -227,6 +227,13 @@ class Host(ABC):
     def prepare(cls) -> None:
         """Begin, without waiting, what this placement's first host would otherwise wait for (called as soon as a
         run knows it will use the placement). By default: nothing."""
+
+    @classmethod
+    def warm(cls, expected: "Sequence[tuple[Resources, int]]") -> None:
+        """Begin starting, without waiting, the processes of the hosts a run will launch here (one per entry: its
+        resources and the calls it must take at once), so that each host's launch takes one that is already up
+        instead of starting its own. Called inside this placement's :meth:`session`, before the first owner starts;
+        what is not taken is stopped with the session. By default: nothing."""
 
     @classmethod
     def check_resources(cls, resources: "Resources") -> None:

@@ -21,7 +21,7 @@ from typing import Any, Iterator, Mapping
 from transports.errors import ConfigurationError, ServiceTimeoutError
 from transports.ray import DELIVER, deliver, get, import_ray, remote
 
-from .base import DEFAULT_STOP_TIMEOUT, FuturePending, Host, Pending, Resources, build_and_serve, close_target
+from .base import DEFAULT_STOP_TIMEOUT, FuturePending, Host, Pending, Resources, RunSetting, build_and_serve, close_target
 from .signals import warning_signals_blocked
 
 log = logging.getLogger(__name__)
@@ -144,12 +144,66 @@ def actor_options(resources: Resources, concurrency: int = 1) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- host
-class HostActor:
-    """The body of every hosting actor: builds the target in its constructor, serves it on a thread, runs
-    control calls on it, and hands transport requests to their endpoints inside the actor."""
+class WarmActors:
+    """Actors started ahead of their hosts (:meth:`RayHost.warm`), by the options they were started with."""
 
-    def __init__(self, factory):
+    def __init__(self):
+        self._by_options: dict[str, list] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(options: Mapping[str, Any]) -> str:
+        return repr(sorted(options.items()))
+
+    def add(self, options: Mapping[str, Any], handle: Any) -> None:
+        with self._lock:
+            self._by_options.setdefault(self._key(options), []).append(handle)
+
+    def take(self, options: Mapping[str, Any]) -> Any:
+        """A warm actor started with exactly ``options``, or ``None``."""
+        with self._lock:
+            handles = self._by_options.get(self._key(options))
+            return handles.pop(0) if handles else None
+
+    def end(self) -> None:
+        """End every actor no host took."""
+        ray = import_ray()
+        with self._lock:
+            left, self._by_options = [h for hs in self._by_options.values() for h in hs], {}
+        for handle in left if ray.is_initialized() else ():
+            try:
+                ray.kill(handle, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+
+
+_warm = RunSetting(None)
+"""The run's warm actors (inside a session), else ``None``: hosts made outside a session start their own."""
+
+
+WARM_IMPORTS = ("torch", "tensordict", "components.commands", "components.inference.target", "components.replay.storage")
+"""What a warm actor imports while it waits for its target (what most targets import first)."""
+
+
+class HostActor:
+    """The body of every hosting actor: builds the target (in its constructor, or in :meth:`build` for an actor
+    started warm), serves it on a thread, runs control calls on it, and hands transport requests to their endpoints
+    inside the actor."""
+
+    def __init__(self, factory=None):
+        if factory is None:  # started warm (RayHost.warm): import what targets need, then wait for build()
+            import importlib
+
+            for module in WARM_IMPORTS:
+                importlib.import_module(module)
+            self.target = None
+            return
         self.target, self._stop, self._serving = build_and_serve(factory)
+
+    def build(self, factory) -> int:
+        """Build the target of a warm actor; returns the actor's pid, as :meth:`ready` does."""
+        self.target, self._stop, self._serving = build_and_serve(factory)
+        return os.getpid()
 
     def ready(self) -> int:
         return os.getpid()
@@ -166,6 +220,8 @@ class HostActor:
         return deliver(endpoint_id, payload)
 
     def stop(self) -> None:
+        if self.target is None:  # a warm actor that was never given a target
+            return
         self._stop.set()
         if self._serving is not None:
             self._serving.join(DEFAULT_STOP_TIMEOUT)
@@ -193,6 +249,10 @@ class RayHost(Host):
     def _launch(self) -> None:
         ray = require_connection(self.name)
         options = actor_options(self.resources, self.concurrency)
+        warm = _warm.value.take(options) if _warm.value is not None else None
+        if warm is not None:  # an actor of the same options, started with the session, is up already
+            self._handle, self._ready_ref = warm, warm.build.remote(self.factory)
+            return
         self._handle = ray.remote(HostActor).options(**options).remote(self.factory)
         self._ready_ref = self._handle.ready.remote()
 
@@ -216,11 +276,28 @@ class RayHost(Host):
     @contextlib.contextmanager
     def session(cls, settings: Mapping[str, Any], *, run_dir: str | None = None):
         """Join the cluster at ``settings['address']`` (left running) or start a local one on 127.0.0.1 (stopped at
-        the end); ``settings`` holds :class:`RayClusterConfig` fields (``ray.*`` in YAML)."""
+        the end); ``settings`` holds :class:`RayClusterConfig` fields (``ray.*`` in YAML). Actors started warm
+        (:meth:`warm`) and not taken by a host are ended with the session."""
         config = RayClusterConfig(**{k: v for k, v in settings.items() if v is not None})
-        with ray_cluster(config) as started:
+        with ray_cluster(config) as started, _warm.holding(WarmActors()):
             log.info("ray cluster: %s", "started on 127.0.0.1" if started else f"joined {config.address or 'the connected one'}")
-            yield
+            try:
+                yield
+            finally:
+                _warm.value.end()
+
+    @classmethod
+    def warm(cls, expected) -> None:
+        """Start one actor per expected host at once, each importing what targets import while the run's first
+        owners start; a host of the same options takes one and builds its target there. Hosts Ray restarts
+        (``max_restarts``) build theirs in the constructor, as Ray calls it again, so none is started for them."""
+        if _warm.value is None:
+            return
+        ray = require_connection("warm actors")
+        for resources, concurrency in expected:
+            if resources.max_restarts == 0:
+                options = actor_options(resources, concurrency)
+                _warm.value.add(options, ray.remote(HostActor).options(**options).remote())
 
     @classmethod
     def on_run_machine(cls, settings: Mapping[str, Any]) -> bool:

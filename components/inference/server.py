@@ -100,8 +100,9 @@ class InferenceServer(Owner["InferenceServer"]):
     def _layouts(self) -> dict:
         return {"request_layout": self.request_layout, "response_layout": self.response_layout}
 
-    def _concurrency(self) -> int:
-        return max(self.config.max_batch_size, 2) + 2  # a Ray actor takes that many requests at once, to batch them
+    @classmethod
+    def hosts_of(cls, resolved: Resolved) -> tuple[int, ...]:
+        return (max(resolved.config.max_batch_size, 2) + 2,)  # an actor takes that many requests at once, to batch them
 
     def _client(self) -> InferenceClient:
         endpoint = self._transport.client()
