@@ -99,8 +99,11 @@ def our_live_actors() -> list[str]:
 
 
 PLACEMENT_FIXTURES = {"ray": "ray_cluster", "submitit": "submitit_local"}
-"""The fixture a placement's hosts need around them (request it with ``request.getfixturevalue``); placements listed
-here start seconds-long workers (a Ray actor, a job's interpreter), so their cases are marked ``slow``."""
+"""The fixture a placement's hosts need around them (request it with ``request.getfixturevalue``)."""
+
+SLOW_PLACEMENTS = frozenset({"ray", "submitit", "distributed", "rpc", "monarch"})
+"""Placements whose hosts start seconds-long workers (a Ray actor, a submitit job, a worker rank, an rpc world, a
+Monarch proc: each a fresh interpreter importing torch), so their cases are marked ``slow`` (tests/startup.py)."""
 
 
 def cli_in_process(*args: str, cwd: str) -> subprocess.CompletedProcess:

@@ -12,7 +12,7 @@ from components.hosts import HOSTS
 from components.hosts.process import context as process_context
 from components.service import LIFECYCLE_METHODS, Service
 
-from tests.helpers import PLACEMENT_FIXTURES
+from tests.helpers import PLACEMENT_FIXTURES, SLOW_PLACEMENTS
 from tests.factories import owner_factories
 
 PLACEMENTS = list(HOSTS)  # every placement with a host; a new one is tested the day it is registered
@@ -22,7 +22,7 @@ CASES = [(p, c) for p in PLACEMENTS for c in COMPONENTS
          if (c.split("/")[0], p) in compat.TABLE and compat.TABLE[(c.split("/")[0], p)].built]
 
 
-@pytest.fixture(params=[pytest.param(case, marks=[pytest.mark.slow] if case[0] in PLACEMENT_FIXTURES else [])
+@pytest.fixture(params=[pytest.param(case, marks=[pytest.mark.slow] if case[0] in SLOW_PLACEMENTS else [])
                         for case in CASES], ids=[f"{p}-{c}" for p, c in CASES])
 def owner_factory(request, tmp_path):
     placement, component = request.param

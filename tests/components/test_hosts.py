@@ -10,7 +10,7 @@ from components.hosts import HOSTS, host_class, stop_all
 from components.hosts.base import Resources
 from transports.errors import PeerFailureError, RemoteError
 
-from tests.helpers import PLACEMENT_FIXTURES, process_gone, wait_until
+from tests.helpers import PLACEMENT_FIXTURES, SLOW_PLACEMENTS, process_gone, wait_until
 
 
 class Target:
@@ -51,8 +51,8 @@ def make_failing():
     return Target(fail=True)
 
 
-PLACEMENTS = [p for p in HOSTS if p not in PLACEMENT_FIXTURES] + [
-    pytest.param(p, marks=pytest.mark.slow) for p in HOSTS if p in PLACEMENT_FIXTURES]
+PLACEMENTS = [p for p in HOSTS if p not in SLOW_PLACEMENTS] + [
+    pytest.param(p, marks=pytest.mark.slow) for p in HOSTS if p in SLOW_PLACEMENTS]
 
 
 @pytest.fixture(params=PLACEMENTS)

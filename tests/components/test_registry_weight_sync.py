@@ -102,7 +102,8 @@ def test_process_weight_sync_needs_a_template():
         WeightSync(placement="process")
 
 
-@pytest.mark.parametrize("placement", ["process", "distributed", pytest.param("ray", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("placement", ["process", pytest.param("distributed", marks=pytest.mark.slow),
+                                       pytest.param("ray", marks=pytest.mark.slow)])
 def test_distributed_weight_sync_fans_versions_out_before_receivers_poll(placement, request):
     from tests.helpers import wait_until
 

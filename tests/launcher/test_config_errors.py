@@ -209,6 +209,7 @@ def command_lines(draw):
     return draw(st.permutations(argv)), {path for path, (_, valid) in overrides.items() if valid is False}
 
 
+@pytest.mark.slow  # 40 composed command lines: seconds
 @settings(max_examples=40, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(command_lines())
@@ -272,6 +273,7 @@ def test_a_sweep_with_one_bad_job_starts_none(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # four runs of Hydra's own main, two of them sweeps: seconds
 def test_hydra_s_own_flags_and_overrides_still_work(tmp_path):
     proc = cli_in_process("+recipe=ppo", "recipe.num_envs=0", "--cfg", "job", cwd=str(tmp_path))
     assert proc.returncode == 0 and "num_envs: 0" in proc.stdout, proc.stderr

@@ -108,6 +108,7 @@ print("heavy:", sorted(m for m in ("torch", "tensordict", "gymnasium") if m in s
 """
 
 
+@pytest.mark.slow
 def test_composing_a_config_imports_no_torch():
     # a fresh interpreter: this test process imported torch long ago
     proc = subprocess.run([sys.executable, "-c", COMPOSE_IN_A_FRESH_INTERPRETER], cwd=ROOT, capture_output=True,
