@@ -110,6 +110,7 @@ from recipes.configs import PPOConfig  # noqa: E402
 from transports.layout import Layout  # noqa: E402
 from transports.segments import segments_of  # noqa: E402
 from _common import OtherLoad, peer_json  # noqa: E402  (benchmarks/_common.py, beside this script)
+from _results import Results, say, with_floors  # noqa: E402  (benchmarks/_results.py: the run as JSON)
 
 ENV_ID = "CartPole-v1"
 NUM_STEPS = PPOConfig().num_steps  # steps per env in one Collector batch, as the PPO recipe collects them
@@ -321,8 +322,8 @@ def start_owners(row: Row, n: int, stack: contextlib.ExitStack, tracker: Tracker
                                  transport=transport, **extra)
         stack.callback(policy.shutdown)
         tracker.owners(policy.start())
-    owner = Collector(env_factory(per_group), policy, n * NUM_STEPS, -1,
-                      row.workers, placement=row.placement, sync=row.sync, seed=0, env_groups=row.groups)
+    owner = Collector(env_factory(per_group), policy, frames_per_batch=n * NUM_STEPS, total_frames=-1,
+                      num_collectors=row.workers, placement=row.placement, sync=row.sync, seed=0, env_groups=row.groups)
     stack.callback(owner.shutdown)
     tracker.owners(owner.start())
     return owner
@@ -420,16 +421,19 @@ def summary(ms: list) -> dict:
             "start": statistics.median(m.start_s for m in ms) if isinstance(ms[0], Measurement) else None}
 
 
-def report(rows: list[Row], envs: list[int], results: dict, peer: dict | None, failures: dict) -> None:
+def report(rows: list[Row], envs: list[int], results: dict, peer: dict | None, failures: dict, rec: Results) -> None:
+    """A table per total env count, printed and recorded in ``rec`` (min-max as a [min, max] pair)."""
     peer_rows: dict = {}
     for r in (peer or {}).get("results", []):
         peer_rows.setdefault(r["envs"], []).append(r)
     for n in envs:
         base = results.get((base_row().label, n))
         base_fps = summary(base)["median"] if base else None
+        columns = ["row", "envs", "frames/s median", "min-max", f"ratio to {base_row().label}", "start s"]
         print(f"\n### {n} envs in total\n")
-        print(f"| row | envs | frames/s median | min-max | ratio to {base_row().label} | start s |")
+        print(f"| {' | '.join(columns)} |")
         print("|---|---|---|---|---|---|")
+        table = []
         for row in rows:
             ms = results.get((row.label, n))
             failed = failures.get((row.label, n))
@@ -437,22 +441,43 @@ def report(rows: list[Row], envs: list[int], results: dict, peer: dict | None, f
                 label = row.label + (" *" if summary(ms)["capped"] else "")
                 if failed:
                     label += f" (failed in {len(failed)} round(s): {failed[0]})"
-                _line(label, row.envs_label(n), summary(ms), base_fps)
+                table.append(_line(label, row.envs_label(n), summary(ms), base_fps))
             elif failed:
                 print(f"| {row.label} (failed: {failed[0]}) | {row.envs_label(n)} | - | - | - | - |")
+                table.append([f"{row.label} (failed: {failed[0]})", row.envs_label(n), None, None, None, None])
         for r in peer_rows.get(n, []):
             s = summary(r["fps"])
             s["start"] = r.get("start_s")
-            _line(f"torchrl {peer['torchrl']} {r['row']}", r["envs_label"], s, base_fps)
+            table.append(_line(f"torchrl {peer['torchrl']} {r['row']}", r["envs_label"], s, base_fps))
+        rec.table(f"{n} envs in total", columns, table)
 
 
-def _line(label: str, envs_label: str, s: dict, base_fps: float | None) -> None:
+def _line(label: str, envs_label: str, s: dict, base_fps: float | None) -> list:
+    """Print a table row; return it as values."""
     ratio = f"{s['median'] / base_fps:.2f}" if base_fps else "-"
     start = f"{s['start']:.2f}" if s.get("start") is not None else "-"
     print(f"| {label} | {envs_label} | {s['median']:,.0f} | {s['min']:,.0f}-{s['max']:,.0f} | {ratio} | {start} |")
+    return [label, envs_label, s["median"], [s["min"], s["max"]], s["median"] / base_fps if base_fps else None,
+            s.get("start")]
 
 
-def targets(rows: list[Row], envs: list[int], results: dict) -> None:
+def record_plot(rec: Results, rows: list[Row], envs: list[int], results: dict, peer: dict | None) -> None:
+    """Median frames/s per row, a series per total env count, the raw loops (the floors) dashed; TorchRL's rows
+    last."""
+    medians = {row.label: {n: summary(results[(row.label, n)])["median"] for n in envs if results.get((row.label, n))}
+               for row in rows}
+    for r in (peer or {}).get("results", []):
+        medians.setdefault(f"torchrl {peer['torchrl']} {r['row']}", {})[r["envs"]] = statistics.median(r["fps"])
+    x = [label for label, by_n in medians.items() if by_n]
+    raw = {row.label for row in rows if row.kind == "raw"}
+    series, floors = with_floors(x, {f"{n} envs": [medians[label].get(n) for label in x] for n in envs},
+                                 lambda label: label in raw, suffix=" (raw loop)")
+    rec.plot("fps", "collection frames/s per row, a bar per total env count (raw loops dashed)", x=x, series=series,
+             kind="bar", xlabel="row", ylabel="frames/s (median of rounds)", floors=floors)
+
+
+def targets(rows: list[Row], envs: list[int], results: dict, rec: Results) -> None:
+    """The targets' verdicts, printed and recorded in ``rec``."""
     print(f"\n### Targets (ratio of medians to the {base_row().label} loop at the same total env count)\n")
 
     def ratio(label: str, n: int):
@@ -463,24 +488,24 @@ def targets(rows: list[Row], envs: list[int], results: dict) -> None:
 
     for n in envs:
         got = ratio("Collector direct [direct server]", n)
-        _verdict(f"Collector direct [direct server] at {n} envs", got, TARGET_DIRECT)
+        _verdict(rec, f"Collector direct [direct server] at {n} envs", got, TARGET_DIRECT)
     for n in envs:
         candidates = [(ratio(row.label, n), row.label) for row in rows
                       if row.kind == "collector" and row.placement == "process" and row.workers == 2]
         candidates = [(got, label) for got, label in candidates if got is not None]
         if not candidates:
-            _verdict(f"process Collector x2 at {n} envs", None, TARGET_PROCESS2)
+            _verdict(rec, f"process Collector x2 at {n} envs", None, TARGET_PROCESS2)
             continue
         got, label = max(candidates, key=lambda c: c[0][1])
-        _verdict(f"process Collector x2 at {n} envs (best of {len(candidates)}: {label})", got, TARGET_PROCESS2)
+        _verdict(rec, f"process Collector x2 at {n} envs (best of {len(candidates)}: {label})", got, TARGET_PROCESS2)
     for n in envs:
         for label in ("AsyncBatchedCollector process [process/process_slot]",
                       "AsyncBatchedCollector process 2 groups [process/process_slot]"):
-            _verdict(f"{label.split(' [')[0]} at {n} envs", ratio(label, n), TARGET_BATCHED)
+            _verdict(rec, f"{label.split(' [')[0]} at {n} envs", ratio(label, n), TARGET_BATCHED)
 
 
-def beside_peer(rows: list[Row], envs: list[int], results: dict, peer: dict) -> None:
-    """Per env count: our best 2-worker process row beside each TorchRL row (medians)."""
+def beside_peer(rows: list[Row], envs: list[int], results: dict, peer: dict, rec: Results) -> None:
+    """Per env count: our best 2-worker process row beside each TorchRL row (medians); the lines are notes."""
     print(f"\nBeside TorchRL {peer['torchrl']} (2 workers, frames/s medians):\n")
     for n in envs:
         ours = [(summary(results[(row.label, n)])["median"], row.label) for row in rows
@@ -489,17 +514,17 @@ def beside_peer(rows: list[Row], envs: list[int], results: dict, peer: dict) -> 
             theirs = statistics.median(r["fps"])
             if ours:
                 fps, label = max(ours)
-                print(f"- {n} envs: {label} {fps:,.0f} vs torchrl {r['row']} {theirs:,.0f} (ours / TorchRL "
-                      f"{fps / theirs:.2f}x)")
+                say(rec.note, f"{n} envs: {label} {fps:,.0f} vs torchrl {r['row']} {theirs:,.0f} (ours / TorchRL "
+                    f"{fps / theirs:.2f}x)")
 
 
-def _verdict(what: str, got, target: float) -> None:
+def _verdict(rec: Results, what: str, got, target: float) -> None:
     if got is None:
-        print(f"- {what}: not measured in this run")
+        say(rec.verdict, f"{what}: not measured in this run")
         return
     fps, ratio = got
-    print(f"- {'PASS' if ratio >= target else 'MISS'} {what}: {fps:,.0f} frames/s = {ratio:.2f}x {base_row().label} "
-          f"(target >= {target:.2f}x)")
+    say(rec.verdict, f"{'PASS' if ratio >= target else 'MISS'} {what}: {fps:,.0f} frames/s = {ratio:.2f}x "
+        f"{base_row().label} (target >= {target:.2f}x)")
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -507,7 +532,7 @@ def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)  # unwinds the ExitStacks above: owners are shut down
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="3 rounds, a quarter of the frames, a 1 s time cap per row")
@@ -521,7 +546,12 @@ def main() -> None:
     parser.add_argument("--peer-python", metavar="PATH", default=None,
                         help="python of an environment with torchrl 0.14.1: also measure TorchRL's multi-process "
                              "collectors")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
+    rec = Results("collect")
     global BACKEND
     BACKEND = args.backend
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -556,37 +586,39 @@ def main() -> None:
                          + (". Skipped: " + "; ".join(f"{k}: {v}" for k, v in peer["skipped"].items())
                             if peer.get("skipped") else ""))
 
-    print(f"\n# Collection frames/s, CartPole-v1, no learning (median of {rounds} interleaved rounds; "
-          f"{os.cpu_count()} CPUs; torch {torch.__version__}, gymnasium {gym.__version__}; "
-          f"{'quick' if args.quick else 'full'} run, {elapsed:.0f} s)")
-    print(f"\nEach row: start, warm up {budget.warmup} iteration(s), then iterate up to "
-          f"{', '.join(f'{budget.frames(n * NUM_STEPS):,} frames at {n} envs' for n in args.envs)} "
-          f"or {budget.cap_s:g} s "
-          "(`*`: the cap ended at least one round first). Collector batches: envs x 32 steps; AsyncBatchedCollector "
-          f"batches: as many transitions, flat. ratio = median / {base_row().label} median at the same total env count; "
-          f"env.backend of the collectors: {BACKEND}. start s: "
-          "median seconds to start the row's owners (not counted in frames/s).")
+    say(rec.note, f"Collection frames/s, CartPole-v1, no learning (median of {rounds} interleaved rounds; "
+        f"{os.cpu_count()} CPUs; torch {torch.__version__}, gymnasium {gym.__version__}; "
+        f"{'quick' if args.quick else 'full'} run, {elapsed:.0f} s)", "\n# ")
+    say(rec.note, f"Each row: start, warm up {budget.warmup} iteration(s), then iterate up to "
+        f"{', '.join(f'{budget.frames(n * NUM_STEPS):,} frames at {n} envs' for n in args.envs)} "
+        f"or {budget.cap_s:g} s "
+        "(`*`: the cap ended at least one round first). Collector batches: envs x 32 steps; AsyncBatchedCollector "
+        f"batches: as many transitions, flat. ratio = median / {base_row().label} median at the same total env count; "
+        f"env.backend of the collectors: {BACKEND}. start s: "
+        "median seconds to start the row's owners (not counted in frames/s).", "\n")
     share = other_cpu / (other_wall * (os.cpu_count() or 1))
-    print(f"\nOther processes on this machine used {other_cpu:.0f} CPU-seconds during our {other_wall:.0f} s "
-          f"({share:.0%} of its {os.cpu_count()} CPUs)"
-          + (": the machine was shared, so these figures are lower than an idle machine gives and noisier."
-             if share > 0.05 else "."))
+    say(rec.note, f"Other processes on this machine used {other_cpu:.0f} CPU-seconds during our {other_wall:.0f} s "
+        f"({share:.0%} of its {os.cpu_count()} CPUs)"
+        + (": the machine was shared, so these figures are lower than an idle machine gives and noisier."
+           if share > 0.05 else "."), "\n")
     if peer_note:
-        print(f"\n{peer_note}")
-    report(rows, args.envs, results, peer, failures)
-    targets(rows, args.envs, results)
+        say(rec.note, peer_note, "\n")
+    report(rows, args.envs, results, peer, failures, rec)
+    targets(rows, args.envs, results, rec)
     if peer:
-        beside_peer(rows, args.envs, results, peer)
+        beside_peer(rows, args.envs, results, peer, rec)
     if not args.peer_python:
         print("\nTo print TorchRL 0.14.1's MultiSyncCollector and MultiAsyncCollector beside these, add --peer-python "
               "PATH (the python of an environment with torchrl 0.14.1; see --help).")
     left = segments_of(tracker.pids | {os.getpid()})
     others = [t.name for t in threading.enumerate() if t is not threading.main_thread() and t.is_alive()]
-    print(f"\ncleanup: {len(tracker.pids)} processes started by the rows, "
-          f"{'none' if not tracker.survivors else len(tracker.survivors)} left after their row"
-          + (f" ({'; '.join(tracker.survivors)})" if tracker.survivors else "")
-          + f"; {len(left)} rlsvc shared-memory segment(s) left" + (f" ({', '.join(left)})" if left else "")
-          + f"; threads besides main: {', '.join(others) if others else 'none'}")
+    say(rec.note, f"cleanup: {len(tracker.pids)} processes started by the rows, "
+        f"{'none' if not tracker.survivors else len(tracker.survivors)} left after their row"
+        + (f" ({'; '.join(tracker.survivors)})" if tracker.survivors else "")
+        + f"; {len(left)} rlsvc shared-memory segment(s) left" + (f" ({', '.join(left)})" if left else "")
+        + f"; threads besides main: {', '.join(others) if others else 'none'}", "\n")
+    record_plot(rec, rows, args.envs, results, peer)
+    rec.save()
 
 
 if __name__ == "__main__":

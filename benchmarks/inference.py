@@ -78,6 +78,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from components.inference import InferenceServer, InferenceServerConfig  # noqa: E402
 from transports.segments import Segment  # noqa: E402
 from _common import peer_json, stop_child  # noqa: E402  (benchmarks/_common.py, beside this script)
+from _results import Results, say  # noqa: E402  (benchmarks/_results.py: the run as JSON beside the tables)
 from transports.config import TransportConfig  # noqa: E402
 # The workload and the measuring primitives live in the TorchRL peer script beside this one, which must stand alone
 # in TorchRL's environment: one definition, so both sides measure the same way.
@@ -537,57 +538,66 @@ def peer_label(peer: dict, transport: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- report
-def _row(label, n_clients, r, floor, f) -> None:
+COLUMNS = ["transport", "clients", "p50 us", "p95 us", "req/s", "floor p50 us", "ratio"]
+FLOOR_NOTE = ("floor p50 us: floor (a) for the thread transports, shared_memory and process_slot; (b) for queue; (c) "
+              "for ray; (d) for distributed and for (f); (e) for monarch; a floor's own row shows its own p50 there.")
+
+
+def _row(label, n_clients, r, floor, f) -> list:
+    """Print a table row; return it as values (the floor's p50 and the ratio as numbers, None without a floor)."""
     floor_text = f"{f['p50']:.1f} ({floor})" if f else "-"
     ratio = f"{r['p50'] / f['p50']:.2f}" if f else "-"
     print(f"| {label} | {n_clients} | {r['p50']:.1f} | {r['p95']:.1f} | {r['rps']:.0f} | {floor_text} | {ratio} |")
+    return [label, n_clients, r["p50"], r["p95"], r["rps"], f["p50"] if f else None, r["p50"] / f["p50"] if f else None]
 
 
-def report(results, floors, sizes, client_counts, cells, peer=None) -> bool:
-    """The tables and the targets; with ``peer`` (torchrl_peer.py's JSON), TorchRL's rows after those of our
-    corresponding transport, against the same floor, and a line per pair under the targets."""
+def report(results, floors, sizes, client_counts, cells, peer, rec: Results) -> bool:
+    """The tables and the targets (printed, and recorded in ``rec``); with ``peer`` (torchrl_peer.py's JSON), TorchRL's
+    rows after those of our corresponding transport, against the same floor, and a line per pair under the targets."""
     peer_rows = {(r["transport"], r["size"], r["clients"]): r for r in (peer or {}).get("results", [])}
     all_pass = True
     for size in sizes:
         print(f"\n### {size}: {SIZES[size][0]}\n")
-        print("| transport | clients | p50 us | p95 us | req/s | floor p50 us | ratio |")
+        print(f"| {' | '.join(COLUMNS)} |")
         print("|---|---|---|---|---|---|---|")
+        rows = []
         for floor in ("a", "b", "c", "d", "e", "f"):
             f = floors.get((floor, size))
             if f:
                 against = "d" if floor == "f" else floor  # (f) is (d) plus the framing: it is read against (d)
-                _row(FLOOR_NAMES[floor], 1, f, against, floors.get((against, size)))
+                rows.append(_row(FLOOR_NAMES[floor], 1, f, against, floors.get((against, size))))
         for placement, transport in cells:
             floor = FLOOR_OF.get(transport, "a")
             f = floors.get((floor, size))
             for n_clients in client_counts:
                 r = results.get((f"{placement}/{transport}", size, n_clients))
                 if r is not None:
-                    _row(f"{placement}/{transport}", n_clients, r, floor, f)
+                    rows.append(_row(f"{placement}/{transport}", n_clients, r, floor, f))
             for n_clients in client_counts if transport in PEER_TRANSPORT else ():
                 r = peer_rows.get((PEER_TRANSPORT[transport], size, n_clients))
                 if r is not None:
-                    _row(peer_label(peer, PEER_TRANSPORT[transport]), n_clients, r, floor, f)
+                    rows.append(_row(peer_label(peer, PEER_TRANSPORT[transport]), n_clients, r, floor, f))
+        rec.table(f"{size}: {SIZES[size][0]}", COLUMNS, rows, note=FLOOR_NOTE)
     print("\n### Targets (16B, 1 client: p50 at most 2x its floor's p50)\n")
     for transport, floor in TARGETS:
         r = results.get((f"process/{transport}", "16B", 1))
         f = floors.get((floor, "16B"))
         if r is None or f is None:
-            print(f"- process/{transport} vs {FLOOR_NAMES[floor]}: not measured in this run")
+            say(rec.verdict, f"process/{transport} vs {FLOOR_NAMES[floor]}: not measured in this run")
             continue
         rounds = r.get("rounds") or [(r["p50"], f["p50"])]
         ratio = float(np.median([ours / theirs for ours, theirs in rounds]))
         ok = ratio <= 2.0
         all_pass &= ok
-        print(f"- {'PASS' if ok else 'MISS'} process/{transport}: p50 {r['p50']:.1f} us vs {FLOOR_NAMES[floor]} "
-              f"{f['p50']:.1f} us; median of the per-round ratios {ratio:.2f}x (rounds, p50 us ours/floor: "
-              f"{', '.join(f'{a:.1f}/{b:.1f}' for a, b in rounds)}); target <= 2.00x")
+        say(rec.verdict, f"{'PASS' if ok else 'MISS'} process/{transport}: p50 {r['p50']:.1f} us vs "
+             f"{FLOOR_NAMES[floor]} {f['p50']:.1f} us; median of the per-round ratios {ratio:.2f}x (rounds, p50 us "
+             f"ours/floor: {', '.join(f'{a:.1f}/{b:.1f}' for a, b in rounds)}); target <= 2.00x")
     print("\n### Targets (ray/distributed, 1 client: p50 at most 1.5x floor (d); at least 3x the req/s of ray/ray)\n")
     for size in ("28KB", "1MiB"):
         ours, ray_row = results.get(("ray/distributed", size, 1)), results.get(("ray/ray", size, 1))
         f = floors.get(("d", size))
         if ours is None or f is None or ray_row is None:
-            print(f"- ray/distributed at {size}: not measured in this run")
+            say(rec.verdict, f"ray/distributed at {size}: not measured in this run")
             continue
         rounds = ours.get("rounds")
         ratio = float(np.median([a / b for a, b in rounds])) if rounds else ours["p50"] / f["p50"]
@@ -596,9 +606,9 @@ def report(results, floors, sizes, client_counts, cells, peer=None) -> bool:
         all_pass &= ok
         beside = (f"median of the per-round ratios to floor (d) measured beside it (rounds, p50 us ours/floor: "
                   f"{', '.join(f'{a:.1f}/{b:.1f}' for a, b in rounds)})" if rounds else f"floor (d) {f['p50']:.1f} us")
-        print(f"- {'PASS' if ok else 'MISS'} ray/distributed at {size}: p50 {ours['p50']:.1f} us, {ratio:.2f}x: "
-              f"{beside} (target <= 1.50x); {ours['rps']:.0f} req/s = {speedup:.2f}x ray/ray's "
-              f"{ray_row['rps']:.0f} (target >= 3.00x)")
+        say(rec.verdict, f"{'PASS' if ok else 'MISS'} ray/distributed at {size}: p50 {ours['p50']:.1f} us, "
+             f"{ratio:.2f}x: {beside} (target <= 1.50x); {ours['rps']:.0f} req/s = {speedup:.2f}x ray/ray's "
+             f"{ray_row['rps']:.0f} (target >= 3.00x)")
     if peer_rows:
         print(f"\nBeside TorchRL {peer['torchrl']} (16B, 1 client, p50):\n")
         for placement, transport in cells:
@@ -606,12 +616,38 @@ def report(results, floors, sizes, client_counts, cells, peer=None) -> bool:
             theirs = peer_rows.get((PEER_TRANSPORT.get(transport), "16B", 1))
             if ours is not None and theirs is not None:
                 label = peer_label(peer, PEER_TRANSPORT[transport])
-                print(f"- {placement}/{transport} {ours['p50']:.1f} us vs {label} {theirs['p50']:.1f} us "
-                      f"(TorchRL / ours {theirs['p50'] / ours['p50']:.2f}x)")
+                say(rec.note, f"{placement}/{transport} {ours['p50']:.1f} us vs {label} {theirs['p50']:.1f} us "
+                     f"(TorchRL / ours {theirs['p50'] / ours['p50']:.2f}x)")
     return all_pass
 
 
-def main() -> None:
+def record_plots(rec: Results, sizes, client_counts) -> None:
+    """From the tables ``report`` recorded (one per size, in ``sizes`` order): the p50 round trip with 1 client against
+    the payload, a line per cell and a dashed one per floor; with several client counts, req/s per cell at the most
+    clients (a bar per payload)."""
+    rows = {(row[0], size, row[1]): row for size, table in zip(sizes, rec.tables) for row in table["rows"]}
+    order = [s for s in SIZES if s in sizes]
+    # (f) is neither a floor nor a cell: its row stays in the tables only
+    labels = [label for label in dict.fromkeys(label for label, _, _ in rows) if label != FLOOR_NAMES["f"]]
+
+    def series(n: int, column: int, floors: bool) -> dict:  # label -> the column's value per size at n clients
+        return {label: [rows.get((label, s, n), [None] * len(COLUMNS))[column] for s in order] for label in labels
+                if (label in FLOOR_NAMES.values()) == floors and any((label, s, n) in rows for s in order)}
+
+    nbytes = [request_td(s)["observation"].numel() * request_td(s)["observation"].element_size() for s in order]
+    dashed = series(1, 2, floors=True)
+    rec.plot("round_trip", "p50 round trip with 1 client against the payload, beside the floors", x=nbytes,
+             series={**series(1, 2, floors=False), **dashed}, kind="line", xlabel="payload (bytes)",
+             ylabel="p50 round trip (us)", log=True, floors=list(dashed))
+    if len(client_counts) > 1:
+        most = max(client_counts)
+        rps = series(most, 4, floors=False)
+        rec.plot("requests", f"requests/s per cell with {most} clients", x=list(rps), kind="bar", xlabel="cell",
+                 series={size: [per_size[i] for per_size in rps.values()] for i, size in enumerate(order)},
+                 ylabel="requests/s")
+
+
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a fifth of the round trips")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16])
@@ -622,7 +658,12 @@ def main() -> None:
     parser.add_argument("--client-torch-threads", type=int, default=1, metavar="N",
                         help="torch intra-op threads of the clients' processes (default 1, as the launcher's driver "
                              "and every owner run; torch's own default is one per core)")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
+    rec = Results("inference")
     torch.set_num_threads(args.client_torch_threads)
 
     cells = [c for c in CELLS if c[1] in args.transports]
@@ -655,20 +696,22 @@ def main() -> None:
                          + ", ".join(f"{PEER_TRANSPORT[t]} ~ {p}/{t}" for p, t in cells if t in PEER_TRANSPORT)
                          + f". Skipped: {skipped}.")
 
-    print(f"# Inference round trips (median over round trips; {os.cpu_count()} CPUs; torch {torch.__version__}; "
-          f"{'quick' if args.quick else 'full'} run, {elapsed:.0f} s; clients' torch threads "
-          f"{args.client_torch_threads})")
-    print("\nratio = p50 / floor p50 at the same payload; floors are one client, so rows with more clients include "
-          "queueing behind the others. (a): shared memory + semaphore doorbell; (b): multiprocessing.Queue of bytes; "
-          "(c): a Ray actor call carrying the payload; (d): gloo send/recv between two processes; (e): a bare Monarch "
-          "endpoint call carrying the payload; (f): (d) through the distributed transport's wire framing, one thread "
-          "each side, no service (against (d)).")
+    say(rec.note, f"Inference round trips (median over round trips; {os.cpu_count()} CPUs; torch {torch.__version__}; "
+        f"{'quick' if args.quick else 'full'} run, {elapsed:.0f} s; clients' torch threads "
+        f"{args.client_torch_threads})", "# ")
+    say(rec.note, "ratio = p50 / floor p50 at the same payload; floors are one client, so rows with more clients "
+        "include queueing behind the others. (a): shared memory + semaphore doorbell; (b): multiprocessing.Queue of "
+        "bytes; (c): a Ray actor call carrying the payload; (d): gloo send/recv between two processes; (e): a bare "
+        "Monarch endpoint call carrying the payload; (f): (d) through the distributed transport's wire framing, one "
+        "thread each side, no service (against (d)).", "\n")
     if peer_note:
-        print(f"\n{peer_note}")
-    report(results, floors, args.sizes, args.clients, cells, peer)
+        say(rec.note, peer_note, "\n")
+    report(results, floors, args.sizes, args.clients, cells, peer, rec)
     if not args.peer_python:
         print("\nTo print TorchRL's corresponding transports beside these, add --peer-python PATH (the python of an "
               "environment with torchrl 0.14.1; see --help).")
+    record_plots(rec, args.sizes, args.clients)
+    rec.save()
 
 
 if __name__ == "__main__":

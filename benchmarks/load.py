@@ -41,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from benchmarks._load import (  # noqa: E402
     INFERENCE_CELLS, MEMORY_BOUND, REPLAY_CELLS, ROWS_PER_EXTEND, Result, Workers, run_cell)
+from benchmarks._results import Results, say  # noqa: E402  (the run as JSON beside the tables)
 
 WORKERS = 4  # client processes of the process owners
 
@@ -58,27 +59,53 @@ def row(r: Result) -> str:
             f"{r.calls / r.wall_s:,.0f} | {memory} | {verdict} |")
 
 
-def report(component: str, results: list, callers: int, calls: int) -> None:
+def values(r: Result) -> list:
+    """:func:`row` as values (growth in %; ``in-process`` is said in the table's note)."""
+    counted = [r.calls, r.rows] if r.component == "replay" else [r.calls]
+    return [r.cell, *counted, r.lost, r.duplicated, r.misrouted, r.wall_s, r.calls / r.wall_s, r.rss_warm, r.rss_end,
+            r.growth, "PASS" if r.correct and r.flat else "FAIL"]
+
+
+MEMORY_COLUMNS = ["owner RSS after warm-up MiB", "owner RSS at end MiB", "growth", "verdict"]
+COLUMNS = {"inference": ["cell", "requests", "lost", "duplicated", "misrouted", "wall s", "req/s", *MEMORY_COLUMNS],
+           "replay": ["cell", "extends", "rows", "lost rows", "duplicated rows", "misrouted rows", "wall s",
+                      "extends/s", *MEMORY_COLUMNS]}
+
+
+def report(component: str, results: list, callers: int, calls: int, rec: Results) -> None:
+    """The component's table (printed, and recorded in ``rec``) and its cells' first errors (recorded as notes)."""
     if not results:
         return
     if component == "inference":
-        print(f"\n### inference: {callers} clients x {calls} requests\n")
-        print("| cell | requests | lost | duplicated | misrouted | wall s | req/s | owner RSS after warm-up MiB | "
-              "owner RSS at end MiB | growth | verdict |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|")
+        title = f"inference: {callers} clients x {calls} requests"
     else:
-        print(f"\n### replay: {callers} producers x {calls} extends of {ROWS_PER_EXTEND} rows\n")
-        print("| cell | extends | rows | lost rows | duplicated rows | misrouted rows | wall s | extends/s | "
-              "owner RSS after warm-up MiB | owner RSS at end MiB | growth | verdict |")
-        print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        title = f"replay: {callers} producers x {calls} extends of {ROWS_PER_EXTEND} rows"
+    print(f"\n### {title}\n")
+    print(f"| {' | '.join(COLUMNS[component])} |")
+    print("|" + "---|" * len(COLUMNS[component]))
     for r in results:
         print(row(r))
+    in_process = [r.cell for r in results if r.in_process]
+    rec.table(title, COLUMNS[component], [values(r) for r in results],
+              note="growth: % of the owner's RSS after the warm-up" + (
+                  f"; in-process (the owner lives in this process, so its figure includes the callers' memory): "
+                  f"{', '.join(in_process)}" if in_process else ""))
     for r in results:
         for error in r.errors[:3]:
-            print(f"\n- {r.cell}: {error.strip()}")
+            say(rec.note, f"{r.cell}: {error.strip()}", "\n- ")
 
 
-def main(argv=None) -> int:
+def record_plot(rec: Results, results: dict) -> None:
+    """Requests/s of the inference cells and extends/s of the replay cells, a bar each per cell."""
+    rates = {component: {r.cell: r.calls / r.wall_s for r in results[component]} for component in results}
+    x = list(dict.fromkeys([*rates["inference"], *rates["replay"]]))
+    rec.plot("rate", "calls/s per cell under load: inference requests, replay extends", x=x, kind="bar",
+             series={"requests/s (inference)": [rates["inference"].get(cell) for cell in x],
+                     "extends/s (replay)": [rates["replay"].get(cell) for cell in x]},
+             xlabel="cell", ylabel="calls/s")
+
+
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, default=64, help="concurrent inference clients")
     parser.add_argument("--requests", type=int, default=10_000, help="requests per inference client")
@@ -86,7 +113,12 @@ def main(argv=None) -> int:
     parser.add_argument("--extends", type=int, default=10_000, help="extends per replay producer")
     parser.add_argument("--transports", nargs="+", help="transports (queue) or cells (ray/distributed) to run")
     parser.add_argument("--components", nargs="+", choices=["inference", "replay"], default=["inference", "replay"])
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = arguments().parse_args(argv)
+    rec = Results("load", argv)
     torch.set_num_threads(1)
     plan = [(component, cell) for component, cells in (("inference", INFERENCE_CELLS), ("replay", REPLAY_CELLS))
             if component in args.components for cell in selected(cells, args.transports)]
@@ -108,12 +140,14 @@ def main(argv=None) -> int:
                   f"{r.duplicated}, misrouted {r.misrouted}, RSS {r.rss_warm:.0f} -> {r.rss_end:.0f} MiB",
                   file=sys.stderr, flush=True)
     for component in ("inference", "replay"):
-        report(component, results[component], *scale[component])
+        report(component, results[component], *scale[component], rec)
     everything = results["inference"] + results["replay"]
     passed = all(r.correct and r.flat for r in everything)
-    print(f"\n{'PASS' if passed else 'FAIL'}: {sum(r.correct for r in everything)}/{len(everything)} cells lost, "
-          f"duplicated and misrouted nothing; {sum(r.flat for r in everything)}/{len(everything)} grew at most "
-          f"{MEMORY_BOUND:.0f}% after the warm-up")
+    say(rec.verdict, f"{'PASS' if passed else 'FAIL'}: {sum(r.correct for r in everything)}/{len(everything)} cells "
+        f"lost, duplicated and misrouted nothing; {sum(r.flat for r in everything)}/{len(everything)} grew at most "
+        f"{MEMORY_BOUND:.0f}% after the warm-up", "\n")
+    record_plot(rec, results)
+    rec.save()  # a FAIL is a result too: the run completed, and its file keeps it
     return 0 if passed else 1
 
 

@@ -55,6 +55,7 @@ from components.logger import CSVLogger  # noqa: E402
 from components.hosts.process import context as mp_context  # noqa: E402
 from transports.segments import segments_of  # noqa: E402
 from _common import start_owner, stop_child  # noqa: E402  (benchmarks/_common.py, beside this script)
+from _results import Results, say, with_floors  # noqa: E402  (benchmarks/_results.py: the run as JSON)
 
 PLACEMENTS = ["direct", "thread", "process"]
 CALLS = 5000  # measured log_scalar calls per row in a full run
@@ -222,25 +223,46 @@ def profile_process(name: str, client, ctx, stack, pids: set, n: int) -> dict:
         client.log_scalar(TAG, 0.5, i)
     prof.disable()
     out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(10)
+    stats = pstats.Stats(prof, stream=out).sort_stats("tottime")
+    stats.print_stats(10)
     text = out.getvalue()
     body = text[text.index("   ncalls"):] if "   ncalls" in text else text
     calls_line = next((ln.strip() for ln in text.splitlines() if "function calls" in ln), "")
     return {"pieces": [(k, float(np.median(lat))) for k, (lat, _) in measured.items()], "cprofile": body.rstrip(),
-            "cprofile_head": calls_line, "cprofile_n": min(1000, n // 5)}
+            "cprofile_head": calls_line, "cprofile_n": min(1000, n // 5), "cprofile_rows": profile_rows(stats, 10)}
+
+
+def profile_rows(stats: pstats.Stats, n: int) -> list:
+    """The first ``n`` lines ``stats.print_stats(n)`` prints, as values: ncalls (``total/primitive`` where they
+    differ, as printed), then its times in microseconds (printed in seconds, 3 decimals: mostly 0.000)."""
+    rows = []
+    for func in stats.fcn_list[:n]:
+        primitive, total, own, cumulative, _ = stats.stats[func]
+        rows.append([total if total == primitive else f"{total}/{primitive}", own * 1e6,
+                     own * 1e6 / total if total else None, cumulative * 1e6,
+                     cumulative * 1e6 / primitive if primitive else None, pstats.func_std_string(func)])
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------- report
-def report(results: dict, profiles: dict) -> None:
-    print("\n| row | p50 us | p95 us | calls/s | p50 / Pipe floor |")
+COLUMNS = ["row", "p50 us", "p95 us", "calls/s", "p50 / Pipe floor"]
+PROFILE_COLUMNS = ["ncalls", "tottime us", "percall us", "cumtime us", "percall us", "filename:lineno(function)"]
+
+
+def report(results: dict, profiles: dict, rec: Results) -> None:
+    """The tables (the cProfile listings as tables too) and the target, printed and recorded in ``rec``."""
+    print(f"\n| {' | '.join(COLUMNS)} |")
     print("|---|---|---|---|---|")
     pipe = results.get("floor: Pipe round trip (2 processes)")
     for row, r in results.items():
         ratio = f"{r['p50'] / pipe['p50']:.2f}" if pipe else "-"
         print(f"| {row} | {r['p50']:.1f} | {r['p95']:.1f} | {r['rate']:,.0f} | {ratio} |")
+    rec.table("Acknowledged log_scalar per row", COLUMNS, [
+        [row, r["p50"], r["p95"], r["rate"], r["p50"] / pipe["p50"] if pipe else None] for row, r in results.items()])
     for name, prof in profiles.items():
-        print(f"\n### Where a process {name} log_scalar's time goes (pieces timed separately, interleaved with the "
-              "call itself)\n")
+        title = (f"Where a process {name} log_scalar's time goes (pieces timed separately, interleaved with the call "
+                 "itself)")
+        print(f"\n### {title}\n")
         print("| piece | p50 us |")
         print("|---|---|")
         total = dict(prof["pieces"])["TOTAL"]
@@ -248,28 +270,46 @@ def report(results: dict, profiles: dict) -> None:
             if piece != "TOTAL":
                 print(f"| {piece} | {value:.1f} |")
         print(f"| **process log_scalar in this window** | **{total:.1f}** |")
-        print(f"\ncProfile of {prof['cprofile_n']} process {name} log_scalar calls, caller's side (top 10 by own "
-              f"time; {prof['cprofile_head']}):\n")
+        rec.table(title, ["piece", "p50 us"], [[piece, value] for piece, value in prof["pieces"] if piece != "TOTAL"]
+                  + [["**process log_scalar in this window**", total]])
+        title = (f"cProfile of {prof['cprofile_n']} process {name} log_scalar calls, caller's side (top 10 by own "
+                 f"time; {prof['cprofile_head']})")
+        print(f"\n{title}:\n")
         print("```")
         print(prof["cprofile"])
         print("```")
+        rec.table(title, PROFILE_COLUMNS, prof["cprofile_rows"])
     print(f"\n### Target (process logger: acknowledged log_scalar p50 at most {TARGET_US / 1000:.1f} ms; "
           "TorchRL's process logger: 7.5 ms)\n")
     rows = [row for row in results if row.endswith("/ process")]
     if not rows:
-        print("- no process logger measured in this run")
+        say(rec.verdict, "no process logger measured in this run")
     for row in rows:
         p50 = results[row]["p50"]
-        print(f"- {'PASS' if p50 <= TARGET_US else 'MISS'} {row}: p50 {p50 / 1000:.3f} ms; target <= "
-              f"{TARGET_US / 1000:.3f} ms ({7500 / p50:.0f}x faster than TorchRL's 7.5 ms)")
+        say(rec.verdict, f"{'PASS' if p50 <= TARGET_US else 'MISS'} {row}: p50 {p50 / 1000:.3f} ms; target <= "
+            f"{TARGET_US / 1000:.3f} ms ({7500 / p50:.0f}x faster than TorchRL's 7.5 ms)")
 
 
-def main() -> None:
+def record_plot(rec: Results, results: dict) -> None:
+    """log_scalar p50 (us) per row: every logger x placement, the floors dashed."""
+    x = list(results)
+    series, floors = with_floors(x, {"p50 us": [results[row]["p50"] for row in x]},
+                                 lambda row: row.startswith("floor: "))
+    rec.plot("log_scalar", "acknowledged log_scalar p50 per logger and placement (floors dashed)", x=x,
+             series=series, kind="bar", xlabel="row", ylabel="log_scalar p50 (us)", log=True, floors=floors)
+
+
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a fifth of the calls")
     parser.add_argument("--loggers", nargs="+", default=["csv", "tensorboard"], choices=["csv", "tensorboard"])
     parser.add_argument("--placements", nargs="+", default=PLACEMENTS, choices=PLACEMENTS)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
+    rec = Results("logger")
     torch.set_num_threads(1)
     n = CALLS // (5 if args.quick else 1)
     placements = [p for p in PLACEMENTS if p in args.placements]
@@ -294,16 +334,19 @@ def main() -> None:
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
-    print(f"# Logger: acknowledged log_scalar (median over calls; {os.cpu_count()} CPUs; torch {torch.__version__}; "
-          f"{'quick' if args.quick else 'full'} run, {time.monotonic() - started:.0f} s)")
-    print("\nEach logger row calls owner.client().log_scalar(tag, value, step) and waits for it to return (written). "
-          "Rows of one logger (and the floors, beside the first logger) were measured in alternating blocks.")
+    say(rec.note, f"Logger: acknowledged log_scalar (median over calls; {os.cpu_count()} CPUs; torch "
+        f"{torch.__version__}; {'quick' if args.quick else 'full'} run, {time.monotonic() - started:.0f} s)", "# ")
+    say(rec.note, "Each logger row calls owner.client().log_scalar(tag, value, step) and waits for it to return "
+        "(written). Rows of one logger (and the floors, beside the first logger) were measured in alternating blocks.",
+        "\n")
     if skipped:
-        print(f"Skipped: {', '.join(skipped)}.")
-    report(results, profiles)
+        say(rec.note, f"Skipped: {', '.join(skipped)}.", "")
+    report(results, profiles, rec)
     left = segments_of(pids)
-    print(f"\ncleanup: every owner and helper process stopped, temporary directory removed; {len(left)} rlsvc "
-          f"segment(s) of this run left in /dev/shm" + (f": {', '.join(left)}" if left else ""))
+    say(rec.note, f"cleanup: every owner and helper process stopped, temporary directory removed; {len(left)} rlsvc "
+        f"segment(s) of this run left in /dev/shm" + (f": {', '.join(left)}" if left else ""), "\n")
+    record_plot(rec, results)
+    rec.save()
 
 
 if __name__ == "__main__":

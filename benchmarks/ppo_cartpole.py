@@ -29,6 +29,7 @@ import tempfile
 import time
 
 from components import compat
+from _results import Results, say  # (benchmarks/_results.py, beside this script: the run as JSON beside the tables)
 
 # (label, overrides): every combination the table says is built today.
 PLACEMENTS = [
@@ -84,7 +85,7 @@ def run_once(overrides: list[str], seed: int, timeout: float, extra: list[str] =
     return summary
 
 
-def main() -> None:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--services", nargs="+", default=None, help="labels to run (default: every built one)")
@@ -92,8 +93,15 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600)
     parser.add_argument("--extra", nargs="+", default=[], metavar="OVERRIDE",
                         help="launcher overrides added to every row (e.g. env.backend=vector)")
-    args = parser.parse_args()
+    return parser
 
+
+COLUMNS = ["placement", "solved", "frames to solve", "train s", "process s", "frames/s"]
+
+
+def main() -> None:
+    args = arguments().parse_args()
+    rec = Results("ppo_cartpole")
     rows = []
     for label, overrides in CANDIDATES:
         if args.services and label not in args.services:
@@ -118,27 +126,48 @@ def main() -> None:
             peer.append(time.perf_counter() - start)
 
     extra = f", every row with {' '.join(args.extra)}" if args.extra else ""
-    print(f"\nPPO on CartPole-v1, {len(args.seeds)} seeds {args.seeds}{extra}, medians (target: mean return of the last 20 "
-          "episodes >= 475)")
+    title = (f"PPO on CartPole-v1, {len(args.seeds)} seeds {args.seeds}{extra}, medians (target: mean return of the "
+             "last 20 episodes >= 475)")
+    print(f"\n{title}")
     width = max([22, *(len(label) for label, _ in rows)])
     head = f"| {'placement':<{width}} | solved | frames to solve | train s | process s | frames/s |"
     print(head)
     print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
     med = statistics.median
+    table = []  # as printed, values as numbers ("solved" stays "2/3")
     for label, results in rows:
         solved = sum(r["solved"] for r in results)
-        print(f"| {label:<{width}} | {solved}/{len(results):<4} | {med(r['frames'] for r in results):>15,.0f} | "
-              f"{med(r['wall_seconds'] for r in results):>7.1f} | {med(r['process_seconds'] for r in results):>9.1f} | "
-              f"{med(r['fps'] for r in results):>8,.0f} |")
-    targets(rows)
-    if peer:
+        table.append([label, f"{solved}/{len(results)}", med(r["frames"] for r in results),
+                      med(r["wall_seconds"] for r in results), med(r["process_seconds"] for r in results),
+                      med(r["fps"] for r in results)])
+        print(f"| {label:<{width}} | {solved}/{len(results):<4} | {table[-1][2]:>15,.0f} | {table[-1][3]:>7.1f} | "
+              f"{table[-1][4]:>9.1f} | {table[-1][5]:>8,.0f} |")
+    targets(rows, rec)
+    if peer:  # printed after the targets, recorded as the table's last row
         print(f"| {'peer: ' + args.peer[:16]:<{width}} | {'?':<6} | {'?':>15} | {'?':>7} | {med(peer):>9.1f} | {'?':>8} |")
+        table.append([f"peer: {args.peer[:16]}", None, None, None, med(peer), None])
     else:
         print(REFERENCE)
+        rec.note(REFERENCE)
+    rec.table(title, COLUMNS, table)
+    record_plots(rec, table)
+    rec.save()
 
 
-def targets(rows: list) -> None:
-    """Each process row's median frames/s against direct's, from this run (target: no slower than direct)."""
+def record_plots(rec: Results, table: list) -> None:
+    """From the recorded table: median frames/s per placement row; median train and process seconds per row (the
+    peer's row, if any, has process seconds only)."""
+    ours = [row for row in table if row[5] is not None]
+    rec.plot("fps", "PPO on CartPole-v1: median frames/s per placement", x=[row[0] for row in ours],
+             series={"frames/s": [row[5] for row in ours]}, kind="bar", xlabel="placement", ylabel="frames/s")
+    rec.plot("seconds", "PPO on CartPole-v1: median seconds to solve per placement", x=[row[0] for row in table],
+             series={"train s": [row[3] for row in table], "process s": [row[4] for row in table]}, kind="bar",
+             xlabel="placement", ylabel="seconds")
+
+
+def targets(rows: list, rec: Results) -> None:
+    """Each process row's median frames/s against direct's, from this run (target: no slower than direct);
+    printed, and recorded in ``rec``."""
     med = statistics.median
     base = next((results for label, results in rows if label == "direct"), None)
     process = [(label, results) for label, results in rows if label.startswith("process/")]
@@ -150,8 +179,8 @@ def targets(rows: list) -> None:
     for label, results in process:
         fps, secs = med(r["fps"] for r in results), med(r["wall_seconds"] for r in results)
         verdict = "PASS" if fps >= direct_fps else "MISS"
-        print(f"- {verdict} {label}: {fps:,.0f} frames/s = {fps / direct_fps:.2f}x direct; train s {secs:.1f} = "
-              f"{secs / direct_s:.2f}x direct")
+        say(rec.verdict, f"{verdict} {label}: {fps:,.0f} frames/s = {fps / direct_fps:.2f}x direct; train s "
+            f"{secs:.1f} = {secs / direct_s:.2f}x direct")
 
 
 if __name__ == "__main__":

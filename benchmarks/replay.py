@@ -54,6 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from components.replay import ReplayBuffer  # noqa: E402
 from transports.segments import segments_of  # noqa: E402
 from _common import start_owner  # noqa: E402  (benchmarks/_common.py, beside this script)
+from _results import Results, say, with_floors  # noqa: E402  (benchmarks/_results.py: the run as JSON)
 from transports.wire import from_wire, to_wire  # noqa: E402
 
 BATCH = 256
@@ -194,7 +195,7 @@ def breakdown(client, transport: str, obs: str, quick: bool) -> list[tuple[str, 
     """Where a process sample's time goes: each piece's p50 (us), measured in this process or through
     ``client``, interleaved with the process sample itself (the last entry)."""
     n = max(20, calls(obs, quick)[1] // 2)
-    direct = ReplayBuffer(OBS[obs][3], batch_size=BATCH, placement="direct", transport="direct", seed=0).start()
+    direct = ReplayBuffer(capacity=OBS[obs][3], batch_size=BATCH, placement="direct", transport="direct", seed=0).start()
     try:
         batch = make_batch(obs)
         for _ in range(OBS[obs][3] // BATCH):
@@ -235,7 +236,7 @@ def run_obs(obs: str, cells, quick: bool, pids: set, results: dict, breakdowns: 
         clients = {}
         for cell in cells:
             placement, transport = cell.split("/")
-            owner = ReplayBuffer(OBS[obs][3], batch_size=BATCH, placement=placement, transport=transport, seed=0)
+            owner = ReplayBuffer(capacity=OBS[obs][3], batch_size=BATCH, placement=placement, transport=transport, seed=0)
             stack.callback(owner.shutdown)
             took = start_owner(owner, pids)
             clients[cell] = owner.client()
@@ -265,15 +266,22 @@ def run_obs(obs: str, cells, quick: bool, pids: set, results: dict, breakdowns: 
 
 
 # ---------------------------------------------------------------------------------------------- report
-def report(results: dict, breakdowns: dict, obs_list, cells) -> None:
+COLUMNS = ["placement/transport", "extend p50 us", "extend transitions/s", "sample p50 us", "sample p95 us",
+           "sampled transitions/s", "sample p50 / direct"]
+FLOORS = ["floor: torch gather", RAY_FLOOR, GLOO_FLOOR]  # the rows before the cells'
+
+
+def report(results: dict, breakdowns: dict, obs_list, cells, rec: Results) -> None:
+    """The tables and the target, printed and recorded in ``rec``."""
     for obs in obs_list:
-        print(f"\n### {obs}: {OBS[obs][0]} + action int64 + reward float32; batch {BATCH}; capacity {OBS[obs][3]}\n")
-        print("| placement/transport | extend p50 us | extend transitions/s | sample p50 us | sample p95 us "
-              "| sampled transitions/s | sample p50 / direct |")
+        title = f"{obs}: {OBS[obs][0]} + action int64 + reward float32; batch {BATCH}; capacity {OBS[obs][3]}"
+        print(f"\n### {title}\n")
+        print(f"| {' | '.join(COLUMNS)} |")
         print("|---|---|---|---|---|---|---|")
         direct = results.get(("direct/direct", obs))
         base = direct["sample"]["p50"] if direct else None
-        for cell in ["floor: torch gather", RAY_FLOOR, GLOO_FLOOR, *cells]:
+        rows = []
+        for cell in [*FLOORS, *cells]:
             r = results.get((cell, obs))
             if r is None:
                 continue
@@ -282,19 +290,27 @@ def report(results: dict, breakdowns: dict, obs_list, cells) -> None:
             ext = f"{e['p50']:.1f} | {e['rate']:,.0f}" if e else "- | -"
             ratio = f"{s['p50'] / base:.2f}" if base else "-"
             print(f"| {cell} | {ext} | {s['p50']:.1f} | {s['p95']:.1f} | {s['rate']:,.0f} | {ratio} |")
+            rows.append([cell, e and e["p50"], e and e["rate"], s["p50"], s["p95"], s["rate"],
+                         s["p50"] / base if base else None])
+        rec.table(title, COLUMNS, rows)
     if breakdowns:
-        print(f"\n### Where a process sample's time goes ({TARGET_OBS}; pieces timed separately, interleaved with "
-              "the process sample itself)\n")
+        title = (f"Where a process sample's time goes ({TARGET_OBS}; pieces timed separately, interleaved with the "
+                 "process sample itself)")
+        print(f"\n### {title}\n")
         print("| row | piece | p50 us |")
         print("|---|---|---|")
+        rows = []
         for (cell, obs), parts in breakdowns.items():
             total = dict(parts)["TOTAL"]
             pieces = [(k, v) for k, v in parts if k != "TOTAL"]
-            for name, value in pieces:
+            rest = ("rest (pipe transfer, scheduling, waits): the process sample minus the pieces",
+                    total - sum(v for _, v in pieces))
+            for name, value in [*pieces, rest]:
                 print(f"| {cell} | {name} | {value:.1f} |")
-            print(f"| {cell} | rest (pipe transfer, scheduling, waits): the process sample minus the pieces "
-                  f"| {total - sum(v for _, v in pieces):.1f} |")
+                rows.append([cell, name, value])
             print(f"| {cell} | **process sample(256) in this window** | **{total:.1f}** |")
+            rows.append([cell, "**process sample(256) in this window**", total])
+        rec.table(title, ["row", "piece", "p50 us"], rows)
 
     print(f"\n### Target ({TARGET_OBS}: process sample p50 at most {TARGET_RATIO:.0f}x the direct buffer's sample p50)\n")
     direct = results.get(("direct/direct", TARGET_OBS))
@@ -302,23 +318,39 @@ def report(results: dict, breakdowns: dict, obs_list, cells) -> None:
     for cell in [c for c in cells if c.startswith("process/")]:
         r = results.get((cell, TARGET_OBS))
         if r is None or direct is None:
-            print(f"- {cell}: not measured in this run")
+            say(rec.verdict, f"{cell}: not measured in this run")
             continue
         ratio = r["sample"]["p50"] / direct["sample"]["p50"]
         ok = ratio <= TARGET_RATIO
         if ok:
             meets.append(cell)
-        print(f"- {'PASS' if ok else 'MISS'} {cell}: sample p50 {r['sample']['p50']:.1f} us = {ratio:.2f}x direct "
-              f"({direct['sample']['p50']:.1f} us); target <= {TARGET_RATIO:.2f}x")
-    print(f"- process transports meeting the target: {', '.join(meets) if meets else 'none'}")
+        say(rec.verdict, f"{'PASS' if ok else 'MISS'} {cell}: sample p50 {r['sample']['p50']:.1f} us = {ratio:.2f}x "
+            f"direct ({direct['sample']['p50']:.1f} us); target <= {TARGET_RATIO:.2f}x")
+    say(rec.verdict, f"process transports meeting the target: {', '.join(meets) if meets else 'none'}")
 
 
-def main() -> None:
+def record_plot(rec: Results, obs_list) -> None:
+    """Sample p50 (ms) per row of the layouts' tables (the first ``len(obs_list)`` recorded), a series per layout;
+    the floor rows (the direct buffer's own sample among them) dashed."""
+    by_obs = {obs: {row[0]: row[3] / 1000 for row in table["rows"]} for obs, table in zip(obs_list, rec.tables)}
+    x = list(dict.fromkeys(label for rows in by_obs.values() for label in rows))
+    series, floors = with_floors(x, {obs: [rows.get(label) for label in x] for obs, rows in by_obs.items()},
+                                 lambda label: label in FLOORS or label == "direct/direct")  # direct: a floor too
+    rec.plot("sample", f"sample({BATCH}) p50 per row, a bar per observation layout (floors dashed)", x=x,
+             series=series, kind="bar", xlabel="row", ylabel="sample p50 (ms)", log=True, floors=floors)
+
+
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a fifth of the calls")
     parser.add_argument("--obs", nargs="+", default=list(OBS), choices=list(OBS))
     parser.add_argument("--cells", nargs="+", default=CELLS, choices=CELLS)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
+    rec = Results("replay")
     torch.set_num_threads(1)
     cells = [c for c in CELLS if c in args.cells]
 
@@ -334,15 +366,17 @@ def main() -> None:
         for obs in args.obs:
             run_obs(obs, cells, args.quick, pids, results, breakdowns)
 
-    print(f"# Replay buffer extend and sample (median over calls; {os.cpu_count()} CPUs; torch {torch.__version__}; "
-          f"{'quick' if args.quick else 'full'} run, {time.monotonic() - started:.0f} s)")
-    print("\nEach row drives a started ReplayBuffer through owner.client(); extend writes 256 transitions, sample "
-          "returns 256. `floor: torch gather` is randint + index_select of every leaf from preallocated tensors; "
-          "the `direct/direct` row is the buffer's own sample. ratio = sample p50 / direct sample p50.")
-    report(results, breakdowns, args.obs, cells)
+    say(rec.note, f"Replay buffer extend and sample (median over calls; {os.cpu_count()} CPUs; torch "
+        f"{torch.__version__}; {'quick' if args.quick else 'full'} run, {time.monotonic() - started:.0f} s)", "# ")
+    say(rec.note, "Each row drives a started ReplayBuffer through owner.client(); extend writes 256 transitions, "
+        "sample returns 256. `floor: torch gather` is randint + index_select of every leaf from preallocated tensors; "
+        "the `direct/direct` row is the buffer's own sample. ratio = sample p50 / direct sample p50.", "\n")
+    report(results, breakdowns, args.obs, cells, rec)
     left = segments_of(pids)
-    print(f"\ncleanup: every owner shut down; {len(left)} rlsvc segment(s) of this run left in /dev/shm"
-          + (f": {', '.join(left)}" if left else ""))
+    say(rec.note, f"cleanup: every owner shut down; {len(left)} rlsvc segment(s) of this run left in /dev/shm"
+        + (f": {', '.join(left)}" if left else ""), "\n")
+    record_plot(rec, args.obs)
+    rec.save()
 
 
 if __name__ == "__main__":
