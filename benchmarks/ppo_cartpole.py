@@ -1,10 +1,11 @@
 """Frames/s and wall seconds to solve CartPole-v1 with the PPO recipe, per placement, medians over seeds.
 
 Each run is a real ``python -m launcher +recipe=ppo`` subprocess (so start-up is counted in "process s").
-"Train s" is the recipe's own wall time from the first batch to solving. Rows marked ``async`` run with
-``components.collector.sync=false``: the collector worker gathers the next batch while the learner trains on
-this one (policy lag of at most one update), the only way a separate collector process can overlap its work
-with learning.
+"Train s" is the recipe's own wall time from the first batch to solving; "start-up s" is process s minus train s
+(everything but training: interpreter, planning, owners starting and stopping, reporting), compared with direct's.
+Rows marked ``async`` run with ``components.collector.sync=false``: the collector worker gathers the next batch while
+the learner trains on this one (policy lag of at most one update), the only way a separate collector process can
+overlap its work with learning.
 
     python benchmarks/ppo_cartpole.py --seeds 0 1 2
     python benchmarks/ppo_cartpole.py --services direct --seeds 0 1 2 3 4
@@ -96,7 +97,10 @@ def arguments() -> argparse.ArgumentParser:
     return parser
 
 
-COLUMNS = ["placement", "solved", "frames to solve", "train s", "process s", "frames/s"]
+COLUMNS = ["placement", "solved", "frames to solve", "train s", "process s", "start-up s", "frames/s"]
+STARTUP_TARGET_S = 5.0
+"""Target: a placement's start-up (process s minus train s: everything but training, its teardown included) at most
+this much above direct's, measured in the same run."""
 
 
 def main() -> None:
@@ -130,7 +134,7 @@ def main() -> None:
              "last 20 episodes >= 475)")
     print(f"\n{title}")
     width = max([22, *(len(label) for label, _ in rows)])
-    head = f"| {'placement':<{width}} | solved | frames to solve | train s | process s | frames/s |"
+    head = f"| {'placement':<{width}} | solved | frames to solve | train s | process s | start-up s | frames/s |"
     print(head)
     print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
     med = statistics.median
@@ -139,13 +143,15 @@ def main() -> None:
         solved = sum(r["solved"] for r in results)
         table.append([label, f"{solved}/{len(results)}", med(r["frames"] for r in results),
                       med(r["wall_seconds"] for r in results), med(r["process_seconds"] for r in results),
-                      med(r["fps"] for r in results)])
+                      med(startup(r) for r in results), med(r["fps"] for r in results)])
         print(f"| {label:<{width}} | {solved}/{len(results):<4} | {table[-1][2]:>15,.0f} | {table[-1][3]:>7.1f} | "
-              f"{table[-1][4]:>9.1f} | {table[-1][5]:>8,.0f} |")
+              f"{table[-1][4]:>9.1f} | {table[-1][5]:>10.1f} | {table[-1][6]:>8,.0f} |")
     targets(rows, rec)
+    startup_targets(rows, rec)
     if peer:  # printed after the targets, recorded as the table's last row
-        print(f"| {'peer: ' + args.peer[:16]:<{width}} | {'?':<6} | {'?':>15} | {'?':>7} | {med(peer):>9.1f} | {'?':>8} |")
-        table.append([f"peer: {args.peer[:16]}", None, None, None, med(peer), None])
+        print(f"| {'peer: ' + args.peer[:16]:<{width}} | {'?':<6} | {'?':>15} | {'?':>7} | {med(peer):>9.1f} | "
+              f"{'?':>10} | {'?':>8} |")
+        table.append([f"peer: {args.peer[:16]}", None, None, None, med(peer), None, None])
     else:
         print(REFERENCE)
         rec.note(REFERENCE)
@@ -157,12 +163,34 @@ def main() -> None:
 def record_plots(rec: Results, table: list) -> None:
     """From the recorded table: median frames/s per placement row; median train and process seconds per row (the
     peer's row, if any, has process seconds only)."""
-    ours = [row for row in table if row[5] is not None]
+    ours = [row for row in table if row[6] is not None]
     rec.plot("fps", "PPO on CartPole-v1: median frames/s per placement", x=[row[0] for row in ours],
-             series={"frames/s": [row[5] for row in ours]}, kind="bar", xlabel="placement", ylabel="frames/s")
+             series={"frames/s": [row[6] for row in ours]}, kind="bar", xlabel="placement", ylabel="frames/s")
     rec.plot("seconds", "PPO on CartPole-v1: median seconds to solve per placement", x=[row[0] for row in table],
-             series={"train s": [row[3] for row in table], "process s": [row[4] for row in table]}, kind="bar",
-             xlabel="placement", ylabel="seconds")
+             series={"train s": [row[3] for row in table], "start-up s": [row[5] for row in table],
+                     "process s": [row[4] for row in table]}, kind="bar", xlabel="placement", ylabel="seconds")
+
+
+def startup(result: dict) -> float:
+    """A run's seconds outside training: start-up, planning, owners starting and stopping, reporting."""
+    return result["process_seconds"] - result["wall_seconds"]
+
+
+def startup_targets(rows: list, rec: Results) -> None:
+    """Each row's median start-up against direct's, from this run (target: at most STARTUP_TARGET_S more)."""
+    med = statistics.median
+    base = next((results for label, results in rows if label == "direct"), None)
+    others = [(label, results) for label, results in rows if label != "direct"]
+    if base is None or not others:
+        return
+    direct = med(startup(r) for r in base)
+    print(f"\n### Target: start-up within {STARTUP_TARGET_S:g} s of direct's ({os.cpu_count()} cores; direct "
+          f"{direct:.1f} s)\n")
+    for label, results in others:
+        seconds = med(startup(r) for r in results)
+        verdict = "PASS" if seconds <= direct + STARTUP_TARGET_S else "MISS"
+        say(rec.verdict, f"{verdict} {label}: start-up {seconds:.1f} s = direct + {seconds - direct:.1f} s "
+            f"[{min(startup(r) for r in results):.1f}-{max(startup(r) for r in results):.1f}]")
 
 
 def targets(rows: list, rec: Results) -> None:

@@ -198,11 +198,26 @@ def matrix_rows() -> list[tuple[str, str, str, str]]:
                 rows.append((component, placement, f"none: uses its endpoints' transports{mark}", NO_TRANSPORT))
                 continue
             kinds = ", ".join(k if s == SUPPORTED else f"{k} (not yet)" for k, s in cell.transports.items())
-            auto_known = cell.auto(TransportContext(placement, layouts_known=True))
-            auto_plain = cell.auto(TransportContext(placement, layouts_known=False))
-            auto = auto_known[0] if auto_known[0] == auto_plain[0] else f"{auto_known[0]} (layouts known), else {auto_plain[0]}"
-            rows.append((component, placement, kinds, auto))
+            rows.append((component, placement, kinds, _auto_text(cell)))
     return rows
+
+
+_AUTO_CASES = (("layouts known", {"layouts_known": True}),
+               ("one request in flight per worker", {"layouts_known": True, "one_request_per_worker": True}))
+"""What may change ``auto``'s answer, least specific first."""
+
+
+def _auto_text(cell: Cell) -> str:
+    """What ``auto`` resolves to in each case that changes its answer, most specific first
+    (``process_slot (one request in flight per worker), shared_memory (layouts known), else queue``)."""
+    plain = previous = cell.auto(TransportContext(cell.placement))[0]
+    parts = []
+    for condition, context in _AUTO_CASES:
+        kind = cell.auto(TransportContext(cell.placement, **context))[0]
+        if kind != previous:
+            parts.insert(0, f"{kind} ({condition})")
+            previous = kind
+    return ", ".join([*parts, f"else {plain}"]) if parts else plain
 
 
 def render_markdown() -> str:

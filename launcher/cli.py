@@ -32,7 +32,7 @@ from transports.errors import ConfigurationError
 
 from . import schema
 from .conventions import EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_SERVICE_DIED, EXIT_TERMINATED, normalize_argv
-from .failures import ServiceDied, Terminated, handle_sigterm
+from .failures import ServiceDied, Terminated, ending, handle_sigterm
 from .requeue import Preempted, handle_preemption
 
 log = logging.getLogger("launcher")
@@ -194,11 +194,13 @@ def _hydra_main(cfg: DictConfig) -> None:
         launch(cfg, run_dir)
     except BaseException as exc:  # noqa: BLE001 - each ending is mapped to its status; the rest is raised again
         _ended(exc, cfg, run_dir)
+    ending()
 
 
 def _ended(exc: BaseException, cfg: DictConfig, run_dir: str) -> None:
     """Print how the run ended in one line and exit with its status; what is not an ending of ours (an error in the
     recipe or the launcher) is raised again (Python's traceback, exit 1)."""
+    ending()
     if isinstance(exc, ConfigurationError):
         print(f"configuration error: {exc}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG)

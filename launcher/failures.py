@@ -54,6 +54,12 @@ def handle_sigterm() -> None:
     signal.signal(signal.SIGTERM, raise_terminated)
 
 
+def ending() -> None:
+    """The run has ended and says how: a SIGTERM from now on (torchrun ending the other ranks, a batch system) only
+    ends the process, which is exiting with its own status already, instead of unwinding its interpreter's shutdown."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+
+
 def dead_service(owners: Mapping[str, Any], error: BaseException) -> ServiceDied | None:
     """The service whose death explains ``error``, if one died: checked at once, and for a peer failure a little
     longer (the client may notice before the host's watcher records the cause)."""

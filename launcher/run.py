@@ -202,9 +202,11 @@ def _start(run: _Run, stack: ExitStack, owners: dict) -> dict:
     hosts = {c.placement: c.host for c in plan.components}
     for placement, host in hosts.items():  # each placement's session: entered before any owner, left last
         stack.enter_context(host.session(plan.sessions.get(placement, {}), run_dir=run.run_dir))
-    for placement, host in hosts.items():  # every host's process starts now, before the first owner waits for any
-        host.warm([(c.resources, concurrency) for c in plan.components if c.placement == placement
-                   for concurrency in OWNER_TYPES.get(c.name, Owner).hosts_of(c)])
+    expected: dict[str, list] = {p: [] for p in hosts}  # every host's process starts now, before any owner waits
+    for c in plan.components:
+        expected[c.placement] += [(c.resources, n) for n in OWNER_TYPES.get(c.name, Owner).hosts_of(c)]
+    for placement, host in hosts.items():
+        host.warm(expected[placement])
     for level in plan.levels:  # the owners of one level start at the same time, after those they depend on
         launched = []
         for c in level:

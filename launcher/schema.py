@@ -3,7 +3,7 @@
 Each group option in ``conf/`` starts with ``defaults: [base_<name>, _self_]`` so the dataclass here types
 it: unknown keys and wrong types fail at compose time with the config path. A field's accepted range is declared
 with ``bounded`` and checked by :func:`launcher.preflight.check_values`. Dataclasses only; nothing heavy
-is imported. ``tests/test_config_parity.py`` keeps each schema in step with the constructor it configures.
+is imported. ``tests/launcher/test_config_parity.py`` keeps each schema in step with the constructor it configures.
 """
 
 from __future__ import annotations

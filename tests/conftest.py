@@ -152,6 +152,10 @@ def ray_cluster(shared_ray):
 def pytest_collection_modifyitems(config, items):
     # Tests with a Ray cluster of their own stop the shared one; run them last, so it starts only once.
     items.sort(key=lambda item: "own_ray_cluster" in getattr(item, "fixturenames", ()))
+    # The slurm tests share one xdist worker (--dist loadgroup): the one whose session starts and stops the Slurm.
+    for item in items:
+        if item.get_closest_marker("slurm") is not None or "local_slurm" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
 
 
 @pytest.fixture(scope="module")

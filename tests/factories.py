@@ -62,7 +62,7 @@ def _direct_policy():
     return LocalPolicy()
 
 
-SLOW_PASS_S = 0.5
+SLOW_PASS_S = 0.2
 """How long :class:`EchoPolicy` takes over a request marked slow."""
 
 

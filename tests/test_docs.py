@@ -72,7 +72,15 @@ def _launcher_args(words: list[str]) -> list[str] | None:
     return None
 
 
-LAUNCHER = [(where, c) for where, c in _all_commands() if _launcher_args(c) is not None]
+def _unique(found: list[tuple[str, list[str]]]) -> list[tuple[str, list[str]]]:
+    """Each distinct command once, with every page that shows it."""
+    pages: dict[tuple, list[str]] = {}
+    for where, command in found:
+        pages.setdefault(tuple(command), []).append(where)
+    return [(", ".join(sorted(set(w))), list(c)) for c, w in pages.items()]
+
+
+LAUNCHER = _unique([(where, c) for where, c in _all_commands() if _launcher_args(c) is not None])
 BENCHMARKS = [(where, c) for where, c in _all_commands() if len(c) > 1 and c[0] == "python"
               and re.fullmatch(r"benchmarks/\w+\.py", c[1])]
 
@@ -101,18 +109,23 @@ def test_the_documentation_shows_commands():
 @pytest.mark.slow
 @pytest.mark.parametrize("where, command", LAUNCHER, ids=[f"{w}: {shlex.join(c)[:80]}" for w, c in LAUNCHER])
 def test_every_launcher_command_in_the_docs_plans(where, command, user_dir):
+    import contextlib
+    import io
+
+    from launcher import cli
+    from launcher.preflight import check_argv
+
     args = _launcher_args(command)
     sweep = "--multirun" in args or "-m" in args
-    if sweep and any(a.startswith("hydra/launcher=") for a in args):
-        # the jobs would be submitted: check every job's config and plan, as the launcher does before submitting
-        from launcher.plan import build_plan
-        from launcher.preflight import check_argv
-
-        configs = check_argv([*args, "launcher.dry_run=true"])
-        assert configs, f"{where}: {shlex.join(command)}: the preflight composed no job"
-        for cfg in configs:
-            assert build_plan(cfg).components
+    configs = check_argv([*args, "launcher.dry_run=true"])  # phase 1 of the command line: every job composed, checked
+    for cfg in configs:  # then each job's plan and dry run, the phases Hydra's main would run for it
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            cli.dry_run(cli.plan(cfg))
+        assert printed.getvalue().startswith("plan: recipe="), f"{where}: {shlex.join(command)}"
+    if configs:
         return
+    # a command line the preflight leaves to Hydra (--config-dir, ...): its dry run through the real entry point
     proc = cli_in_process(*args, "launcher.dry_run=true", *(["hydra.sweep.dir=sweep"] if sweep else []),
                           cwd=str(user_dir))
     assert proc.returncode == 0, f"{where}: {shlex.join(command)}\n{proc.stderr[-2000:]}"

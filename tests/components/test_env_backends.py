@@ -11,6 +11,12 @@ import torch
 
 from components.collectors import Collector
 from components.env_backends import BACKENDS, EnvPoolVector, SameStepVector
+
+ENVPOOL_SLOW = pytest.mark.slow  # EnvPool's pools start their C++ threads: seconds per test here
+
+
+def _backends(names):
+    return [pytest.param(b, marks=ENVPOOL_SLOW) if b == "envpool" else b for b in names]
 from components.envs import NEXT_KEYS, EnvMaker, VectorEnvStepper, next_storage
 from components.errors import ConfigurationError
 
@@ -44,7 +50,7 @@ def balancing_actions(obs, t):
     return (obs[:, 2] + 0.5 * obs[:, 3] > 0).astype(np.int64)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", _backends(BACKENDS))
 def test_every_backend_resets_an_ended_episode_within_its_last_step(backend):
     arrays, carried = roll(EnvMaker(id="CartPole-v1", backend=backend), 8, 400, 3, random_actions)
     done, terminated = arrays["done"], arrays["terminated"]
@@ -61,7 +67,7 @@ def test_every_backend_resets_an_ended_episode_within_its_last_step(backend):
     assert (lengths[1:][done[:-1]] == 1).all()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", _backends(BACKENDS))
 def test_every_backend_truncates_at_max_episode_steps(backend):
     arrays, carried = roll(EnvMaker(id="CartPole-v1", kwargs={"max_episode_steps": 20}, backend=backend), 4, 100, 0,
                            balancing_actions)
@@ -73,7 +79,7 @@ def test_every_backend_truncates_at_max_episode_steps(backend):
     assert not np.isclose(arrays["observation"][t, e], carried[t + 1, e]).all(axis=-1).any()  # final != reset
 
 
-@pytest.mark.parametrize("backend", ["vector", "envpool"])
+@pytest.mark.parametrize("backend", _backends(["vector", "envpool"]))
 def test_a_fast_backend_is_reproducible_from_its_seed(backend):
     maker = EnvMaker(id="CartPole-v1", backend=backend)
     first, _ = roll(maker, 4, 200, 5, random_actions)
@@ -84,6 +90,7 @@ def test_a_fast_backend_is_reproducible_from_its_seed(backend):
     assert not np.array_equal(first["observation"], other["observation"])
 
 
+@ENVPOOL_SLOW
 def test_envpool_steps_continuous_actions_within_their_bounds():
     maker = EnvMaker(id="Pendulum-v1", backend="envpool")
     spec = maker.spec()
@@ -120,7 +127,7 @@ def test_a_backend_that_cannot_make_the_env_is_refused_naming_why(kwargs, path, 
     assert info.value.path == path
 
 
-@pytest.mark.parametrize("backend", ["vector", "envpool"])
+@pytest.mark.parametrize("backend", _backends(["vector", "envpool"]))
 def test_process_collectors_build_fast_backends_where_they_run(backend):
     maker = EnvMaker(id="CartPole-v1", backend=backend)
     with Collector(partial(maker.vector, 4), LocalPolicy(), frames_per_batch=4 * 8 * 2, total_frames=4 * 8 * 2 * 3,

@@ -15,7 +15,7 @@ from components.replay import PolicyAgeFilter, ReplayBuffer
 from components.replay.payload import SERVER_OPS, positions
 from components.replay.storage import ReplayStorage
 from components.weight_sync import WeightSync
-from transports.segments import SHM_PREFIX
+from transports.segments import segments_of
 
 CELLS = [("direct", "direct"), ("thread", "thread"), ("process", "queue"), ("process", "shared_memory")]
 
@@ -31,8 +31,9 @@ def rows(n, start=0, obs_dim=4, version=0):
     )
 
 
-def our_segments():
-    return {f for f in os.listdir("/dev/shm") if f.startswith(SHM_PREFIX)}
+def our_segments(*pids):
+    """The shared-memory segments this process and ``pids`` created (another test run's are not ours)."""
+    return set(segments_of([os.getpid(), *pids]))
 
 
 @pytest.fixture(params=CELLS, ids=[f"{p}-{t}" for p, t in CELLS])
@@ -141,6 +142,7 @@ PROCESS = [c for c in CELLS if c[0] == "process"]
 def test_peer_failure_after_kill_9_and_leak_free_shutdown(cell):
     before = our_segments()
     owner = make(cell, capacity=64, batch_size=8).start()
+    child = owner.host.pid
     try:
         client = owner.client()
         client.extend(rows(8))
@@ -153,7 +155,7 @@ def test_peer_failure_after_kill_9_and_leak_free_shutdown(cell):
     finally:
         owner.shutdown()
         owner.shutdown()
-    assert our_segments() - before == set()
+    assert our_segments(child) - before == set()
 
 
 def test_shared_memory_sample_layout_is_fixed_per_endpoint():

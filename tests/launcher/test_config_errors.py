@@ -242,7 +242,14 @@ def _one_short_message(proc, path: str) -> None:
     assert len(proc.stderr.splitlines()) <= 3 and "Traceback" not in proc.stderr and proc.stdout == ""
 
 
-@pytest.mark.parametrize("args", CLI_MISTAKES, ids=[a[-1] for a in CLI_MISTAKES])
+QUICK_CLI = {"components.inference.max_batch_size=abc", "service=submitit", "+recipe=nonexistent", "seed=-1",
+             "components.inference.policy_device=cuda:7"}
+"""One of each way a mistake is refused (a wrong type, a group option, a range, the plan's own check): the quick
+loop's share; the full suite runs every one."""
+
+
+@pytest.mark.parametrize("args", [a if a[-1] in QUICK_CLI else pytest.param(a, marks=pytest.mark.slow)
+                                  for a in CLI_MISTAKES], ids=[a[-1] for a in CLI_MISTAKES])
 def test_the_cli_exits_2_with_one_short_message(args, tmp_path):
     # the command line's entry point in this process: the same phases a process runs (below, once, as a process)
     if args[-1].endswith("cuda:7"):

@@ -285,7 +285,7 @@ def test_a_client_dying_between_announcement_and_groups_delays_nobody_and_leaves
     """A client accepted by the server that never builds its side (killed in between) must neither hold up other
     clients nor leave a thread inside gloo's rendezvous when the server closes (a thread there when the process
     ends aborts it)."""
-    monkeypatch.setattr("transports._gloo.CONNECT_S", 3.0)
+    monkeypatch.setattr("transports._gloo.CONNECT_S", 1.0)
     transport = DistributedTransport(REQUEST_TD, RESPONSE_TD, name="halfway")
     server = EchoServer(transport)
     try:
@@ -299,7 +299,7 @@ def test_a_client_dying_between_announcement_and_groups_delays_nobody_and_leaves
         server.close()  # waits for the half-connected endpoint until it gives up (CONNECT_S)
 
         wait_until(lambda: not [t for t in threading.enumerate() if t.name in (f"halfway-rx{n}", f"halfway-connect{n}")],
-                   timeout=3.0 + 5.0, what="the half-connected endpoint's thread gives up")
+                   timeout=1.0 + 5.0, what="the half-connected endpoint's thread gives up")
     finally:
         server.close()
         transport.mark_dead(stopped=True)
