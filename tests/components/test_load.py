@@ -3,8 +3,8 @@ duplicated or misrouted, the owner's memory flat. The checks are those of ``benc
 ``benchmarks/_load.py``), which runs them at full scale (64 clients x 10,000 requests, 8 producers x 10,000
 extends).
 
-Scale here: 64 clients x 200 requests per inference cell and 8 producers x 500 extends per replay cell; Ray over
-Ray calls (about 400 requests/s on 2 cores) makes 64 x 50 requests and 8 x 200 extends. The memory bound (at most
+Scale here: 64 clients x 100 requests per inference cell and 8 producers x 250 extends per replay cell; Ray over
+Ray calls (about 400 requests/s on 2 cores) makes 64 x 25 requests and 8 x 100 extends. The memory bound (at most
 10% growth of the owner's RSS after the warm-up) is asserted here too, but at this scale it only catches a leak
 of more than a few KiB per call; the benchmark's full-scale runs are the real memory check.
 """
@@ -19,8 +19,8 @@ import pytest
 from benchmarks._load import INFERENCE_CELLS, REPLAY_CELLS, Result, Workers, check_answers, check_rows, run_cell
 from transports.segments import segments_of
 
-SCALE = {"inference": (64, 200), "replay": (8, 500)}
-RAY_CALLS_SCALE = {"inference": (64, 50), "replay": (8, 200)}  # a Ray call costs milliseconds here
+SCALE = {"inference": (64, 100), "replay": (8, 250)}
+RAY_CALLS_SCALE = {"inference": (64, 25), "replay": (8, 100)}  # a Ray call costs milliseconds here
 CELLS = [("inference", c) for c in INFERENCE_CELLS] + [("replay", c) for c in REPLAY_CELLS]
 
 
