@@ -24,7 +24,6 @@ so the figure includes the callers.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import threading
 import time
@@ -210,10 +209,13 @@ def _worker(conn) -> None:
 
 
 class Workers:
-    """``count`` spawned client processes, started once and handed each cell's clients over a pipe."""
+    """``count`` client processes of their own (from the forkserver owners use: not forks of this process), started
+    once and handed each cell's clients over a pipe."""
 
     def __init__(self, count: int):
-        ctx = mp.get_context("spawn")
+        from components.hosts.process import context
+
+        ctx = context()
         self.conns, self.procs = [], []
         try:
             for _ in range(count):

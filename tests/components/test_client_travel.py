@@ -7,7 +7,6 @@ import csv
 import pickle
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
-import multiprocessing as mp
 
 import pytest
 import torch
@@ -17,10 +16,11 @@ from components.inference import InferenceServer, InferenceServerConfig
 from components.logger import CSVLogger
 from components.replay import ReplayBuffer
 from transports.config import TransportConfig
+from components.hosts.process import context as process_context
 
 from tests.factories import echo_factory
 
-pytestmark = pytest.mark.slow  # a pool of spawned interpreters imports torch: seconds
+pytestmark = pytest.mark.slow  # owners in processes of their own, a pool of processes calling them: seconds
 
 REQUEST = TensorDict({"observation": torch.zeros(4)})
 RESPONSE = TensorDict({"action": torch.zeros(4), "served": torch.zeros((), dtype=torch.long),
@@ -29,7 +29,8 @@ RESPONSE = TensorDict({"action": torch.zeros(4), "served": torch.zeros((), dtype
 
 @pytest.fixture(scope="module")
 def pool():
-    with ProcessPoolExecutor(max_workers=2, mp_context=mp.get_context("spawn")) as executor:
+    # processes of their own (the forkserver owners use, not forks of this one): clients arrive pickled
+    with ProcessPoolExecutor(max_workers=2, mp_context=process_context()) as executor:
         list(executor.map(abs, [1, 2]))  # its workers and manager thread start here, not inside the first test
         yield executor
 

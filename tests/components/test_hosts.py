@@ -62,7 +62,9 @@ def host_type(request):
     return host_class(request.param)
 
 
-def test_start_builds_where_the_placement_puts_it(host_type):
+def test_start_builds_where_the_placement_puts_it_and_control_calls_reach_it(host_type):
+    # one start per placement (an actor, a proc or a rank takes seconds): where it runs, its serving loop, control
+    # calls, and a control call's error raised at the call site while it keeps serving
     host = host_type("probe", make, resources=Resources(startup_timeout=60))
     host.start()
     try:
@@ -77,6 +79,9 @@ def test_start_builds_where_the_placement_puts_it(host_type):
             assert host.call("serving") is True
         assert host.call("add", 2, 3) == 5
         assert host.submit("add", 4, 5).result(30) == 9
+        with pytest.raises((KeyError, RemoteError), match="the target refused"):
+            host.call("boom")
+        assert host.call("add", 1, 1) == 2  # still serving
     finally:
         host.stop()
     assert not host.is_alive
@@ -89,13 +94,6 @@ def test_a_builder_error_surfaces_at_start(host_type):
         host.start()
     host.stop()
     assert not host.is_alive
-
-
-def test_a_control_call_error_is_raised_at_the_call_site(host_type):
-    with _started(host_type) as host:
-        with pytest.raises((KeyError, RemoteError), match="the target refused"):
-            host.call("boom")
-        assert host.call("add", 1, 1) == 2  # still serving
 
 
 def test_stop_all_winds_several_hosts_down_together(host_type):
@@ -163,14 +161,3 @@ def test_a_thread_loop_that_ends_on_its_own_is_reported():
         assert "stopped on its own" in deaths[0]
     finally:
         host.stop()
-
-
-class _started:
-    def __init__(self, host_type):
-        self.host = host_type("ctx", make)
-
-    def __enter__(self):
-        return self.host.start()
-
-    def __exit__(self, *exc):
-        self.host.stop()

@@ -23,6 +23,7 @@ from components.inference import InferenceServer, InferenceServerConfig, PolicyC
 from components.service import LIFECYCLE_METHODS
 from transports import Layout
 from transports.segments import SHM_PREFIX
+from components.hosts.process import context as process_context
 
 from tests.helpers import process_gone, wait_until
 from tests.factories import echo_factory, failing_factory
@@ -153,14 +154,13 @@ def _call_in_child(client, queue):
         queue.put(("error", repr(exc)))
 
 
-@pytest.mark.slow  # spawned interpreters import torch: seconds
 def test_clients_travel_to_where_they_are_used(server, cell):
     client = server.client()
     if cell[0] == "thread":  # in-process transports: a pickled client works inside the owner's process
         clone = pickle.loads(pickle.dumps(client))
         assert clone(request(4))["action"][0].item() == 8
         return
-    ctx = mp.get_context("spawn")
+    ctx = process_context()  # a process of its own, not forked from this one: the client travels pickled
     queue = ctx.Queue()
     worker = ctx.Process(target=_call_in_child, args=(client, queue))
     worker.start()
@@ -179,7 +179,6 @@ def _call_then_wait(client, queue, leave, turn):
     leave.wait(60)  # stay alive: the endpoint stays claimed while its process lives
 
 
-@pytest.mark.slow  # spawned interpreters import torch: seconds
 @pytest.mark.parametrize("transport", ["queue", "shared_memory", "process_slot"])
 def test_one_client_copied_into_two_processes(transport):
     """shared_memory clients share the slot bank and a queue client connects a channel of its own in each process;
@@ -190,9 +189,9 @@ def test_one_client_copied_into_two_processes(transport):
 
 
 def _one_client_in_two_processes(client, transport):
-    ctx = mp.get_context("spawn")
+    ctx = process_context()  # processes of their own, not forked from this one: the client travels pickled
     queue, leave, turns = ctx.Queue(), ctx.Event(), [ctx.Event(), ctx.Event()]
-    # both start at once (a spawned interpreter takes seconds to import torch) and call one after the other
+    # both start at once and call one after the other
     workers = [ctx.Process(target=_call_then_wait, args=(client, queue, leave, turn)) for turn in turns]
     try:
         results = []

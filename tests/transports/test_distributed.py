@@ -4,7 +4,6 @@ actors, and as the payload path of inference and replay owners."""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import pickle
 import signal
@@ -15,6 +14,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from components.hosts.process import context as process_context
 from transports import registry
 from transports._gloo import connect_store, groups
 from transports.base import Batch
@@ -424,7 +424,7 @@ def test_a_client_closing_its_endpoint_ends_both_sides_threads(served):
 @pytest.mark.slow
 def test_pickled_clients_connect_from_spawned_processes(served):
     transport, server = served
-    ctx = mp.get_context("spawn")
+    ctx = process_context()  # processes of their own, not forks of this one: the clients travel pickled
     results = ctx.Queue()
     children = [ctx.Process(target=_client_in_child, args=(transport.client(), 5, results)) for _ in range(2)]
     [c.start() for c in children]

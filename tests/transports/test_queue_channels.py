@@ -186,11 +186,10 @@ class _Release:
 def _polling_child(n: int, seconds: float):
     """A child process polling for endpoint 1 of ``Spinners(n)`` for up to ``seconds`` (until released): yields the
     spinners, the child and its :class:`_Release`; closes everything on exit."""
-    import multiprocessing as mp
-
+    from components.hosts.process import context as process_context
     from transports._shared import Spinners
 
-    ctx = mp.get_context("spawn")
+    ctx = process_context()  # a process of its own: the spinners travel by name
     spinners = Spinners(n)
     flags = ctx.RawArray("b", 2)  # [started, released]
     release = _Release(flags)
