@@ -34,6 +34,22 @@ from tests.helpers import our_live_actors, wait_until  # noqa: E402
 
 pytest_plugins = ["tests.slurm"]  # the one-node Slurm of the slurm tests (local_slurm)
 
+
+def pytest_configure(config):
+    # The process that runs the session (the xdist controller, or the only process) names the run, so its workers
+    # and it agree on who started a Slurm for it (tests/slurm.py).
+    if not hasattr(config, "workerinput"):
+        run = os.environ.setdefault("PYTEST_XDIST_TESTRUNUID", os.urandom(8).hex())
+        if hasattr(config.option, "testrunuid") and config.option.testrunuid is None:
+            config.option.testrunuid = run
+
+
+def pytest_unconfigure(config):
+    if not hasattr(config, "workerinput"):  # every worker has ended: a Slurm this run started stops now
+        from tests.slurm import stop_if_started_by
+
+        stop_if_started_by(os.environ["PYTEST_XDIST_TESTRUNUID"])
+
 launcher.schema.register()
 torch.set_num_threads(1)
 
@@ -152,10 +168,6 @@ def ray_cluster(shared_ray):
 def pytest_collection_modifyitems(config, items):
     # Tests with a Ray cluster of their own stop the shared one; run them last, so it starts only once.
     items.sort(key=lambda item: "own_ray_cluster" in getattr(item, "fixturenames", ()))
-    # The slurm tests share one xdist worker (--dist loadgroup): the one whose session starts and stops the Slurm.
-    for item in items:
-        if item.get_closest_marker("slurm") is not None or "local_slurm" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
 
 
 @pytest.fixture(scope="module")
