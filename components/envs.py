@@ -7,6 +7,7 @@ step is already the reset one. Episode return and length are tracked per env.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -20,6 +21,8 @@ from transports.layout import Layout
 
 from .atari import AtariConfig, make_one
 from .env_backends import check_backend, make_vector
+
+_log = logging.getLogger(__name__)
 from .targets import instantiate_target
 
 
@@ -99,9 +102,23 @@ def register_namespace(env_id: str | None) -> None:
         loaded.ALEInterface.setLoggerMode(loaded.LoggerMode.Error)  # no banner on stderr for every emulator
 
 
+def _log_mujoco_warnings(env_id: str) -> None:
+    """MuJoCo writes its warnings to ``MUJOCO_LOG.TXT`` in the working directory; for MuJoCo envs they go to this
+    module's logger instead (``launcher.log`` in a run)."""
+    spec = gym.registry.get(env_id)
+    if spec is None or "mujoco" not in str(spec.entry_point):
+        return
+    try:
+        import mujoco
+    except ImportError:
+        return  # gymnasium says which package is missing when the env is made
+    mujoco.set_mju_user_warning(lambda text: _log.warning("MuJoCo: %s", text.strip()))
+
+
 def make_env(env_id: str, **kwargs: Any) -> gym.Env:
     """``gymnasium.make`` with a config-friendly error for unknown ids and for envs whose package is missing."""
     register_namespace(env_id)
+    _log_mujoco_warnings(env_id)
     try:
         return gym.make(env_id, **kwargs)
     except gym.error.DependencyNotInstalled as exc:
@@ -155,6 +172,7 @@ def spec_from_spaces(env_id: str, obs_space: gym.Space, act_space: gym.Space, *,
 def make_vector_env(env_id: str, num_envs: int, **kwargs: Any) -> gym.vector.VectorEnv:
     """A synchronous vector env with same-step autoreset."""
     register_namespace(env_id)
+    _log_mujoco_warnings(env_id)
     return gym.make_vec(
         env_id,
         num_envs=num_envs,

@@ -101,3 +101,12 @@ def test_pixel_env_mistakes_are_refused_naming_the_key(kwargs, path, needle):
     with pytest.raises(ConfigurationError, match=needle) as info:
         EnvMaker(**kwargs).spec()
     assert info.value.path == path
+
+
+@MUJOCO
+def test_mujoco_warnings_go_to_the_log_not_to_a_file_in_the_working_directory(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    with caplog.at_level("WARNING", logger="components.envs"):
+        EnvMaker(id="HalfCheetah-v5").spec()  # its model uses a compiler attribute MuJoCo 4 warns about
+    assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
+    assert any(r.getMessage().startswith("MuJoCo: ") for r in caplog.records)
