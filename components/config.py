@@ -92,3 +92,28 @@ class WeightSyncConfig(ComponentConfig):
 
 __all__ = ["CONNECTION_FIELDS", "ComponentConfig", "LoggerConfig", "Resources", "WeightSyncConfig", "bounded",
            "one_of"]
+
+
+def check_device(name: str, path: str) -> None:
+    """Refuse a torch device this machine does not have (imports torch: called while planning and where the device is
+    used, never when a config is composed).
+
+    Raises:
+        ConfigurationError: naming ``path``, the value and what is allowed.
+    """
+    if not usable_device(name):
+        raise ConfigurationError(f"{path} must be a device this machine has (cpu, or cuda[:N] with CUDA available), "
+                                 f"got {name!r}", path=path)
+
+
+def usable_device(name: str) -> bool:
+    """Whether ``name`` is a torch device this machine has."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        return False
+    if device.type == "cuda":
+        return torch.cuda.is_available() and (device.index is None or device.index < torch.cuda.device_count())
+    return device.type in ("cpu", "meta") or hasattr(torch, device.type)

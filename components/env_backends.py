@@ -4,16 +4,24 @@
   env (works for every env, and for ``env._target_`` callables).
 - ``vector``: the env's own array-vectorized implementation, gymnasium's ``vectorization_mode="vector_entry_point"``
   (CartPole's ``CartPoleVectorEnv`` steps all its envs in a few numpy expressions).
-- ``envpool``: EnvPool's C++ environments (``pip install '.[envpool]'``), for the ids EnvPool implements.
+- ``ale_vector``: ale-py's ``AtariVectorEnv`` (``pip install '.[atari]'``), C++ Atari emulators stepped on threads with
+  the DeepMind preprocessing done in C++; for ``env=atari`` (an ``ALE/...`` id with ``env.atari`` set).
+- ``envpool``: EnvPool's C++ environments (``pip install '.[envpool]'``), for the ids EnvPool implements; with
+  ``env.atari`` set, its Atari pool with that preprocessing (``ALE/Breakout-v5`` is EnvPool's ``Breakout-v5``).
 
-Both fast backends reset an ended env on the *next* step natively (the action given then is ignored and a zero
+``vector`` and ``envpool`` reset an ended env on the *next* step natively (the action given then is ignored and a zero
 reward returned). The adapters here reset ended envs within the step instead, as gymnasium's
 ``AutoresetMode.SAME_STEP`` does: the step returns the reset observation, the final one goes into
 ``info["final_obs"]`` where ``info["_final_obs"]`` is set. So recipes see the same kind of data on every backend:
 every transition is a real one, and an episode's last transition carries its final observation.
 
-Seeds: the ``gymnasium`` backend seeds env ``i`` with ``seed + i``; the other two take one seed for the whole
-vector (the first of a list), so their episodes differ from the ``gymnasium`` backend's, reproducibly.
+``ale_vector`` resets within the step itself (its
+``autoreset_mode="SameStep"``).
+
+Seeds: the ``gymnasium`` and ``ale_vector`` backends seed env ``i`` with ``seed + i``; the other two take one seed for
+the whole vector (the first of a list), so their episodes differ from the ``gymnasium`` backend's, reproducibly.
+With ``env.atari`` set the three Atari backends play the same game with the same preprocessing; their emulators and
+random draws differ, so their episodes do too.
 """
 
 from __future__ import annotations
@@ -27,16 +35,19 @@ from gymnasium.vector.utils import batch_space
 
 from transports.errors import ConfigurationError
 
-BACKENDS = ("gymnasium", "vector", "envpool")
+from .atari import AtariConfig, game_of, vector_kwargs
+
+BACKENDS = ("gymnasium", "vector", "ale_vector", "envpool")
 """The values ``env.backend`` takes."""
 
 
-def check_backend(backend: str, env_id: str | None) -> None:
+def check_backend(backend: str, env_id: str | None, atari: AtariConfig | None = None) -> None:
     """Refuse, before anything starts, a backend that cannot make ``env_id`` here.
 
     Raises:
         ConfigurationError: an unknown backend; a fast backend without ``env.id``; ``vector`` for an env without a
-            vector entry point or without a same-step adapter; ``envpool`` not installed or not implementing the id.
+            vector entry point or without a same-step adapter, or with ``env.atari``; ``ale_vector`` without
+            ``env.atari`` or without ale-py; ``envpool`` not installed or not implementing the id.
     """
     if backend not in BACKENDS:
         raise ConfigurationError(f"env.backend={backend!r} is not a backend", path="env.backend", alternatives=BACKENDS)
@@ -45,6 +56,14 @@ def check_backend(backend: str, env_id: str | None) -> None:
     if env_id is None:
         raise ConfigurationError(f"env.backend={backend} makes envs by id; an env._target_ callable runs on the "
                                  "gymnasium backend (env.backend=gymnasium)", path="env.backend")
+    if atari is not None:
+        vector_kwargs(env_id, atari, backend)  # refuses a backend without Atari preprocessing
+    if backend == "ale_vector":
+        if atari is None:
+            raise ConfigurationError(f"env.backend=ale_vector makes preprocessed Atari envs: use env=atari (env.atari "
+                                     f"set), not env.id={env_id!r} alone", path="env.backend")
+        _ale_roms(game_of(env_id))
+        return
     if backend == "vector":
         try:
             entry = gym.spec(env_id).vector_entry_point
@@ -55,14 +74,21 @@ def check_backend(backend: str, env_id: str | None) -> None:
                                      "in its gymnasium registration): use env.backend=gymnasium (or envpool)",
                                      path="env.backend")
     else:
-        _envpool_ids(env_id)
+        _envpool_ids(vector_kwargs(env_id, atari, backend)[0] if atari is not None else env_id)
 
 
-def make_vector(backend: str, env_id: str, num_envs: int, kwargs: Mapping[str, Any]) -> gym.vector.VectorEnv:
-    """``num_envs`` envs of ``env_id`` on a fast backend (``vector`` or ``envpool``), stepping with same-step
-    autoreset; ``kwargs`` go to the vector env's constructor (``gymnasium.make_vec``) or to
-    ``envpool.make_gymnasium`` (``num_threads``, ``max_episode_steps``...)."""
-    check_backend(backend, env_id)
+def make_vector(backend: str, env_id: str, num_envs: int, kwargs: Mapping[str, Any],
+                atari: AtariConfig | None = None) -> gym.vector.VectorEnv:
+    """``num_envs`` envs of ``env_id`` on a fast backend (``vector``, ``ale_vector`` or ``envpool``), stepping with
+    same-step autoreset; ``kwargs`` go to the vector env's constructor (``gymnasium.make_vec``, ``AtariVectorEnv``:
+    ``num_threads``...) or to ``envpool.make_gymnasium`` (``num_threads``, ``max_episode_steps``...); ``atari``: the
+    preprocessing, in the backend's own arguments (see :mod:`components.atari`)."""
+    check_backend(backend, env_id, atari)
+    if atari is not None:
+        env_id, preprocessing = vector_kwargs(env_id, atari, backend)
+        kwargs = {**preprocessing, **kwargs}
+    if backend == "ale_vector":
+        return AleVector(env_id, num_envs, dict(kwargs))
     if backend == "vector":
         env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", **kwargs)
         if env.metadata.get("autoreset_mode") == gym.vector.AutoresetMode.SAME_STEP:
@@ -126,6 +152,57 @@ class SameStepVector(gym.vector.VectorEnv):
 def _first(seed: int | list[int] | None) -> int | None:
     """One seed for a whole vector: the first of a per-env list."""
     return seed[0] if isinstance(seed, (list, tuple)) else seed
+
+
+# ---------------------------------------------------------------------------------------------- ale_vector
+def _ale_roms(game: str) -> None:
+    try:
+        from ale_py import roms
+    except ImportError as exc:
+        raise ConfigurationError("env.backend=ale_vector needs ale-py: pip install '.[atari]'",
+                                 path="env.backend") from exc
+    with warnings.catch_warnings():  # ale-py warns of an unknown ROM before returning None: the error below says it
+        warnings.simplefilter("ignore", UserWarning)
+        path = roms.get_rom_path(game)
+    if path is None:
+        raise ConfigurationError(f"ale-py has no ROM {game!r} (from env.id): ale_py.roms.get_all_rom_ids() lists them",
+                                 path="env.id")
+
+
+class AleVector(gym.vector.VectorEnv):
+    """ale-py's ``AtariVectorEnv`` with same-step autoreset, seeded per env as the ``gymnasium`` backend is.
+
+    Args:
+        game: the ROM name (``breakout``).
+        num_envs: emulators, all stepped together.
+        kwargs: the rest of ``AtariVectorEnv``'s arguments (preprocessing, ``num_threads``...).
+    """
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+
+    def __init__(self, game: str, num_envs: int, kwargs: dict[str, Any]):
+        from ale_py.vector_env import AtariVectorEnv
+
+        self.env = AtariVectorEnv(game, num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, **kwargs)
+        self.num_envs, self.spec = num_envs, None
+        self.single_observation_space, self.single_action_space = (self.env.single_observation_space,
+                                                                   self.env.single_action_space)
+        self.observation_space, self.action_space = self.env.observation_space, self.env.action_space
+
+    def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
+        if isinstance(seed, (list, tuple)):
+            seed = np.asarray(seed, dtype=np.int64)
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, actions):
+        obs, reward, terminated, truncated, info = self.env.step(np.asarray(actions, dtype=np.int64))
+        done = np.logical_or(terminated, truncated)
+        if done.any() and "_final_obs" not in info:
+            info = {**info, "_final_obs": done}
+        return obs, reward, terminated, truncated, info
+
+    def close(self, **kwargs: Any) -> None:
+        self.env.close(**kwargs)
 
 
 # ---------------------------------------------------------------------------------------------- envpool

@@ -7,6 +7,7 @@ step is already the reset one. Episode return and length are tracked per env.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -18,7 +19,10 @@ from tensordict import TensorDict
 from transports.errors import ConfigurationError
 from transports.layout import Layout
 
+from .atari import AtariConfig, make_one
 from .env_backends import check_backend, make_vector
+
+_log = logging.getLogger(__name__)
 from .targets import instantiate_target
 
 
@@ -35,6 +39,8 @@ class EnvSpec:
         action_shape: shape of one action (``()`` when discrete).
         action_low: lower bounds of continuous actions.
         action_high: upper bounds of continuous actions.
+        observation_scale: what one step of an integer observation is worth (``1 / 255`` for frames, 1 for
+            byte grids and floats): networks multiply integer observations by it.
     """
 
     env_id: str
@@ -45,6 +51,7 @@ class EnvSpec:
     action_shape: tuple[int, ...]
     action_low: tuple[float, ...] = ()
     action_high: tuple[float, ...] = ()
+    observation_scale: float = 1.0
 
     @property
     def action_dtype(self) -> torch.dtype:
@@ -60,13 +67,65 @@ class EnvSpec:
         )
 
 
-_TORCH_DTYPES = {np.dtype("float32"): torch.float32, np.dtype("float64"): torch.float32, np.dtype("uint8"): torch.uint8}
+_TORCH_DTYPES = {np.dtype("float32"): torch.float32, np.dtype("float64"): torch.float32, np.dtype("uint8"): torch.uint8,
+                 np.dtype("bool"): torch.uint8}
+"""Observation dtypes on the wire and in replay: pixels and MinAtar's boolean grids travel as one byte per value (the
+policy scales them), everything else as float32."""
+
+NAMESPACES: dict[str, tuple[str, str]] = {"ALE": ("ale_py", "atari"), "MinAtar": ("minatar.gym", "minatar")}
+"""Gymnasium id namespaces whose envs a package registers: ``namespace -> (module to import, extra to install)``."""
+
+_DEPENDENCY_EXTRAS = {"mujoco": "mujoco", "ale_py": "atari", "minatar": "minatar"}
+
+
+def register_namespace(env_id: str | None) -> None:
+    """Register the envs of ``env_id``'s namespace (``ALE/...``: ale-py, ``MinAtar/...``: MinAtar) with gymnasium.
+
+    Raises:
+        ConfigurationError: the package that provides them is not installed (naming the extra that installs it).
+    """
+    namespace = env_id.split("/", 1)[0] if env_id and "/" in env_id else None
+    if namespace not in NAMESPACES:
+        return
+    module, extra = NAMESPACES[namespace]
+    import importlib
+
+    try:
+        loaded = importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigurationError(f"env.id={env_id!r} needs {module.split('.')[0]}: pip install '.[{extra}]'",
+                                 path="env.id") from exc
+    if namespace == "MinAtar" and f"{namespace}/Breakout-v1" not in gym.registry:
+        loaded.register_envs()
+    elif namespace == "ALE":
+        gym.register_envs(loaded)
+        loaded.ALEInterface.setLoggerMode(loaded.LoggerMode.Error)  # no banner on stderr for every emulator
+
+
+def _log_mujoco_warnings(env_id: str) -> None:
+    """MuJoCo writes its warnings to ``MUJOCO_LOG.TXT`` in the working directory; for MuJoCo envs they go to this
+    module's logger instead (``launcher.log`` in a run)."""
+    spec = gym.registry.get(env_id)
+    if spec is None or "mujoco" not in str(spec.entry_point):
+        return
+    try:
+        import mujoco
+    except ImportError:
+        return  # gymnasium says which package is missing when the env is made
+    mujoco.set_mju_user_warning(lambda text: _log.warning("MuJoCo: %s", text.strip()))
 
 
 def make_env(env_id: str, **kwargs: Any) -> gym.Env:
-    """``gymnasium.make`` with a config-friendly error for unknown ids."""
+    """``gymnasium.make`` with a config-friendly error for unknown ids and for envs whose package is missing."""
+    register_namespace(env_id)
+    _log_mujoco_warnings(env_id)
     try:
         return gym.make(env_id, **kwargs)
+    except gym.error.DependencyNotInstalled as exc:
+        extra = next((e for module, e in _DEPENDENCY_EXTRAS.items() if module in str(exc)), None)
+        hint = f": pip install '.[{extra}]'" if extra else ""
+        raise ConfigurationError(f"gymnasium env {env_id!r} needs a package that is not installed{hint} ({exc})",
+                                 path="env.id") from exc
     except gym.error.Error as exc:
         raise ConfigurationError(f"cannot make gymnasium env {env_id!r}: {exc}", path="env.id") from exc
 
@@ -90,8 +149,10 @@ def spec_from_spaces(env_id: str, obs_space: gym.Space, act_space: gym.Space, *,
         raise ConfigurationError(f"env {env_id!r}: only Box observation spaces are supported, got {obs_space}",
                                  path=path)
     obs_dtype = _TORCH_DTYPES.get(np.dtype(obs_space.dtype), torch.float32)
+    high = float(np.max(obs_space.high)) if obs_dtype == torch.uint8 and obs_space.shape else 1.0
+    scale = 1.0 / high if high > 0 else 1.0
     if isinstance(act_space, gym.spaces.Discrete):
-        return EnvSpec(env_id, tuple(obs_space.shape), obs_dtype, True, int(act_space.n), ())
+        return EnvSpec(env_id, tuple(obs_space.shape), obs_dtype, True, int(act_space.n), (), observation_scale=scale)
     if isinstance(act_space, gym.spaces.Box):
         return EnvSpec(
             env_id,
@@ -102,6 +163,7 @@ def spec_from_spaces(env_id: str, obs_space: gym.Space, act_space: gym.Space, *,
             tuple(act_space.shape),
             tuple(float(x) for x in np.ravel(act_space.low)),
             tuple(float(x) for x in np.ravel(act_space.high)),
+            observation_scale=scale,
         )
     raise ConfigurationError(f"env {env_id!r}: only Discrete or Box action spaces are supported, got {act_space}",
                              path=path)
@@ -109,6 +171,8 @@ def spec_from_spaces(env_id: str, obs_space: gym.Space, act_space: gym.Space, *,
 
 def make_vector_env(env_id: str, num_envs: int, **kwargs: Any) -> gym.vector.VectorEnv:
     """A synchronous vector env with same-step autoreset."""
+    register_namespace(env_id)
+    _log_mujoco_warnings(env_id)
     return gym.make_vec(
         env_id,
         num_envs=num_envs,
@@ -129,7 +193,10 @@ class EnvMaker:
         kwargs: keyword arguments of ``gymnasium.make``, or of the ``_target_`` callable; on the ``vector`` and
             ``envpool`` backends, of the vector env (see :mod:`components.env_backends`).
         backend: how :meth:`vector` vectorizes: ``gymnasium`` (per-env SyncVectorEnv), ``vector`` (the env's own
-            array-vectorized implementation) or ``envpool``; all with same-step autoreset.
+            array-vectorized implementation), ``ale_vector`` (ale-py's threaded Atari vector env) or ``envpool``; all
+            with same-step autoreset.
+        atari: the DeepMind preprocessing of an ALE env (:class:`~components.atari.AtariConfig`), done by each
+            backend's own implementation (``env=atari`` sets it); ``None``: the env as ``gymnasium.make`` gives it.
 
     Raises:
         ConfigurationError: neither or both of ``id`` and ``_target_`` are set; a backend that cannot make the env.
@@ -139,19 +206,24 @@ class EnvMaker:
     """
 
     def __init__(self, id: str | None = None, _target_: str | None = None, kwargs: Mapping[str, Any] | None = None,
-                 backend: str = "gymnasium"):
+                 backend: str = "gymnasium", atari: AtariConfig | Mapping[str, Any] | None = None):
         if id is not None and _target_ is not None:
             raise ConfigurationError(f"env.id={id!r} and env._target_={_target_!r} both name an environment: keep one "
                                      "(e.g. env.id=null)", path="env")
         if id is None and _target_ is None:
             raise ConfigurationError("no environment: set env.id (a gymnasium id) or env._target_ (a callable that "
                                      "returns one gymnasium env)", path="env.id")
-        check_backend(backend, id)
+        self.atari = AtariConfig.of(atari)
+        if self.atari is not None and id is None:
+            raise ConfigurationError("env.atari preprocesses an ALE env named by env.id (ALE/Breakout-v5), not an "
+                                     "env._target_ callable", path="env.atari")
+        check_backend(backend, id, self.atari)
         self.id, self.target, self.kwargs, self.backend = id, _target_, dict(kwargs or {}), backend
 
     @classmethod
     def from_config(cls, node: Any) -> "EnvMaker":
-        """From the ``env`` config node (a DictConfig or a mapping of ``id``, ``_target_``, ``kwargs``).
+        """From the ``env`` config node (a DictConfig or a mapping of ``id``, ``_target_``, ``kwargs``, ``backend``,
+        ``atari``).
 
         Raises:
             ConfigurationError: the node holds other keys, or neither or both of ``id`` and ``_target_``.
@@ -159,10 +231,11 @@ class EnvMaker:
         from omegaconf import OmegaConf
 
         data = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
-        unknown = sorted(set(data) - {"id", "_target_", "kwargs", "backend"})
+        known = ("id", "_target_", "kwargs", "backend", "atari")
+        unknown = sorted(set(data) - set(known))
         if unknown:
             raise ConfigurationError(f"env: unknown keys {unknown}; the callable's arguments go under env.kwargs",
-                                     path=f"env.{unknown[0]}", alternatives=("id", "_target_", "kwargs", "backend"))
+                                     path=f"env.{unknown[0]}", alternatives=known)
         return cls(**data)
 
     @property
@@ -172,6 +245,8 @@ class EnvMaker:
 
     def __call__(self) -> gym.Env:
         """One environment."""
+        if self.atari is not None:
+            return make_one(self.id, self.atari, self.kwargs)
         if self.id is not None:
             return make_env(self.id, **self.kwargs)
         return instantiate_target({"_target_": self.target, **self.kwargs}, "env", expect=gym.Env)
@@ -195,14 +270,15 @@ class EnvMaker:
     def vector(self, num_envs: int) -> gym.vector.VectorEnv:
         """``num_envs`` environments in one vector env on :attr:`backend`, with same-step autoreset."""
         if self.backend != "gymnasium":
-            return make_vector(self.backend, self.id, num_envs, self.kwargs)
-        if self.id is not None:
+            return make_vector(self.backend, self.id, num_envs, self.kwargs, self.atari)
+        if self.id is not None and self.atari is None:
             return make_vector_env(self.id, num_envs, **self.kwargs)
         return gym.vector.SyncVectorEnv([self] * num_envs, autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
 
     def __repr__(self) -> str:
         backend = "" if self.backend == "gymnasium" else f", backend={self.backend!r}"
-        return f"EnvMaker({self.name!r}, kwargs={self.kwargs!r}{backend})"
+        atari = "" if self.atari is None else f", atari={self.atari!r}"
+        return f"EnvMaker({self.name!r}, kwargs={self.kwargs!r}{backend}{atari})"
 
 
 NEXT_KEYS = ("observation", "reward", "terminated", "truncated", "done", "episode_return", "episode_length")

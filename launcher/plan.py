@@ -14,6 +14,7 @@ settings), so executing a plan reads no config of its own.
 from __future__ import annotations
 
 import dataclasses
+import os
 import json
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -329,8 +330,12 @@ def build_plan(cfg: DictConfig) -> LaunchPlan:
     Raises:
         ConfigurationError: any configuration mistake, before anything starts.
     """
+    from components.config import check_device
+
     check_values(cfg)  # every key known and every value in its declared range, first
     recipe, recipe_cfg = recipe_of(cfg)
+    if getattr(recipe_cfg, "device", None) is not None:
+        check_device(recipe_cfg.device, "recipe.device")
     from components.envs import EnvMaker  # gymnasium and tensordict: only once a recipe is chosen
     from components.logger import logger_class
 
@@ -358,8 +363,11 @@ def build_plan(cfg: DictConfig) -> LaunchPlan:
         for name in _topological(needs)
     )
     placements = {c.placement for c in plans}
+    launcher = OmegaConf.to_object(cfg.launcher)
+    if launcher.torch_threads is None:  # small MLPs are fastest on one thread, convolutions use every core
+        launcher.torch_threads = 1 if len(spec.observation_shape) < 3 else max(1, os.cpu_count() or 1)
     return LaunchPlan(recipe=recipe.name, env_id=spec.env_id, seed=int(cfg.seed), components=plans,
                       env_backend=maker.backend, defaults=_option_defaults(needs, services), recipe_config=recipe_cfg,
-                      env=_container(cfg.env), logger=_container(cfg.logger), launcher=OmegaConf.to_object(cfg.launcher),
+                      env=_container(cfg.env), logger=_container(cfg.logger), launcher=launcher,
                       sessions={p: _container(cfg.get(p)) for p in sorted(placements)},
                       replica=OmegaConf.to_object(cfg.components.inference))

@@ -14,6 +14,7 @@ from typing import Any, Dict, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from components.atari import AtariConfig
 from components.collectors.config import CollectorConfig
 from components.config import LoggerConfig, WeightSyncConfig, bounded
 from components.inference.config import InferenceServerConfig
@@ -108,13 +109,14 @@ class EnvConf:
     id: Optional[str] = None  # gymnasium id, e.g. CartPole-v1
     _target_: Optional[str] = None  # instead of id: dotted name of a callable (**kwargs) -> gymnasium.Env
     kwargs: Dict[str, Any] = field(default_factory=dict)  # keyword arguments of gymnasium.make, or of _target_
-    backend: str = "gymnasium"  # how collectors vectorize envs: gymnasium | vector | envpool (components.env_backends)
+    backend: str = "gymnasium"  # how collectors vectorize envs: gymnasium | vector | ale_vector | envpool (components.env_backends)
+    atari: Optional[AtariConfig] = None  # the DeepMind preprocessing of an ALE id (env=atari sets it); null: none
 
 
 @dataclass
 class LauncherConf:
     dry_run: bool = False  # print the plan and exit without starting anything
-    torch_threads: int = bounded(1, ge=1)  # torch intra-op threads in the driver (1 is fastest for small models)
+    torch_threads: Optional[int] = bounded(None, ge=1)  # torch intra-op threads in the driver; null: 1 for flat observations (small MLPs are fastest on one), every core for images
     progress: bool = True  # live progress line
     plot: bool = True  # write learning_curve.png at the end
     telemetry_every: float = bounded(5.0, gt=0, unit="seconds")  # between per-edge metrics (batch fill, queue wait, policy lag)

@@ -12,7 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from components.config import bounded
+from components.config import bounded, one_of
+
+ENCODERS = ("auto", "mlp", "nature_cnn", "impala_cnn", "minatar_cnn")
+"""The built-in encoders a recipe's ``encoder`` names (:mod:`recipes.networks`)."""
 
 
 @dataclass
@@ -43,6 +46,14 @@ class PPOConfig:
         norm_adv: normalise advantages within each minibatch.
         reward_scale: rewards are multiplied by this before advantage estimation.
         init_log_std: initial log standard deviation of continuous actions.
+        encoder: the built-in network's encoder (:mod:`recipes.networks`): ``auto`` picks the MLP for flat
+            observations, a CNN for images (``nature_cnn`` for Atari frames, ``minatar_cnn`` for MinAtar grids);
+            with a CNN the actor and the critic share it (one trunk, two heads). Ignored when ``network`` is set.
+        clip_rewards: learn from the sign of each reward (Atari's convention); episode returns still count the
+            game's own rewards.
+        clip_vloss: clip the value loss around the values the batch was collected with, by ``clip_coef``.
+        device: where the learner trains (``cpu``, ``cuda``, ``cuda:1``); a CUDA device this machine lacks is
+            refused while planning. The inference server's device is ``components.inference.policy_device``.
     """
 
     num_envs: int = bounded(16, ge=1)
@@ -65,6 +76,10 @@ class PPOConfig:
     norm_adv: bool = True
     reward_scale: float = bounded(1.0, gt=0)
     init_log_std: float = 0.0
+    encoder: str = one_of("auto", ENCODERS)
+    clip_rewards: bool = False
+    clip_vloss: bool = False
+    device: str = "cpu"
 
     @property
     def frames_per_batch(self) -> int:
@@ -111,6 +126,12 @@ class DQNConfig:
             ``(in_features: int, out_features: int, **kwargs) -> nn.Module`` (``out_features``: actions), called
             with the node's other keys for the online and the target network. ``None``: the built-in MLP.
         max_grad_norm: gradient norm clipping.
+        encoder: the built-in Q-network's encoder (:mod:`recipes.networks`): ``auto`` picks the MLP for flat
+            observations and a CNN for images. Ignored when ``network`` is set.
+        clip_rewards: learn from the sign of each reward (Atari's convention); episode returns still count the
+            game's own rewards.
+        device: where the learner trains (``cpu``, ``cuda``...); a CUDA device this machine lacks is refused while
+            planning.
     """
 
     num_envs: int = bounded(8, ge=1)
@@ -136,6 +157,9 @@ class DQNConfig:
     hidden: int = bounded(128, ge=1)
     network: Optional[Any] = None  # a _target_ node (Any: a None Dict field cannot be set from the CLI)
     max_grad_norm: float = bounded(10.0, gt=0)
+    encoder: str = one_of("auto", ENCODERS)
+    clip_rewards: bool = False
+    device: str = "cpu"
 
     @property
     def frames_per_batch(self) -> int:

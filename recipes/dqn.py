@@ -22,19 +22,27 @@ from components.targets import instantiate_target
 
 from .base import Clients, EpisodeStats, Recipe
 from .configs import DQNConfig  # torch-free, so composing a config never imports torch
+from .networks import Scale, encoder
 
 
 # ============================================================================ networks
 
 
 def q_network(cfg: DQNConfig, spec) -> nn.Module:
-    """The built-in MLP, or the module ``cfg.network`` names by ``_target_`` (built here, where the policy lives)."""
+    """The built-in network (a CNN encoder and a linear head for images, the MLP for flat observations), or the
+    module ``cfg.network`` names by ``_target_`` (built here, where the policy lives)."""
     obs = math.prod(spec.observation_shape)
     if cfg.network is not None:
         return instantiate_target(cfg.network, "recipe.network", expect=nn.Module, in_features=obs,
                                   out_features=spec.n_actions)
-    return nn.Sequential(nn.Linear(obs, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, cfg.hidden), nn.ReLU(),
-                         nn.Linear(cfg.hidden, spec.n_actions))
+    trunk = encoder(cfg.encoder, spec.observation_shape, spec.observation_scale)
+    if trunk is not None:
+        return nn.Sequential(trunk, nn.Linear(trunk.out_features, spec.n_actions))
+    mlp = nn.Sequential(nn.Linear(obs, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, cfg.hidden), nn.ReLU(),
+                        nn.Linear(cfg.hidden, spec.n_actions))
+    if spec.observation_dtype.is_floating_point:
+        return mlp
+    return nn.Sequential(Scale(spec.observation_scale), nn.Flatten(), *mlp)  # integer observations, flattened
 
 
 class EpsilonGreedy(nn.Module):
@@ -53,7 +61,8 @@ class EpsilonGreedy(nn.Module):
         greedy = q.argmax(-1)
         seed = td.get(SAMPLE_SEED, None)
         if seed is None:  # a request without seeds: torch's generator of this process
-            explore, other = torch.rand(greedy.shape) < self.epsilon, torch.randint_like(greedy, q.shape[-1])
+            explore = torch.rand(greedy.shape, device=greedy.device) < self.epsilon
+            other = torch.randint_like(greedy, q.shape[-1])
         else:  # each row's own draws, so batching never changes what an environment does
             u = uniform(seed, 2)
             explore, other = u[..., 0] < self.epsilon, (u[..., 1] * q.shape[-1]).long().clamp_(max=q.shape[-1] - 1)
@@ -82,7 +91,7 @@ def n_step_transitions(seq, cfg: DQNConfig):
     alive = torch.ones_like(out["next", "done"])
     for k in range(cfg.n_step):
         step = nxt[k : k + count]
-        reward += alive * discount * step["reward"]
+        reward += alive * discount * (step["reward"].sign() if cfg.clip_rewards else step["reward"])
         out["next", "observation"] = torch.where(alive.unsqueeze(-1), step["observation"], out["next", "observation"])
         out["next", "terminated"] = torch.where(alive, step["terminated"], out["next", "terminated"])
         discount = torch.where(alive, discount * cfg.gamma, discount)
@@ -113,8 +122,9 @@ def td_loss(mb, online: nn.Module, target: nn.Module, cfg: DQNConfig) -> tuple[t
 def run(cfg: DQNConfig, clients: Clients) -> dict:
     """Train until ``target_return`` or ``total_frames``; return the result and learning curve."""
     torch.manual_seed(clients.seed)
-    behaviour = make_policy(cfg, clients.env_spec)
-    target = q_network(cfg, clients.env_spec)
+    device = torch.device(cfg.device)
+    behaviour = make_policy(cfg, clients.env_spec).to(device)
+    target = q_network(cfg, clients.env_spec).to(device)
     target.load_state_dict(behaviour.q.state_dict())
     optimizer = torch.optim.Adam(behaviour.q.parameters(), lr=cfg.lr)
     stats = EpisodeStats(cfg.window)
@@ -155,12 +165,12 @@ def run(cfg: DQNConfig, clients: Clients) -> dict:
         if frames >= cfg.learning_starts and stored:
             for _ in range(cfg.updates_per_batch):
                 mb = clients.replay.sample(cfg.batch_size)
-                loss, error = td_loss(mb, behaviour.q, target, cfg)
+                loss, error = td_loss(mb.to(device), behaviour.q, target, cfg)
                 optimizer.zero_grad()
                 loss.backward()
                 nn.utils.clip_grad_norm_(behaviour.q.parameters(), cfg.max_grad_norm)
                 optimizer.step()
-                clients.replay.update_priority(mb["index"], error)
+                clients.replay.update_priority(mb["index"], error.to("cpu"))
                 updates += 1
                 if updates % cfg.target_every == 0:
                     with torch.no_grad():

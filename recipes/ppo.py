@@ -22,45 +22,52 @@ from components.targets import instantiate_target
 
 from .base import Clients, EpisodeStats, Recipe
 from .configs import PPOConfig  # torch-free, so composing a config never imports torch
+from .networks import Scale, encoder, layer
 
 
 # ============================================================================ networks
 
 
-def _layer(inp: int, out: int, std: float = math.sqrt(2)) -> nn.Linear:
-    layer = nn.Linear(inp, out)
-    nn.init.orthogonal_(layer.weight, std)
-    nn.init.zeros_(layer.bias)
-    return layer
-
-
 def _mlp(inp: int, out: int, hidden: int, out_std: float) -> nn.Sequential:
-    return nn.Sequential(_layer(inp, hidden), nn.Tanh(), _layer(hidden, hidden), nn.Tanh(), _layer(hidden, out, out_std))
+    return nn.Sequential(layer(nn.Linear(inp, hidden)), nn.Tanh(), layer(nn.Linear(hidden, hidden)), nn.Tanh(),
+                         layer(nn.Linear(hidden, out), out_std))
 
 
-def _network(cfg: PPOConfig, inp: int, out: int, out_std: float) -> nn.Module:
-    """The built-in MLP, or the module ``cfg.network`` names by ``_target_`` (built here, where the policy lives)."""
-    if cfg.network is None:
-        return _mlp(inp, out, cfg.hidden, out_std)
-    return instantiate_target(cfg.network, "recipe.network", expect=nn.Module, in_features=inp, out_features=out)
+def _network(cfg: PPOConfig, spec, out: int, out_std: float, encoder: nn.Module | None = None) -> nn.Module:
+    """The built-in network (``encoder`` and a linear head, or the MLP for flat observations), or the module
+    ``cfg.network`` names by ``_target_`` (built here, where the policy lives)."""
+    inp = math.prod(spec.observation_shape)
+    if cfg.network is not None:
+        return instantiate_target(cfg.network, "recipe.network", expect=nn.Module, in_features=inp, out_features=out)
+    if encoder is not None:
+        return nn.Sequential(encoder, layer(nn.Linear(encoder.out_features, out), out_std))
+    mlp = _mlp(inp, out, cfg.hidden, out_std)
+    if spec.observation_dtype.is_floating_point:
+        return mlp
+    return nn.Sequential(Scale(spec.observation_scale), nn.Flatten(), *mlp)  # integer observations, flattened
 
 
 class Actor(nn.Module):
-    """The stochastic policy: logits for discrete actions, a Gaussian for continuous ones."""
+    """The stochastic policy: logits for discrete actions, a Gaussian for continuous ones. With a convolutional
+    encoder (images), :attr:`encoder` is the trunk the critic shares."""
 
     def __init__(self, cfg: PPOConfig, spec):
         super().__init__()
-        obs_dim = math.prod(spec.observation_shape)
         self.discrete = spec.discrete
+        self.encoder = None if cfg.network is not None else encoder(cfg.encoder, spec.observation_shape,
+                                                                     spec.observation_scale)
         if self.discrete:
-            self.net = _network(cfg, obs_dim, spec.n_actions, 0.01)
+            self.net = _network(cfg, spec, spec.n_actions, 0.01, self.encoder)
         else:
             act_dim = math.prod(spec.action_shape)
-            self.net = _network(cfg, obs_dim, act_dim, 0.01)
+            self.net = _network(cfg, spec, act_dim, 0.01, self.encoder)
             self.log_std = nn.Parameter(torch.full((act_dim,), cfg.init_log_std))
 
     def dist(self, obs: torch.Tensor):
-        out = self.net(obs)
+        return self.dist_of(self.net(obs))
+
+    def dist_of(self, out: torch.Tensor):
+        """The action distribution of the network's outputs."""
         if self.discrete:
             return Categorical(logits=out, validate_args=False)  # the network's outputs are valid logits
         return Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
@@ -121,15 +128,30 @@ def make_policy(cfg: PPOConfig, spec) -> BehaviourPolicy:
 
 
 class Learner(nn.Module):
-    """Actor (shared structure with the behaviour policy) and critic, trained together."""
+    """Actor (shared structure with the behaviour policy) and critic, trained together.
+
+    Attributes:
+        reuses_values: advantage estimation reads the value of each next observation from the next step's value
+            where they are the same observation (with a CNN, where a forward pass costs; the MLP's path values
+            every next observation, as it always has).
+    """
 
     def __init__(self, cfg: PPOConfig, spec):
         super().__init__()
         self.policy = make_policy(cfg, spec)
-        self.critic = _network(cfg, math.prod(spec.observation_shape), 1, 1.0)
+        self.critic = _network(cfg, spec, 1, 1.0, self.policy.actor.encoder)  # the actor's trunk, when it has one
+        self.reuses_values = self.policy.actor.encoder is not None
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs).squeeze(-1)
+
+    def dist_and_value(self, obs: torch.Tensor):
+        """The action distribution and the value of ``obs``; a shared encoder runs once for both heads."""
+        actor = self.policy.actor
+        if actor.encoder is None:
+            return actor.dist(obs), self.value(obs)
+        features = actor.encoder(obs)
+        return actor.dist_of(actor.net[1](features)), self.critic[1](features).squeeze(-1)
 
 
 # ============================================================================ advantages
@@ -140,8 +162,16 @@ def estimate_advantages(batch, learner: Learner, cfg: PPOConfig):
     """GAE over a ``[time, env]`` batch; bootstraps from the final observation on truncation, not on termination."""
     obs, nxt = batch["observation"], batch["next"]
     values = learner.value(obs)
-    next_values = learner.value(nxt["observation"])
-    reward = nxt["reward"] * cfg.reward_scale
+    if not learner.reuses_values:
+        next_values = learner.value(nxt["observation"])
+    else:  # a next observation is the next step's observation, except at the last step of the batch and where an
+        # episode ended (the final observation): only those are valued
+        next_values = torch.empty_like(values)
+        next_values[:-1] = values[1:]
+        fresh = nxt["done"].clone()
+        fresh[-1] = True
+        next_values[fresh] = learner.value(nxt["observation"][fresh])
+    reward = (nxt["reward"].sign() if cfg.clip_rewards else nxt["reward"]) * cfg.reward_scale
     not_terminated = (~nxt["terminated"]).float()
     not_done = (~nxt["done"]).float()
     deltas = reward + cfg.gamma * next_values * not_terminated - values
@@ -153,20 +183,26 @@ def estimate_advantages(batch, learner: Learner, cfg: PPOConfig):
     out = batch.select("observation", "action", "sample_log_prob")
     out.set("advantage", advantages)
     out.set("value_target", advantages + values)
+    if cfg.clip_vloss:
+        out.set("value", values)
     return out
 
 
 def ppo_loss(mb, learner: Learner, cfg: PPOConfig) -> tuple[torch.Tensor, dict]:
     """Clipped surrogate + value loss - entropy bonus on one minibatch."""
     actor = learner.policy.actor
-    dist = actor.dist(mb["observation"])
+    dist, value = learner.dist_and_value(mb["observation"])
     log_prob = actor.log_prob(dist, mb["action"])
     ratio = (log_prob - mb["sample_log_prob"]).exp()
     adv = mb["advantage"]
     if cfg.norm_adv:
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
     pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
-    v_loss = 0.5 * (learner.value(mb["observation"]) - mb["value_target"]).pow(2).mean()
+    v_loss = (value - mb["value_target"]).pow(2)
+    if cfg.clip_vloss:
+        clipped = mb["value"] + (value - mb["value"]).clamp(-cfg.clip_coef, cfg.clip_coef)
+        v_loss = torch.max(v_loss, (clipped - mb["value_target"]).pow(2))
+    v_loss = 0.5 * v_loss.mean()
     entropy = actor.entropy(dist).mean()
     loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy
     return loss, {"loss/policy": pg_loss.item(), "loss/value": v_loss.item(), "loss/entropy": entropy.item()}
@@ -213,12 +249,13 @@ def minibatches(replay, cfg: PPOConfig, per_call: int) -> Iterator[TensorDictBas
 def run(cfg: PPOConfig, clients: Clients) -> dict:
     """Train until ``target_return`` or ``total_frames``; return the result and learning curve."""
     torch.manual_seed(clients.seed)
-    learner = Learner(cfg, clients.env_spec)
+    device = torch.device(cfg.device)
+    learner = Learner(cfg, clients.env_spec).to(device)
     optimizer = torch.optim.Adam(learner.parameters(), lr=cfg.lr, eps=1e-5, fused=True)
     stats = EpisodeStats(cfg.window)
     restored = clients.checkpoint.restore()  # None for a fresh start
     if restored is not None:
-        learner.load_state_dict(restored["learner"])
+        learner.load_state_dict(restored["learner"])  # onto the learner's device
         optimizer.load_state_dict(restored["optimizer"])
         stats.load_state_dict(restored["stats"])
         torch.set_rng_state(restored["rng"])
@@ -236,12 +273,13 @@ def run(cfg: PPOConfig, clients: Clients) -> dict:
         # ---- learn
         if cfg.anneal_lr:
             optimizer.param_groups[0]["lr"] = cfg.lr * max(0.0, 1.0 - stats.frames / cfg.total_frames)
-        rows = estimate_advantages(batch, learner, cfg).reshape(-1)
+        # on the learner's device (.to is a no-op on the CPU); the replay buffer holds the rows on the host
+        rows = estimate_advantages(batch.to(device), learner, cfg).reshape(-1).to("cpu")
         clients.replay.extend(rows)
         losses = {}
         per_call = per_call or rows_per_call(rows.numel(), cfg, rows.bytes() // max(1, rows.numel()))
         for minibatch in minibatches(clients.replay, cfg, per_call):
-            loss, losses = ppo_loss(minibatch, learner, cfg)
+            loss, losses = ppo_loss(minibatch.to(device), learner, cfg)
             optimizer.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(learner.parameters(), cfg.max_grad_norm)

@@ -10,7 +10,7 @@ from typing import ClassVar, Optional
 from transports.errors import ConfigurationError
 from transports.options import bounded
 
-from ..config import ComponentConfig
+from ..config import ComponentConfig, check_device
 
 
 @dataclass
@@ -54,18 +54,5 @@ class InferenceServerConfig(ComponentConfig):
         """
         for name in ("policy_device", "output_device"):
             value = getattr(self, name)
-            if value is not None and not _usable_device(value):
-                raise ConfigurationError(f"{self.path}.{name} must be a device this machine has (cpu, or cuda[:N] "
-                                         f"with CUDA available), got {value!r}", path=f"{self.path}.{name}")
-
-
-def _usable_device(name: str) -> bool:
-    import torch
-
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError):
-        return False
-    if device.type == "cuda":
-        return torch.cuda.is_available() and (device.index is None or device.index < torch.cuda.device_count())
-    return device.type in ("cpu", "meta") or hasattr(torch, device.type)
+            if value is not None:
+                check_device(value, f"{self.path}.{name}")

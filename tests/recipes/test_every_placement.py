@@ -58,6 +58,31 @@ def test_recipe_runs_in_every_placement(recipe, overrides, compose_cfg, request,
     assert "Traceback" not in capfd.readouterr().err
 
 
+PIXEL_RUNS = [("atari", o) for o in (["service=direct"], ["service=thread"], *(
+    ["service=process", f"transport={t}"] for t in ("queue", "shared_memory", "process_slot", "distributed")),
+    ["service=ray", "transport=ray"], ["service=ray", "transport=distributed"], ["service=monarch"])] + [
+    ("minatar", ["service=direct"]), ("minatar", ["service=process", "transport=shared_memory"]),
+    ("minatar", ["service=ray", "transport=ray"])]
+
+
+@pytest.mark.parametrize("env, overrides", PIXEL_RUNS, ids=[f"{e}-{'-'.join(o)}" for e, o in PIXEL_RUNS])
+def test_ppo_from_pixels_runs_in_every_placement(env, overrides, compose_cfg, request, tmp_path, capfd):
+    """PPO with its CNN on Atari frame stacks and MinAtar grids: observations stay bytes on every wire."""
+    if "service=ray" in overrides:
+        request.getfixturevalue("ray_cluster")
+    run_dir = tmp_path / "run"
+    launch(compose_cfg("+recipe=ppo", f"env={env}", *overrides, *TINY["ppo"], "launcher.progress=false",
+                       "launcher.torch_threads=1"), str(run_dir))  # two test workers share the cores
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["frames"] >= 256 and summary["fps"] > 0
+    plan = {c["name"]: c for c in json.loads((run_dir / "plan.json").read_text())["components"]}
+    leaf = plan["inference"]["layouts"]["request"]["leaves"][0]
+    assert leaf["dtype"] == "torch.uint8" and leaf["shape"][1:] == ([4, 84, 84] if env == "atari" else [10, 10, 4])
+    if len(overrides) > 1:
+        assert plan["inference"]["transport"] == overrides[1].split("=")[1]
+    assert "Traceback" not in capfd.readouterr().err
+
+
 @pytest.mark.parametrize("placement", ["distributed", "rpc"])
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_collectors_as_worker_ranks(recipe, placement, compose_cfg, tmp_path, capfd):

@@ -10,13 +10,19 @@ from recipes.ppo import SAMPLE_BYTES, PPOConfig, estimate_advantages
 
 
 class ValueFromObservation:
-    """A critic whose value is the first observation feature: makes GAE checkable by hand."""
+    """A critic whose value is the first observation feature: makes GAE checkable by hand; ``evaluated`` counts the
+    observations it valued."""
+
+    def __init__(self, reuses_values=False):
+        self.reuses_values, self.evaluated = reuses_values, 0
 
     def value(self, obs):
+        self.evaluated += obs.shape[:-1].numel()
         return obs[..., 0]
 
 
-def test_gae_bootstraps_on_truncation_but_not_on_termination():
+@pytest.mark.parametrize("reuses", [False, True])
+def test_gae_bootstraps_on_truncation_but_not_on_termination(reuses):
     gamma, lam = 0.9, 0.5
     cfg = PPOConfig(gamma=gamma, gae_lambda=lam)
     v = [1.0, 2.0, 3.0]        # V(s_t)
@@ -37,7 +43,10 @@ def test_gae_bootstraps_on_truncation_but_not_on_termination():
         },
         batch_size=[3, 1],
     )
-    out = estimate_advantages(batch, ValueFromObservation(), cfg)
+    critic = ValueFromObservation(reuses)
+    out = estimate_advantages(batch, critic, cfg)
+    # a learner that reuses values reads V(s_1) for t=0 from V(s_t) and values only the final observations
+    assert critic.evaluated == (3 + 2 if reuses else 3 + 3)
     d2 = r[2] + gamma * v_next[2] - v[2]  # truncated: bootstrap from the final observation
     d1 = r[1] - v[1]                      # terminated: no bootstrap
     d0 = r[0] + gamma * v_next[0] - v[0]

@@ -1,0 +1,157 @@
+"""The built-in encoders: observations in, features out, chosen from the observation's shape.
+
+- ``mlp``: flat observations (CartPole, MuJoCo): the recipe's own two-layer MLP, unchanged.
+- ``nature_cnn``: Atari frame stacks, ``(stack, 84, 84)`` uint8: the network of Mnih et al. 2015 (three convolutions,
+  512 features).
+- ``impala_cnn``: the same frames through the IMPALA ResNet (Espeholt et al. 2018: three sections of a convolution,
+  a max-pool and two residual blocks; 256 features).
+- ``minatar_cnn``: MinAtar's ``(10, 10, channels)`` grids: one 3x3 convolution of 16 filters and 128 features, as
+  in Young & Tian 2019.
+
+``auto`` (every recipe's default) picks ``mlp`` for observations of one dimension, ``minatar_cnn`` for channels-last
+grids of at most 16x16 cells, and ``nature_cnn`` for channels-first images. Integer observations travel and are
+stored as they come (uint8 frames, byte grids); the encoder turns them into floats, scaled by the environment's
+bound (``EnvSpec.observation_scale``: 1/255 for frames), inside the network, wherever the network runs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from components.errors import ConfigurationError
+
+from .configs import ENCODERS
+
+
+def layer(module: nn.Module, std: float = math.sqrt(2)) -> nn.Module:
+    """Orthogonal weights of gain ``std``, zero bias (CleanRL's ``layer_init``)."""
+    nn.init.orthogonal_(module.weight, std)
+    nn.init.zeros_(module.bias)
+    return module
+
+
+class Scale(nn.Module):
+    """Integer observations to floats: ``x.float() * scale`` (floats pass unchanged), channels-last grids moved to
+    channels-first."""
+
+    def __init__(self, scale: float, channels_last: bool = False):
+        super().__init__()
+        self.scale, self.channels_last = scale, channels_last
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs if obs.is_floating_point() else obs.float() * self.scale
+        return x.movedim(-1, -3) if self.channels_last else x
+
+
+class ImageEncoder(nn.Sequential):
+    """An encoder of images ``[..., C, H, W]`` (or channels last): any leading batch dimensions (a request of the
+    inference server ``[requests, envs]``, a rollout ``[time, env]``) are folded into one for the convolutions."""
+
+    out_features: int
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        lead = obs.shape[:-3]
+        out = super().forward(obs.reshape(-1, *obs.shape[-3:]))
+        return out.reshape(*lead, out.shape[-1])
+
+
+class NatureCNN(ImageEncoder):
+    """Mnih et al. 2015: conv 32x8x8/4, conv 64x4x4/2, conv 64x3x3/1, a 512-unit layer; ReLU throughout."""
+
+    def __init__(self, shape: tuple[int, int, int], scale: float, channels_last: bool = False, features: int = 512):
+        channels = shape[0]
+        convs = nn.Sequential(layer(nn.Conv2d(channels, 32, 8, stride=4)), nn.ReLU(),
+                              layer(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+                              layer(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten())
+        flat = _flat_size(convs, shape)
+        super().__init__(Scale(scale, channels_last), convs, layer(nn.Linear(flat, features)), nn.ReLU())
+        self.out_features = features
+
+
+class _Residual(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
+
+class ImpalaCNN(ImageEncoder):
+    """Espeholt et al. 2018: per section a 3x3 convolution, a 3x3 max-pool of stride 2 and two residual blocks
+    (channels 16, 32, 32), then ReLU and a 256-unit layer."""
+
+    def __init__(self, shape: tuple[int, int, int], scale: float, channels_last: bool = False, features: int = 256,
+                 channels: tuple[int, ...] = (16, 32, 32)):
+        sections, before = [], shape[0]
+        for out in channels:
+            sections += [nn.Conv2d(before, out, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
+                         _Residual(out), _Residual(out)]
+            before = out
+        convs = nn.Sequential(*sections, nn.ReLU(), nn.Flatten())
+        flat = _flat_size(convs, shape)
+        super().__init__(Scale(scale, channels_last), convs, layer(nn.Linear(flat, features)), nn.ReLU())
+        self.out_features = features
+
+
+class MinAtarCNN(ImageEncoder):
+    """Young & Tian 2019: one 3x3 convolution of 16 filters over the grid, then 128 units."""
+
+    def __init__(self, shape: tuple[int, int, int], scale: float, channels_last: bool = True, features: int = 128):
+        convs = nn.Sequential(layer(nn.Conv2d(shape[0], 16, 3, stride=1)), nn.ReLU(), nn.Flatten())
+        flat = _flat_size(convs, shape)
+        super().__init__(Scale(scale, channels_last), convs, layer(nn.Linear(flat, features)), nn.ReLU())
+        self.out_features = features
+
+
+def channels_first(shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """An image's shape with its channels first: the channels are the smallest dimension (``(10, 10, 4)`` is a
+    channels-last grid, ``(4, 84, 84)`` a channels-first stack)."""
+    return (shape[2], shape[0], shape[1]) if is_channels_last(shape) else tuple(shape)
+
+
+def is_channels_last(shape: tuple[int, ...]) -> bool:
+    return shape[-1] < min(shape[:-1])
+
+
+def _flat_size(convs: nn.Module, shape: tuple[int, int, int]) -> int:
+    with torch.no_grad():
+        return int(convs(torch.zeros(1, *shape)).shape[-1])
+
+
+def choose(encoder: str, shape: tuple[int, ...]) -> str:
+    """The encoder ``auto`` stands for, given one observation's shape (see the module's docstring).
+
+    Raises:
+        ConfigurationError: an encoder that cannot take observations of this shape.
+    """
+    if encoder not in ENCODERS:
+        raise ConfigurationError(f"recipe.encoder={encoder!r} is not an encoder", path="recipe.encoder",
+                                 alternatives=ENCODERS)
+    image = len(shape) == 3
+    if encoder == "auto":
+        if not image:
+            return "mlp"
+        return "minatar_cnn" if max(channels_first(shape)[1:]) <= 16 else "nature_cnn"
+    if encoder != "mlp" and not image:
+        raise ConfigurationError(f"recipe.encoder={encoder} takes images (3 dimensions), and this env's observations "
+                                 f"have shape {tuple(shape)}: use mlp or auto", path="recipe.encoder")
+    if encoder == "nature_cnn" and min(channels_first(shape)[1:]) < 36:
+        raise ConfigurationError(f"recipe.encoder=nature_cnn needs images of at least 36x36 (channels first); this "
+                                 f"env's are {tuple(shape)}: use impala_cnn, minatar_cnn or auto",
+                                 path="recipe.encoder")
+    return encoder
+
+
+def encoder(name: str, shape: tuple[int, ...], scale: float) -> nn.Module | None:
+    """The convolutional encoder ``name`` (after :func:`choose`) for observations of ``shape``; ``None`` for ``mlp``,
+    which each recipe builds itself. Every encoder has ``out_features``."""
+    name = choose(name, shape)
+    if name == "mlp":
+        return None
+    kind = {"nature_cnn": NatureCNN, "impala_cnn": ImpalaCNN, "minatar_cnn": MinAtarCNN}[name]
+    return kind(channels_first(shape), scale, is_channels_last(shape))

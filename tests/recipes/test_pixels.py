@@ -1,0 +1,139 @@
+"""Pixels through the recipes: encoders chosen from the observation's shape, integer observations scaled inside the
+network (uint8 on every wire), the Atari and MinAtar settings as their plans show them, and a learner device."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from components.envs import EnvSpec
+from components.errors import ConfigurationError
+from launcher.plan import build_plan
+from recipes import get_recipe
+from recipes.configs import DQNConfig, PPOConfig
+from recipes.networks import ImpalaCNN, MinAtarCNN, NatureCNN, choose, encoder
+
+FRAMES = EnvSpec("ALE/Breakout-v5", (4, 84, 84), torch.uint8, True, 4, (), observation_scale=1 / 255)
+GRIDS = EnvSpec("MinAtar/Breakout-v1", (10, 10, 4), torch.uint8, True, 3, ())
+
+
+@pytest.mark.parametrize("shape, chosen", [((4,), "mlp"), ((17,), "mlp"), ((4, 84, 84), "nature_cnn"),
+                                           ((10, 10, 4), "minatar_cnn"), ((3, 64, 64), "nature_cnn")])
+def test_auto_chooses_the_encoder_from_the_observation_shape(shape, chosen):
+    assert choose("auto", shape) == chosen
+
+
+@pytest.mark.parametrize("name, shape, needle", [
+    ("nature_cnn", (4,), "takes images"),
+    ("nature_cnn", (10, 10, 4), "at least 36x36"),
+    ("resnet", (4, 84, 84), "not an encoder"),
+])
+def test_an_encoder_that_cannot_take_the_observations_is_refused(name, shape, needle):
+    with pytest.raises(ConfigurationError, match=needle) as info:
+        choose(name, shape)
+    assert info.value.path == "recipe.encoder"
+
+
+@pytest.mark.parametrize("name, kind, features", [("nature_cnn", NatureCNN, 512), ("impala_cnn", ImpalaCNN, 256)])
+def test_frame_encoders_scale_uint8_frames_inside_the_network(name, kind, features):
+    net = encoder(name, (4, 84, 84), 1 / 255)
+    assert isinstance(net, kind) and net.out_features == features
+    frames = torch.randint(0, 256, (3, 4, 84, 84), dtype=torch.uint8)
+    out = net(frames)
+    assert out.shape == (3, features)
+    torch.testing.assert_close(out, net(frames.float() / 255))  # the bytes mean what the scaled floats mean
+
+
+def test_the_minatar_encoder_reads_channels_last_grids():
+    net = encoder("auto", (10, 10, 4), 1.0)
+    assert isinstance(net, MinAtarCNN) and net.out_features == 128
+    grid = torch.zeros(1, 10, 10, 4, dtype=torch.uint8)
+    grid[0, 2, 3, 1] = 1
+    moved = grid.clone()
+    moved[0, 2, 3, 1], moved[0, 2, 3, 2] = 0, 1  # the same cell, another channel
+    assert not torch.equal(net(grid), net(moved))  # channels are channels, not a spatial axis
+
+
+def test_ppo_on_frames_shares_one_cnn_between_actor_and_critic():
+    recipe = get_recipe("ppo")
+    from recipes.ppo import Learner
+
+    learner = Learner(PPOConfig(), FRAMES)
+    assert learner.critic[0] is learner.policy.actor.encoder
+    trunk = sum(p.numel() for p in learner.policy.actor.encoder.parameters())
+    heads = 512 * 4 + 4 + 512 + 1
+    assert sum(p.numel() for p in learner.parameters()) == trunk + heads  # the trunk counted once
+    policy = recipe.make_policy(PPOConfig(), FRAMES)
+    td = FRAMES.request_layout(2).zeros()
+    td["observation"] = torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8)
+    out = policy(td)
+    assert out["action"].shape == (2,) and out["sample_log_prob"].dtype == torch.float32
+
+
+def test_dqn_on_grids_is_a_cnn_q_network():
+    policy = get_recipe("dqn").make_policy(DQNConfig(), GRIDS)
+    td = GRIDS.request_layout(5).zeros()
+    assert policy(td)["action"].shape == (5,)
+    assert isinstance(policy.q[0], MinAtarCNN)
+
+
+def test_the_atari_plan_keeps_frames_uint8_and_takes_cleanrl_settings(compose_cfg):
+    plan = build_plan(compose_cfg("+recipe=ppo", "env=atari", "service=process", "transport=shared_memory"))
+    layouts = {k: v.describe() for k, v in plan["inference"].layouts.items()}
+    assert layouts["request"] == "observation [8, 4, 84, 84] uint8"
+    recipe = plan.recipe_config
+    assert (recipe.num_envs, recipe.num_steps, recipe.num_minibatches, recipe.update_epochs) == (8, 128, 4, 4)
+    assert (recipe.lr, recipe.clip_coef, recipe.ent_coef, recipe.clip_vloss, recipe.clip_rewards) == (
+        2.5e-4, 0.1, 0.01, True, True)
+    assert plan["inference"].transport == "shared_memory"
+
+
+def test_the_minatar_plan_keeps_grids_in_bytes(compose_cfg):
+    plan = build_plan(compose_cfg("+recipe=ppo", "env=minatar"))
+    assert plan["inference"].layouts["request"].describe() == "observation [16, 10, 10, 4] uint8"
+    assert plan.recipe_config.num_envs == 16 and plan.recipe_config.encoder == "auto"
+
+
+@pytest.mark.slow  # importing gymnasium's MuJoCo envs imports glfw, which runs a Python child to read a version
+def test_the_mujoco_plan_takes_cleanrl_continuous_settings(compose_cfg):
+    plan = build_plan(compose_cfg("+recipe=ppo", "env=mujoco"))
+    assert plan["inference"].layouts["request"].describe() == "observation [1, 17] float32"
+    assert (plan.recipe_config.num_steps, plan.recipe_config.num_minibatches) == (2048, 32)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: recipe.device=cuda is allowed here")
+@pytest.mark.parametrize("recipe", ["ppo", "dqn"])
+def test_a_cuda_learner_without_cuda_is_refused_while_planning(compose_cfg, recipe):
+    with pytest.raises(ConfigurationError, match="recipe.device must be a device this machine has") as info:
+        build_plan(compose_cfg(f"+recipe={recipe}", "recipe.device=cuda"))
+    assert info.value.path == "recipe.device"
+
+
+def test_a_device_that_is_no_device_is_refused(compose_cfg):
+    with pytest.raises(ConfigurationError, match="got 'gpu0'"):
+        build_plan(compose_cfg("+recipe=ppo", "recipe.device=gpu0"))
+
+
+def test_a_float_frame_on_a_uint8_wire_fails_at_the_call_site_and_frames_are_served():
+    from functools import partial
+
+    from tensordict import TensorDict
+
+    from components.errors import LayoutError
+    from components.inference import InferenceServer, InferenceServerConfig
+    from recipes.ppo import make_policy
+    from transports.layout import Layout
+
+    request = FRAMES.request_layout(2)
+    answer = make_policy(PPOConfig(), FRAMES)(request.zeros())
+    answer.set("policy_version", torch.zeros(2, dtype=torch.long))
+    server = InferenceServer(policy_factory=partial(make_policy, PPOConfig(), FRAMES),
+                             config=InferenceServerConfig(placement="process"), transport="shared_memory",
+                             request_layout=request, response_layout=Layout.from_tensordict(answer.exclude("observation")))
+    with server:
+        client = server.client()
+        with pytest.raises(LayoutError, match="expected dtype uint8, got dtype float32"):
+            client(TensorDict({"observation": torch.zeros(2, 4, 84, 84)}, batch_size=[2]))
+        frames = torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8)
+        out = client(TensorDict({"observation": frames}, batch_size=[2]))
+        assert out["action"].shape == (2,) and ((out["action"] >= 0) & (out["action"] < 4)).all()
