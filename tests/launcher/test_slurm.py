@@ -233,7 +233,7 @@ def _resumed_at(log: str, run_dir: str) -> int | None:
 
 @pytest.mark.slurm
 @pytest.mark.slow
-@pytest.mark.parametrize("service", ["direct", "process"])  # process: the signal reaches every process of the job
+@pytest.mark.parametrize("service", ["process"])  # the signal reaches every process of the job, the driver's own too
 def test_a_preempted_job_is_requeued_and_resumes_from_its_checkpoint(local_slurm, tmp_path, service):
     from recipes.checkpoint import load
 
