@@ -92,7 +92,8 @@ def n_step_transitions(seq, cfg: DQNConfig):
     for k in range(cfg.n_step):
         step = nxt[k : k + count]
         reward += alive * discount * (step["reward"].sign() if cfg.clip_rewards else step["reward"])
-        out["next", "observation"] = torch.where(alive.unsqueeze(-1), step["observation"], out["next", "observation"])
+        keep = alive.reshape(*alive.shape, *(1,) * (step["observation"].dim() - alive.dim()))  # over the obs' dims
+        out["next", "observation"] = torch.where(keep, step["observation"], out["next", "observation"])
         out["next", "terminated"] = torch.where(alive, step["terminated"], out["next", "terminated"])
         discount = torch.where(alive, discount * cfg.gamma, discount)
         alive = alive & ~step["done"]
