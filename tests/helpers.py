@@ -133,3 +133,24 @@ def cli_in_process(*args: str, cwd: str) -> subprocess.CompletedProcess:
         os.chdir(here)
         GlobalHydra.instance().clear()
     return subprocess.CompletedProcess(["launcher", *args], code, out.getvalue(), err.getvalue())
+
+
+MONARCH_ATEXIT = "atexit.register(lambda: shutdown_context("
+"""The line of Monarch's own exit handler in every process that was a Monarch client: under load its 1 s flush of the
+actor system times out and Python prints the handler's ``TimeoutError`` while the process exits anyway."""
+
+
+def tracebacks(stderr: str) -> list[str]:
+    """The Python tracebacks in ``stderr``, each as its text, without those of Monarch's exit handler timing out in a
+    child process that is ending (:data:`MONARCH_ATEXIT`): a run's own errors, not its dependencies' teardown noise."""
+    lines, found = stderr.splitlines(), []
+    for i, line in enumerate(lines):
+        if line.strip() != "Traceback (most recent call last):":
+            continue
+        end = i + 1
+        while end < len(lines) and (lines[end].startswith(" ") or not lines[end].strip()):
+            end += 1  # the frames, indented; the exception's line is the first one that is not
+        block = "\n".join(lines[i:end + 1])
+        if not (MONARCH_ATEXIT in block and "TimeoutError" in (lines[end] if end < len(lines) else "")):
+            found.append(block)
+    return found
