@@ -54,6 +54,10 @@ class PPOConfig:
         clip_vloss: clip the value loss around the values the batch was collected with, by ``clip_coef``.
         device: where the learner trains (``cpu``, ``cuda``, ``cuda:1``); a CUDA device this machine lacks is
             refused while planning. The inference server's device is ``components.inference.policy_device``.
+        normalize_observations: standardise observations by running statistics the policy holds and weight sync
+            ships (:class:`~recipes.networks.RunningNorm`), as CleanRL's ``NormalizeObservation`` does per worker.
+        normalize_rewards: scale rewards by the running standard deviation of each env's discounted return, in the
+            learner (CleanRL's ``NormalizeReward``); episode returns still count the env's own rewards.
     """
 
     num_envs: int = bounded(16, ge=1)
@@ -80,6 +84,8 @@ class PPOConfig:
     clip_rewards: bool = False
     clip_vloss: bool = False
     device: str = "cpu"
+    normalize_observations: bool = False
+    normalize_rewards: bool = False
 
     @property
     def frames_per_batch(self) -> int:

@@ -155,3 +155,36 @@ def encoder(name: str, shape: tuple[int, ...], scale: float) -> nn.Module | None
         return None
     kind = {"nature_cnn": NatureCNN, "impala_cnn": ImpalaCNN, "minatar_cnn": MinAtarCNN}[name]
     return kind(channels_first(shape), scale, is_channels_last(shape))
+
+
+class RunningNorm(nn.Module):
+    """Observations standardised by their running mean and variance, clipped to ``[-clip, clip]``.
+
+    The statistics are buffers of the policy, so weight sync ships them with the weights: every worker and every
+    placement normalises with the learner's figures (a normalising env wrapper in each worker would keep statistics
+    of its own, and the placement would change what is learned). The learner calls :meth:`update` with each batch
+    after learning from it, so a batch is learned with the statistics it was collected with.
+    """
+
+    def __init__(self, shape: tuple[int, ...], clip: float = 10.0, eps: float = 1e-8):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(shape))
+        self.register_buffer("var", torch.ones(shape))
+        self.register_buffer("count", torch.tensor(0.0))
+        self.clip, self.eps = clip, eps
+
+    @torch.no_grad()
+    def update(self, obs: torch.Tensor) -> None:
+        """Fold a batch of observations ``[..., *shape]`` into the statistics (Chan et al.'s parallel update)."""
+        x = obs.reshape(-1, *self.mean.shape).double()
+        n, count = x.shape[0], float(self.count)
+        mean, var = x.mean(0), x.var(0, unbiased=False)
+        delta, total = mean - self.mean.double(), count + n
+        self.mean.copy_(self.mean.double() + delta * n / total)
+        self.var.copy_((self.var.double() * count + var * n + delta.pow(2) * count * n / total) / total)
+        self.count.fill_(total)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if float(self.count) == 0:
+            return obs  # nothing seen yet: the identity (a fresh policy acts on raw observations)
+        return ((obs - self.mean) / (self.var + self.eps).sqrt()).clamp(-self.clip, self.clip)

@@ -22,7 +22,7 @@ from components.targets import instantiate_target
 
 from .base import Clients, EpisodeStats, Recipe
 from .configs import PPOConfig  # torch-free, so composing a config never imports torch
-from .networks import Scale, encoder, layer
+from .networks import RunningNorm, Scale, encoder, layer
 
 
 # ============================================================================ networks
@@ -62,6 +62,9 @@ class Actor(nn.Module):
             act_dim = math.prod(spec.action_shape)
             self.net = _network(cfg, spec, act_dim, 0.01, self.encoder)
             self.log_std = nn.Parameter(torch.full((act_dim,), cfg.init_log_std))
+        self.norm = RunningNorm(spec.observation_shape) if cfg.normalize_observations else None
+        if self.norm is not None:  # in front of the whole network: what the policy holds, weight sync ships
+            self.net = nn.Sequential(self.norm, self.net)
 
     def dist(self, obs: torch.Tensor):
         return self.dist_of(self.net(obs))
@@ -140,6 +143,8 @@ class Learner(nn.Module):
         super().__init__()
         self.policy = make_policy(cfg, spec)
         self.critic = _network(cfg, spec, 1, 1.0, self.policy.actor.encoder)  # the actor's trunk, when it has one
+        if self.policy.actor.norm is not None:  # the same statistics as the actor's
+            self.critic = nn.Sequential(self.policy.actor.norm, self.critic)
         self.reuses_values = self.policy.actor.encoder is not None
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
@@ -150,16 +155,49 @@ class Learner(nn.Module):
         actor = self.policy.actor
         if actor.encoder is None:
             return actor.dist(obs), self.value(obs)
-        features = actor.encoder(obs)
-        return actor.dist_of(actor.net[1](features)), self.critic[1](features).squeeze(-1)
+        features = actor.encoder(obs if actor.norm is None else actor.norm(obs))
+        head, value_head = actor.net[-1], self.critic[-1]
+        if actor.norm is not None:  # (norm, (encoder, head))
+            head, value_head = head[1], value_head[1]
+        return actor.dist_of(head(features)), value_head(features).squeeze(-1)
 
 
 # ============================================================================ advantages
 
 
+class ReturnScale:
+    """Rewards divided by the running standard deviation of each env's discounted return (the learner's own
+    statistics: it sees every batch, env columns in the same order each time)."""
+
+    def __init__(self, gamma: float, eps: float = 1e-8):
+        self.gamma, self.eps = gamma, eps
+        self.returns: torch.Tensor | None = None
+        self.stats = RunningNorm(())
+
+    def __call__(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        """Scaled ``[time, env]`` rewards; the statistics include this batch."""
+        if self.returns is None or self.returns.shape != reward.shape[1:]:
+            self.returns = torch.zeros(reward.shape[1:], dtype=torch.float64)
+        seen = torch.empty_like(reward, dtype=torch.float64)
+        for t in range(reward.shape[0]):
+            self.returns = self.returns * self.gamma + reward[t]
+            seen[t] = self.returns
+            self.returns = self.returns * (~done[t])
+        self.stats.update(seen)
+        return reward / (self.stats.var + self.eps).sqrt()
+
+    def state_dict(self) -> dict:
+        return {"returns": self.returns, "stats": self.stats.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.returns = state["returns"]
+        self.stats.load_state_dict(state["stats"])
+
+
 @torch.no_grad()
-def estimate_advantages(batch, learner: Learner, cfg: PPOConfig):
-    """GAE over a ``[time, env]`` batch; bootstraps from the final observation on truncation, not on termination."""
+def estimate_advantages(batch, learner: Learner, cfg: PPOConfig, scale: ReturnScale | None = None):
+    """GAE over a ``[time, env]`` batch; bootstraps from the final observation on truncation, not on termination;
+    ``scale`` (``normalize_rewards``) divides the rewards by the running spread of the discounted return."""
     obs, nxt = batch["observation"], batch["next"]
     values = learner.value(obs)
     if not learner.reuses_values:
@@ -172,6 +210,8 @@ def estimate_advantages(batch, learner: Learner, cfg: PPOConfig):
         fresh[-1] = True
         next_values[fresh] = learner.value(nxt["observation"][fresh])
     reward = (nxt["reward"].sign() if cfg.clip_rewards else nxt["reward"]) * cfg.reward_scale
+    if scale is not None:
+        reward = scale(reward, nxt["done"])
     not_terminated = (~nxt["terminated"]).float()
     not_done = (~nxt["done"]).float()
     deltas = reward + cfg.gamma * next_values * not_terminated - values
@@ -253,18 +293,21 @@ def run(cfg: PPOConfig, clients: Clients) -> dict:
     learner = Learner(cfg, clients.env_spec).to(device)
     optimizer = torch.optim.Adam(learner.parameters(), lr=cfg.lr, eps=1e-5, fused=True)
     stats = EpisodeStats(cfg.window)
+    scale = ReturnScale(cfg.gamma) if cfg.normalize_rewards else None
     restored = clients.checkpoint.restore()  # None for a fresh start
     if restored is not None:
-        learner.load_state_dict(restored["learner"])  # onto the learner's device
+        learner.load_state_dict(restored["learner"])  # onto the learner's device (observation statistics too)
         optimizer.load_state_dict(restored["optimizer"])
         stats.load_state_dict(restored["stats"])
         torch.set_rng_state(restored["rng"])
+        if scale is not None:
+            scale.load_state_dict(restored["reward_scale"])
     clients.weight_sync.push(learner.policy)  # the server starts from the learner's (initial or restored) weights
     clients.logger.log_hparams({k: getattr(cfg, k) for k in cfg.__dataclass_fields__})
 
     def state() -> dict:  # what a checkpoint keeps at a batch boundary
         return {"learner": learner.state_dict(), "optimizer": optimizer.state_dict(), "stats": stats.state_dict(),
-                "rng": torch.get_rng_state()}
+                "rng": torch.get_rng_state(), **({"reward_scale": scale.state_dict()} if scale is not None else {})}
 
     per_call = 0  # rows per replay sample: set by the first batch
     for batch in clients.collector:
@@ -274,7 +317,7 @@ def run(cfg: PPOConfig, clients: Clients) -> dict:
         if cfg.anneal_lr:
             optimizer.param_groups[0]["lr"] = cfg.lr * max(0.0, 1.0 - stats.frames / cfg.total_frames)
         # on the learner's device (.to is a no-op on the CPU); the replay buffer holds the rows on the host
-        rows = estimate_advantages(batch.to(device), learner, cfg).reshape(-1).to("cpu")
+        rows = estimate_advantages(batch.to(device), learner, cfg, scale).reshape(-1).to("cpu")
         clients.replay.extend(rows)
         losses = {}
         per_call = per_call or rows_per_call(rows.numel(), cfg, rows.bytes() // max(1, rows.numel()))
@@ -284,6 +327,8 @@ def run(cfg: PPOConfig, clients: Clients) -> dict:
             loss.backward()
             nn.utils.clip_grad_norm_(learner.parameters(), cfg.max_grad_norm)
             optimizer.step()
+        if learner.policy.actor.norm is not None:  # after learning from the batch with the statistics it was acted with
+            learner.policy.actor.norm.update(batch["observation"].to(device))
         version = clients.weight_sync.push(learner.policy)
 
         # ---- report
