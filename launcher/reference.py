@@ -17,7 +17,7 @@ import sys
 import tokenize
 import typing
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any, Iterator, Union
 
 from transports import options as field_options
 
@@ -129,6 +129,9 @@ def rows(cls: type, path: str, *, nested: bool = True, skip: tuple[str, ...] = (
         owner = next(k for k in cls.__mro__ if f.name in k.__dict__.get("__annotations__", {}))  # where it is declared
         meaning = _comments(owner).get(f.name) or attributes.get(f.name, "")
         yield Row(full, _type_name(hint), _default(f), field_options.allowed(f) or "", meaning)
+        optional = [a for a in typing.get_args(hint) if a is not type(None)] if typing.get_origin(hint) is Union else []
+        if len(optional) == 1 and dataclasses.is_dataclass(optional[0]):  # an optional node: its fields when set
+            inner.append((optional[0], full))
     for kind, full in inner if nested else ():
         yield from rows(kind, full)
 
