@@ -22,7 +22,7 @@ from components.targets import instantiate_target
 
 from .base import Clients, EpisodeStats, Recipe
 from .configs import DQNConfig  # torch-free, so composing a config never imports torch
-from .networks import Scale, encoder
+from .networks import encoder, flat_features
 
 
 # ============================================================================ networks
@@ -32,17 +32,14 @@ def q_network(cfg: DQNConfig, spec) -> nn.Module:
     """The built-in network (a CNN encoder and a linear head for images, the MLP for flat observations), or the
     module ``cfg.network`` names by ``_target_`` (built here, where the policy lives)."""
     obs = math.prod(spec.observation_shape)
-    if cfg.network is not None:
-        return instantiate_target(cfg.network, "recipe.network", expect=nn.Module, in_features=obs,
-                                  out_features=spec.n_actions)
+    if cfg.network is not None:  # takes flat float features, whatever the observations
+        return flat_features(spec, instantiate_target(cfg.network, "recipe.network", expect=nn.Module,
+                                                      in_features=obs, out_features=spec.n_actions))
     trunk = encoder(cfg.encoder, spec.observation_shape, spec.observation_scale)
     if trunk is not None:
         return nn.Sequential(trunk, nn.Linear(trunk.out_features, spec.n_actions))
-    mlp = nn.Sequential(nn.Linear(obs, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, cfg.hidden), nn.ReLU(),
-                        nn.Linear(cfg.hidden, spec.n_actions))
-    if spec.observation_dtype.is_floating_point:
-        return mlp
-    return nn.Sequential(Scale(spec.observation_scale), nn.Flatten(), *mlp)  # integer observations, flattened
+    return flat_features(spec, nn.Sequential(nn.Linear(obs, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, cfg.hidden),
+                                             nn.ReLU(), nn.Linear(cfg.hidden, spec.n_actions)))
 
 
 class EpsilonGreedy(nn.Module):

@@ -35,15 +35,26 @@ def layer(module: nn.Module, std: float = math.sqrt(2)) -> nn.Module:
 
 class Scale(nn.Module):
     """Integer observations to floats: ``x.float() * scale`` (floats pass unchanged), channels-last grids moved to
-    channels-first."""
+    channels-first, or the last ``flatten`` dimensions made one (for a network that takes flat features)."""
 
-    def __init__(self, scale: float, channels_last: bool = False):
+    def __init__(self, scale: float, channels_last: bool = False, flatten: int = 0):
         super().__init__()
-        self.scale, self.channels_last = scale, channels_last
+        self.scale, self.channels_last, self.flatten = scale, channels_last, flatten
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         x = obs if obs.is_floating_point() else obs.float() * self.scale
+        if self.flatten > 1:
+            x = x.flatten(-self.flatten)  # whatever the leading batch dimensions
         return x.movedim(-1, -3) if self.channels_last else x
+
+
+def flat_features(spec, net: nn.Module) -> nn.Module:
+    """``net`` fed flat float features of ``prod(observation_shape)`` (an MLP, or a user's network built from
+    ``in_features``): integer observations are scaled and multi-dimensional ones flattened first; flat float
+    observations go in as they are."""
+    if spec.observation_dtype.is_floating_point and len(spec.observation_shape) <= 1:
+        return net
+    return nn.Sequential(Scale(spec.observation_scale, flatten=len(spec.observation_shape)), net)
 
 
 class ImageEncoder(nn.Sequential):

@@ -22,7 +22,7 @@ from components.targets import instantiate_target
 
 from .base import Clients, EpisodeStats, Recipe
 from .configs import PPOConfig  # torch-free, so composing a config never imports torch
-from .networks import RunningNorm, Scale, encoder, layer
+from .networks import RunningNorm, encoder, flat_features, layer
 
 
 # ============================================================================ networks
@@ -37,14 +37,12 @@ def _network(cfg: PPOConfig, spec, out: int, out_std: float, encoder: nn.Module 
     """The built-in network (``encoder`` and a linear head, or the MLP for flat observations), or the module
     ``cfg.network`` names by ``_target_`` (built here, where the policy lives)."""
     inp = math.prod(spec.observation_shape)
-    if cfg.network is not None:
-        return instantiate_target(cfg.network, "recipe.network", expect=nn.Module, in_features=inp, out_features=out)
+    if cfg.network is not None:  # takes flat float features, whatever the observations
+        return flat_features(spec, instantiate_target(cfg.network, "recipe.network", expect=nn.Module,
+                                                      in_features=inp, out_features=out))
     if encoder is not None:
         return nn.Sequential(encoder, layer(nn.Linear(encoder.out_features, out), out_std))
-    mlp = _mlp(inp, out, cfg.hidden, out_std)
-    if spec.observation_dtype.is_floating_point:
-        return mlp
-    return nn.Sequential(Scale(spec.observation_scale), nn.Flatten(), *mlp)  # integer observations, flattened
+    return flat_features(spec, _mlp(inp, out, cfg.hidden, out_std))
 
 
 class Actor(nn.Module):
@@ -84,7 +82,8 @@ class Actor(nn.Module):
             return action, self.log_prob(dist, action)
         log_p = self.net(obs).log_softmax(-1)
         if seed is None:
-            action = torch.multinomial(log_p.exp(), 1).squeeze(-1)
+            probs = log_p.exp()  # multinomial takes rows: any leading dimensions folded into one
+            action = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1).reshape(probs.shape[:-1])
         else:
             cdf = log_p.exp().cumsum(-1)
             action = (cdf < uniform(seed, 1) * cdf[..., -1:]).sum(-1)

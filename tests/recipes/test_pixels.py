@@ -137,3 +137,17 @@ def test_a_float_frame_on_a_uint8_wire_fails_at_the_call_site_and_frames_are_ser
         frames = torch.randint(0, 256, (2, 4, 84, 84), dtype=torch.uint8)
         out = client(TensorDict({"observation": frames}, batch_size=[2]))
         assert out["action"].shape == (2,) and ((out["action"] >= 0) & (out["action"] < 4)).all()
+
+
+@pytest.mark.parametrize("recipe", ["ppo", "dqn"])
+def test_a_users_network_gets_flat_float_features_of_any_observation(recipe):
+    """``recipe.network`` is built from ``in_features``: frames reach it scaled and flattened, whatever the batch's
+    leading dimensions (a server batches ``[requests, envs]``)."""
+    from recipes.configs import DQNConfig
+
+    network = {"_target_": "tests.user_code.two_layer_net", "width": 8}
+    cfg = PPOConfig(network=network) if recipe == "ppo" else DQNConfig(network=network)
+    policy = get_recipe(recipe).make_policy(cfg, FRAMES)
+    td = FRAMES.request_layout(3).zeros().unsqueeze(0).expand(2, 3).clone()  # [requests, envs]
+    td["observation"] = torch.randint(0, 256, (2, 3, 4, 84, 84), dtype=torch.uint8)
+    assert policy(td)["action"].shape == (2, 3)
