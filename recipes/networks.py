@@ -8,8 +8,9 @@
 - ``minatar_cnn``: MinAtar's ``(10, 10, channels)`` grids: one 3x3 convolution of 16 filters and 128 features, as
   in Young & Tian 2019.
 
-``auto`` (every recipe's default) picks ``mlp`` for observations of one dimension, ``minatar_cnn`` for channels-last
-grids of at most 16x16 cells, and ``nature_cnn`` for channels-first images. Integer observations travel and are
+``auto`` (every recipe's default) picks ``mlp`` for observations of one dimension, ``minatar_cnn`` for images of at
+most 16x16 cells (MinAtar's grids) and ``nature_cnn`` for larger ones; the channels are an image's smallest
+dimension, first or last. Integer observations travel and are
 stored as they come (uint8 frames, byte grids); the encoder turns them into floats, scaled by the environment's
 bound (``EnvSpec.observation_scale``: 1/255 for frames), inside the network, wherever the network runs.
 """
