@@ -118,3 +118,19 @@ def test_mujoco_warnings_go_to_the_log_not_to_a_file_in_the_working_directory(tm
     assert out.returncode == 0, out.stderr
     assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
     assert "components.envs MuJoCo: compiler attribute 'settotalmass' is deprecated" in out.stderr
+
+
+def test_an_env_whose_package_is_missing_names_the_extra_to_install(monkeypatch):
+    import importlib
+
+    real_import = importlib.import_module
+
+    def without_minatar(name, *args):
+        if name.startswith("minatar"):
+            raise ImportError(f"No module named {name!r}")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", without_minatar)  # the lookup components.envs makes
+    with pytest.raises(ConfigurationError, match=r"needs minatar: pip install '\.\[minatar\]'") as info:
+        EnvMaker(id="MinAtar/Breakout-v1").spec()
+    assert info.value.path == "env.id"
