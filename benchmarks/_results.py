@@ -148,12 +148,15 @@ def say(record, line: str, prefix: str = "- ") -> None:
 def _plain(value: Any) -> Any:
     """``value`` in JSON's own types: numpy and torch scalars become Python numbers, tuples lists, and NaN or an
     infinity ``None`` (``json.dump`` would write ``NaN``, which is not JSON: the documentation build, a browser or
-    ``jq`` reject the whole file)."""
+    ``jq`` reject the whole file); a path into the checkout (a profile's ``filename:lineno``) is relative to it, so a
+    results file names no directory of the machine it ran on."""
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
-    if value is None or isinstance(value, (bool, str)):
+    if isinstance(value, str):
+        return value.replace(ROOT + os.sep, "")
+    if value is None or isinstance(value, bool):
         return value
     if isinstance(value, int):
         return int(value)
