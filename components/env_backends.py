@@ -35,7 +35,7 @@ from gymnasium.vector.utils import batch_space
 
 from transports.errors import ConfigurationError
 
-from .atari import AtariConfig, game_of, vector_kwargs
+from .atari import AtariConfig, vector_kwargs
 
 BACKENDS = ("gymnasium", "vector", "ale_vector", "envpool")
 """The values ``env.backend`` takes."""
@@ -56,13 +56,13 @@ def check_backend(backend: str, env_id: str | None, atari: AtariConfig | None = 
     if env_id is None:
         raise ConfigurationError(f"env.backend={backend} makes envs by id; an env._target_ callable runs on the "
                                  "gymnasium backend (env.backend=gymnasium)", path="env.backend")
-    if atari is not None:
-        vector_kwargs(env_id, atari, backend)  # refuses a backend without Atari preprocessing
+    # the backend's own id (vector_kwargs refuses a backend without Atari preprocessing)
+    task = vector_kwargs(env_id, atari, backend)[0] if atari is not None else env_id
     if backend == "ale_vector":
         if atari is None:
             raise ConfigurationError(f"env.backend=ale_vector makes preprocessed Atari envs: use env=atari (env.atari "
                                      f"set), not env.id={env_id!r} alone", path="env.backend")
-        _ale_roms(game_of(env_id))
+        _ale_roms(task)
         return
     if backend == "vector":
         try:
@@ -74,7 +74,7 @@ def check_backend(backend: str, env_id: str | None, atari: AtariConfig | None = 
                                      "in its gymnasium registration): use env.backend=gymnasium (or envpool)",
                                      path="env.backend")
     else:
-        _envpool_ids(vector_kwargs(env_id, atari, backend)[0] if atari is not None else env_id)
+        _envpool_ids(task)
 
 
 def make_vector(backend: str, env_id: str, num_envs: int, kwargs: Mapping[str, Any],

@@ -21,9 +21,9 @@ from transports.layout import Layout
 
 from .atari import AtariConfig, make_one
 from .env_backends import check_backend, make_vector
+from .targets import instantiate_target
 
 _log = logging.getLogger(__name__)
-from .targets import instantiate_target
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,8 @@ policy scales them), everything else as float32."""
 NAMESPACES: dict[str, tuple[str, str]] = {"ALE": ("ale_py", "atari"), "MinAtar": ("minatar.gym", "minatar")}
 """Gymnasium id namespaces whose envs a package registers: ``namespace -> (module to import, extra to install)``."""
 
-_DEPENDENCY_EXTRAS = {"mujoco": "mujoco", "ale_py": "atari", "minatar": "minatar"}
+_DEPENDENCY_EXTRAS = {"mujoco": "mujoco", **{module.split(".")[0]: extra for module, extra in NAMESPACES.values()}}
+"""What ``pip install '.[extra]'`` brings a gymnasium env whose package is missing: ``package -> extra``."""
 
 
 def register_namespace(env_id: str | None) -> None:
@@ -115,10 +116,15 @@ def _log_mujoco_warnings(env_id: str) -> None:
     mujoco.set_mju_user_warning(lambda text: _log.warning("MuJoCo: %s", text.strip()))
 
 
-def make_env(env_id: str, **kwargs: Any) -> gym.Env:
-    """``gymnasium.make`` with a config-friendly error for unknown ids and for envs whose package is missing."""
+def _prepare(env_id: str) -> None:
+    """What making an env of ``env_id`` needs first: its namespace registered, MuJoCo's warnings sent to the log."""
     register_namespace(env_id)
     _log_mujoco_warnings(env_id)
+
+
+def make_env(env_id: str, **kwargs: Any) -> gym.Env:
+    """``gymnasium.make`` with a config-friendly error for unknown ids and for envs whose package is missing."""
+    _prepare(env_id)
     try:
         return gym.make(env_id, **kwargs)
     except gym.error.DependencyNotInstalled as exc:
@@ -171,8 +177,7 @@ def spec_from_spaces(env_id: str, obs_space: gym.Space, act_space: gym.Space, *,
 
 def make_vector_env(env_id: str, num_envs: int, **kwargs: Any) -> gym.vector.VectorEnv:
     """A synchronous vector env with same-step autoreset."""
-    register_namespace(env_id)
-    _log_mujoco_warnings(env_id)
+    _prepare(env_id)
     return gym.make_vec(
         env_id,
         num_envs=num_envs,

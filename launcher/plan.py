@@ -14,8 +14,8 @@ settings), so executing a plan reads no config of its own.
 from __future__ import annotations
 
 import dataclasses
-import os
 import json
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
 

@@ -62,7 +62,13 @@ class ImageEncoder(nn.Sequential):
     """An encoder of images ``[..., C, H, W]`` (or channels last): any leading batch dimensions (a request of the
     inference server ``[requests, envs]``, a rollout ``[time, env]``) are folded into one for the convolutions."""
 
-    out_features: int
+    def __init__(self, convs: nn.Module, shape: tuple[int, int, int], scale: float, channels_last: bool,
+                 features: int):
+        """``convs`` (ending flat) on channels-first images of ``shape``, after :class:`Scale`, then a ``features``-unit
+        ReLU layer."""
+        super().__init__(Scale(scale, channels_last), convs, layer(nn.Linear(_flat_size(convs, shape), features)),
+                         nn.ReLU())
+        self.out_features = features
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         lead = obs.shape[:-3]
@@ -74,13 +80,10 @@ class NatureCNN(ImageEncoder):
     """Mnih et al. 2015: conv 32x8x8/4, conv 64x4x4/2, conv 64x3x3/1, a 512-unit layer; ReLU throughout."""
 
     def __init__(self, shape: tuple[int, int, int], scale: float, channels_last: bool = False, features: int = 512):
-        channels = shape[0]
-        convs = nn.Sequential(layer(nn.Conv2d(channels, 32, 8, stride=4)), nn.ReLU(),
+        convs = nn.Sequential(layer(nn.Conv2d(shape[0], 32, 8, stride=4)), nn.ReLU(),
                               layer(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
                               layer(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten())
-        flat = _flat_size(convs, shape)
-        super().__init__(Scale(scale, channels_last), convs, layer(nn.Linear(flat, features)), nn.ReLU())
-        self.out_features = features
+        super().__init__(convs, shape, scale, channels_last, features)
 
 
 class _Residual(nn.Module):
@@ -104,10 +107,7 @@ class ImpalaCNN(ImageEncoder):
             sections += [nn.Conv2d(before, out, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
                          _Residual(out), _Residual(out)]
             before = out
-        convs = nn.Sequential(*sections, nn.ReLU(), nn.Flatten())
-        flat = _flat_size(convs, shape)
-        super().__init__(Scale(scale, channels_last), convs, layer(nn.Linear(flat, features)), nn.ReLU())
-        self.out_features = features
+        super().__init__(nn.Sequential(*sections, nn.ReLU(), nn.Flatten()), shape, scale, channels_last, features)
 
 
 class MinAtarCNN(ImageEncoder):
@@ -115,9 +115,7 @@ class MinAtarCNN(ImageEncoder):
 
     def __init__(self, shape: tuple[int, int, int], scale: float, channels_last: bool = True, features: int = 128):
         convs = nn.Sequential(layer(nn.Conv2d(shape[0], 16, 3, stride=1)), nn.ReLU(), nn.Flatten())
-        flat = _flat_size(convs, shape)
-        super().__init__(Scale(scale, channels_last), convs, layer(nn.Linear(flat, features)), nn.ReLU())
-        self.out_features = features
+        super().__init__(convs, shape, scale, channels_last, features)
 
 
 def channels_first(shape: tuple[int, ...]) -> tuple[int, int, int]:

@@ -315,8 +315,9 @@ def run(cfg: PPOConfig, clients: Clients) -> dict:
         # ---- learn
         if cfg.anneal_lr:
             optimizer.param_groups[0]["lr"] = cfg.lr * max(0.0, 1.0 - stats.frames / cfg.total_frames)
-        # on the learner's device (.to is a no-op on the CPU); the replay buffer holds the rows on the host
-        rows = estimate_advantages(batch.to(device), learner, cfg, scale).reshape(-1).to("cpu")
+        # on the learner's device, once (.to is a no-op on the CPU); the replay buffer holds the rows on the host
+        batch = batch.to(device)
+        rows = estimate_advantages(batch, learner, cfg, scale).reshape(-1).to("cpu")
         clients.replay.extend(rows)
         losses = {}
         per_call = per_call or rows_per_call(rows.numel(), cfg, rows.bytes() // max(1, rows.numel()))
@@ -327,7 +328,7 @@ def run(cfg: PPOConfig, clients: Clients) -> dict:
             nn.utils.clip_grad_norm_(learner.parameters(), cfg.max_grad_norm)
             optimizer.step()
         if learner.policy.actor.norm is not None:  # after learning from the batch with the statistics it was acted with
-            learner.policy.actor.norm.update(batch["observation"].to(device))
+            learner.policy.actor.norm.update(batch["observation"])
         version = clients.weight_sync.push(learner.policy)
 
         # ---- report

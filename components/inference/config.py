@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
-from transports.errors import ConfigurationError
 from transports.options import bounded
 
 from ..config import ComponentConfig, check_device
