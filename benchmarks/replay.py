@@ -28,6 +28,14 @@ says where the time goes. Run from the repository root:
     python benchmarks/replay.py                          # everything (about a minute on 2 cores)
     python benchmarks/replay.py --quick                  # a fifth of the calls
     python benchmarks/replay.py --obs 84x84x4 --cells process/shared_memory direct/direct
+    python benchmarks/replay.py --frames 100000          # also DQN-Atari storage: whole stacks or frame by frame
+
+With ``--frames N`` the run adds DQN's Atari transitions (observation and next observation, uint8 [4, 84, 84]
+stacks that shift by one frame a step, 8 envs, episodes of 100 steps) in a storage of ``N`` transitions, stored as
+whole stacks and frame by frame (``components.replay.frames``), side by side: the bytes each holds against the
+frames' own bytes (one 7,056-byte frame per transition), ``extend`` of 32 transitions (one collector batch of
+8 envs x 4 steps) and ``sample(32)``, medians with their 25th-75th percentiles, every sample checked against the
+stacks written.
 
 Every owner is shut down before the script exits (also on error or Ctrl-C); the last line says whether any
 ``rlsvc_*`` shared-memory segment of this run's processes is left in ``/dev/shm``.
@@ -340,11 +348,63 @@ def record_plot(rec: Results, obs_list) -> None:
              series=series, kind="bar", xlabel="row", ylabel="sample p50 (ms)", log=True, floors=floors)
 
 
+def frame_stacks(capacity: int, quick: bool, rec: Results) -> None:
+    """DQN-Atari transitions in a storage of ``capacity``: whole stacks beside frame by frame."""
+    from components.replay.storage import ReplayStorage
+
+    envs, steps, episode, frame = 8, 4, 100, 84 * 84
+    rows = []
+    for label, keys in (("whole stacks", []), ("frame by frame", ["observation", "next.observation"])):
+        store = ReplayStorage(capacity=capacity, sampler="uniform", batch_size=32, frames=keys, seed=0)
+        g = torch.Generator().manual_seed(0)
+        stack = torch.randint(0, 256, (envs, 5, 84, 84), dtype=torch.uint8, generator=g)
+        written, extend, t = 0, [], 0
+        target = capacity + capacity // (10 if quick else 5)  # fill, then wrap
+        while written < target:
+            parts = []
+            for _ in range(steps):
+                t += 1
+                new = torch.randint(0, 256, (envs, 1, 84, 84), dtype=torch.uint8, generator=g)
+                stack = torch.cat([stack[:, 1:], new], 1) if t % episode else new.expand(envs, 5, 84, 84).clone()
+                parts.append(TensorDict({"observation": stack[:, :4].clone(), "next": {"observation": stack[:, 1:].clone()},
+                                         "action": torch.zeros(envs, dtype=torch.long), "reward": torch.zeros(envs)}, [envs]))
+            batch = torch.cat(parts)
+            start = time.perf_counter()
+            store.extend(batch)
+            extend.append(time.perf_counter() - start)
+            written += len(batch)
+        sample = []
+        for _ in range(60 if quick else 300):
+            start = time.perf_counter()
+            out = store.sample(32)
+            sample.append(time.perf_counter() - start)
+        # a sampled next observation is its observation shifted by one frame (the stream above), except at a reset
+        shifted = (out["observation"][:, 1:] == out["next", "observation"][:, :3]).flatten(1).all(1)
+        assert bool(shifted.float().mean() > 0.5), "frame-by-frame storage returned stacks that were never written"
+        held = sum(leaf.nbytes for leaf in store._storage.values(include_nested=True, leaves_only=True))
+        if store._pool is not None:
+            held += store._pool.frames.nbytes + store._pool.serials.nbytes
+        ext, smp = np.percentile(extend, [25, 50, 75]) * 1e3, np.percentile(sample, [25, 50, 75]) * 1e3
+        rows.append([label, round(held / 2**30, 3), round(held / (capacity * frame), 2), round(ext[1], 2),
+                     f"{ext[0]:.2f}-{ext[2]:.2f}", round(smp[1], 2), f"{smp[0]:.2f}-{smp[2]:.2f}", store.stale_frames])
+        store.close()
+        del store
+    title = (f"DQN-Atari transitions, capacity {capacity:,}: observation and next observation uint8 [4, 84, 84]")
+    columns = ["storage", "GiB held", "x frames' bytes", "extend(32) p50 ms", "p25-p75", "sample(32) p50 ms",
+               "p25-p75", "stale rows"]
+    print(f"\n## {title}\n\n| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
+    for row in rows:
+        print("| " + " | ".join(f"{v:,}" if isinstance(v, int) else str(v) for v in row) + " |")
+    rec.table(title, columns, rows)
+
+
 def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="a fifth of the calls")
     parser.add_argument("--obs", nargs="+", default=list(OBS), choices=list(OBS))
     parser.add_argument("--cells", nargs="+", default=CELLS, choices=CELLS)
+    parser.add_argument("--frames", type=int, default=0, metavar="N",
+                        help="also DQN-Atari storage of N transitions, whole stacks beside frame by frame")
     return parser
 
 
@@ -376,6 +436,8 @@ def main() -> None:
     say(rec.note, f"cleanup: every owner shut down; {len(left)} rlsvc segment(s) of this run left in /dev/shm"
         + (f": {', '.join(left)}" if left else ""), "\n")
     record_plot(rec, args.obs)
+    if args.frames:
+        frame_stacks(args.frames, args.quick, rec)
     rec.save()
 
 

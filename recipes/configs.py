@@ -138,6 +138,9 @@ class DQNConfig:
             game's own rewards.
         device: where the learner trains (``cpu``, ``cuda``...); a CUDA device this machine lacks is refused while
             planning.
+        replay_frames: store observation stacks in replay one frame at a time (``components.replay.frames``):
+            ``None`` does so for stacks of pixel frames (uint8 ``[stack, height, width]``, as ``env=atari``
+            gives), about 1/8 of the memory of whole stacks.
     """
 
     num_envs: int = bounded(8, ge=1)
@@ -166,6 +169,7 @@ class DQNConfig:
     encoder: str = one_of("auto", ENCODERS)
     clip_rewards: bool = False
     device: str = "cpu"
+    replay_frames: Optional[bool] = None
 
     @property
     def frames_per_batch(self) -> int:

@@ -195,13 +195,17 @@ def run(cfg: DQNConfig, clients: Clients) -> dict:
 
 def services(cfg: DQNConfig, spec) -> dict:
     """DQN's needs: small collector batches, and a prioritized buffer that drops transitions of stale policies
-    at sampling time."""
+    at sampling time and keeps stacks of pixel frames one frame at a time."""
     if not spec.discrete:
         raise ValueError(f"dqn needs discrete actions; {spec.env_id} has continuous ones")
+    frames = cfg.replay_frames
+    if frames is None:  # stacks of pixel frames: uint8 [stack, height, width]
+        frames = spec.observation_dtype == torch.uint8 and len(spec.observation_shape) == 3 and spec.observation_scale < 1
     return {
         "collector": {"num_envs": cfg.num_envs, "frames_per_batch": cfg.frames_per_batch, "total_frames": cfg.total_frames},
         "replay": {"capacity": cfg.buffer_size, "sampler": "prioritized", "batch_size": cfg.batch_size,
-                   "alpha": cfg.alpha, "beta": cfg.beta, "max_policy_lag": cfg.max_policy_lag},
+                   "alpha": cfg.alpha, "beta": cfg.beta, "max_policy_lag": cfg.max_policy_lag,
+                   "frames": ["observation", "next.observation"] if frames else []},
     }
 
 

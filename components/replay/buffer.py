@@ -91,7 +91,8 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
         self.capacity, self.sampler_name, self.batch_size = c.capacity, c.sampler, c.batch_size
         self.filters = filters
         self._storage_args = dict(capacity=c.capacity, sampler=c.sampler, batch_size=c.batch_size, storage=c.storage,
-                                  scratch_dir=c.scratch_dir, alpha=c.alpha, beta=c.beta, filters=filters, seed=seed)
+                                  scratch_dir=c.scratch_dir, alpha=c.alpha, beta=c.beta, filters=filters, seed=seed,
+                                  frames=tuple(c.frames))
         self._operations = explicit_operations(layouts or {})
         if self._operations and not self.binding.payload:
             raise IncompatibleCombinationError(  # auto included: layouts never fall back to another transport

@@ -19,6 +19,7 @@ from transports.errors import LayoutError
 from transports.layout import Layout
 
 from ..commands import CommandClient
+from .frames import FramePool
 from .payload import PayloadChannels
 
 
@@ -39,6 +40,7 @@ class ReplayClient(CommandClient):
         self._extend_stage = None  # (stage id, bank, rows)
         self._storage = None  # (storage bank, generation segment, generation view): the owner's storage, shared
         self._fixed = 0
+        self._frames = None  # (ring of frames, frame-stack keys) of a frame-deduplicated shared storage
         self._layout: Layout | None = None
 
     def __getstate__(self):
@@ -91,7 +93,8 @@ class ReplayClient(CommandClient):
             return self._call("sample", n)
         with self._lock:
             if self._storage is None:
-                bank, generation = self._call("_shared_storage")
+                bank, generation, frames = self._call("_shared_storage")
+                self._frames = None if frames is None else (FramePool.attach(frames[0]), frames[1])
                 self._storage = (bank, generation, torch.frombuffer(generation.buf, dtype=torch.int64, count=bank.num_slots))
                 self._fixed = n
             if n != self._fixed:
@@ -102,9 +105,12 @@ class ReplayClient(CommandClient):
                 index, weight, before = self._call("_sample_indices", n)
                 index, before = torch.from_numpy(index), torch.from_numpy(before)
                 out = bank.slots.apply(lambda leaf: torch.index_select(leaf, 0, index), batch_size=[n])
+                live = True
+                if self._frames is not None:  # frame stacks rebuilt from the shared ring of frames
+                    out, live = self._frames[0].rebuild(out, self._frames[1])
                 after = written[index]
-                if torch.equal(before, after) and not bool((after % 2).any()):
-                    break  # no row was rewritten while it was copied
+                if live and torch.equal(before, after) and not bool((after % 2).any()):
+                    break  # no row (and no frame) was rewritten while it was copied
             else:
                 raise RuntimeError(f"samples kept being overwritten while read ({MAX_RETRIES} tries)")
         out.set("index", index)

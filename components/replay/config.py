@@ -4,8 +4,8 @@ of ``buffer_size``), and the plan sets those fields; constructing one checks its
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar, Optional
+from dataclasses import dataclass, field
+from typing import ClassVar, List, Optional
 
 from transports.options import bounded, one_of
 
@@ -29,6 +29,9 @@ class ReplayConfig(ComponentConfig):
         beta: importance-weight exponent.
         max_policy_lag: drop transitions acted by a policy more than this many versions behind the live one, at
             sampling time (``None``: keep every one).
+        frames: keys (``next.observation`` for nested ones) whose values are frame stacks ``[stack, *frame]``,
+            stored one frame at a time and rebuilt at sampling (:mod:`components.replay.frames`); DQN on pixels
+            sets ``[observation, next.observation]``. Empty: every leaf is stored as it is.
 
     Example:
         >>> ReplayConfig(capacity=100_000, sampler="prioritized", batch_size=256)
@@ -44,6 +47,7 @@ class ReplayConfig(ComponentConfig):
     alpha: float = bounded(0.6, ge=0)  # prioritized sampling exponent
     beta: float = bounded(0.4, ge=0)  # importance-weight exponent
     max_policy_lag: Optional[int] = bounded(None, ge=0)  # drop transitions of policies this many versions behind
+    frames: List[str] = field(default_factory=list)  # frame-stack keys stored frame by frame (next.observation...)
 
     def rules(self) -> tuple[tuple[str, bool, str], ...]:
         return (("scratch_dir", self.storage != "memmap" or bool(self.scratch_dir),

@@ -20,10 +20,11 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from transports.errors import ConfigurationError, LayoutError
-from transports.layout import Layout
+from transports.layout import Layout, LeafSpec
 from transports.segments import Segment, SlotBank
 
 from .filters import PolicyAgeFilter
+from .frames import FramePool, pool_slots
 from .samplers import make_sampler
 
 
@@ -36,8 +37,11 @@ class ReplayStorage:
 
     def __init__(self, capacity: int, sampler: str, batch_size: int, storage: str = "memory",
                  scratch_dir: str | None = None, alpha: float = 0.6, beta: float = 0.4,
-                 filters: Sequence[PolicyAgeFilter] = (), seed: int | None = None, share: bool = False):
+                 filters: Sequence[PolicyAgeFilter] = (), seed: int | None = None, share: bool = False,
+                 frames: Sequence = ()):
         self.capacity, self.sampler_name, self.batch_size = capacity, sampler, batch_size
+        self.frame_keys = tuple(_key(k) for k in frames)
+        self._pool: FramePool | None = None
         self.storage_kind, self.scratch_dir = storage, scratch_dir
         self.filters = tuple(filters)
         self._share_storage = share
@@ -52,12 +56,15 @@ class ReplayStorage:
         self._sampler = make_sampler(sampler, capacity, self._generator, alpha, beta)
         self._stages: list = []
         self._generation: torch.Tensor | None = None
-        self._shared: tuple | None = None  # (storage bank, generation segment) of a shared storage
+        self._shared: tuple | None = None  # (storage bank, generation segment, frames) of a shared storage
+        self.stale_frames = 0  # transitions no longer sampled because their frames were overwritten
 
     def close(self) -> None:
         """Release the shared segments (storage and staging banks)."""
         for stage in self._stages:
             stage.close()
+        if self._pool is not None:
+            self._pool.close()
         self._stages = []
         self._storage = None
 
@@ -88,7 +95,7 @@ class ReplayStorage:
             batch = batch.reshape(-1)
         with self._lock:
             if self._storage is None:
-                self._allocate(batch[0])
+                self._allocate(Layout.from_tensordict(batch[0]))
             rows = _rows(batch, self._layout)
             for f in self.filters:
                 if f.when == "extend":
@@ -99,6 +106,8 @@ class ReplayStorage:
                 return positions
             kept = min(n, self.capacity)  # a batch longer than the capacity keeps its last rows
             rows, start = rows[n - kept :], (self._cursor + n - kept) % self.capacity
+            if self._pool is not None:
+                rows = self._encode(rows)
             index = positions[n - kept :]
             if self._generation is not None:  # odd while rows are written: readers of shared storage retry
                 self._generation[index] += 1
@@ -112,24 +121,71 @@ class ReplayStorage:
             self._sampler.on_write(index)
             self._cursor = int((self._cursor + n) % self.capacity)
             self._size = min(self._size + n, self.capacity)
+            if self._pool is not None:
+                self._drop_stale_frames()
             return positions
 
-    def _allocate(self, item: TensorDictBase) -> None:
-        self._layout = Layout.from_tensordict(item)
+    # ------------------------------------------------------------------ frame stacks stored frame by frame
+    def _encode(self, rows: TensorDict) -> TensorDict:
+        """Replace each frame-stack leaf by the serials of its frames in the pool (one pass over all of them)."""
+        stacks = [rows.get(key) for key in self.frame_keys]
+        serials = self._pool.put(torch.cat(stacks, dim=1) if len(stacks) > 1 else stacks[0])
+        out = rows.exclude(*self.frame_keys)
+        for key, part in zip(self.frame_keys, serials.split([s.shape[1] for s in stacks], dim=1)):
+            out.set(("_frames", *key), part)
+        out.set("_first_frame", serials.min(dim=1).values)  # the row's oldest frame: stale once the ring passes it
+        return out
+
+    def _drop_stale_frames(self) -> None:
+        stale = self._valid & (self._storage.get("_first_frame") < self._pool.oldest)
+        if stale.any():
+            index = torch.nonzero(stale).squeeze(-1)
+            self._valid[index] = False
+            self._sampler.invalidate(index)
+            self.stale_frames += len(index)
+
+    def _allocate(self, layout: Layout) -> None:
+        self._layout = stored = layout
+        if self.frame_keys:
+            stored = self._allocate_frames(layout)
         if self._share_storage and self.storage_kind == "memory":
-            bank, generation = SlotBank(self._layout, self.capacity), Segment(8 * self.capacity)
+            bank, generation = SlotBank(stored, self.capacity), Segment(8 * self.capacity)
             self._stages += [bank, generation]  # closed (and unlinked) with the other stages at shutdown
-            self._shared = (bank, generation)
+            self._shared = (bank, generation, None if self._pool is None else (self._pool.bank, self.frame_keys))
             self._storage = bank.slots
             self._generation = torch.frombuffer(generation.buf, dtype=torch.int64, count=self.capacity)
             self._valid = torch.zeros(self.capacity, dtype=torch.bool)
             return
-        storage = self._layout.zeros(self.capacity)
+        storage = stored.zeros(self.capacity)
         if self.storage_kind == "memmap":
             os.makedirs(self.scratch_dir, exist_ok=True)
             storage = storage.memmap_(prefix=self.scratch_dir)
         self._storage = storage
         self._valid = torch.zeros(self.capacity, dtype=torch.bool)
+
+    def _allocate_frames(self, layout: Layout) -> Layout:
+        """Build the frame pool for the frame-stack leaves of ``layout``; the layout rows are stored with."""
+        leaves = {leaf.key: leaf for leaf in layout}
+        stacks = []
+        for key in self.frame_keys:
+            leaf = leaves.get(key)
+            if leaf is None or len(leaf.shape) < 2:
+                raise LayoutError(key, "a frame stack [stack, *frame] (components.replay.frames)",
+                                  "a missing key" if leaf is None else leaf.describe())
+            stacks.append(leaf)
+        frame = {(leaf.shape[1:], leaf.dtype) for leaf in stacks}
+        if len(frame) != 1:
+            raise LayoutError(self.frame_keys[1], f"frames like {self.frame_keys[0]}'s", stacks[1].describe(),
+                              hint="every frame-stack key of one buffer holds frames of one shape and dtype")
+        shape, dtype = frame.pop()
+        depth = max(leaf.shape[0] for leaf in stacks)
+        self._pool = FramePool(LeafSpec(("frame",), shape, dtype, "cpu"), pool_slots(self.capacity, depth),
+                               share=self._share_storage)
+        item = layout.zeros().exclude(*self.frame_keys)
+        for leaf in stacks:
+            item.set(("_frames", *leaf.key), torch.zeros(leaf.shape[0], dtype=torch.int64))
+        item.set("_first_frame", torch.zeros((), dtype=torch.int64))
+        return Layout.from_tensordict(item)
 
     def sample(self, batch_size: int | None = None) -> TensorDict:
         """Sample ``batch_size`` (default: the configured one) transitions, with their ``index`` (and
@@ -142,6 +198,8 @@ class ReplayStorage:
             index, weight = self._draw(batch_size or self.batch_size)
             # index_select copies each leaf once (advanced indexing plus clone would copy twice, slowly)
             out = self._storage.apply(lambda leaf: torch.index_select(leaf, 0, index), batch_size=[len(index)])
+            if self._pool is not None:
+                out, _ = self._pool.rebuild(out, self.frame_keys)  # under the lock: no write races it
         out.set("index", index.to(torch.long))
         if weight is not None:
             out.set("_weight", weight)
@@ -189,6 +247,8 @@ class ReplayStorage:
         """Everything needed to resume: storage content, write position, validity, sampler state."""
         with self._lock:
             return {
+                "layout": None if self._layout is None else self._layout.to_text(),
+                "frames": None if self._pool is None else self._pool.state_dict(),
                 "storage": None if self._storage is None else self._storage[: self._size].clone(),
                 "valid": None if self._valid is None else self._valid[: self._size].clone(),
                 "cursor": self._cursor,
@@ -202,9 +262,12 @@ class ReplayStorage:
         with self._lock:
             if state["storage"] is not None:
                 if self._storage is None:
-                    self._allocate(state["storage"][0])
+                    self._allocate(Layout.from_text(state["layout"]) if state.get("layout") else
+                                   Layout.from_tensordict(state["storage"][0]))
                 n = state["size"]
                 self._storage[:n] = state["storage"]
+                if self._pool is not None:
+                    self._pool.load_state_dict(state["frames"])
                 self._valid.zero_()
                 self._valid[:n] = state["valid"]
             self._cursor, self._size = state["cursor"], state["size"]
@@ -254,3 +317,6 @@ def _rows(batch: TensorDictBase, layout: Layout) -> TensorDict:
     return out
 
 
+def _key(key) -> tuple[str, ...]:
+    """A nested key from ``"next.observation"``, ``("next", "observation")`` or ``"observation"``."""
+    return tuple(key.split(".")) if isinstance(key, str) else tuple(key)

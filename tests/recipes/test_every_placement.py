@@ -84,16 +84,20 @@ def test_ppo_from_pixels_runs_in_every_placement(env, overrides, compose_cfg, re
 
 
 @pytest.mark.parametrize("overrides", [["service=direct"], ["service=process", "transport=shared_memory"]])
-def test_dqn_from_grids_runs(overrides, compose_cfg, tmp_path, capfd):
-    """DQN's CNN Q-network on MinAtar: n-step transitions of byte grids through the prioritized buffer."""
+@pytest.mark.parametrize("env", ["minatar", "atari"])
+def test_dqn_from_pixels_runs(env, overrides, compose_cfg, tmp_path, capfd):
+    """DQN's CNN Q-network on MinAtar grids and Atari frames: n-step transitions of bytes through the prioritized
+    buffer, Atari's frame stacks stored there one frame at a time (rebuilt where the sample is read)."""
     run_dir = tmp_path / "run"
-    launch(compose_cfg("+recipe=dqn", "env=minatar", *overrides, *TINY["dqn"], "launcher.progress=false",
-                       "launcher.torch_threads=1"), str(run_dir))
+    launch(compose_cfg("+recipe=dqn", f"env={env}", *overrides, *TINY["dqn"], "recipe.buffer_size=1000",
+                       "launcher.progress=false", "launcher.torch_threads=1"), str(run_dir))
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["frames"] >= 256 and summary["episodes"] > 0  # learning from frame 64 on: sampled grids
+    assert summary["frames"] >= 256 and summary["episodes"] >= (1 if env == "minatar" else 0)
     sizes = [float(row.split(",")[2]) for row in (run_dir / "metrics.csv").read_text().splitlines()
              if row.startswith("edge/replay/size,")]
-    assert sizes and sizes[-1] > 0
+    assert sizes and sizes[-1] > 0  # learning from frame 64 on: sampled stacks went through the Q-network
+    plan = {c["name"]: c for c in json.loads((run_dir / "plan.json").read_text())["components"]}
+    assert plan["replay"]["options"]["frames"] == (["observation", "next.observation"] if env == "atari" else [])
     assert not tracebacks(capfd.readouterr().err)
 
 
