@@ -106,7 +106,8 @@ class FramePool:
             new_rows.append(extra)
         rows = torch.cat(new_rows)
         if len(rows):
-            written = self.next_serial + torch.arange(len(rows))
+            count = len(rows)
+            written = self.next_serial + torch.arange(count)
             for k, s in zip(keys[new_keys].tolist(), written[: len(new_keys)].tolist()):
                 self._by_hash[k] = s
             if len(rows) > self.slots:  # more new frames than the ring holds: only the last ones survive
@@ -115,7 +116,7 @@ class FramePool:
             self.serials[slot] = -1  # readers see a slot in rewrite as not live
             self.frames.index_copy_(0, slot, torch.index_select(flat, 0, rows))
             self.serials[slot] = written
-            self.next_serial += len(rows) if len(rows) <= self.slots else int(written[-1]) + 1 - self.next_serial
+            self.next_serial += count
             if len(self._by_hash) > 2 * self.slots:  # forget hashes of overwritten frames
                 oldest = self.oldest
                 self._by_hash = {k: s for k, s in self._by_hash.items() if s >= oldest}
