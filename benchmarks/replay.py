@@ -381,9 +381,7 @@ def frame_stacks(capacity: int, quick: bool, rec: Results) -> None:
         # a sampled next observation is its observation shifted by one frame (the stream above), except at a reset
         shifted = (out["observation"][:, 1:] == out["next", "observation"][:, :3]).flatten(1).all(1)
         assert bool(shifted.float().mean() > 0.5), "frame-by-frame storage returned stacks that were never written"
-        held = sum(leaf.nbytes for leaf in store._storage.values(include_nested=True, leaves_only=True))
-        if store._pool is not None:
-            held += store._pool.frames.nbytes + store._pool.serials.nbytes
+        held = store.nbytes
         ext, smp = np.percentile(extend, [25, 50, 75]) * 1e3, np.percentile(sample, [25, 50, 75]) * 1e3
         rows.append([label, round(held / 2**30, 3), round(held / (capacity * frame), 2), round(ext[1], 2),
                      f"{ext[0]:.2f}-{ext[2]:.2f}", round(smp[1], 2), f"{smp[0]:.2f}-{smp[2]:.2f}", store.stale_frames])

@@ -107,7 +107,7 @@ class ReplayClient(CommandClient):
                 out = bank.slots.apply(lambda leaf: torch.index_select(leaf, 0, index), batch_size=[n])
                 live = True
                 if self._frames is not None:  # frame stacks rebuilt from the shared ring of frames
-                    out, live = self._frames[0].rebuild(out, self._frames[1])
+                    out, live = self._frames[0].rebuild(out, self._frames[1], verify=True)
                 after = written[index]
                 if live and torch.equal(before, after) and not bool((after % 2).any()):
                     break  # no row (and no frame) was rewritten while it was copied

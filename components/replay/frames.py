@@ -40,6 +40,7 @@ class FramePool:
         frame: the layout of one frame (shape and dtype).
         slots: ring size, in frames.
         share: keep the ring in shared memory, for clients that rebuild samples themselves.
+        bank: an existing shared ring to read (:meth:`attach`).
     """
 
     def __init__(self, frame: LeafSpec, slots: int, share: bool = False, bank: SlotBank | None = None):
@@ -60,15 +61,20 @@ class FramePool:
         frame = next(leaf for leaf in bank.layout if leaf.key == ("frame",))
         return cls(frame, bank.num_slots, bank=bank)
 
-    def rebuild(self, rows: TensorDict, keys) -> tuple[TensorDict, bool]:
-        """``rows`` of a storage with their frame stacks rebuilt under ``keys``, and whether every frame read was
-        still the one the row names (a reader racing the writer retries when not)."""
+    def rebuild(self, rows: TensorDict, keys, verify: bool = False) -> tuple[TensorDict, bool]:
+        """``rows`` of a storage with their frame stacks rebuilt under ``keys``, and (with ``verify``, for a reader
+        racing the writer, who retries when not) whether every frame read was still the one the row names."""
         live = True
         for key in keys:
             serials = rows.get(("_frames", *key))
             rows.set(key, self.get(serials))
-            live = live and bool(self.live(serials).all())
+            live = live and (not verify or bool(self.live(serials).all()))
         return rows.exclude("_frames", "_first_frame"), live
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the ring: its frames and their serials."""
+        return self.frames.nbytes + self.serials.nbytes
 
     def close(self) -> None:
         if self.bank is not None:
@@ -156,11 +162,9 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _words(frames: torch.Tensor) -> torch.Tensor:
     """``[M, *frame]`` as ``[M, words]``: int64 words where a frame's bytes divide by 8, else its own elements."""
     flat = frames.reshape(frames.shape[0], -1)
-    nbytes = flat.shape[1] * flat.element_size()
-    for dtype, size in ((torch.int64, 8), (torch.int32, 4)):
-        if nbytes % size == 0 and flat.is_contiguous():
-            return flat.view(torch.uint8).view(dtype) if flat.element_size() != size else flat
-    return flat
+    if (flat.shape[1] * flat.element_size()) % 8 or not flat.is_contiguous():
+        return flat
+    return flat.view(torch.uint8).view(torch.int64)
 
 
 def _hashes(words: torch.Tensor) -> torch.Tensor:

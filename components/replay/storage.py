@@ -72,6 +72,13 @@ class ReplayStorage:
     def __len__(self) -> int:
         return self._size
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the storage holds: its rows and, for frame stacks, the ring of frames (0 before the first write)."""
+        rows = 0 if self._storage is None else sum(
+            leaf.nbytes for leaf in self._storage.values(include_nested=True, leaves_only=True))
+        return rows + (0 if self._pool is None else self._pool.nbytes)
+
     def add(self, item: TensorDictBase) -> int | None:
         """Write one transition (a TensorDict without batch dimension). Returns its storage position (``None``
         when a :class:`PolicyAgeFilter` at extend time drops it)."""

@@ -6,13 +6,13 @@ from __future__ import annotations
 import dataclasses
 import os
 
-import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
 
 from components.atari import AtariConfig
 from components.envs import EnvMaker
+from components.errors import LayoutError
 from components.replay import ReplayBuffer
 from components.replay import frames as frames_module
 from components.replay.frames import pool_slots
@@ -73,8 +73,7 @@ def test_sampled_stacks_equal_the_observed_ones_across_episode_ends(breakout):
 def test_memory_is_within_1_2x_of_the_frames_own_bytes(breakout):
     store = storage(len(breakout))
     store.extend(breakout)
-    held = store._pool.frames.nbytes + store._pool.serials.nbytes + sum(
-        leaf.nbytes for leaf in store._storage.values(include_nested=True, leaves_only=True))
+    held = store.nbytes
     assert held <= 1.2 * len(breakout) * FRAME_BYTES
     # whole stacks of observation and next observation would take 8 frames per transition
     assert held < len(breakout) * 2 * 4 * FRAME_BYTES / 6
@@ -111,7 +110,6 @@ def test_state_dict_round_trip_keeps_the_frames(breakout):
 
 def test_a_key_that_is_no_frame_stack_is_refused_at_the_first_write(breakout):
     store = ReplayStorage(capacity=10, sampler="uniform", batch_size=2, frames=["id"])
-    from components.errors import LayoutError
     with pytest.raises(LayoutError, match="frame stack"):
         store.extend(breakout[:2])
 
