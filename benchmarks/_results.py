@@ -82,10 +82,12 @@ class Results:
     Args:
         benchmark: the script's name (``inference`` for ``benchmarks/inference.py``): names the results file.
         argv: the command line after the script (default: this process's).
+        record: the results file's name where one script keeps several (``learning_minatar``); default
+            ``benchmark``.
     """
 
-    def __init__(self, benchmark: str, argv: Sequence[str] | None = None):
-        self.benchmark = benchmark
+    def __init__(self, benchmark: str, argv: Sequence[str] | None = None, record: str | None = None):
+        self.benchmark, self.record = benchmark, record or benchmark
         args = list(sys.argv[1:] if argv is None else argv)
         self.command = shlex.join(["python", f"benchmarks/{benchmark}.py", *args])
         self.started = datetime.datetime.now(datetime.timezone.utc)
@@ -100,15 +102,21 @@ class Results:
 
     def plot(self, name: str, title: str, *, x: Sequence[Any], series: Mapping[str, Sequence[float | None]],
              kind: str = "line", xlabel: str = "", ylabel: str = "", log: bool = False,
-             floors: Iterable[str] = ()) -> None:
+             floors: Iterable[str] = (),
+             bands: Mapping[str, tuple[Sequence[float | None], Sequence[float | None]]] | None = None) -> None:
         """A plot of ``series`` (label -> one value per ``x``; ``None`` where a series has none) against ``x``:
         ``kind`` ``line`` (numbers on x; ``log``: both axes logarithmic) or ``bar`` (labels on x; ``log``: the
-        values' axis logarithmic). Series named in ``floors`` are drawn dashed: what the others are compared with."""
+        values' axis logarithmic). Series named in ``floors`` are drawn dashed: what the others are compared with.
+        ``bands`` (line plots): label -> (low, high) per ``x``, shaded around that series (a spread over seeds)."""
         if kind not in ("line", "bar"):
             raise ValueError(f"kind must be line or bar, got {kind!r}")
+        if bands and (kind != "line" or set(bands) - set(series)):
+            raise ValueError(f"bands belong to line plots and name their series; got {sorted(bands)} for "
+                             f"{kind} series {sorted(series)}")
         self.plots.append({"name": name, "title": title, "kind": kind, "x": list(x),
                            "series": {label: list(values) for label, values in series.items()},
-                           "xlabel": xlabel, "ylabel": ylabel, "log": log, "floors": list(floors)})
+                           "xlabel": xlabel, "ylabel": ylabel, "log": log, "floors": list(floors),
+                           "bands": {label: [list(low), list(high)] for label, (low, high) in (bands or {}).items()}})
 
     def verdict(self, line: str) -> None:
         """A target's verdict as printed (``PASS ...`` / ``MISS ...``)."""
@@ -127,11 +135,11 @@ class Results:
     def save(self, directory: str = RESULTS_DIR) -> str:
         """Append this run to ``<directory>/<benchmark>.json`` (keeping the last :data:`KEEP_RUNS`); returns the path."""
         os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, f"{self.benchmark}.json")
+        path = os.path.join(directory, f"{self.record}.json")
         runs = load(path)
         runs.append(self.as_dict())
         with open(path + ".tmp", "w") as f:
-            json.dump({"benchmark": self.benchmark, "runs": runs[-KEEP_RUNS:]}, f, indent=1, allow_nan=False)
+            json.dump({"benchmark": self.record, "runs": runs[-KEEP_RUNS:]}, f, indent=1, allow_nan=False)
             f.write("\n")
         os.replace(path + ".tmp", path)
         print(f"results: {os.path.relpath(path, ROOT)} (run {len(runs[-KEEP_RUNS:])} of the file)", flush=True)
@@ -215,7 +223,10 @@ def page(benchmark: str, runs: list[dict], image_dir: str = "") -> str:
     """The newest run of ``benchmark`` as Markdown: where and how it ran, its tables, plots and verdicts. Plots are
     referenced as ``<image_dir><benchmark>_<plot name>.png`` (see :func:`plot_png`)."""
     if not runs:
-        return (f"No results recorded yet: run `python benchmarks/{benchmark}.py` (it writes "
+        script = benchmark  # or, where one script keeps several files (learning_minatar), the script it names first
+        if not os.path.exists(os.path.join(HERE, f"{script}.py")):
+            script = benchmark.split("_")[0]
+        return (f"No results recorded yet: run `python benchmarks/{script}.py` (it writes "
                 f"`benchmarks/results/{benchmark}.json`).\n")
     run = runs[-1]
     m = run.get("machine", {})
@@ -283,6 +294,11 @@ def plot_png(plot: Mapping[str, Any]) -> bytes:
             if points:
                 ax.plot(*zip(*points), marker="o", label=name, linestyle="--" if name in floors else "-",
                         color=colors[name])
+            low, high = plot.get("bands", {}).get(name, ([], []))
+            spread = [(x, lo, hi) for x, lo, hi in zip(plot["x"], low, high) if lo is not None and hi is not None]
+            if spread:
+                xs, los, his = zip(*spread)
+                ax.fill_between(xs, los, his, color=colors[name], alpha=0.2, linewidth=0)
         if plot.get("log"):
             ax.set_xscale("log")
             ax.set_yscale("log")

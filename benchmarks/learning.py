@@ -1,0 +1,180 @@
+"""Learning curves: PPO's mean episode return against frames for several seeds, per placement, through the launcher.
+
+Each run is ``python -m launcher +recipe=ppo <env> seed=S recipe.total_frames=N`` in its own subprocess; its curve
+is the ``train/mean_return`` series of its ``metrics.csv`` (the mean return of the recent finished episodes, as the
+launcher's progress line and ``learning_curve.png`` show it). The curves of the seeds are read at common frame
+counts (each seed's latest point at or before the count) and summarised as the median with the range over seeds.
+Published figures are printed beside them, with the frame count they were measured at.
+
+    python benchmarks/learning.py minatar --seeds 0 1 2 --frames 1000000
+    python benchmarks/learning.py breakout --seeds 0 1 2 --frames 2000000
+    python benchmarks/learning.py minatar --services direct "process/shared_memory" --frames 300000
+
+Frames count agent steps, as the recipes and CleanRL's ``global_step`` do: on Atari each is 4 emulator frames
+(frame skip 4); MinAtar and MuJoCo have no frame skip. Presets (``conf/recipe_env``): ``minatar``
+(MinAtar/Breakout-v1), ``breakout`` (ALE/Breakout-v5), ``pong`` (ALE/Pong-v5), ``halfcheetah`` (HalfCheetah-v5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from _results import Results, say  # noqa: E402 (benchmarks/_results.py, beside this script)
+
+
+@dataclass(frozen=True)
+class Published:
+    """A published figure to set beside ours: the mean return (and its spread) at ``frames`` agent steps."""
+
+    source: str
+    mean: float
+    spread: float
+    frames: int
+
+
+@dataclass(frozen=True)
+class Preset:
+    overrides: tuple[str, ...]
+    frames: int
+    unit: str
+    published: Published | None = None
+
+
+CLEANRL_PPO = "https://docs.cleanrl.dev/rl-algorithms/ppo/"
+PRESETS = {
+    "minatar": Preset(("env=minatar", "env.id=MinAtar/Breakout-v1"), 1_000_000, "agent steps (no frame skip)"),
+    "breakout": Preset(("env=atari", "env.id=ALE/Breakout-v5"), 2_000_000,
+                       "agent steps (4 emulator frames each)",
+                       Published(f"CleanRL ppo_atari.py, BreakoutNoFrameskip-v4, 3 seeds ({CLEANRL_PPO})",
+                                 414.66, 28.09, 10_000_000)),
+    "pong": Preset(("env=atari", "env.id=ALE/Pong-v5"), 2_000_000, "agent steps (4 emulator frames each)",
+                   Published(f"CleanRL ppo_atari.py, PongNoFrameskip-v4, 3 seeds ({CLEANRL_PPO})",
+                             20.36, 0.20, 10_000_000)),
+    "halfcheetah": Preset(("env=mujoco", "env.id=HalfCheetah-v5"), 1_000_000, "agent steps (no frame skip)",
+                          Published(f"CleanRL ppo_continuous_action.py, HalfCheetah-v4, tag pr-424 ({CLEANRL_PPO})",
+                                    1442.64, 46.03, 1_000_000)),
+}
+PLACEMENTS = {
+    "direct": ["service=direct"],
+    "process/shared_memory": ["service=process", "transport=shared_memory"],
+    "process/shared_memory async": ["service=process", "transport=shared_memory", "components.collector.sync=false"],
+    "ray/distributed async": ["service=ray", "transport=distributed", "components.collector.sync=false"],
+}
+POINTS = 20
+"""Frame counts the curves are read at (evenly spaced up to the budget)."""
+READ_AT = (POINTS // 4 - 1, POINTS // 2 - 1, POINTS - 1)
+"""The counts the tables show: a quarter, half and all of the budget."""
+
+
+def run_one(preset: Preset, placement: list[str], seed: int, frames: int, extra: list[str], timeout: float) -> dict:
+    """One launcher run; returns its curve (``(frames, mean return)`` points), frames/s and wall seconds."""
+    from launcher.sweep import read_job
+
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [sys.executable, "-m", "launcher", "+recipe=ppo", *preset.overrides, *placement, f"seed={seed}",
+                   f"recipe.total_frames={frames}", "launcher.progress=false", "launcher.plot=false",
+                   f"hydra.run.dir={tmp}", *extra]
+        start = time.monotonic()
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        if proc.returncode != 0:
+            raise RuntimeError(f"run failed ({' '.join(command[2:])}):\n{proc.stderr[-2000:]}")
+        job = read_job(tmp)
+        return {"curve": job.curve, "fps": job.summary.get("fps"), "wall_s": time.monotonic() - start,
+                "frames": job.summary.get("frames")}
+
+
+def at(curve: list[tuple[float, float]], frames: float) -> float | None:
+    """A curve's value at ``frames``: its latest point at or before it (``None`` before its first point)."""
+    value = None
+    for x, y in curve:
+        if x > frames:
+            break
+        value = y
+    return value
+
+
+def summarise(curves: list[list[tuple[float, float]]], grid: list[int]) -> tuple[list, list, list]:
+    """Median, low and high over seeds at each frame count of ``grid`` (``None`` where a seed has no point yet)."""
+    med, low, high = [], [], []
+    for g in grid:
+        values = [at(c, g) for c in curves]
+        if any(v is None for v in values):
+            med.append(None), low.append(None), high.append(None)
+        else:
+            med.append(statistics.median(values)), low.append(min(values)), high.append(max(values))
+    return med, low, high
+
+
+def arguments() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("preset", choices=sorted(PRESETS))
+    parser.add_argument("--frames", type=int, default=None, help="agent steps per run (default: the preset's)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--services", nargs="+", default=["direct"], choices=sorted(PLACEMENTS),
+                        help="placements to run (default: direct)")
+    parser.add_argument("--override", nargs="*", default=[], help="more launcher overrides for every run")
+    parser.add_argument("--timeout", type=float, default=4 * 3600, help="seconds one run may take")
+    return parser
+
+
+def main() -> None:
+    args = arguments().parse_args()
+    preset = PRESETS[args.preset]
+    frames = args.frames or preset.frames
+    rec = Results("learning", record=f"learning_{args.preset}")
+    grid = [round(frames * (i + 1) / POINTS) for i in range(POINTS)]
+    series, bands, rows, per_seed = {}, {}, [], []
+    for label in args.services:
+        runs = []
+        for seed in args.seeds:
+            run = run_one(preset, PLACEMENTS[label], seed, frames, args.override, args.timeout)
+            runs.append(run)
+            final = run["curve"][-1][1] if run["curve"] else float("nan")
+            print(f"{label:>28} seed={seed}: {run['frames']:,} frames in {run['wall_s']:.0f} s "
+                  f"({run['fps']:,.0f} frames/s), final mean return {final:.2f}", file=sys.stderr, flush=True)
+        med, low, high = summarise([r["curve"] for r in runs], grid)
+        series[label], bands[label] = med, (low, high)
+        fps = [r["fps"] for r in runs]
+        cells = ["-" if med[i] is None else f"{med[i]:.2f} [{low[i]:.2f}-{high[i]:.2f}]" for i in READ_AT]
+        rows.append([label, *cells, statistics.median(fps), f"{min(fps):,.0f}-{max(fps):,.0f}"])
+        per_seed += [[label, seed, *(at(r["curve"], grid[i]) for i in READ_AT), r["fps"]]
+                     for seed, r in zip(args.seeds, runs)]
+
+    env_id = next(o.split("=", 1)[1] for o in preset.overrides if o.startswith("env.id="))
+    returns_at = [f"return at {grid[i]:,}" for i in READ_AT]
+    columns = ["placement", *returns_at, "frames/s", "frames/s range"]
+    title = (f"PPO on {env_id}, {frames:,} {preset.unit}, seeds {args.seeds}: median mean return of recent episodes "
+             f"[range over seeds], and training frames/s")
+    print(f"\n{title}\n| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
+    for row in rows:
+        print(f"| {row[0]} | {row[1]} | {row[2]} | {row[3]} | {row[4]:,.0f} | {row[5]} |")
+    rec.table(title, columns, rows)
+    rec.table(f"Each seed: mean return of recent episodes at {', '.join(f'{grid[i]:,}' for i in READ_AT)} frames",
+              ["placement", "seed", *returns_at, "frames/s"], per_seed)
+    rec.plot("curves", f"PPO on {env_id}: median over seeds {args.seeds}, shaded: their range", x=grid,
+             series=series, bands=bands, xlabel=preset.unit, ylabel="mean episode return")
+    if preset.published is not None:
+        pub = preset.published
+        where = "at the same frame count" if pub.frames == frames else f"at {pub.frames:,} agent steps"
+        say(rec.note, f"Published: {pub.source}: {pub.mean:g} +/- {pub.spread:g} {where}.")
+        if pub.frames == frames:
+            for row, label in zip(rows, args.services):
+                final = series[label][-1]
+                verdict = "PASS" if final is not None and final >= pub.mean - pub.spread else "MISS"
+                say(rec.verdict, f"{verdict} {label}: median final return {final:.2f} against the published "
+                    f"{pub.mean:g} - {pub.spread:g} at {frames:,} agent steps")
+    rec.save()
+
+
+if __name__ == "__main__":
+    main()
