@@ -60,6 +60,13 @@ Run from the repository root (on an idle 2-core machine: ``--quick`` about 2.5 m
 ``raw vector`` / ``raw envpool``: the same policy loop over that backend natively (its own next-step autoreset),
 which is then the base of the ratios and of the targets; the raw gymnasium sync loop stays as a row.
 
+``--env atari`` collects ``ALE/Breakout-v5`` frames instead (``env=atari``'s DeepMind preprocessing, 4x84x84 uint8
+stacks) with the PPO recipe's Nature CNN as the policy, at 8 and 16 envs; its raw loops step gymnasium's own
+``SyncVectorEnv`` / ``AsyncVectorEnv`` over the same wrappers (``components.atari.make_one``). Rows measure a
+quarter of the frames with five times the time cap, and the run is recorded as ``collect_atari``:
+
+    python benchmarks/collect.py --env atari --rows "Collector direct" "x2 sync=False [process/shared_memory]" replica
+
 ``--rows`` keeps the rows whose label contains one of the given substrings (the raw sync loop always runs: it is
 the base of the ratios).
 
@@ -103,7 +110,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
 from components.collectors import AsyncBatchedCollector, Collector  # noqa: E402
-from components.envs import EnvMaker, spec_of  # noqa: E402
+from components.atari import AtariConfig, make_one  # noqa: E402
+from components.envs import EnvMaker  # noqa: E402
 from components.hosts import host_class  # noqa: E402
 from components.inference import InferenceServer, InferenceServerConfig, PolicyReplica  # noqa: E402
 from recipes.configs import PPOConfig  # noqa: E402
@@ -113,6 +121,9 @@ from _common import OtherLoad, peer_json  # noqa: E402  (benchmarks/_common.py, 
 from _results import Results, say, with_floors  # noqa: E402  (benchmarks/_results.py: the run as JSON)
 
 ENV_ID = "CartPole-v1"
+ATARI: AtariConfig | None = None  # --env atari: ALE/Breakout-v5 with the DeepMind preprocessing (env=atari)
+ENVS = {"cartpole": ("CartPole-v1", None, [16, 64]), "atari": ("ALE/Breakout-v5", AtariConfig(), [8, 16])}
+"""--env: the env id, its preprocessing, the default total env counts."""
 NUM_STEPS = PPOConfig().num_steps  # steps per env in one Collector batch, as the PPO recipe collects them
 POLICY_SEED = 0
 MIN_BATCHES, MIN_FRAMES = 16, 16_384  # a --quick row measures max(16 x N x 32, 16,384) frames; a full one 4x
@@ -122,14 +133,40 @@ BACKEND = "gymnasium"  # env.backend of every collector row (--backend); its raw
 
 
 # ---------------------------------------------------------------------------------------------- the policy
-def make_policy() -> torch.nn.Module:
-    """The PPO recipe's behaviour policy for CartPole, built from :data:`POLICY_SEED` (same weights everywhere);
-    picklable by reference, so process servers build it where they live."""
+def env_maker() -> EnvMaker:
+    """The collectors' envs: :data:`ENV_ID` (preprocessed as :data:`ATARI` says) on :data:`BACKEND`."""
+    return EnvMaker(id=ENV_ID, backend=BACKEND, atari=ATARI)
+
+
+_SPECS: dict = {}
+
+
+def env_spec(env_id: str, atari: AtariConfig | None):
+    """The env's :class:`~components.envs.EnvSpec`, read once per process."""
+    key = (env_id, repr(atari))
+    if key not in _SPECS:
+        _SPECS[key] = EnvMaker(id=env_id, atari=atari).spec()
+    return _SPECS[key]
+
+
+def build_policy(env_id: str, atari: AtariConfig | None) -> torch.nn.Module:
+    """The PPO recipe's behaviour policy for the env (the MLP for CartPole, the Nature CNN for Atari frames), built
+    from :data:`POLICY_SEED` (same weights everywhere)."""
     from recipes.ppo import make_policy as ppo_policy
 
     with torch.random.fork_rng():  # the caller's random stream stays as it was
         torch.manual_seed(POLICY_SEED)
-        return ppo_policy(PPOConfig(), spec_of(ENV_ID))
+        return ppo_policy(PPOConfig(), env_spec(env_id, atari))
+
+
+def policy_factory() -> Callable[[], torch.nn.Module]:
+    """:func:`build_policy` for this run's env, picklable: process servers and workers build it where they live
+    (they import this module afresh, without the run's settings, so the factory carries them)."""
+    return functools.partial(build_policy, ENV_ID, ATARI)
+
+
+def make_policy() -> torch.nn.Module:
+    return policy_factory()()
 
 
 class NoGradPolicy:
@@ -145,7 +182,7 @@ class NoGradPolicy:
 
 def layouts(envs_per_worker: int) -> tuple[Layout, Layout]:
     """Request and response layouts of one worker's policy call (as launcher/plan.py derives them)."""
-    request = spec_of(ENV_ID).request_layout(envs_per_worker)
+    request = env_spec(ENV_ID, ATARI).request_layout(envs_per_worker)
     with torch.no_grad():
         out = make_policy()(request.zeros())
     out.set("policy_version", torch.zeros(out.batch_size, dtype=torch.long))
@@ -180,8 +217,8 @@ def base_row() -> Row:
 
 
 def env_factory(num_envs: int) -> Callable[[], Any]:
-    """What a collector row's workers make their envs with: ``num_envs`` CartPoles on :data:`BACKEND`."""
-    return functools.partial(EnvMaker(id=ENV_ID, backend=BACKEND).vector, num_envs)
+    """What a collector row's workers make their envs with: ``num_envs`` of :func:`env_maker`'s envs."""
+    return functools.partial(env_maker().vector, num_envs)
 
 
 def all_rows() -> list[Row]:
@@ -303,7 +340,7 @@ def start_owners(row: Row, n: int, stack: contextlib.ExitStack, tracker: Tracker
     if row.kind == "batched":
         per_group = 1 if row.groups == 1 else n // row.groups  # an env per request, or two requests of n/2 envs
         owner = AsyncBatchedCollector(env_factory(per_group), n // per_group,
-                                      n * NUM_STEPS, -1, policy_factory=make_policy, env_backend=row.placement)
+                                      n * NUM_STEPS, -1, policy_factory=policy_factory(), env_backend=row.placement)
         stack.callback(owner.shutdown)
         tracker.owners(owner.start())
         return owner
@@ -312,13 +349,13 @@ def start_owners(row: Row, n: int, stack: contextlib.ExitStack, tracker: Tracker
     if row.bare and row.placement == "direct":
         policy: Any = NoGradPolicy(make_policy())
     elif row.bare:  # what components.collector.local_policy=true runs: each worker builds the policy itself
-        policy = PolicyReplica(make_policy)
+        policy = PolicyReplica(policy_factory())
     else:
         placement, transport = row.server
         extra = {}
         if transport in ("shared_memory", "process_slot"):
             extra = dict(zip(("request_layout", "response_layout"), layouts(per_group)))
-        policy = InferenceServer(policy_factory=make_policy, config=InferenceServerConfig(placement=placement),
+        policy = InferenceServer(policy_factory=policy_factory(), config=InferenceServerConfig(placement=placement),
                                  transport=transport, **extra)
         stack.callback(policy.shutdown)
         tracker.owners(policy.start())
@@ -339,6 +376,10 @@ def _measure_raw(row: Row, n: int, budget: Budget, tracker: Tracker) -> Measurem
         env, seeds = envpool.make_gymnasium(ENV_ID, num_envs=n, batch_size=n, seed=0), None
     elif row.mode == "vector":
         env, seeds = gym.make_vec(ENV_ID, num_envs=n, vectorization_mode="vector_entry_point"), 0
+    elif ATARI is not None:  # gymnasium's own Atari wrappers (components.atari.make_one), in its own vector envs
+        vector = gym.vector.SyncVectorEnv if row.mode == "sync" else gym.vector.AsyncVectorEnv
+        env = vector([functools.partial(make_one, ENV_ID, ATARI, {})] * n,
+                     autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     else:
         env = gym.make_vec(ENV_ID, num_envs=n, vectorization_mode=row.mode,
                            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
@@ -536,7 +577,11 @@ def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
                         help="3 rounds, a quarter of the frames, a 1 s time cap per row")
-    parser.add_argument("--envs", type=int, nargs="+", default=[16, 64], help="total env counts (even numbers)")
+    parser.add_argument("--env", choices=sorted(ENVS), default="cartpole",
+                        help="CartPole-v1, or ALE/Breakout-v5 preprocessed as env=atari does (the PPO recipe's Nature "
+                             "CNN as the policy); recorded in benchmarks/results/collect_atari.json")
+    parser.add_argument("--envs", type=int, nargs="+", default=None,
+                        help="total env counts (even numbers; default 16 64, Atari 8 16)")
     parser.add_argument("--rows", nargs="+", default=None, metavar="SUBSTRING",
                         help="only rows whose label contains one of these (the raw sync loop always runs)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 5; --quick: 3)")
@@ -551,13 +596,19 @@ def arguments() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = arguments().parse_args()
-    rec = Results("collect")
-    global BACKEND
+    rec = Results("collect", record=None if args.env == "cartpole" else f"collect_{args.env}")
+    global BACKEND, ENV_ID, ATARI
     BACKEND = args.backend
+    ENV_ID, ATARI, default_envs = ENVS[args.env]
+    args.envs = args.envs or default_envs
+    if args.peer_python and ATARI is not None:
+        raise SystemExit("--peer-python measures TorchRL's collectors on CartPole-v1 only: leave out --env atari")
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     torch.set_num_threads(1)
     rounds = args.rounds or (3 if args.quick else 5)
     budget = Budget(warmup=1, scale=1.0, cap_s=1.0) if args.quick else Budget(warmup=2, scale=4.0, cap_s=4.0)
+    if ATARI is not None:  # a batch of Atari frames takes about as long as a CartPole row's whole cap
+        budget = Budget(budget.warmup, budget.scale / 4, budget.cap_s * 5)
     rows = [row for row in all_rows()
             if row.kind == "raw" and row.mode == BACKEND.replace("gymnasium", "sync") or not args.rows or any(s.lower() in row.label.lower() for s in args.rows)]
 
@@ -586,7 +637,7 @@ def main() -> None:
                          + (". Skipped: " + "; ".join(f"{k}: {v}" for k, v in peer["skipped"].items())
                             if peer.get("skipped") else ""))
 
-    say(rec.note, f"Collection frames/s, CartPole-v1, no learning (median of {rounds} interleaved rounds; "
+    say(rec.note, f"Collection frames/s, {ENV_ID}, no learning (median of {rounds} interleaved rounds; "
         f"{os.cpu_count()} CPUs; torch {torch.__version__}, gymnasium {gym.__version__}; "
         f"{'quick' if args.quick else 'full'} run, {elapsed:.0f} s)", "\n# ")
     say(rec.note, f"Each row: start, warm up {budget.warmup} iteration(s), then iterate up to "
