@@ -174,24 +174,27 @@ def main() -> None:
     rec = Results("atari")
     cores = os.cpu_count() or 1
     med = statistics.median
-    loops = [loop_in_child(args.updates, None, seed, args.timeout) for seed in args.seeds]
-    single = [loop_in_child(args.updates, 1, seed, args.timeout) for seed in args.seeds]
+    placements = [(label, o) for label, o in PLACEMENTS if not args.services or label in args.services]
+    loops, single, fps = [], [], {label: [] for label, _ in placements}
+    # One round per seed, each running every row once: a drift of the machine's speed (cores doze and wake over
+    # minutes) reaches the loop, the bound and our rows alike instead of whichever rows run last.
+    for seed in args.seeds:
+        loops.append(loop_in_child(args.updates, None, seed, args.timeout))
+        single.append(loop_in_child(args.updates, 1, seed, args.timeout))
+        print(f"{'CleanRL-style loop':>30} seed={seed}: {loops[-1]['fps']:,.0f} frames/s; on 1 thread "
+              f"{single[-1]['fps']:,.0f} (collect {single[-1]['collect_s']:.2f} s + learn {single[-1]['learn_s']:.2f} s "
+              f"per update)", file=sys.stderr, flush=True)
+        for label, overrides in placements:
+            summary = run_ours(overrides, args.updates, seed, args.timeout)
+            fps[label].append(summary["fps"])
+            print(f"{label:>30} seed={seed}: {summary['frames']:,} frames, {summary['fps']:,.0f} frames/s",
+                  file=sys.stderr, flush=True)
     c1, l1 = med(r["collect_s"] for r in single), med(r["learn_s"] for r in single)
     bound = 8 * 128 / ((c1 + l1) / cores)
     print(f"overlap bound: C1 {c1:.2f} s + L1 {l1:.2f} s per update on one thread each, {cores} cores: "
           f"{bound:,.0f} frames/s at most", file=sys.stderr)
     rows = [("CleanRL-style loop (this file)", [r["fps"] for r in loops]),
-            ("CleanRL-style loop, 1 thread", [r["fps"] for r in single])]
-    for label, overrides in PLACEMENTS:
-        if args.services and label not in args.services:
-            continue
-        fps = []
-        for seed in args.seeds:
-            summary = run_ours(overrides, args.updates, seed, args.timeout)
-            fps.append(summary["fps"])
-            print(f"{label:>30} seed={seed}: {summary['frames']:,} frames, {summary['fps']:,.0f} frames/s",
-                  file=sys.stderr, flush=True)
-        rows.append((label, fps))
+            ("CleanRL-style loop, 1 thread", [r["fps"] for r in single]), *fps.items()]
 
     title = (f"PPO on {ENV_ID} from pixels, {args.updates} updates of 8 x 128 frames, seeds {args.seeds}: median "
              f"frames/s [range], beside the CleanRL-style loop and the overlap bound ({bound:,.0f} frames/s)")

@@ -18,6 +18,7 @@ Frames count agent steps, as the recipes and CleanRL's ``global_step`` do: on At
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import os
 import statistics
 import subprocess
@@ -76,19 +77,22 @@ READ_AT = (POINTS // 4 - 1, POINTS // 2 - 1, POINTS - 1)
 """The counts the tables show: a quarter, half and all of the budget."""
 
 
-def run_one(preset: Preset, placement: list[str], seed: int, frames: int, extra: list[str], timeout: float) -> dict:
-    """One launcher run; returns its curve (``(frames, mean return)`` points), frames/s and wall seconds."""
+def run_one(preset: Preset, placement: list[str], seed: int, frames: int, extra: list[str], timeout: float,
+            keep: str | None = None, label: str = "") -> dict:
+    """One launcher run; returns its curve (``(frames, mean return)`` points), frames/s and wall seconds. Its run
+    directory is kept under ``keep`` (``<label>/seed<S>``) where given."""
     from launcher.sweep import read_job
 
     with tempfile.TemporaryDirectory() as tmp:
+        run_dir = os.path.join(keep, label.replace("/", "_").replace(" ", "_"), f"seed{seed}") if keep else tmp
         command = [sys.executable, "-m", "launcher", "+recipe=ppo", *preset.overrides, *placement, f"seed={seed}",
                    f"recipe.total_frames={frames}", "launcher.progress=false", "launcher.plot=false",
-                   f"hydra.run.dir={tmp}", *extra]
+                   f"hydra.run.dir={run_dir}", *extra]
         start = time.monotonic()
         proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
         if proc.returncode != 0:
             raise RuntimeError(f"run failed ({' '.join(command[2:])}):\n{proc.stderr[-2000:]}")
-        job = read_job(tmp)
+        job = read_job(run_dir)
         return {"curve": job.curve, "fps": job.summary.get("fps"), "wall_s": time.monotonic() - start,
                 "frames": job.summary.get("frames")}
 
@@ -124,6 +128,9 @@ def arguments() -> argparse.ArgumentParser:
                         help="placements to run (default: direct)")
     parser.add_argument("--override", nargs="*", default=[], help="more launcher overrides for every run")
     parser.add_argument("--timeout", type=float, default=4 * 3600, help="seconds one run may take")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="seeds run at once (each on one torch thread; their frames/s then share the cores)")
+    parser.add_argument("--keep", default=None, metavar="DIR", help="keep every run directory under DIR")
     return parser
 
 
@@ -135,13 +142,17 @@ def main() -> None:
     grid = [round(frames * (i + 1) / POINTS) for i in range(POINTS)]
     series, bands, rows, per_seed = {}, {}, [], []
     for label in args.services:
-        runs = []
-        for seed in args.seeds:
-            run = run_one(preset, PLACEMENTS[label], seed, frames, args.override, args.timeout)
-            runs.append(run)
+        extra = [*args.override, *(["launcher.torch_threads=1"] if args.jobs > 1 else [])]
+
+        def one(seed: int, label: str = label, extra: list[str] = extra) -> dict:
+            run = run_one(preset, PLACEMENTS[label], seed, frames, extra, args.timeout, args.keep, label)
             final = run["curve"][-1][1] if run["curve"] else float("nan")
             print(f"{label:>28} seed={seed}: {run['frames']:,} frames in {run['wall_s']:.0f} s "
                   f"({run['fps']:,.0f} frames/s), final mean return {final:.2f}", file=sys.stderr, flush=True)
+            return run
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            runs = list(pool.map(one, args.seeds))
         med, low, high = summarise([r["curve"] for r in runs], grid)
         series[label], bands[label] = med, (low, high)
         fps = [r["fps"] for r in runs]
@@ -158,7 +169,8 @@ def main() -> None:
     print(f"\n{title}\n| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
     for row in rows:
         print(f"| {row[0]} | {row[1]} | {row[2]} | {row[3]} | {row[4]:,.0f} | {row[5]} |")
-    rec.table(title, columns, rows)
+    rec.table(title, columns, rows, note="" if args.jobs == 1 else
+              f"{args.jobs} seeds ran at once on one torch thread each: frames/s shares the cores among them.")
     rec.table(f"Each seed: mean return of recent episodes at {', '.join(f'{grid[i]:,}' for i in READ_AT)} frames",
               ["placement", "seed", *returns_at, "frames/s"], per_seed)
     rec.plot("curves", f"PPO on {env_id}: median over seeds {args.seeds}, shaded: their range", x=grid,
