@@ -180,11 +180,12 @@ def main() -> None:
         where = "at the same frame count" if pub.frames == frames else f"at {pub.frames:,} agent steps"
         say(rec.note, f"Published: {pub.source}: {pub.mean:g} +/- {pub.spread:g} {where}.")
         if pub.frames == frames:
-            for row, label in zip(rows, args.services):
+            for label in args.services:
                 final = series[label][-1]
                 verdict = "PASS" if final is not None and final >= pub.mean - pub.spread else "MISS"
-                say(rec.verdict, f"{verdict} {label}: median final return {final:.2f} against the published "
-                    f"{pub.mean:g} - {pub.spread:g} at {frames:,} agent steps")
+                say(rec.verdict, f"{verdict} {label}: median final return "
+                    f"{'none' if final is None else f'{final:.2f}'} against the published {pub.mean:g} - "
+                    f"{pub.spread:g} at {frames:,} agent steps")
     rec.save()
 
 

@@ -5,6 +5,8 @@ import math
 import os
 import sys
 
+import pytest
+
 from tests.helpers import ROOT
 
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -22,3 +24,27 @@ def test_a_recorded_run_is_plain_json_with_paths_relative_to_the_checkout(tmp_pa
     assert saved["tables"][0]["rows"] == [[3, "transports/queue.py:206(_receive)"],
                                           [None, "{built-in method posix.sched_yield}"]]
     assert saved["command"] == "python benchmarks/probe.py --quick"
+
+
+def test_a_script_keeps_several_results_files_and_a_line_plot_its_spread(tmp_path):
+    run = _results.Results("learning", argv=["minatar"], record="learning_minatar")
+    run.plot("curves", "return", x=[1, 2, 3], series={"direct": [1.0, 2.0, None]},
+             bands={"direct": ([0.5, 1.5, None], [1.5, 2.5, None])})
+    path = run.save(str(tmp_path))
+    assert os.path.basename(path) == "learning_minatar.json"
+    (saved,) = json.loads(open(path).read())["runs"]
+    assert saved["command"] == "python benchmarks/learning.py minatar"
+    assert saved["plots"][0]["bands"] == {"direct": [[0.5, 1.5, None], [1.5, 2.5, None]]}
+    assert _results.plot_png(saved["plots"][0]).startswith(b"\x89PNG")
+    assert "python benchmarks/learning.py" in _results.page("learning_pong", [])  # the script, not the file's name
+    with pytest.raises(ValueError, match="bands"):
+        run.plot("bad", "t", x=[1], series={"a": [1.0]}, bands={"b": ([0.0], [2.0])})
+
+
+def test_seeds_curves_are_read_at_common_frame_counts():
+    import learning
+
+    curves = [[(100, 1.0), (200, 3.0)], [(150, 2.0), (250, 4.0)], [(50, 0.0), (200, 5.0)]]
+    med, low, high = learning.summarise(curves, [60, 150, 260])
+    assert med == [None, 1.0, 4.0]  # at 60 two seeds have no point yet; at 260 each seed's last point
+    assert low == [None, 0.0, 3.0] and high == [None, 2.0, 5.0]
