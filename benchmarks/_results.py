@@ -13,8 +13,8 @@ benchmark (``docs/hooks.py``) renders the newest run with :func:`page` and draws
     results.verdict("PASS process/shared_memory within 2x of direct")
     results.save()                          # benchmarks/results/inference.json
 
-Two helpers keep a script's printout and its record one: :func:`say` prints a line and records it (a verdict or a
-note); :func:`with_floors` splits a bar plot's series so that the floor rows among its x draw dashed. Values are
+Helpers keep a script's printout and its record one: :func:`say` prints a line and records it (a verdict or a
+note), :func:`show` a table; :func:`with_floors` splits a bar plot's series so that the floor rows among its x draw dashed. Values are
 stored as JSON's own types (:func:`_plain`: numpy scalars become numbers, NaN and infinities ``None``).
 """
 
@@ -151,6 +151,13 @@ def say(record, line: str, prefix: str = "- ") -> None:
     or ``results.note``): what is printed and what is recorded stay one string."""
     print(f"{prefix}{line}")
     record(line)
+
+
+def show(record: "Results", title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], note: str = "") -> None:
+    """Record a table with ``record.table`` and print it as the benchmark's page renders it (:func:`markdown_table`):
+    what is printed and what is recorded stay one table."""
+    record.table(title, columns, rows, note)
+    print(f"\n{title}\n\n{markdown_table(record.tables[-1])}" + (f"\n\n{note}" if note else ""))
 
 
 def _plain(value: Any) -> Any:

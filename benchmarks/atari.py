@@ -32,7 +32,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from _results import Results, say  # noqa: E402 (benchmarks/_results.py, beside this script)
+from _results import Results, say, show  # noqa: E402 (benchmarks/_results.py, beside this script)
 
 ENV_ID = "ALE/Breakout-v5"
 PLACEMENTS = [
@@ -201,10 +201,7 @@ def main() -> None:
     columns = ["row", "frames/s", "range", "x loop", "of the bound"]
     loop_fps = med(rows[0][1])
     table = [[label, med(v), f"{min(v):,.0f}-{max(v):,.0f}", med(v) / loop_fps, med(v) / bound] for label, v in rows]
-    print(f"\n{title}\n| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
-    for row in table:
-        print(f"| {row[0]} | {row[1]:,.0f} | {row[2]} | {row[3]:.2f}x | {row[4]:.2f} |")
-    rec.table(title, columns, table)
+    show(rec, title, columns, table)
     rec.note(f"Overlap bound: C1 = {c1:.2f} s collect and L1 = {l1:.2f} s learn per update, each on one torch thread "
              f"(the CleanRL-style loop), {cores} cores: 1,024 frames / ((C1 + L1) / {cores}) = {bound:,.0f} frames/s.")
     rec.plot("fps", f"PPO on {ENV_ID}: median frames/s per row, and the overlap bound",

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from _results import Results, say  # noqa: E402 (benchmarks/_results.py, beside this script)
+from _results import Results, say, show  # noqa: E402 (benchmarks/_results.py, beside this script)
 
 
 @dataclass(frozen=True)
@@ -112,10 +112,10 @@ def summarise(curves: list[list[tuple[float, float]]], grid: list[int]) -> tuple
     med, low, high = [], [], []
     for g in grid:
         values = [at(c, g) for c in curves]
-        if any(v is None for v in values):
-            med.append(None), low.append(None), high.append(None)
-        else:
-            med.append(statistics.median(values)), low.append(min(values)), high.append(max(values))
+        known = None not in values
+        med.append(statistics.median(values) if known else None)
+        low.append(min(values) if known else None)
+        high.append(max(values) if known else None)
     return med, low, high
 
 
@@ -166,13 +166,10 @@ def main() -> None:
     columns = ["placement", *returns_at, "frames/s", "frames/s range"]
     title = (f"PPO on {env_id}, {frames:,} {preset.unit}, seeds {args.seeds}: median mean return of recent episodes "
              f"[range over seeds], and training frames/s")
-    print(f"\n{title}\n| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
-    for row in rows:
-        print(f"| {row[0]} | {row[1]} | {row[2]} | {row[3]} | {row[4]:,.0f} | {row[5]} |")
-    rec.table(title, columns, rows, note="" if args.jobs == 1 else
-              f"{args.jobs} seeds ran at once on one torch thread each: frames/s shares the cores among them.")
-    rec.table(f"Each seed: mean return of recent episodes at {', '.join(f'{grid[i]:,}' for i in READ_AT)} frames",
-              ["placement", "seed", *returns_at, "frames/s"], per_seed)
+    show(rec, title, columns, rows, note="" if args.jobs == 1 else
+         f"{args.jobs} seeds ran at once on one torch thread each: frames/s shares the cores among them.")
+    show(rec, f"Each seed: mean return of recent episodes at {', '.join(f'{grid[i]:,}' for i in READ_AT)} frames",
+         ["placement", "seed", *returns_at, "frames/s"], per_seed)
     rec.plot("curves", f"PPO on {env_id}: median over seeds {args.seeds}, shaded: their range", x=grid,
              series=series, bands=bands, xlabel=preset.unit, ylabel="mean episode return")
     if preset.published is not None:

@@ -62,7 +62,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from components.replay import ReplayBuffer  # noqa: E402
 from transports.segments import segments_of  # noqa: E402
 from _common import start_owner  # noqa: E402  (benchmarks/_common.py, beside this script)
-from _results import Results, say, with_floors  # noqa: E402  (benchmarks/_results.py: the run as JSON)
+from _results import Results, say, show, with_floors  # noqa: E402  (benchmarks/_results.py: the run as JSON)
 from transports.wire import from_wire, to_wire  # noqa: E402
 
 BATCH = 256
@@ -390,10 +390,7 @@ def frame_stacks(capacity: int, quick: bool, rec: Results) -> None:
     title = (f"DQN-Atari transitions, capacity {capacity:,}: observation and next observation uint8 [4, 84, 84]")
     columns = ["storage", "GiB held", "x frames' bytes", "extend(32) p50 ms", "p25-p75", "sample(32) p50 ms",
                "p25-p75", "stale rows"]
-    print(f"\n## {title}\n\n| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))
-    for row in rows:
-        print("| " + " | ".join(f"{v:,}" if isinstance(v, int) else str(v) for v in row) + " |")
-    rec.table(title, columns, rows)
+    show(rec, title, columns, rows)
 
 
 def arguments() -> argparse.ArgumentParser:
