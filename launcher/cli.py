@@ -245,10 +245,18 @@ def _service_died(exc: ServiceDied, run_dir: str, then: str = "") -> None:
     sys.exit(EXIT_SERVICE_DIED)
 
 
+PASSIVE_WAIT = {"OMP_WAIT_POLICY": "PASSIVE"}
+"""Set for the run (where the user has not set it) before torch loads: torch's OpenMP threads sleep while they wait
+instead of spinning, so the owners that share the driver's cores (a collector at ``resources.nice=19`` above all)
+get the cycles its learner leaves; a learner alone runs as fast either way (``benchmarks/atari.py``)."""
+
+
 def main() -> None:
     """Entry point of ``python -m launcher``: phase 1 (check), then Hydra runs phases 2 to 5 for each job."""
     from .preflight import preflight
 
+    for name, value in PASSIVE_WAIT.items():  # inherited by every process of the run the launcher starts
+        os.environ.setdefault(name, value)
     sys.argv = [sys.argv[0], *normalize_argv(sys.argv[1:])]
     preflight(sys.argv[1:])  # a config that does not compose, or a value out of range: exit 2 before Hydra starts
     _hydra_main()

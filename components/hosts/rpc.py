@@ -194,6 +194,7 @@ class RpcHost(ProcessHost):
 
     @classmethod
     def check_resources(cls, resources: Resources) -> None:
+        super().check_resources(resources)
         if resources.max_restarts:
             raise ConfigurationError("resources.max_restarts must be 0 on the rpc placement: its workers form a "
                                      "fixed rpc world that a restarted worker cannot rejoin (use process placement "

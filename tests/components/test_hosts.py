@@ -8,7 +8,7 @@ import pytest
 
 from components.hosts import HOSTS, host_class, stop_all
 from components.hosts.base import Resources
-from transports.errors import PeerFailureError, RemoteError
+from transports.errors import ConfigurationError, PeerFailureError, RemoteError
 
 from tests.helpers import PLACEMENT_FIXTURES, SLOW_PLACEMENTS, process_gone, wait_until
 
@@ -36,11 +36,20 @@ class Target:
     def add(self, a, b):
         return a + b
 
+    def niceness(self):
+        """The niceness of every thread of this process (of the calling thread, in the caller's process)."""
+        if self.built_in[0] == CALLER:
+            return {os.getpriority(os.PRIO_PROCESS, threading.get_native_id())}
+        return {os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir("/proc/self/task")}
+
     def boom(self):
         raise KeyError("the target refused")
 
     def close(self):
         self.closed = True
+
+
+CALLER = os.getpid()
 
 
 def make(fail=False):
@@ -64,11 +73,16 @@ def host_type(request):
 
 def test_start_builds_where_the_placement_puts_it_and_control_calls_reach_it(host_type):
     # one start per placement (an actor, a proc or a rank takes seconds): where it runs, its serving loop, control
-    # calls, and a control call's error raised at the call site while it keeps serving
-    host = host_type("probe", make, resources=Resources(startup_timeout=60))
+    # calls, a control call's error raised at the call site while it keeps serving, and its niceness: every thread of
+    # its process at resources.nice, or its own threads only where it shares the caller's process
+    nice = 0 if host_type.inline else 5
+    host = host_type("probe", make, resources=Resources(startup_timeout=60, nice=nice))
     host.start()
     try:
         assert host.is_alive and host.placement in HOSTS
+        levels = host.call("niceness")  # one level for all, never above nice (Ray starts its workers at 15 already)
+        assert len(levels) == 1 and min(levels) >= nice
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == 0  # the caller's priority is its own
         pid, thread = host.call("where")
         assert (pid == os.getpid()) == host_type.same_process
         if host_type.inline:
@@ -104,6 +118,26 @@ def test_stop_all_winds_several_hosts_down_together(host_type):
         host.wait_ready()
     stop_all(hosts, timeout=20)
     assert not any(h.is_alive for h in hosts)
+
+
+@pytest.mark.parametrize("placement", ["thread", "process"])
+def test_resources_nice_lowers_the_owners_threads_and_nothing_else(placement):
+    host = host_class(placement)("niced", make, resources=Resources(nice=7)).start()
+    try:
+        assert host.call("niceness") == {7}
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == 0
+    finally:
+        host.stop()
+
+
+def test_a_nice_level_for_an_owner_in_the_callers_own_thread_is_refused():
+    for host_type in (host_class(p) for p in HOSTS):
+        if host_type.inline:
+            with pytest.raises(ConfigurationError, match=r"resources.nice=3 would lower the caller's own thread") as err:
+                host_type("inline", make, resources=Resources(nice=3))
+            assert err.value.path == "resources.nice"
+        else:
+            host_type.check_resources(Resources(nice=3))  # every other placement takes it
 
 
 def test_a_killed_child_is_reported_once_and_calls_fail():

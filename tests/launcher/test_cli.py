@@ -13,7 +13,7 @@ import pytest
 from components.errors import ConfigurationError, NotImplementedYetError
 from launcher.cli import launch
 from launcher.conventions import EXIT_CONFIG
-from tests.helpers import pgroup_members, popen_cli, run_cli, wait_until
+from tests.helpers import cli_in_process, pgroup_members, popen_cli, run_cli, wait_until
 
 
 def _error_text(compose_cfg, *overrides: str) -> str:
@@ -89,6 +89,19 @@ def test_schema_errors_name_the_config_path(compose_cfg):
     assert "recipe.lr" in error and "fast" in error
     error = _error_text(compose_cfg, "+recipe=ppo", "service=cloud")
     assert "service" in error and "process" in error
+
+
+@pytest.mark.parametrize("preset, kept", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_a_run_s_torch_threads_sleep_while_they_wait_unless_the_user_says_otherwise(preset, kept, monkeypatch,
+                                                                                    tmp_path):
+    # set before torch loads in a run's process, inherited by every process the run starts
+    if preset is None:
+        monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    else:
+        monkeypatch.setenv("OMP_WAIT_POLICY", preset)
+    proc = cli_in_process("+recipe=ppo", "launcher.dry_run=true", cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert os.environ["OMP_WAIT_POLICY"] == kept
 
 
 # ---------------------------------------------------------------------------------------------- real processes

@@ -76,6 +76,9 @@ MISTAKES = [
     (("components.collector.placement=rpc", "components.collector.resources.max_restarts=1"),
      "components.collector.resources.max_restarts", "must be 0 on the rpc placement"),
     (("components.collector.placement=rpc", "rpc.threads=1"), "rpc.threads", "must be >= 2, got 1"),
+    (("components.collector.resources.nice=20",), "components.collector.resources.nice", "must be in [0, 19], got 20"),
+    (("service=direct", "components.collector.resources.nice=19"), "components.collector.resources.nice",
+     "nice=19 would lower the caller's own thread: the direct placement runs the owner there"),
 ]
 
 
