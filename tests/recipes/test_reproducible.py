@@ -62,3 +62,13 @@ def test_dqn_learns_the_same_in_direct_and_in_processes(compose_cfg, tmp_path):
     assert curve(compose_cfg, tmp_path, "service=process", "transport=shared_memory", recipe="dqn") == direct_curve
     assert curve(compose_cfg, tmp_path, "service=process", "components.collector.local_policy=true",
                  recipe="dqn") == direct_curve
+
+
+def test_ppo_from_pixels_learns_the_same_in_direct_and_in_processes(compose_cfg, tmp_path):
+    # MinAtar's grids through the CNN encoder: uint8 observations on every wire, the policy scales them; a batch of
+    # the same rows gives the same actions whether the server is this thread or a process behind shared memory
+    pixels = ("env=minatar", "launcher.torch_threads=1")
+    direct_curve = curve(compose_cfg, tmp_path, "service=direct", *pixels)
+    assert curve(compose_cfg, tmp_path, "service=process", "transport=shared_memory", *pixels) == direct_curve
+    assert curve(compose_cfg, tmp_path, "service=process", "components.collector.local_policy=true",
+                 *pixels) == direct_curve
