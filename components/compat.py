@@ -102,12 +102,19 @@ def get_cell(component: str, placement: str, *, path: str | None = None, origin:
     declaration(component)
     cell = TABLE.get((component, placement))
     if cell is None:
+        planned = [p for p in placements_of(component) if not TABLE[(component, p)].built]
         raise IncompatibleCombinationError(
-            f"{component} cannot be placed on {placement!r}{_from(origin)}",
+            f"{component} cannot be placed on {placement!r}{_from(origin)}"
+            + (f" (planned, not built yet: {', '.join(planned)})" if planned else ""),
             path=path,
-            alternatives=placements_of(component),
+            alternatives=built_placements(component),
         )
     return cell
+
+
+def built_placements(component: str) -> tuple[str, ...]:
+    """Placements where ``component`` runs today (a built cell)."""
+    return tuple(p for p in placements_of(component) if TABLE[(component, p)].built)
 
 
 def _from(origin: str | None) -> str:
@@ -176,11 +183,13 @@ def status(component: str, placement: str, kind: str) -> str:
     return cell.transports[kind]
 
 
-def ensure_built(component: str, placement: str, kind: str) -> None:
-    """Raise :class:`NotImplementedYetError` when the resolved combination is not built yet."""
+def ensure_built(component: str, placement: str, kind: str, *, path: str | None = None) -> None:
+    """Raise :class:`NotImplementedYetError` when the resolved combination is not built yet, naming ``path`` and
+    the placements built for the component."""
     if status(component, placement, kind) != SUPPORTED:
         over = "" if kind == NO_TRANSPORT else f" over transport {kind!r}"
-        raise NotImplementedYetError(f"{component} placed on {placement!r}{over} is not implemented yet")
+        raise NotImplementedYetError(f"{component} placed on {placement!r}{over} is not implemented yet",
+                                     path=path, alternatives=built_placements(component))
 
 
 # ---------------------------------------------------------------------------------------------- rendering

@@ -65,7 +65,8 @@ class Resolved:
 
     def ensure_built(self) -> None:
         """Raise :class:`NotImplementedYetError` if this cell of the table (or its host) is not built yet."""
-        compat.ensure_built(self.component, self.placement, self.transport)
+        compat.ensure_built(self.component, self.placement, self.transport,
+                            path=f"components.{self.component}.placement")
         if self.placement not in HOSTS:
             raise NotImplementedYetError(f"{self.component} placed on {self.placement!r}: no host is built for "
                                          f"this placement yet", alternatives=tuple(HOSTS))

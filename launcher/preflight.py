@@ -187,6 +187,14 @@ def _is_config_error(exc: BaseException) -> bool:
     return isinstance(exc, (HydraException, OmegaConfBaseException, ValueError))  # ValueError: an override Hydra refuses
 
 
+def _components_placed_on(placement: str) -> list[str]:
+    """The components the compatibility table lets run on ``placement`` today (a built cell)."""
+    from components import compat
+
+    return [name for name in compat.COMPONENTS if placement in compat.placements_of(name)
+            and compat.get_cell(name, placement).built]
+
+
 def explain(exc: BaseException) -> ConfigurationError:
     """A Hydra or OmegaConf composition error as one short :class:`ConfigurationError`: what is wrong, the value,
     the config path and what is allowed there."""
@@ -194,9 +202,11 @@ def explain(exc: BaseException) -> ConfigurationError:
 
     if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and exc.options is not None:
         group, _, option = exc.missing_cfg_file.rpartition("/")
-        if group == "service" and option in ("submitit", "rpc"):  # placements of collectors only
-            return ConfigurationError(f"service has no option {option!r}: {option!r} places collectors only "
-                                      f"(components.collector.placement={option}); services go elsewhere",
+        takes = _components_placed_on(option) if group == "service" else []
+        if takes:  # a placement that only some components take: name them, as the table says
+            where = ", ".join(f"components.{name}.placement={option}" for name in takes)
+            return ConfigurationError(f"service has no option {option!r}: {option!r} places only "
+                                      f"{' and '.join(takes)} ({where}); the other services go elsewhere",
                                       path=group, alternatives=tuple(o for o in exc.options if not o.startswith("base_")))
         return ConfigurationError(f"{group or 'the config'} has no option {option!r}", path=group or option,
                                   alternatives=tuple(o for o in exc.options if not o.startswith("base_")))

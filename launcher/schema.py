@@ -150,7 +150,6 @@ SCHEMAS: Dict[str, Dict[str, type]] = {
         "base_thread": ServiceConf,
         "base_process": ServiceConf,
         "base_ray": RayServiceConf,
-        "base_distributed": ServiceConf,
         "base_monarch": ServiceConf,
     },
     "transport": {"base_transport": TransportConf},

@@ -77,6 +77,23 @@ def _reachable(address: str, timeout: float) -> None:
                              path="ray.address")
 
 
+class _AuthNotice(logging.Filter):
+    """Ray's notice of the authentication it chose (token authentication for a new local cluster, which stays on)
+    goes to this module's log, and so to ``launcher.log``, not between the plan and the progress line."""
+
+    LOGGER = "ray._private.authentication.authentication_token_setup"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        log.info("ray: %s", record.getMessage())
+        return False
+
+    @classmethod
+    def install(cls) -> None:
+        logger = logging.getLogger(cls.LOGGER)
+        if not any(isinstance(f, cls) for f in logger.filters):
+            logger.addFilter(cls())
+
+
 @contextlib.contextmanager
 def ray_cluster(config: RayClusterConfig | None = None) -> Iterator[bool]:
     """Connect to Ray for the block: reuse a connection this process already has, join ``config.address``,
@@ -92,6 +109,7 @@ def ray_cluster(config: RayClusterConfig | None = None) -> Iterator[bool]:
         raise ConfigurationError("start or join the Ray cluster on the main thread", path="service")
     common = dict(namespace=config.namespace, log_to_driver=False, configure_logging=True, logging_level="WARNING")
     own_dir = None
+    _AuthNotice.install()
     if config.address:
         _reachable(config.address, config.connect_timeout)
         ray.init(address=config.address, **common)

@@ -89,8 +89,19 @@ def test_pinned_messages():
         "    full_key: components.logger.placement"
     )
     with pytest.raises(NotImplementedYetError) as info:
-        compat.ensure_built("inference", "distributed", "distributed")
-    assert str(info.value) == "inference placed on 'distributed' over transport 'distributed' is not implemented yet"
+        compat.ensure_built("inference", "distributed", "distributed", path="components.inference.placement")
+    assert str(info.value) == (
+        "inference placed on 'distributed' over transport 'distributed' is not implemented yet\n"
+        "    supported: direct, thread, process, ray, monarch\n"
+        "    full_key: components.inference.placement"
+    )
+    with pytest.raises(IncompatibleCombinationError) as info:  # a placement the table plans is not offered as built
+        compat.get_cell("replay", "rpc", path="components.replay.placement")
+    assert str(info.value) == (
+        "replay cannot be placed on 'rpc' (planned, not built yet: distributed)\n"
+        "    supported: direct, thread, process, ray, monarch\n"
+        "    full_key: components.replay.placement"
+    )
 
 
 def test_one_resolution_per_component_through_the_table():

@@ -76,6 +76,7 @@ def test_running_a_plan_not_built_yet_fails_before_anything_starts(compose_cfg, 
     with pytest.raises(NotImplementedYetError, match="is not implemented yet") as info:
         launch(compose_cfg("+recipe=ppo", "service=ray", "components.inference.placement=distributed"), str(tmp_path))
     assert isinstance(info.value, ConfigurationError)  # what the CLI turns into exit status 2
+    assert info.value.path == "components.inference.placement" and "distributed" not in info.value.alternatives
     assert not (tmp_path / "metrics.csv").exists() and not (tmp_path / "plan.json").exists()
 
 
@@ -189,7 +190,11 @@ def test_a_ray_run_starts_a_local_cluster_of_its_own_and_stops_it(tmp_path):
         plan = json.loads((run_dir / "plan.json").read_text())
         assert {c["placement"] for c in plan["components"]} == {"ray"}
         assert json.loads((run_dir / "summary.json").read_text())["frames"] >= 256
-        assert "ray cluster: started on 127.0.0.1" in (run_dir / "launcher.log").read_text()
+        log = (run_dir / "launcher.log").read_text()
+        assert "ray cluster: started on 127.0.0.1" in log
+        # token authentication stays on, said in the log and not printed between the plan and the progress line
+        assert "ray: Token authentication is enabled for this Ray cluster" in log
+        assert "Token authentication is enabled" not in proc.stderr
         wait_until(lambda: _processes_mentioning(temp_dir) == [], timeout=30, what="the cluster's processes to end")
     finally:
         shutil.rmtree(temp_dir, ignore_errors=True)

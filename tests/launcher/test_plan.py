@@ -9,7 +9,7 @@ from components.errors import ConfigurationError, IncompatibleCombinationError, 
 from launcher.plan import build_plan
 from launcher.run import ensure_runnable
 
-SERVICES = ["direct", "thread", "process", "ray", "distributed"]
+SERVICES = ["direct", "thread", "process", "ray", "monarch"]
 TRANSPORTS = ["auto", "direct", "thread", "queue", "shared_memory", "process_slot", "ray", "distributed"]
 
 
@@ -28,9 +28,6 @@ def test_every_service_transport_pair_plans_or_is_rejected(compose_cfg, service,
         plan = build_plan(cfg)
     except IncompatibleCombinationError as exc:
         message = str(exc)
-        if service == "distributed":  # the logger stays with the driver: a placement the table rejects
-            assert message.startswith("logger cannot be placed on 'distributed' (the value came from service=distributed)")
-            return
         assert f"transport {transport!r}" in message and f"{service!r}" in message
         assert "full_key: transport" in message and "supported: auto" in message
         assert f"(the value came from transport={transport})" in message
