@@ -145,14 +145,31 @@ class Logger(Owner["Logger"]):
 
 
 class _InPlace:
-    """The target of a logger in the caller's thread: its SDK, opened on the owner itself."""
+    """The target of a logger in the caller's thread: its SDK, opened on the owner itself, flushed every
+    ``owner.flush_seconds`` (where it has them) by a thread of its own, so that a process killed outright loses only
+    what it was told in those last seconds."""
 
     def __init__(self, owner: Logger):
         os.makedirs(owner.log_dir, exist_ok=True)
         owner._open()
         self.owner = owner
+        self._stop = threading.Event()
+        self._flusher = None
+        seconds = getattr(owner, "flush_seconds", None)
+        if seconds:
+            self._flusher = threading.Thread(target=self._flush_every, args=(float(seconds),), daemon=True,
+                                             name="logger-flush")
+            self._flusher.start()
+
+    def _flush_every(self, seconds: float) -> None:
+        while not self._stop.wait(seconds):
+            with self.owner._lock:
+                self.owner._flush()
 
     def close(self) -> None:
+        self._stop.set()
+        if self._flusher is not None:
+            self._flusher.join()
         self.owner._close()
 
 

@@ -19,6 +19,7 @@ class CSVLoggerConfig:
     _target_: str = "components.logger.CSVLogger"
     log_dir: str = "."  # relative to the run directory
     flush_every: int = bounded(100, ge=1)  # rows between flushes (shutdown always flushes)
+    flush_seconds: float = bounded(5.0, gt=0, unit="seconds")  # and at least this often: a killed logger loses no more
     tensorboard: bool = True  # also TensorBoard event files under <run dir>/tensorboard, if tensorboard is installed
     resume_step: Optional[int] = bounded(None, ge=0)  # set by the launcher on resume: rows after this step are dropped
 
@@ -29,4 +30,5 @@ class TensorBoardLoggerConfig:
 
     _target_: str = "components.logger.TensorBoardLogger"
     log_dir: str = "tensorboard"  # relative to the run directory
+    flush_seconds: float = bounded(5.0, gt=0, unit="seconds")  # events reach the disk at least this often
     resume_step: Optional[int] = bounded(None, ge=0)  # set by the launcher on resume: later events are hidden

@@ -24,6 +24,8 @@ class CSVLogger(Logger):
     Args:
         log_dir: output directory.
         flush_every: flush the file after this many rows (shutdown always flushes).
+        flush_seconds: and at least this often, on a thread where the logger lives: a logger whose process is
+            killed loses at most the rows of its last ``flush_seconds`` (and never more than ``flush_every``).
         tensorboard: also write TensorBoard event files (skipped quietly if tensorboard is not installed).
         resume_step: the step a resumed run continues after (set by the launcher): rows of an existing
             ``metrics.csv`` with a later step are dropped when it opens, and TensorBoard hides later events.
@@ -33,12 +35,14 @@ class CSVLogger(Logger):
 
     def __init__(self, log_dir: str = CSVLoggerConfig.log_dir, flush_every: int = CSVLoggerConfig.flush_every,
                  tensorboard: bool = CSVLoggerConfig.tensorboard, resume_step: int | None = CSVLoggerConfig.resume_step,
+                 flush_seconds: float = CSVLoggerConfig.flush_seconds,
                  *, placement: str | None = None, transport=None, resolved: Resolved | None = None):
         if flush_every < 1:
             raise ConfigurationError(f"flush_every must be >= 1, got {flush_every!r}", path="logger.flush_every")
         super().__init__(log_dir, placement=placement, transport=transport, resolved=resolved,
-                         flush_every=flush_every, tensorboard=tensorboard, resume_step=resume_step)
-        self.flush_every = flush_every
+                         flush_every=flush_every, tensorboard=tensorboard, resume_step=resume_step,
+                         flush_seconds=flush_seconds)
+        self.flush_every, self.flush_seconds = flush_every, flush_seconds
         self.tensorboard = tensorboard
         self.resume_step = resume_step
         self._file = None
@@ -64,7 +68,8 @@ class CSVLogger(Logger):
             except ImportError:
                 return
             after = None if self.resume_step is None else self.resume_step + 1  # events from there on are hidden
-            self._events = SummaryWriter(log_dir=os.path.join(self.log_dir, "tensorboard"), purge_step=after)
+            self._events = SummaryWriter(log_dir=os.path.join(self.log_dir, "tensorboard"), purge_step=after,
+                                         flush_secs=max(1, math.ceil(self.flush_seconds)))
 
     def _close(self) -> None:
         if self._file is not None:

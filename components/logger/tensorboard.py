@@ -20,15 +20,18 @@ class TensorBoardLogger(Logger):
         log_dir: output directory of the event files.
         resume_step: the step a resumed run continues after (set by the launcher): TensorBoard hides the events
             an earlier run wrote after it (``purge_step``).
+        flush_seconds: events reach the disk at least this often.
         placement: where the logger lives.
         transport: transport kind.
     """
 
     def __init__(self, log_dir: str = TensorBoardLoggerConfig.log_dir,
-                 resume_step: int | None = TensorBoardLoggerConfig.resume_step, *, placement: str | None = None,
+                 resume_step: int | None = TensorBoardLoggerConfig.resume_step,
+                 flush_seconds: float = TensorBoardLoggerConfig.flush_seconds, *, placement: str | None = None,
                  transport=None, resolved: Resolved | None = None):
-        super().__init__(log_dir, placement=placement, transport=transport, resolved=resolved, resume_step=resume_step)
-        self.resume_step = resume_step
+        super().__init__(log_dir, placement=placement, transport=transport, resolved=resolved, resume_step=resume_step,
+                         flush_seconds=flush_seconds)
+        self.resume_step, self.flush_seconds = resume_step, flush_seconds
         self._writer = None
 
     def _open(self) -> None:

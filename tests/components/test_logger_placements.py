@@ -13,7 +13,7 @@ import torch
 from components.errors import PeerFailureError, RemoteError
 from components.logger import CSVLogger, TensorBoardLogger, VideoRecorder
 
-from tests.helpers import ROOT, default_sigint
+from tests.helpers import ROOT, default_sigint, wait_until
 from tests.loggers import CustomLogger
 
 PLACEMENTS = ["direct", "thread", "process"]
@@ -119,6 +119,25 @@ def test_peer_failure_after_kill_9(tmp_path):
         with pytest.raises(PeerFailureError):
             client.log_scalar("a", 2.0)
         assert time.monotonic() - start < 2.0
+    finally:
+        owner.shutdown()
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_rows_reach_the_disk_every_flush_seconds_and_survive_a_kill(placement, tmp_path):
+    # flush_every alone would hold these rows in memory: the logger's own thread writes them out within
+    # flush_seconds, so a logger process killed outright loses only its last seconds
+    owner = CSVLogger(str(tmp_path), flush_every=1_000_000, flush_seconds=0.2, placement=placement).start()
+    try:
+        client = owner.client()
+        for step in range(5):
+            client.log_scalar("x", step, step=step)
+        wait_until(lambda: len(_rows(tmp_path / "metrics.csv")) == 5, timeout=10, what="rows flushed on the timer")
+        if placement == "process":
+            pid = owner.all_hosts()[0].pid
+            os.kill(pid, signal.SIGKILL)
+            wait_until(lambda: not owner.is_alive, timeout=10, what="the logger's death")
+            assert [int(r["step"]) for r in _rows(tmp_path / "metrics.csv")] == list(range(5))
     finally:
         owner.shutdown()
 

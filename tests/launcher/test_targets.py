@@ -191,7 +191,7 @@ def test_a_user_logger_yaml_with_options_of_its_own_is_used(compose_cfg, tmp_pat
     (("logger._target_=tests.loggers.NoSuchLogger",), "logger._target_", "cannot import 'tests.loggers.NoSuchLogger'"),
     (("logger._target_=tests.user_code.NotALogger",), "logger._target_", "is not a subclass of components.logger"),
     (("logger._target_=components.logger.TensorBoardLogger",), "logger",  # csv's options, TensorBoard's class
-     "does not take the options ['flush_every', 'log_dir', 'resume_step', 'tensorboard']"),
+     "does not take the options ['flush_every', 'flush_seconds', 'log_dir', 'resume_step', 'tensorboard']"),
 ], ids=["not-importable", "not-a-logger", "wrong-options"])
 def test_a_bad_logger_fails_at_planning_naming_its_config_path(compose_cfg, overrides, path, needle):
     with pytest.raises(ConfigurationError) as info:
