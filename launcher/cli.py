@@ -18,6 +18,7 @@ saying ``interrupted``; in a submitit job its preemption signal does the same, t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -82,6 +83,12 @@ class Prepared:
 
     resumed: object
     finished: str | None = None
+    lock: object = None
+
+    def release(self) -> None:
+        """Let another run write into the run directory (:class:`launcher.rundir.RunDirLock`)."""
+        if self.lock is not None:
+            self.lock.release()
 
 
 def prepare(built, cfg: DictConfig, own_dir: str) -> Prepared:
@@ -89,13 +96,32 @@ def prepare(built, cfg: DictConfig, own_dir: str) -> Prepared:
     resolved config and the plan are written there.
 
     Raises:
-        ConfigurationError: a resume that cannot be done (before anything starts).
+        ConfigurationError: a resume that cannot be done, or a run directory a run still in progress writes into
+            (before anything starts).
     """
-    from .checkpointing import changed_settings, resolve
+    from .checkpointing import resolve
+    from .rundir import RunDirLock
     from .run import ensure_runnable
 
     ensure_runnable(built)
     resumed = resolve(built, own_dir)
+    # held until the run ends: no other run writes here meanwhile (checked before anything is written)
+    lock = RunDirLock(resumed.run_dir, path="hydra.run.dir" if built.launcher.resume in (None, "auto")
+                      else "launcher.resume")
+    try:
+        prepared = _write_plan(built, cfg, own_dir, resumed)
+    except BaseException:
+        lock.release()
+        raise
+    if prepared.finished:
+        lock.release()
+        return prepared
+    return dataclasses.replace(prepared, lock=lock)
+
+
+def _write_plan(built, cfg: DictConfig, own_dir: str, resumed) -> Prepared:
+    from .checkpointing import changed_settings
+
     run_dir = resumed.run_dir
     if resumed.state is not None:
         finished = resumed.finished(getattr(built.recipe_config, "total_frames", None))
@@ -175,8 +201,11 @@ def launch(cfg: DictConfig, run_dir: str) -> dict | None:
         from .checkpointing import saved_summary
 
         return saved_summary(prepared.resumed.run_dir)
-    result = execute(built, prepared)
-    return report(built, result, prepared.resumed.run_dir)
+    try:
+        result = execute(built, prepared)
+        return report(built, result, prepared.resumed.run_dir)
+    finally:
+        prepared.release()
 
 
 def _write_summary(run_dir: str, summary: dict) -> None:
@@ -188,6 +217,7 @@ def _write_summary(run_dir: str, summary: dict) -> None:
 @hydra.main(version_base=None, config_path="pkg://conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     run_dir = HydraConfig.get().runtime.output_dir
+    _choose_wait_policy(cfg)
     handle_sigterm()
     handle_preemption()  # in a submitit job: its preemption signal checkpoints and stops the run, then requeues
     try:
@@ -195,6 +225,22 @@ def _hydra_main(cfg: DictConfig) -> None:
     except BaseException as exc:  # noqa: BLE001 - each ending is mapped to its status; the rest is raised again
         _ended(exc, cfg, run_dir)
     ending()
+
+
+OVERLAP_WAIT = {"OMP_WAIT_POLICY": "PASSIVE"}
+"""Set for a run whose collection overlaps learning (``components.collector.sync=false``), where the user has not set
+it, before torch loads: torch's OpenMP threads then sleep while they wait instead of spinning, so the owners that share
+the driver's cores (a collector at ``resources.nice=19`` above all) get the cycles the learner leaves. A run that
+collects and learns in turn keeps the spinning threads, which answer each parallel step sooner (``benchmarks/atari.py``
+measured the difference on both kinds of run)."""
+
+
+def _choose_wait_policy(cfg: DictConfig) -> None:
+    """:data:`OVERLAP_WAIT` for a run that overlaps collection with learning; inherited by every process it starts."""
+    collector = cfg.get("components", {}).get("collector") or {}
+    if collector.get("sync", True) is False:
+        for name, value in OVERLAP_WAIT.items():
+            os.environ.setdefault(name, value)
 
 
 def _ended(exc: BaseException, cfg: DictConfig, run_dir: str) -> None:
@@ -245,18 +291,12 @@ def _service_died(exc: ServiceDied, run_dir: str, then: str = "") -> None:
     sys.exit(EXIT_SERVICE_DIED)
 
 
-PASSIVE_WAIT = {"OMP_WAIT_POLICY": "PASSIVE"}
-"""Set for the run (where the user has not set it) before torch loads: torch's OpenMP threads sleep while they wait
-instead of spinning, so the owners that share the driver's cores (a collector at ``resources.nice=19`` above all)
-get the cycles its learner leaves; a learner alone runs as fast either way (``benchmarks/atari.py``)."""
-
-
 def main() -> None:
     """Entry point of ``python -m launcher``: phase 1 (check), then Hydra runs phases 2 to 5 for each job."""
     from .preflight import preflight
+    from .rundir import own_run_dir
 
-    for name, value in PASSIVE_WAIT.items():  # inherited by every process of the run the launcher starts
-        os.environ.setdefault(name, value)
     sys.argv = [sys.argv[0], *normalize_argv(sys.argv[1:])]
     preflight(sys.argv[1:])  # a config that does not compose, or a value out of range: exit 2 before Hydra starts
+    sys.argv = [sys.argv[0], *own_run_dir(sys.argv[1:])]  # never the directory of a run started the same second
     _hydra_main()

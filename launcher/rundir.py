@@ -1,0 +1,99 @@
+"""A run directory of every run's own.
+
+Hydra names a run's directory after the second it started (``outputs/<date>/<time>``), so two runs started in the
+same second would write into one directory: interleaved metrics, one summary over the other. Two guards keep that
+from happening:
+
+- :func:`own_run_dir`, before Hydra starts: a command line that runs one job in the default directory gets that
+  directory if no run has made it yet, else the first free ``<dir>-2``, ``<dir>-3``... (made here, atomically), and
+  passes it on to Hydra as ``hydra.run.dir``.
+- :class:`RunDirLock`, while the run writes: an exclusive lock on ``<run dir>/.lock`` (``flock``: the system drops it
+  when the process ends, however it ends). A run told to write into a directory that a live run holds (the same
+  ``hydra.run.dir``, or ``launcher.resume`` of a run still going) is refused before it writes anything there.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+
+from transports.errors import ConfigurationError
+
+LOCK = ".lock"
+"""The lock file's name in the run directory (it holds the pid of the run that writes there)."""
+
+
+def unique(path: str) -> str:
+    """``path`` if nobody has made it yet, else the first of ``path-2``, ``path-3``... that nobody has: made here
+    (``os.mkdir`` fails on a directory that exists, so two processes never get the same one)."""
+    parent = os.path.dirname(path)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    candidate, n = path, 1
+    while True:
+        try:
+            os.mkdir(candidate)
+            return candidate
+        except FileExistsError:
+            n += 1
+            candidate = f"{path}-{n}"
+
+
+def own_run_dir(argv: list[str]) -> list[str]:
+    """``argv`` with ``hydra.run.dir=`` a directory of this run's own added, where the command line runs one job in
+    the default run directory; else ``argv`` as it is (a sweep, a run directory the user chose, a command line the
+    preflight leaves to Hydra)."""
+    from .conventions import normalize_argv
+    from .preflight import _hydra_args, compose, sweep_jobs
+
+    args = _hydra_args(argv)
+    if args is None or args.multirun or args.config_dir or args.config_path or args.config_name:
+        return argv
+    if any(o.split("=", 1)[0].lstrip("+~") == "hydra.run.dir" for o in args.overrides):
+        return argv
+    try:
+        jobs = sweep_jobs(argv)
+        if jobs is None or len(jobs) != 1:
+            return argv
+        cfg = compose(normalize_argv(list(args.overrides)), hydra=True)
+        path = str(cfg.hydra.run.dir)
+    except Exception:  # noqa: BLE001 - a command line Hydra will refuse: it says why, in its own words
+        return argv
+    if cfg.distributed.ranks == "env" and int(os.environ.get("RANK") or 0) >= 1:
+        return argv  # a worker rank torchrun or srun started: it serves the driver and writes no run of its own
+    return [*argv, f"hydra.run.dir={unique(path)}"]
+
+
+class RunDirLock:
+    """Holds ``<run_dir>/.lock`` exclusively until :meth:`release` (or the process's end).
+
+    Args:
+        run_dir: the directory the run writes into (made if missing).
+        path: the config path that chose it, for the message.
+
+    Raises:
+        ConfigurationError: a live run holds the directory (naming it, its pid and ``path``).
+    """
+
+    def __init__(self, run_dir: str, path: str = "hydra.run.dir"):
+        os.makedirs(run_dir, exist_ok=True)
+        self.run_dir = run_dir
+        self._fd: int | None = os.open(os.path.join(run_dir, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self._fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(self._fd)
+            self._fd = None
+            raise ConfigurationError(
+                f"{run_dir} is the run directory of a run still in progress (pid {holder}): give this run a directory "
+                "of its own (leave hydra.run.dir unset, or name another), or wait for that run to end",
+                path=path) from None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+
+    def release(self) -> None:
+        """Let another run write here (idempotent); the lock file stays."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
