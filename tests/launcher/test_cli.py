@@ -180,8 +180,9 @@ def _processes_mentioning(text: str) -> list[int]:
 
 
 @pytest.mark.slow
-def test_a_ray_run_starts_a_local_cluster_of_its_own_and_stops_it(tmp_path):
+def test_a_ray_run_starts_a_local_cluster_of_its_own_and_stops_it(tmp_path, monkeypatch):
     # the one run that starts a cluster (the other Ray runs join the session's): its processes all end with it
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)  # as a user's shell has it (Ray sets it where it started one)
     run_dir, temp_dir = tmp_path / "run", f"/tmp/rl{os.getpid()}_{os.urandom(2).hex()}"  # short: Unix sockets
     proc = run_cli("+recipe=ppo", "service=ray", f"ray.temp_dir={temp_dir}", "recipe.num_envs=4", "recipe.num_steps=16",
                    "recipe.total_frames=256", "recipe.target_return=null", "launcher.progress=false",
