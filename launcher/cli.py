@@ -248,6 +248,10 @@ def _ended(exc: BaseException, cfg: DictConfig, run_dir: str) -> None:
     recipe or the launcher) is raised again (Python's traceback, exit 1)."""
     ending()
     if isinstance(exc, ConfigurationError):
+        from .rundir import discard_unused
+
+        logging.shutdown()  # launcher.log is closed before its directory goes
+        discard_unused(run_dir)  # a refused run leaves no directory behind
         print(f"configuration error: {exc}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG)
     if isinstance(exc, ServiceDied):

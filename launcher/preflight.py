@@ -58,7 +58,8 @@ def preflight(argv: list[str]) -> None:
 
 
 def check_argv(argv: list[str]) -> list[DictConfig]:
-    """Compose the config of every job the command line runs, as Hydra will, and check its values.
+    """Compose the config of every job the command line runs, as Hydra will, and check its values and where its
+    components go (:func:`launcher.plan.check_placements`).
 
     Args:
         argv: the command line after the program name (``+recipe=ppo`` is read as ``recipe=ppo``).
@@ -70,6 +71,8 @@ def check_argv(argv: list[str]) -> list[DictConfig]:
         ConfigurationError: an override that does not parse, an unknown key or group option, a value of the
             wrong type or out of range, naming its config path and what is allowed.
     """
+    from .plan import check_placements
+
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         return []
     argv = normalize_argv(list(argv))
@@ -83,6 +86,7 @@ def check_argv(argv: list[str]) -> list[DictConfig]:
                 return []  # not a mistake in the config: Hydra reports it its own way
             raise explain(exc) from None
         check_values(cfg, strict=False)
+        check_placements(cfg)  # the table, before torch is imported
         configs.append(cfg)
     if jobs:
         _check_hydra(argv, jobs[0])

@@ -64,6 +64,47 @@ def own_run_dir(argv: list[str]) -> list[str]:
     return [*argv, f"hydra.run.dir={unique(path)}"]
 
 
+_STARTED = {".hydra": {"config.yaml", "hydra.yaml", "overrides.yaml"}, "launcher.log": None, LOCK: None}
+"""What a run directory holds before a run has written anything of its own: Hydra's records and the launcher's log."""
+
+
+def discard_unused(run_dir: str) -> bool:
+    """Remove a run directory that holds nothing but what Hydra writes when a job starts (a run refused for a
+    configuration mistake leaves no directory behind), then its parents that are left empty, up to the working
+    directory. A directory holding anything else is kept as it is. Returns whether it was removed."""
+    import shutil
+
+    try:
+        entries = set(os.listdir(run_dir))
+        if not entries <= set(_STARTED) or not set(os.listdir(os.path.join(run_dir, ".hydra"))
+                                                    if ".hydra" in entries else ()) <= _STARTED[".hydra"]:
+            return False
+        if LOCK in entries and _held(os.path.join(run_dir, LOCK)):
+            return False  # a live run writes here
+        shutil.rmtree(run_dir)
+    except OSError:
+        return False
+    stop, parent = os.path.abspath(os.getcwd()), os.path.dirname(os.path.abspath(run_dir))
+    while parent.startswith(stop + os.sep):
+        try:
+            os.rmdir(parent)  # only an empty one
+        except OSError:
+            break
+        parent = os.path.dirname(parent)
+    return True
+
+
+def _held(lock_file: str) -> bool:
+    fd = os.open(lock_file, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
 class RunDirLock:
     """Holds ``<run_dir>/.lock`` exclusively until :meth:`release` (or the process's end).
 

@@ -58,6 +58,9 @@ class Recipe:
         services: ``services(config, env_spec) -> {component: options}``: what the recipe needs of each service
             (collector frames per batch, replay capacity and sampler...).
         run: ``run(config, clients) -> dict`` trains and returns the result (see :func:`result`).
+
+    The services it needs are its config's (:func:`needs_of`), so the launcher checks where they go before it
+    imports the recipe's module (torch).
     """
 
     name: str
@@ -65,7 +68,19 @@ class Recipe:
     make_policy: Callable
     services: Callable[[Any, Any], Mapping[str, Mapping[str, Any]]]
     run: Callable[[Any, Clients], Mapping[str, Any]]
-    needs: tuple[str, ...] = field(default=("logger", "weight_sync", "replay", "inference", "collector"))
+
+    @property
+    def needs(self) -> tuple[str, ...]:
+        return needs_of(self.config)
+
+
+EVERY_SERVICE = ("logger", "weight_sync", "replay", "inference", "collector")
+"""What a recipe needs unless its config class says otherwise (a class attribute ``needs``)."""
+
+
+def needs_of(config_type: type) -> tuple[str, ...]:
+    """The services a recipe with this config class needs, read from the torch-free config class alone."""
+    return tuple(getattr(config_type, "needs", EVERY_SERVICE))
 
 
 class EpisodeStats:

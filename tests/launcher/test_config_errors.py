@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import subprocess
+import sys
 import typing
 
 import pytest
@@ -264,7 +266,7 @@ def test_the_cli_exits_2_with_one_short_message(args, tmp_path):
             pytest.skip("this machine has a cuda:7")
     proc = cli_in_process(*args, "launcher.dry_run=true", cwd=str(tmp_path))
     _one_short_message(proc, args[-1].split("=")[0].lstrip("+"))
-    assert not [*tmp_path.rglob("plan.json"), *tmp_path.rglob("metrics.csv")]  # nothing started
+    assert list(tmp_path.iterdir()) == []  # nothing started, and no run directory left behind
 
 
 @pytest.mark.slow
@@ -276,6 +278,66 @@ def test_a_real_process_exits_2_with_one_short_message(tmp_path):
         cases.append((("+recipe=ppo", "components.inference.policy_device=cuda:7"), "components.inference.policy_device"))
     for args, path in cases:
         _one_short_message(run_cli(*args, "launcher.dry_run=true", cwd=str(tmp_path)), path)
+
+
+@pytest.mark.slow  # two runs of Hydra's job: seconds
+def test_a_refusal_inside_hydra_s_job_leaves_no_run_directory(tmp_path):
+    # refused by the plan (what the recipe asks of the env), after Hydra made the job's directory: it goes again
+    proc = cli_in_process("+recipe=dqn", "env=pendulum", cwd=str(tmp_path))
+    _one_short_message(proc, "recipe")
+    assert "dqn needs discrete actions" in proc.stderr and list(tmp_path.iterdir()) == []
+    kept = tmp_path / "mine"  # a directory the user chose that holds a file of theirs is left as it was
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    proc = cli_in_process("+recipe=dqn", "env=pendulum", f"hydra.run.dir={kept}", cwd=str(tmp_path))
+    assert proc.returncode == 2 and (kept / "notes.txt").read_text() == "mine"
+
+
+WRONG_COMBINATIONS = [
+    (("service=ray", "transport=shared_memory"), "transport", "weight_sync placed on 'ray' does not support"),
+    (("components.replay.placement=rpc",), "components.replay.placement", "planned, not built yet: distributed"),
+    (("service=process", "components.collector.placement=ray", "components.inference.transport=shared_memory"),
+     "components.inference.transport", "cannot reach the collector placed on 'ray'"),
+]
+
+
+@pytest.mark.parametrize("overrides, path, needle", WRONG_COMBINATIONS, ids=[w[1] for w in WRONG_COMBINATIONS])
+def test_a_wrong_combination_is_refused_from_the_declarations_alone(overrides, path, needle):
+    # the preflight's table check (no recipe module, no env, no torch) and the full plan refuse it alike
+    from launcher.plan import check_placements
+    from launcher.preflight import compose
+
+    with pytest.raises(ConfigurationError) as early:
+        check_placements(compose(["recipe=ppo", *overrides]))
+    assert needle in str(early.value) and early.value.path == path
+    assert str(outcome("+recipe=ppo", *overrides)) == str(early.value)
+
+
+@pytest.mark.slow  # a Python process: a second
+def test_a_wrong_combination_is_refused_before_torch_loads(tmp_path):
+    code = ("import sys\nsys.argv = ['launcher', '+recipe=ppo', 'service=ray', 'transport=shared_memory']\n"
+            "from launcher.cli import main\ntry:\n    main()\nexcept SystemExit as exc:\n"
+            "    print(exc.code, 'torch' in sys.modules, 'ray' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["2", "False", "False"], (proc.stdout, proc.stderr)
+    assert "weight_sync placed on 'ray' does not support transport 'shared_memory'" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_plan_the_table_check_passes_it_also_passes_in_full():
+    # the early check never refuses what the plan accepts: every service x transport pair of the dry-run matrix
+    from launcher.plan import check_placements
+    from launcher.preflight import compose
+
+    for service in _options("service"):
+        for transport in _options("transport"):
+            if service.startswith("base_") or transport.startswith("base_"):
+                continue
+            cfg = compose(["recipe=ppo", f"service={service}", f"transport={transport}"])
+            try:
+                check_placements(cfg)
+            except ConfigurationError as exc:
+                assert str(outcome("+recipe=ppo", f"service={service}", f"transport={transport}")) == str(exc)
 
 
 def test_a_sweep_with_one_bad_job_starts_none(tmp_path):
