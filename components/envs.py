@@ -8,6 +8,7 @@ step is already the reset one. Episode return and length are tracked per env.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -134,6 +135,12 @@ def make_env(env_id: str, **kwargs: Any) -> gym.Env:
                                  path="env.id") from exc
     except gym.error.Error as exc:
         raise ConfigurationError(f"cannot make gymnasium env {env_id!r}: {exc}", path="env.id") from exc
+    except TypeError as exc:  # a keyword argument the env does not take (env.kwargs)
+        named = re.search(r"unexpected keyword argument '(\w+)'", str(exc))
+        if named is None or named[1] not in kwargs:
+            raise
+        raise ConfigurationError(f"{env_id} takes no keyword argument {named[1]!r} (env.kwargs sets it)",
+                                 path=f"env.kwargs.{named[1]}") from None
 
 
 def spec_of(env_id: str, **kwargs: Any) -> EnvSpec:

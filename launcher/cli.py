@@ -50,7 +50,7 @@ def plan(cfg: DictConfig):
     """
     from components.hosts.distributed import check_world, rank_of_environment, serve_rank
 
-    from .plan import build_plan, prepare_placements
+    from .plan import build_plan, check_here, prepare_placements
 
     rank = rank_of_environment(cfg.get("distributed"))
     if rank is not None and not cfg.launcher.dry_run:  # a worker rank torchrun/srun started: the driver sends its work
@@ -59,6 +59,8 @@ def plan(cfg: DictConfig):
     built = build_plan(cfg)
     if rank_of_environment(cfg.get("distributed"), driver=True) is not None:
         check_world(built)  # ranks started by torchrun/srun: they must match the collector workers
+    if not cfg.launcher.dry_run:
+        check_here(built)  # what this machine cannot do (a dry run may be planning for another one)
     return built
 
 
@@ -250,8 +252,7 @@ def _ended(exc: BaseException, cfg: DictConfig, run_dir: str) -> None:
     if isinstance(exc, ConfigurationError):
         from .rundir import discard_unused
 
-        logging.shutdown()  # launcher.log is closed before its directory goes
-        discard_unused(run_dir)  # a refused run leaves no directory behind
+        discard_unused(run_dir)  # a refused run leaves no directory behind (its launcher.log closed first)
         print(f"configuration error: {exc}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG)
     if isinstance(exc, ServiceDied):

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from components import compat
-from components.hosts import Resources
+from components.hosts import HOSTS, Resources, host_class
 from components.resolution import Resolved, resolve_component
 from components.scope import service_backend, transport_backend
 from recipes import RECIPES, Recipe, get_recipe
@@ -339,11 +339,23 @@ def check_placements(cfg: DictConfig) -> None:
         return  # the full plan says it, with what the recipe sets
 
 
+def check_here(plan: LaunchPlan) -> None:
+    """What the machine (or cluster) that runs the plan cannot do, refused before anything starts: each placement's
+    :meth:`~components.hosts.base.Host.check_session` (a Ray cluster without the GPUs asked for, a network interface
+    that does not exist, Slurm that does not answer). Not part of :func:`build_plan`: a plan made on a login node for
+    a Slurm job is checked where the job runs.
+
+    Raises:
+        ConfigurationError: naming the setting or the resource and what to do.
+    """
+    for placement in sorted({c.placement for c in plan.components} & set(HOSTS)):
+        host_class(placement).check_session(plan.sessions.get(placement) or {},
+                                            {c.name: c.resources for c in plan.components if c.placement == placement})
+
+
 def prepare_placements(cfg: DictConfig) -> None:
     """Let the host of every placement the config names begin its preparation (a forkserver importing torch)
     while the plan is built. Starts no owner; an unknown or unbuilt placement is left to the plan to report."""
-    from components.hosts import HOSTS, host_class
-
     named = {cfg.service.name, *(node.placement for node in cfg.components.values() if node.placement)}
     for placement in named & set(HOSTS):
         host_class(placement).prepare()

@@ -36,7 +36,7 @@ from . import schema
 from .conventions import EXIT_CONFIG, normalize_argv
 
 _HANDS_OFF = ("help", "hydra_help", "cfg", "info", "package", "resolve", "shell_completion", "config_path",
-              "config_name", "config_dir", "experimental_rerun")
+              "config_name", "experimental_rerun")
 """Hydra's flags that show instead of run, or compose another config: the preflight leaves those to Hydra."""
 
 _HYDRA_DECIDES = ("hydra.searchpath", "hydra.sweeper", "hydra/sweeper", "hydra.mode")
@@ -77,10 +77,11 @@ def check_argv(argv: list[str]) -> list[DictConfig]:
         return []
     argv = normalize_argv(list(argv))
     jobs = sweep_jobs(argv)
+    search = _config_dir(argv)
     configs = []
     for overrides in jobs or ():
         try:
-            cfg = compose(overrides)
+            cfg = compose([*overrides, *search])
         except Exception as exc:
             if not _is_config_error(exc):
                 return []  # not a mistake in the config: Hydra reports it its own way
@@ -89,7 +90,7 @@ def check_argv(argv: list[str]) -> list[DictConfig]:
         check_placements(cfg)  # the table, before torch is imported
         configs.append(cfg)
     if jobs:
-        _check_hydra(argv, jobs[0])
+        _check_hydra(argv, [*jobs[0], *search])
     _check_resumes(configs)
     return configs
 
@@ -104,10 +105,41 @@ def _check_hydra(argv: list[str], job: list[str]) -> None:
     if not own:
         return
     try:
-        compose([*job, *own], hydra=True)
+        cfg = compose([*job, *own], hydra=True)
     except Exception as exc:
         if _is_config_error(exc):
             raise explain(exc) from None
+        return
+    for key in ("run", "sweep"):
+        if any(line.split("=", 1)[0].lstrip("+") == f"hydra.{key}.dir" for line in own):
+            _check_writable(cfg.hydra[key].dir, f"hydra.{key}.dir")
+
+
+def _check_writable(path: str, key: str) -> None:
+    """A run directory the run can make: its nearest existing ancestor is a directory this process may write to."""
+    here = os.path.abspath(path)
+    while not os.path.exists(here):
+        here = os.path.dirname(here)
+    if os.path.isdir(here) and os.access(here, os.W_OK | os.X_OK):
+        return
+    what = "a file, not a directory" if not os.path.isdir(here) else "a directory this user may not write to"
+    raise ConfigurationError(f"{key}={path!r} cannot be made: {here} is {what}; choose another directory", path=key)
+
+
+def _config_dir(argv: list[str]) -> list[str]:
+    """``--config-dir`` as the search path override that adds the same directory where Hydra adds it (after the
+    launcher's own configs); ``[]`` without one.
+
+    Raises:
+        ConfigurationError: the directory does not exist.
+    """
+    args = _hydra_args(argv)
+    if args is None or not args.config_dir:
+        return []
+    where = os.path.abspath(args.config_dir)
+    if not os.path.isdir(where):
+        raise ConfigurationError(f"--config-dir {args.config_dir!r} is not a directory ({where})", path="--config-dir")
+    return [f"hydra.searchpath=[file://{where}]"]
 
 
 def _check_resumes(configs: list[DictConfig]) -> None:
@@ -186,9 +218,11 @@ def compose(overrides: list[str], *, hydra: bool = False) -> DictConfig:
 
 
 def _is_config_error(exc: BaseException) -> bool:
+    import yaml
     from hydra.errors import HydraException
 
-    return isinstance(exc, (HydraException, OmegaConfBaseException, ValueError))  # ValueError: an override Hydra refuses
+    # ValueError: an override Hydra refuses; YAMLError: a config file (of --config-dir) that is not YAML
+    return isinstance(exc, (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError))
 
 
 def _components_placed_on(placement: str) -> list[str]:
@@ -202,8 +236,14 @@ def _components_placed_on(placement: str) -> list[str]:
 def explain(exc: BaseException) -> ConfigurationError:
     """A Hydra or OmegaConf composition error as one short :class:`ConfigurationError`: what is wrong, the value,
     the config path and what is allowed there."""
+    import yaml
     from hydra.errors import MissingConfigException
 
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        group = os.path.basename(os.path.dirname(mark.name))
+        return ConfigurationError(f"{mark.name} is not valid YAML: {exc.problem} (line {mark.line + 1}, column "
+                                  f"{mark.column + 1})", path=group or os.path.basename(mark.name))
     if isinstance(exc, MissingConfigException) and exc.missing_cfg_file and exc.options is not None:
         group, _, option = exc.missing_cfg_file.rpartition("/")
         takes = _components_placed_on(option) if group == "service" else []

@@ -81,6 +81,7 @@ def discard_unused(run_dir: str) -> bool:
             return False
         if LOCK in entries and _held(os.path.join(run_dir, LOCK)):
             return False  # a live run writes here
+        _close_logs_in(run_dir)
         shutil.rmtree(run_dir)
     except OSError:
         return False
@@ -92,6 +93,19 @@ def discard_unused(run_dir: str) -> bool:
             break
         parent = os.path.dirname(parent)
     return True
+
+
+def _close_logs_in(run_dir: str) -> None:
+    """Close and detach the logging handlers that write into ``run_dir`` (Hydra's ``launcher.log``)."""
+    import logging
+
+    inside = os.path.abspath(run_dir) + os.sep
+    for logger in [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
+                                         if isinstance(lg, logging.Logger))]:
+        for handler in list(logger.handlers):
+            if os.path.abspath(getattr(handler, "baseFilename", "")).startswith(inside):
+                logger.removeHandler(handler)
+                handler.close()
 
 
 def _held(lock_file: str) -> bool:

@@ -57,7 +57,15 @@ class RayConf:
     num_cpus: Optional[float] = bounded(None, ge=0)  # CPUs a locally started cluster advertises (None: the machine's)
     resources: Dict[str, float] = field(default_factory=dict)  # custom resources of a locally started head node
     temp_dir: Optional[str] = None  # Ray's session dir for a locally started cluster (short path; None: a fresh one)
-    connect_timeout: float = bounded(30.0, gt=0, unit="seconds")  # seconds to wait for the cluster at `address`
+    connect_timeout: float = bounded(5.0, gt=0, unit="seconds")  # seconds to wait for the cluster at `address` to answer
+
+    def rules(self):
+        from components.hosts.ray import SOCKET_ROOM
+
+        return (("temp_dir", self.temp_dir is None or len(self.temp_dir) <= SOCKET_ROOM,
+                 f"ray.temp_dir is {len(self.temp_dir or '')} characters long; Ray makes Unix sockets under it, whose "
+                 f"paths may not exceed 107 bytes: use a directory of at most {SOCKET_ROOM} characters "
+                 "(e.g. /tmp/ray_mine), or leave it unset"),)
 
 
 @dataclass

@@ -297,8 +297,9 @@ def submission_parameters(params: Mapping[str, Any], configs: list[DictConfig], 
     say(submitted.line(note))
     try:
         partition, nodes = partition_nodes(params.get("partition"), run)
-    except SlurmUnavailable as exc:
-        say(f"slurm job: not checked against the partition's nodes: {exc}")
-        return out
+    except SlurmUnavailable as exc:  # submitit would fail to submit, after a long traceback
+        raise ConfigurationError(f"hydra/launcher=slurm submits Slurm jobs, but no Slurm controller answers here "
+                                 f"({exc}): run where Slurm is reachable, or drop hydra/launcher=slurm to run the "
+                                 "jobs here", path="hydra/launcher") from None
     check_fits({name: int(out[name]) for name in DERIVED}, largest, partition, nodes, user_set)
     return out

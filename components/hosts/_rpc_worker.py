@@ -9,6 +9,7 @@ import dataclasses
 import logging
 import os
 import re
+import socket
 import sys
 import tempfile
 import threading
@@ -40,6 +41,10 @@ class RpcSettings:
     def __post_init__(self):
         if self.threads < 2:
             raise ConfigurationError(f"rpc.threads must be >= 2, got {self.threads!r}", path="rpc.threads")
+        interfaces = sorted(name for _, name in socket.if_nameindex())
+        if self.interface not in interfaces:
+            raise ConfigurationError(f"rpc.interface={self.interface!r} is no network interface of this machine",
+                                     path="rpc.interface", alternatives=tuple(interfaces))
 
 
 @contextlib.contextmanager

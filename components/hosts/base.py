@@ -254,6 +254,17 @@ class Host(ABC):
         _refuse_inline_nice(cls, resources)
 
     @classmethod
+    def check_session(cls, settings: Mapping[str, Any], placed: Mapping[str, "Resources"]) -> None:
+        """Refuse, when the plan is made and before anything starts, what this placement cannot do on this machine
+        or cluster: session settings it cannot honour, or resources that nothing it reaches offers. ``settings`` as
+        for :meth:`session`; ``placed``: each component placed here and its resources. By default: nothing.
+
+        Raises:
+            ConfigurationError: naming the setting (``ray.temp_dir``) or the component's field
+                (``components.inference.resources.num_gpus``) and what to do.
+        """
+
+    @classmethod
     def session(cls, settings: Mapping[str, Any], *, run_dir: str | None = None) -> contextlib.AbstractContextManager:
         """What this placement needs around all of its hosts in a run (entered before the first owner starts,
         left after the last one stopped); ``settings`` is the config node named after the placement (``ray:``),

@@ -203,6 +203,11 @@ def check_world(plan: Any) -> None:
 
 def _check_world_size(workers: int) -> None:
     world = _int_env("WORLD_SIZE")
+    if world is None and workers:  # no launcher started ranks: the driver would wait for them in vain
+        raise ConfigurationError(f"distributed.ranks=env takes its ranks from torchrun or srun, but WORLD_SIZE is not "
+                                 f"set here: start the run with torchrun --nproc-per-node={workers + 1} -m launcher "
+                                 "... (under srun, set RANK and WORLD_SIZE), or set distributed.ranks=local for ranks "
+                                 "the launcher starts", path="distributed.ranks")
     if world is not None and world != workers + 1:
         raise ConfigurationError(f"distributed.ranks=env: WORLD_SIZE={world}, but rank 0 drives and each of the "
                                  f"{workers} collector workers is a rank: start {workers + 1} ranks, or set "

@@ -42,7 +42,8 @@ class RayClusterConfig:
         resources: custom resources a locally started head node advertises.
         temp_dir: Ray's session directory for a locally started cluster (short paths only: Unix sockets
             live there).
-        connect_timeout: seconds to wait for the cluster at ``address`` to answer before giving up.
+        connect_timeout: seconds to wait for the cluster at ``address`` to answer before giving up (raise it to wait
+            for a cluster that is still starting).
     """
 
     address: str | None = None
@@ -50,12 +51,50 @@ class RayClusterConfig:
     num_cpus: float | None = None
     resources: Mapping[str, float] = field(default_factory=dict)
     temp_dir: str | None = None
-    connect_timeout: float = 30.0
+    connect_timeout: float = 5.0
+
+
+SOCKET_ROOM = 107 - len("/session_2026-12-03_07-07-38_184296_4194304/sockets/plasma_store")
+"""The longest ``ray.temp_dir`` whose session's socket paths fit the 107 bytes of a Unix socket path."""
+
+
+def check_resources_offered(settings: Mapping[str, Any], placed: Mapping[str, Resources]) -> None:
+    """Refuse resources that a locally started cluster cannot offer (its CPUs, GPUs and custom resources), instead of
+    letting an actor wait out its ``startup_timeout``; a cluster joined at ``ray.address`` is asked by Ray itself."""
+    if settings.get("address"):
+        return
+    offered = {"num_cpus": float(settings.get("num_cpus") or os.cpu_count() or 1), "num_gpus": float(_gpus())}
+    custom = dict(settings.get("resources") or {})
+    for name, resources in placed.items():
+        for field_name, unit in (("num_cpus", "CPUs"), ("num_gpus", "GPUs")):
+            asked = getattr(resources, field_name) or 0
+            if asked > offered[field_name]:
+                raise ConfigurationError(
+                    f"components.{name}.resources.{field_name}={asked:g}, but the local Ray cluster has "
+                    f"{offered[field_name]:g} {unit}" + (" (ray.num_cpus)" if field_name == "num_cpus" and
+                                                        settings.get("num_cpus") else "")
+                    + ": ask for less, or join a cluster that has them (ray.address)",
+                    path=f"components.{name}.resources.{field_name}")
+        for key, amount in dict(resources.custom).items():
+            if amount > custom.get(key, 0):
+                raise ConfigurationError(
+                    f"components.{name}.resources.custom.{key}={amount:g}, but the local Ray cluster offers "
+                    f"{custom.get(key, 0):g} of it: declare it under ray.resources, or join a cluster that has it "
+                    "(ray.address)", path=f"components.{name}.resources.custom.{key}")
+
+
+def _gpus() -> int:
+    """The GPUs a local Ray cluster detects here (CUDA devices torch sees, where torch is loaded)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch.cuda.device_count() if torch is not None and torch.cuda.is_available() else 0
 
 
 def _reachable(address: str, timeout: float) -> None:
     """Wait until something listens at ``host:port`` (Ray's own connect retries for minutes: a mistyped
-    address would hang the run), else raise naming the address. ``auto`` is left to Ray (it fails fast)."""
+    address would hang the run), else raise naming the address: at once where the connection is refused (nothing
+    listens), after ``timeout`` where it goes unanswered. ``auto`` is left to Ray (it fails fast)."""
     import socket
     import time
 
@@ -67,6 +106,10 @@ def _reachable(address: str, timeout: float) -> None:
         try:
             socket.create_connection((host or LOOPBACK, int(port)), timeout=max(0.1, min(2.0, timeout))).close()
             return
+        except ConnectionRefusedError:  # nothing listens there now: no use waiting out the timeout
+            raise ConfigurationError(f"no Ray cluster listens at ray.address={address!r} (connection refused); start "
+                                     "one there (ray start --head) or leave ray.address unset to start a local one",
+                                     path="ray.address") from None
         except OSError as exc:
             problem = exc.strerror or type(exc).__name__
         if time.monotonic() >= deadline:
@@ -316,6 +359,12 @@ class RayHost(Host):
             if resources.max_restarts == 0:
                 options = actor_options(resources, concurrency)
                 _warm.value.add(options, ray.remote(HostActor).options(**options).remote())
+
+    @classmethod
+    def check_session(cls, settings: Mapping[str, Any], placed: Mapping[str, Resources]) -> None:
+        check_resources_offered(settings, placed)
+        if settings.get("address"):  # a cluster that does not answer is refused now, not after the run started
+            _reachable(str(settings["address"]), float(settings.get("connect_timeout") or 5.0))
 
     @classmethod
     def on_run_machine(cls, settings: Mapping[str, Any]) -> bool:

@@ -201,6 +201,10 @@ class RpcHost(ProcessHost):
                                      "for restarts)", path="resources.max_restarts")
 
     @classmethod
+    def check_session(cls, settings: Mapping[str, Any], placed: Mapping[str, Resources]) -> None:
+        RpcSettings(**{k: v for k, v in dict(settings or {}).items() if v is not None})  # its interface exists
+
+    @classmethod
     @contextlib.contextmanager
     def session(cls, settings: Mapping[str, Any], *, run_dir: str | None = None) -> Iterator[None]:
         """The run's ``rpc.*``."""

@@ -26,6 +26,7 @@ import pickle
 import secrets
 import shutil
 import socket
+import subprocess
 import threading
 import time
 from typing import Any, Iterator, Mapping, Optional
@@ -71,6 +72,25 @@ class SubmititSettings:
             raise ConfigurationError("collectors on 'submitit' submit Slurm jobs, but no sbatch is on the PATH: run "
                                      "where Slurm is reachable, or set submitit.cluster=local to run the jobs as "
                                      "local subprocesses", path="submitit.cluster")
+
+
+def slurm_answers(path: str, instead: str, timeout: float = 10.0) -> None:
+    """Return if a Slurm controller answers ``sinfo`` within ``timeout`` seconds, else refuse naming ``path``.
+
+    Raises:
+        ConfigurationError: ``sinfo`` is missing, fails or does not answer: what it said, and ``instead``.
+    """
+    try:
+        out = subprocess.run(["sinfo", "--noheader", "--format=%P"], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        said = f"sinfo cannot run ({exc})"
+    else:
+        if out.returncode == 0:
+            return
+        lines = (out.stderr or out.stdout or "").strip().splitlines()
+        said = f"sinfo failed: {lines[-1] if lines else f'exit status {out.returncode}'}"
+    raise ConfigurationError(f"no Slurm controller answers here ({said}): run where Slurm is reachable, or {instead}",
+                             path=path)
 
 
 def job_parameters(settings: SubmititSettings, resources: Resources) -> dict[str, Any]:
@@ -146,6 +166,13 @@ class SubmititHost(ConnectedHost):
         """The run's executor settings (``submitit.*``), checked before any owner starts."""
         with _current.holding(_Session(_settings(settings), run_dir)):
             yield
+
+    @classmethod
+    def check_session(cls, settings: Mapping[str, Any], placed: Mapping[str, Resources]) -> None:
+        """``submitit.*`` as the session reads it, and with ``cluster=slurm`` a controller that answers ``sinfo``
+        (else the jobs would be submitted to nothing, or not at all)."""
+        if _settings(settings).cluster == "slurm":
+            slurm_answers("submitit.cluster", "set submitit.cluster=local to run the jobs as local subprocesses")
 
     @classmethod
     def on_run_machine(cls, settings: Mapping[str, Any]) -> bool:

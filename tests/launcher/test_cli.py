@@ -204,19 +204,20 @@ def test_a_ray_run_starts_a_local_cluster_of_its_own_and_stops_it(tmp_path, monk
 
 
 @pytest.mark.slow
-def test_a_ray_address_where_nothing_answers_fails_within_the_connect_deadline(tmp_path):
+def test_a_ray_address_where_nothing_listens_fails_at_once(tmp_path):
     import socket
 
     with socket.socket() as s:  # a port on loopback that nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     started = time.monotonic()
-    proc = run_cli("+recipe=ppo", "service=ray", f"ray.address=127.0.0.1:{port}", "ray.connect_timeout=1",
+    proc = run_cli("+recipe=ppo", "service=ray", f"ray.address=127.0.0.1:{port}", "ray.connect_timeout=600",
                    f"hydra.run.dir={tmp_path / 'run'}", cwd=str(tmp_path), timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert f"no Ray cluster answers at ray.address='127.0.0.1:{port}' within 1 s" in proc.stderr
+    assert f"no Ray cluster listens at ray.address='127.0.0.1:{port}' (connection refused)" in proc.stderr
     assert "full_key: ray.address" in proc.stderr and "Traceback" not in proc.stderr
-    assert time.monotonic() - started < 60  # the interpreter's start and imports included; Ray alone waits minutes
+    assert time.monotonic() - started < 60  # not the 600 s it was told it may wait; Ray alone waits minutes
+    assert not (tmp_path / "run").exists()  # refused while planning: no run directory left
 
 
 def test_a_signal_during_a_dead_services_shutdown_still_reports_the_death():

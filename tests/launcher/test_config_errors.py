@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import os
 import subprocess
 import sys
+import time
 import typing
 
 import pytest
@@ -21,16 +23,20 @@ from hypothesis import strategies as st
 from components.errors import ConfigurationError
 from launcher import schema
 from launcher.conventions import EXIT_CONFIG
-from launcher.plan import build_plan
+from launcher.plan import build_plan, check_here
 from launcher.preflight import check_argv
 from recipes.configs import DQNConfig, PPOConfig
 from tests.helpers import cli_in_process, run_cli
 
 
 def outcome(*argv: str):
-    """What ``python -m launcher ... launcher.dry_run=true`` ends with: the plans, or the configuration error."""
+    """What ``python -m launcher ...`` ends with before anything starts: the plans, checked against this machine
+    (:func:`launcher.plan.check_here`), or the configuration error."""
     try:
-        return [build_plan(cfg) for cfg in check_argv(list(argv))]
+        plans = [build_plan(cfg) for cfg in check_argv(list(argv))]
+        for plan in plans:
+            check_here(plan)
+        return plans
     except ConfigurationError as exc:
         return exc
 
@@ -83,6 +89,18 @@ MISTAKES = [
     (("components.collector.resources.nice=20",), "components.collector.resources.nice", "must be in [0, 19], got 20"),
     (("service=direct", "components.collector.resources.nice=19"), "components.collector.resources.nice",
      "nice=19 would lower the caller's own thread: the direct placement runs the owner there"),
+    (("+env.kwargs.foo=1",), "env.kwargs.foo", "CartPole-v1 takes no keyword argument 'foo'"),
+    (("service=ray", "ray.temp_dir=/tmp/" + "x" * 60), "ray.temp_dir", "use a directory of at most 43 characters"),
+    (("service=ray", "components.inference.resources.num_gpus=64"), "components.inference.resources.num_gpus",
+     "components.inference.resources.num_gpus=64, but the local Ray cluster has"),
+    (("service=ray", "components.replay.resources.num_cpus=4096"), "components.replay.resources.num_cpus",
+     "components.replay.resources.num_cpus=4096, but the local Ray cluster has"),
+    (("service=ray", "ray.num_cpus=1", "components.replay.resources.num_cpus=2"), "components.replay.resources.num_cpus",
+     "the local Ray cluster has 1 CPUs (ray.num_cpus)"),
+    (("service=ray", "+components.replay.resources.custom.node_b=1"), "components.replay.resources.custom.node_b",
+     "offers 0 of it: declare it under ray.resources"),
+    (("components.collector.placement=rpc", "rpc.interface=nope0"), "rpc.interface",
+     "rpc.interface='nope0' is no network interface of this machine"),
 ]
 
 
@@ -92,6 +110,48 @@ def test_a_mistake_is_one_short_message_naming_its_path(overrides, path, needle)
     assert isinstance(error, ConfigurationError), error
     assert_short(error)
     assert needle in str(error) and str(error).endswith(f"full_key: {path}")
+
+
+def test_a_ray_address_where_nothing_listens_is_refused_at_once():
+    import socket
+
+    with socket.socket() as s:  # a port on loopback that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    error = outcome("+recipe=ppo", "service=ray", f"ray.address=127.0.0.1:{port}", "ray.connect_timeout=600")
+    assert isinstance(error, ConfigurationError) and error.path == "ray.address", error
+    assert f"no Ray cluster listens at ray.address='127.0.0.1:{port}' (connection refused)" in str(error)
+
+
+def test_collectors_on_slurm_with_no_controller_are_refused(monkeypatch, tmp_path):
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no_slurm.conf"))  # sinfo finds no controller to ask
+    if __import__("shutil").which("sbatch") is None:
+        monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+        (tmp_path / "sbatch").write_text("#!/bin/sh\nexit 1\n")
+        (tmp_path / "sbatch").chmod(0o755)
+    error = outcome("+recipe=ppo", "components.collector.placement=submitit")
+    assert isinstance(error, ConfigurationError) and error.path == "submitit.cluster", error
+    assert str(error).startswith("no Slurm controller answers here (sinfo") and "submitit.cluster=local" in str(error)
+
+
+def test_a_run_directory_below_a_file_is_refused(tmp_path):
+    (tmp_path / "afile").write_text("")
+    error = outcome("+recipe=ppo", f"hydra.run.dir={tmp_path / 'afile' / 'run'}")
+    assert isinstance(error, ConfigurationError) and error.path == "hydra.run.dir", error
+    assert f"{tmp_path / 'afile'} is a file, not a directory" in str(error)
+
+
+def test_a_config_dir_whose_yaml_does_not_parse_is_one_message(tmp_path):
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / "mine.yaml").write_text("defaults:\n  - base_env\n  - _self_\nid: CartPole-v1\nkwargs: {a: 1\n")
+    error = outcome("--config-dir", str(tmp_path), "+recipe=ppo", "env=mine")
+    assert isinstance(error, ConfigurationError) and error.path == "env", error
+    assert_short(error)
+    assert str(error).startswith(f"{tmp_path / 'env' / 'mine.yaml'} is not valid YAML: expected ',' or '}}'")
+    (tmp_path / "env" / "mine.yaml").write_text("defaults:\n  - base_env\n  - _self_\nid: CartPole-v1\nkwargs: {}\n")
+    (plan,) = outcome("--config-dir", str(tmp_path), "+recipe=ppo", "env=mine")  # the same directory, mended: a plan
+    assert plan.env_id == "CartPole-v1"
+    assert str(outcome("--config-dir", str(tmp_path / "nowhere"), "+recipe=ppo")).startswith("--config-dir ")
 
 
 def test_a_group_option_that_does_not_exist_lists_the_real_ones():
@@ -232,6 +292,51 @@ def test_any_command_line_is_a_plan_or_one_short_message(case):
         assert len(result) == 1 and result[0].render().startswith("plan: recipe=")
 
 
+BROKEN_YAML = ["kwargs: {a: 1\n", "id: [CartPole-v1\n", "kwargs:\n  a: 1\n b: 2\n", "id: 'CartPole-v1\n",
+               "kwargs: {a: *nowhere}\n", "\tid: CartPole-v1\n"]
+"""Ways a YAML file of one's own does not parse: unclosed brackets and quotes, bad indentation, an unknown alias, a
+tab."""
+
+
+@st.composite
+def machine_mistakes(draw):
+    """``(argv, path, files)``: a command line that asks for what this machine does not have, or reads a config file
+    that does not parse (``files``: the config directory's files), and the config path its message must name."""
+    kind = draw(st.sampled_from(["yaml", "cpus", "gpus", "custom", "temp_dir"]))
+    name = draw(st.sampled_from(["inference", "replay", "logger", "weight_sync"]))
+    if kind == "yaml":
+        group, text = draw(st.sampled_from(["env", "logger"])), draw(st.sampled_from(BROKEN_YAML))
+        return ["+recipe=ppo", f"{group}=mine"], group, {f"{group}/mine.yaml": f"defaults:\n  - _self_\n{text}"}
+    if kind == "temp_dir":
+        length = draw(st.integers(44, 200))
+        return ["+recipe=ppo", "service=ray", "ray.temp_dir=/" + "t" * (length - 1)], "ray.temp_dir", {}
+    field_name, value = {"cpus": ("num_cpus", draw(st.integers(os.cpu_count() + 1, 10**6))),
+                         "gpus": ("num_gpus", draw(st.integers(64, 10**6))),
+                         "custom": (f"custom.{draw(st.from_regex(r'[a-z][a-z_]{0,11}', fullmatch=True))}",
+                                    draw(st.integers(1, 8)))}[kind]
+    key = f"components.{name}.resources.{field_name}"
+    return ["+recipe=ppo", "service=ray", f"+{key}={value}" if kind == "custom" else f"{key}={value}"], key, {}
+
+
+@pytest.mark.slow  # 12 command lines through the entry point: seconds each
+@settings(max_examples=12, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(machine_mistakes())
+def test_a_file_or_a_machine_mistake_exits_2_and_leaves_no_run_directory(tmp_path_factory, case):
+    argv, path, files = case
+    cwd = tmp_path_factory.mktemp("run")
+    if files:
+        for name, text in files.items():
+            (cwd / "mine" / name).parent.mkdir(parents=True, exist_ok=True)
+            (cwd / "mine" / name).write_text(text)
+        argv = ["--config-dir", str(cwd / "mine"), *argv]
+    started = time.monotonic()
+    proc = cli_in_process(*argv, cwd=str(cwd))
+    _one_short_message(proc, path)
+    assert sorted(p.name for p in cwd.iterdir()) == (["mine"] if files else [])  # no run directory left behind
+    assert time.monotonic() - started < 30  # a bound on waiting (Ray's resource wait was 120 s), not a speed figure
+
+
 # ---------------------------------------------------------------------------------------------- real processes
 CLI_MISTAKES = [
     ("+recipe=ppo", "components.inference.max_batch_size=abc"), ("+recipe=ppo", "components.replay.colour=blue"),
@@ -240,6 +345,8 @@ CLI_MISTAKES = [
     ("+recipe=ppo", "recipe.lr=-1"), ("+recipe=ppo", "recipe.total_frames=-100"), ("+recipe=ppo", "recipe.window=0"),
     ("+recipe=ppo", "launcher.telemetry_every=-1"), ("+recipe=ppo", "components.inference.max_batch_size=-5"),
     ("+recipe=ppo", "components.inference.timeout=-1"), ("+recipe=ppo", "components.inference.policy_device=cuda:7"),
+    ("+recipe=ppo", "components.collector.placement=distributed", "distributed.host=127.0.0.1", "distributed.port=29555",
+     "distributed.ranks=env"),
 ]
 
 

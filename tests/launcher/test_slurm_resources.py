@@ -156,9 +156,9 @@ def test_the_submission_fills_what_is_unset_and_keeps_what_is_set(compose_cfg):
     assert said == ["slurm job: cpus_per_task=2 mem_gb=8 gpus_per_node=0 tasks_per_node=1 (from the plan, the "
                     "largest of 2 jobs; mem_gb from hydra.launcher.mem_gb)"]
     said.clear()
-    out = submission_parameters(params, configs[1:], say=said.append, run=sinfo(error=FileNotFoundError("sinfo")))
-    assert out["cpus_per_task"] == 1 and said[-1].startswith("slurm job: not checked against the partition's nodes: "
-                                                             "sinfo cannot run")
+    with pytest.raises(ConfigurationError, match="no Slurm controller answers here \\(sinfo cannot run") as refused:
+        submission_parameters(params, configs[1:], say=said.append, run=sinfo(error=FileNotFoundError("sinfo")))
+    assert refused.value.path == "hydra/launcher"
     with pytest.raises(ConfigurationError, match="hydra.launcher.mem_gb=8 is more than"):
         submission_parameters(params, configs[1:], say=said.append, run=sinfo("local*|4|4000|(null)\n"))
 
