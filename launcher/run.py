@@ -30,6 +30,7 @@ from components.service import Owner
 from components.weight_sync import WeightSync
 from recipes import Checkpoint, Clients, get_recipe
 from transports.errors import PeerFailureError, RemoteError, ServiceTimeoutError
+from transports.segments import remove_orphans
 
 from . import checkpointing
 from .checkpointing import Resumed
@@ -150,6 +151,9 @@ def execute(plan: LaunchPlan, run_dir: str, *, on_started: Callable[[dict], None
             revealed it is its cause.
     """
     ensure_runnable(plan)
+    if removed := remove_orphans():  # left by a run that was killed outright (kill -9 takes no cleanup with it)
+        log.info("removed %d shared-memory segments of processes that no longer exist: %s", len(removed),
+                 ", ".join(removed))
     settings = plan.launcher
     resumed = resumed or Resumed(run_dir)
     run = _Run(plan, get_recipe(plan.recipe), EnvMaker.from_config(plan.env).spec(), resumed.run_dir, resumed)

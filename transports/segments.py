@@ -108,6 +108,36 @@ def segments_of(pids) -> list[str]:
         return []
 
 
+def remove_orphans() -> list[str]:
+    """Unlink every segment whose creating process no longer exists (it was killed before it could, and so was the
+    resource tracker that would have); returns their names. A run calls it as it starts: no segment of a dead run
+    outlives the next one's start."""
+    removed = []
+    try:
+        names = os.listdir(_SHM_DIR)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        pid = name[len(SHM_PREFIX):].split("_", 1)[0]
+        if name.startswith(SHM_PREFIX) and pid.isdigit() and not _alive(int(pid)):
+            try:
+                os.unlink(os.path.join(_SHM_DIR, name))
+                removed.append(name)
+            except OSError:
+                continue
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def remove_segments_of(pid: int) -> list[str]:
     """Unlink every segment a (dead) process created; returns their names. Used after a child was killed."""
     removed = []

@@ -10,13 +10,16 @@ are actor calls. The actor reserves what :class:`~components.hosts.base.Resource
 from __future__ import annotations
 
 import contextlib
+import glob
 import logging
 import os
 import shutil
+import signal
 import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from transports.errors import ConfigurationError, ServiceTimeoutError
 from transports.ray import DELIVER, deliver, get, import_ray, remote
@@ -137,6 +140,98 @@ class _AuthNotice(logging.Filter):
             logger.addFilter(cls())
 
 
+CONTROL_STORE_S = 3.0
+"""Seconds a question to the cluster's control store (GCS) may take before its answer is taken as "none": the store
+of a cluster that is shutting down accepts questions and never answers them."""
+
+
+class _Silent:
+    """Whether the control store of the connected cluster stopped answering (reset by each new connection): from
+    then on no question waits for it."""
+
+    since: float | None = None
+
+
+def _answered(ask: Callable[[], Any], timeout: float) -> Any:
+    """``ask()``'s answer, or ``None`` where it takes longer than ``timeout`` seconds, or the control store has not
+    answered a question before (the question is left to finish on a daemon thread, which does not keep the process
+    from ending)."""
+    if _Silent.since is not None:
+        return None
+    box: list = []
+    thread = threading.Thread(target=lambda: box.append(ask()), name="ray-control-store", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not box:
+        _Silent.since = time.monotonic()
+        log.warning("ray: the cluster's control store did not answer within %g s: taking every actor as gone", timeout)
+    return box[0] if box else None
+
+
+OWN_TEMP_PREFIX = "rlsvc_ray_"
+"""The session directories of local clusters this package starts: ``/tmp/rlsvc_ray_<random>``, holding ``driver.pid``."""
+
+
+def _own_temp_dir() -> str:
+    where = tempfile.mkdtemp(prefix=OWN_TEMP_PREFIX, dir="/tmp")
+    with open(os.path.join(where, "driver.pid"), "w") as f:
+        f.write(f"{os.getpid()}\n")
+    return where
+
+
+def remove_dead_clusters() -> list[str]:
+    """Remove what local clusters of drivers that were killed outright left behind (a driver that gets SIGKILL stops
+    nothing): their session directories, and the Ray processes still holding files there. Returns the directories.
+    Called before a local cluster starts, so nothing of a dead run outlives the next one's start."""
+    removed = []
+    for where in glob.glob(f"/tmp/{OWN_TEMP_PREFIX}*"):
+        try:
+            with open(os.path.join(where, "driver.pid")) as f:
+                driver = int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            continue
+        if driver <= 0 or os.path.exists(f"/proc/{driver}"):
+            continue
+        for pid in _holding(where):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(where, ignore_errors=True)
+        removed.append(where)
+    if removed:
+        log.info("ray: removed what %d killed runs left: %s", len(removed), ", ".join(removed))
+    return removed
+
+
+def _holding(where: str) -> list[int]:
+    """The processes with a file open, or their working directory, under ``where`` (``/proc``; Linux)."""
+    inside, pids = where.rstrip("/") + "/", []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            links = [os.readlink(f"/proc/{entry}/cwd")]
+            links += [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")]
+        except OSError:
+            continue
+        if any(link.startswith(inside) for link in links):
+            pids.append(int(entry))
+    return pids
+
+
+@contextlib.contextmanager
+def _signals_kept() -> Iterator[None]:
+    """The process's own SIGTERM and SIGINT handlers, as they were before the block, restored after it: connecting
+    installs Ray's (a crash dump, then the process dies of the signal), and a SIGTERM (Slurm's preemption, scancel)
+    must reach the handler that shuts every service down in order and writes the run's summary."""
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in kept.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
 @contextlib.contextmanager
 def ray_cluster(config: RayClusterConfig | None = None) -> Iterator[bool]:
     """Connect to Ray for the block: reuse a connection this process already has, join ``config.address``,
@@ -153,15 +248,18 @@ def ray_cluster(config: RayClusterConfig | None = None) -> Iterator[bool]:
     common = dict(namespace=config.namespace, log_to_driver=False, configure_logging=True, logging_level="WARNING")
     own_dir = None
     _AuthNotice.install()
-    if config.address:
-        _reachable(config.address, config.connect_timeout)
-        ray.init(address=config.address, **common)
-    else:
-        # a short session dir of its own (Ray's Unix sockets live there), removed with the cluster
-        temp_dir = config.temp_dir or (own_dir := tempfile.mkdtemp(prefix="ray_", dir="/tmp"))
-        with warning_signals_blocked():  # in its daemons and workers: a batch system's warning must not end them
-            ray.init(_node_ip_address=LOOPBACK, num_cpus=config.num_cpus, resources=dict(config.resources) or None,
-                     include_dashboard=False, _temp_dir=temp_dir, **common)
+    _Silent.since = None
+    with _signals_kept():
+        if config.address:
+            _reachable(config.address, config.connect_timeout)
+            ray.init(address=config.address, **common)
+        else:
+            # a short session dir of its own (Ray's Unix sockets live there), removed with the cluster
+            remove_dead_clusters()
+            temp_dir = config.temp_dir or (own_dir := _own_temp_dir())
+            with warning_signals_blocked():  # in its daemons and workers: a batch system's warning must not end them
+                ray.init(_node_ip_address=LOOPBACK, num_cpus=config.num_cpus, resources=dict(config.resources) or None,
+                         include_dashboard=False, _temp_dir=temp_dir, **common)
     try:
         yield not config.address
     finally:
@@ -401,13 +499,16 @@ class RayHost(Host):
 
     @property
     def is_alive(self) -> bool:
-        """Whether the actor is alive, as the cluster's control store sees it."""
+        """Whether the actor is alive, as the cluster's control store sees it; ``False`` where the control store
+        does not answer within :data:`CONTROL_STORE_S` (a cluster that is going down: a SIGTERM to the whole
+        process group, a Slurm job's end, reached Ray's daemons too)."""
         ray = import_ray()
         if self._handle is None or not ray.is_initialized():
             return False
         from ray._private import state
 
-        info = state.actors(actor_id=self._handle._actor_id.hex())
+        actor_id = self._handle._actor_id.hex()
+        info = _answered(lambda: state.actors(actor_id=actor_id), CONTROL_STORE_S)
         return bool(info) and info.get("State") == "ALIVE"
 
     @property

@@ -7,8 +7,10 @@ its group, no shared-memory segment named after one of its processes, no tempora
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import pathlib
 import signal
 import time
 
@@ -65,6 +67,15 @@ def _assert_nothing_left(proc, tmp_path, services: dict) -> None:
                what="every process of the run gone")
     leftovers = [name for name in os.listdir("/dev/shm") if any(name.startswith(f"rlsvc_{pid}_") for pid in pids)]
     assert leftovers == []
+    assert [where for where in glob.glob("/tmp/rlsvc_ray_*/driver.pid")  # a local Ray cluster's session directory
+            if _read(where) == str(proc.pid)] == []
+
+
+def _read(path: str) -> str:
+    try:
+        return pathlib.Path(path).read_text().strip()
+    except OSError:  # another run's directory, removed meanwhile
+        return ""
     # multiprocessing's pymp-* directory included (torch keeps its compiler cache there on purpose)
     assert [name for name in os.listdir(tmp_path / "tmp") if not name.startswith("torchinductor_")] == []
 
@@ -100,10 +111,17 @@ def test_a_service_killed_mid_run_is_one_line_naming_it_and_exit_3(tmp_path, pla
     _assert_nothing_left(proc, tmp_path, services)
 
 
-@pytest.mark.parametrize("sig, status, word", [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "SIGINT")])
-def test_sigterm_and_sigint_stop_in_order_and_keep_every_logged_value(tmp_path, sig, status, word):
-    proc, run_dir, services = _start(tmp_path, "+recipe=ppo", "service=process", "logger.flush_every=1000000")
-    os.killpg(proc.pid, sig)  # as a terminal or a batch system does: the whole process group
+SIGNALS = [("process", signal.SIGTERM, 143, "SIGTERM", "group"), ("process", signal.SIGINT, 130, "SIGINT", "group"),
+           ("ray", signal.SIGTERM, 143, "SIGTERM", "driver")]
+
+
+@pytest.mark.parametrize("placement, sig, status, word, to", SIGNALS, ids=[f"{s[0]}-{s[3]}" for s in SIGNALS])
+def test_sigterm_and_sigint_stop_in_order_and_keep_every_logged_value(tmp_path, placement, sig, status, word, to):
+    proc, run_dir, services = _start(tmp_path, "+recipe=ppo", f"service={placement}", "logger.flush_every=1000000")
+    if to == "group":
+        os.killpg(proc.pid, sig)  # as a terminal or a batch system does: the whole process group
+    else:
+        os.kill(proc.pid, sig)  # the driver alone: Ray's own handler must not take the signal from the launcher
     _finish(proc)
     err = (tmp_path / "stderr").read_text()
     assert proc.returncode == status, err
@@ -117,6 +135,21 @@ def test_sigterm_and_sigint_stop_in_order_and_keep_every_logged_value(tmp_path, 
     # (PPO logs each batch's metrics just before the progress line counts the batch)
     assert summary["frames"] > 0 and summary["frames"] in _steps(run_dir, "train/")
     assert max(_steps(run_dir, "edge/")) >= summary["frames"]
+    assert f"terminated ({word})" in err or "interrupted: every service" in err, err
+    _assert_nothing_left(proc, tmp_path, services)
+
+
+def test_sigterm_to_a_ray_run_s_whole_group_still_ends_in_order(tmp_path):
+    # Slurm's scancel and a terminal signal every process: Ray's own daemons go down at the same moment, and the
+    # driver, whose cluster no longer answers, still stops every service and writes the summary
+    proc, run_dir, services = _start(tmp_path, "+recipe=ppo", "service=ray")
+    os.killpg(proc.pid, signal.SIGTERM)
+    _finish(proc, timeout=60)
+    err = (tmp_path / "stderr").read_text()
+    assert proc.returncode == 143 and err.rstrip().endswith("terminated (SIGTERM): every service was shut down"), err
+    assert "SIGTERM received" not in err and "Traceback" not in err  # not Ray's crash dump
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["interrupted"] is True and summary["signal"] == "SIGTERM" and summary["frames"] > 0
     _assert_nothing_left(proc, tmp_path, services)
 
 

@@ -1,0 +1,58 @@
+"""What a run killed outright (SIGKILL: no cleanup runs) leaves behind is removed when the next run starts: its
+shared-memory segments, and its local Ray cluster's session directory with the Ray processes still holding it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from components.hosts.ray import OWN_TEMP_PREFIX, remove_dead_clusters
+from tests.helpers import process_gone
+from transports.segments import SHM_PREFIX, remove_orphans
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_segments_of_processes_that_no_longer_exist_are_removed_and_no_others(tmp_path):
+    dead, alive = _dead_pid(), os.getpid()
+    names = [f"{SHM_PREFIX}{dead}_0_abcdef", f"{SHM_PREFIX}{alive}_99999_abcdef", "not_ours_123"]
+    for name in names:
+        with open(f"/dev/shm/{name}", "wb") as f:
+            f.write(b"x")
+    try:
+        removed = remove_orphans()
+        assert names[0] in removed and not os.path.exists(f"/dev/shm/{names[0]}")
+        assert os.path.exists(f"/dev/shm/{names[1]}") and os.path.exists(f"/dev/shm/{names[2]}")
+    finally:
+        for name in names:
+            if os.path.exists(f"/dev/shm/{name}"):
+                os.unlink(f"/dev/shm/{name}")
+
+
+def test_a_dead_driver_s_ray_session_and_the_processes_holding_it_are_removed(tmp_path):
+    import tempfile
+
+    dead = tempfile.mkdtemp(prefix=OWN_TEMP_PREFIX, dir="/tmp")
+    live = tempfile.mkdtemp(prefix=OWN_TEMP_PREFIX, dir="/tmp")
+    with open(os.path.join(dead, "driver.pid"), "w") as f:
+        f.write(f"{_dead_pid()}\n")
+    with open(os.path.join(live, "driver.pid"), "w") as f:
+        f.write(f"{os.getpid()}\n")
+    os.makedirs(os.path.join(dead, "session_x", "logs"))
+    # a daemon of the dead cluster that outlived its driver, working there (as Ray's agents hold their logs)
+    holder = subprocess.Popen(["sleep", "60"], cwd=os.path.join(dead, "session_x", "logs"))
+    try:
+        assert remove_dead_clusters() == [dead]
+        assert not os.path.exists(dead) and os.path.exists(live)
+        holder.wait(timeout=10)
+        assert process_gone(holder.pid)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+        for where in (dead, live):
+            subprocess.run(["rm", "-rf", where], check=False)
