@@ -18,7 +18,9 @@ saying ``interrupted``; in a submitit job its preemption signal does the same, t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -32,8 +34,9 @@ from omegaconf import DictConfig, OmegaConf
 from transports.errors import ConfigurationError
 
 from . import schema
-from .conventions import EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_SERVICE_DIED, EXIT_TERMINATED, normalize_argv
-from .failures import ServiceDied, Terminated, ending, handle_sigterm
+from .conventions import (EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_NO_SPACE, EXIT_SERVICE_DIED, EXIT_TERMINATED,
+                          normalize_argv)
+from .failures import ServiceDied, Terminated, ending, handle_sigterm, no_space
 from .requeue import Preempted, handle_preemption
 
 log = logging.getLogger("launcher")
@@ -173,6 +176,12 @@ def execute(built, prepared: Prepared) -> dict:
             "frames": progress.frames, **{k: v for k, v in progress.metrics.items() if isinstance(v, (int, float))},
         })
         raise
+    except Exception as exc:
+        if (full := no_space(exc)) is not None:  # a summary fits where a batch of metrics did not, often
+            with contextlib.suppress(OSError):
+                _write_summary(run_dir, {"interrupted": False, "signal": None, "failed": full, "frames": progress.frames,
+                                         **{k: v for k, v in progress.metrics.items() if isinstance(v, (int, float))}})
+        raise
 
 
 def report(built, result: dict, run_dir: str) -> dict:
@@ -211,14 +220,24 @@ def launch(cfg: DictConfig, run_dir: str) -> dict | None:
 
 
 def _write_summary(run_dir: str, summary: dict) -> None:
-    with open(os.path.join(run_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2)
+    """``summary.json``, whole or not at all (a disk that fills up mid-write leaves no half of one)."""
+    path = os.path.join(run_dir, "summary.json")
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(summary, f, indent=2)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 # ---------------------------------------------------------------------------------------------- how a run ends
 @hydra.main(version_base=None, config_path="pkg://conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> None:
     run_dir = HydraConfig.get().runtime.output_dir
+    _quiet_when_full()
     _choose_wait_policy(cfg)
     handle_sigterm()
     handle_preemption()  # in a submitit job: its preemption signal checkpoints and stops the run, then requeues
@@ -268,12 +287,47 @@ def _ended(exc: BaseException, cfg: DictConfig, run_dir: str) -> None:
         print(f"preempted ({exc.signal_name}): every service was shut down; the job goes back to submitit to be "
               f"requeued (a requeued job {then})", file=sys.stderr, flush=True)
         exc.requeue()  # exits, or raises why the job is not requeued (it timed out max_num_timeout times)
+    if (full := no_space(exc)) is not None:
+        _no_space(exc, full, run_dir)
     if isinstance(exc, Terminated):
         if (died := _died_first(exc)) is not None:  # e.g. torchrun ends every rank once one of them died
             _service_died(died, run_dir, then="SIGTERM arrived during the shutdown")
         print("terminated (SIGTERM): every service was shut down", file=sys.stderr, flush=True)
         sys.exit(EXIT_TERMINATED)
     raise exc
+
+
+def _no_space(exc: BaseException, full: str, run_dir: str) -> None:
+    """One line saying what could not be written and what the run directory holds, then exit 4."""
+    log.info("the run stopped: %s", full, exc_info=exc)  # where launcher.log can still be written
+    kept = [what for name, what in (("checkpoint.pt", "the last checkpoint written (checkpoint.pt)"),
+                                    ("summary.json", "summary.json")) if os.path.exists(os.path.join(run_dir, name))]
+    print(f"error: the run stopped: {full}; every service was shut down; kept in {run_dir}: "
+          f"{', '.join(kept) if kept else 'nothing but what was written before'} (free space there: "
+          f"{_free(run_dir)})", file=sys.stderr, flush=True)
+    sys.exit(EXIT_NO_SPACE)
+
+
+def _free(path: str) -> str:
+    import shutil
+
+    try:
+        return f"{shutil.disk_usage(path).free / 2**20:,.1f} MiB"
+    except OSError:
+        return "unknown"
+
+
+def _quiet_when_full() -> None:
+    """The handlers writing ``launcher.log`` drop a record they cannot write for want of space, instead of printing a
+    traceback for each: the run's last line says the disk is full."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handleError = functools.partial(_drop_when_full, handler.handleError)
+
+
+def _drop_when_full(handle_error, record: logging.LogRecord) -> None:
+    if no_space(sys.exc_info()[1]) is None:
+        handle_error(record)
 
 
 def _died_first(exc: BaseException) -> ServiceDied | None:

@@ -4,11 +4,12 @@ are in :mod:`launcher.conventions`.
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 from typing import Any, Mapping
 
-from transports.errors import PeerFailureError, ServiceError
+from transports.errors import NO_SPACE, PeerFailureError, RemoteError, ServiceError
 
 SETTLE_S = 2.0
 """Seconds to wait, after a client saw its peer fail, for the host watching that peer to record why."""
@@ -58,6 +59,23 @@ def ending() -> None:
     """The run has ended and says how: a SIGTERM from now on (torchrun ending the other ranks, a batch system) only
     ends the process, which is exiting with its own status already, instead of unwinding its interpreter's shutdown."""
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
+
+
+def no_space(error: BaseException | None) -> str | None:
+    """What a run could not write for want of space, where ``error`` (or an error it came from, here or in a
+    service's owner) is a full disk or quota: ``"No space left on device: /path"`` (the path where known); else
+    ``None``."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in NO_SPACE:
+            return error.strerror + (f": {error.filename}" if error.filename else "")
+        if isinstance(error, RemoteError) and error.remote_type in ("OSError", "PermissionError"):
+            said = re.match(r"\[Errno (\d+)\] ([^:]+)(?:: '(.*)')?$", error.remote_message.strip())
+            if said and int(said[1]) in NO_SPACE:
+                return said[2] + (f": {said[3]}" if said[3] else "")
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def dead_service(owners: Mapping[str, Any], error: BaseException) -> ServiceDied | None:

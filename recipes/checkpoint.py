@@ -14,6 +14,7 @@ before a byte is written, naming where in the state it sits.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -152,10 +153,16 @@ def write_atomically(payload: Mapping[str, Any], path: str) -> None:
                 torch.save(dict(payload), f)
             except RuntimeError as exc:  # torch's writer reports a failed write (a full disk...) as its own error
                 cause = exc.__context__ if isinstance(exc.__context__, OSError) else exc
-                raise OSError(f"writing {path} failed: {cause}") from exc
+                raise OSError(getattr(cause, "errno", None), f"writing {path} failed: {cause}") from exc
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as exc:  # the error names the checkpoint (the disk's own names no file); the last one stays
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if exc.errno is not None and exc.filename is None:
+            raise OSError(exc.errno, os.strerror(exc.errno), path) from exc
+        raise
     except BaseException:
         try:
             os.unlink(tmp)

@@ -17,6 +17,8 @@ boundary with ``raise OurError(...) from exc``.
 
 from __future__ import annotations
 
+import errno
+
 import traceback as _traceback
 
 
@@ -103,6 +105,10 @@ class LayoutError(TransportError, ValueError):
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+"""The ``errno`` of a write that failed because the disk (or the user's quota) is full."""
 
 
 class RemoteError(ServiceError):

@@ -9,14 +9,16 @@ and after Ctrl-C.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import logging
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import torch
 
-from transports.errors import ConfigurationError
+from transports.errors import NO_SPACE, ConfigurationError
 
 from ..commands import Allowed, CommandTarget, hosted
 from ..config import LoggerConfig
@@ -26,6 +28,8 @@ from .video import video_frames, write_gif
 
 if TYPE_CHECKING:
     from .client import LoggerClient
+
+log = logging.getLogger(__name__)
 
 CLIENT_OPERATIONS = frozenset({"log_scalar", "log_metrics", "log_hparams", "log_video", "flush"})
 
@@ -88,7 +92,7 @@ class Logger(Owner["Logger"]):
         """Log one scalar; returns once it is written."""
         self._require_running()
         v = _as_float(name, value)
-        with self._lock:
+        with self._lock, self._writing():
             self._write_scalar(name, v, step)
 
     @hosted
@@ -96,7 +100,7 @@ class Logger(Owner["Logger"]):
         """Log several scalars at one step."""
         self._require_running()
         values = {k: _as_float(k, v) for k, v in metrics.items()}
-        with self._lock:
+        with self._lock, self._writing():
             for k, v in values.items():
                 self._write_scalar(k, v, step)
 
@@ -105,7 +109,7 @@ class Logger(Owner["Logger"]):
         """Record hyperparameters (numbers, strings and booleans; other values as their ``repr``)."""
         self._require_running()
         clean = {k: v if isinstance(v, (int, float, str, bool)) else repr(v) for k, v in hparams.items()}
-        with self._lock:
+        with self._lock, self._writing():
             self._write_hparams(clean)
 
     @hosted
@@ -116,15 +120,30 @@ class Logger(Owner["Logger"]):
         frames = video_frames(video)
         safe = name.replace("/", "_")
         path = os.path.join(self.log_dir, "videos", f"{safe}_{0 if step is None else int(step)}.gif")
-        with self._lock:
+        with self._lock, self._writing():
             return write_gif(frames, path, fps)
 
     @hosted
     def flush(self) -> None:
         """Push buffered values to disk."""
         self._require_running()
-        with self._lock:
+        with self._lock, self._writing():
             self._flush()
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A write of this logger. One that fails for want of space raises ``OSError`` naming the log directory
+        (the disk's own error names no file), and every later write fails alike, at once."""
+        full = getattr(self, "_full", None)
+        if full is not None:
+            raise OSError(full.errno, full.strerror, full.filename)
+        try:
+            yield
+        except OSError as exc:
+            if exc.errno not in NO_SPACE:
+                raise
+            self._full = OSError(exc.errno, os.strerror(exc.errno), os.path.abspath(self.log_dir))
+            raise OSError(exc.errno, self._full.strerror, self._full.filename) from None
 
     # ------------------------------------------------------------------ for subclasses
     def _open(self) -> None:
@@ -163,14 +182,40 @@ class _InPlace:
 
     def _flush_every(self, seconds: float) -> None:
         while not self._stop.wait(seconds):
-            with self.owner._lock:
-                self.owner._flush()
+            try:
+                with self.owner._lock, self.owner._writing():
+                    self.owner._flush()
+            except OSError as exc:  # kept by the logger: the next call it serves raises it
+                log.info("logger: cannot flush into %s: %s", self.owner.log_dir, exc.strerror)
+                return
 
     def close(self) -> None:
         self._stop.set()
         if self._flusher is not None:
             self._flusher.join()
-        self.owner._close()
+        try:
+            self.owner._close()
+        except OSError as exc:
+            if exc.errno not in NO_SPACE:
+                raise
+            log.info("logger: %s: what was not flushed into %s before is lost", exc.strerror, self.owner.log_dir)
+
+
+def quiet_writer_threads() -> None:
+    """TensorBoard's writer thread keeps a failed write for the writer, which raises it at its next call (named by
+    :meth:`Logger._writing`), and then re-raises it in the thread as well: a full disk is said once, at the call, not
+    as a thread's traceback too. Installed once per process, before the first writer opens."""
+    previous = threading.excepthook
+    if getattr(previous, "quiet_full_disk", False):
+        return
+
+    def hook(args) -> None:
+        if not (isinstance(args.exc_value, OSError) and args.exc_value.errno in NO_SPACE
+                and type(args.thread).__module__.startswith("tensorboard")):
+            previous(args)
+
+    hook.quiet_full_disk = True
+    threading.excepthook = hook
 
 
 def _started_twin(cls: type, options: dict) -> Logger:

@@ -12,7 +12,7 @@ from typing import Any, Mapping
 from transports.errors import ConfigurationError
 
 from ..resolution import Resolved
-from .base import Logger
+from .base import Logger, quiet_writer_threads
 from .config import CSVLoggerConfig
 
 
@@ -68,17 +68,18 @@ class CSVLogger(Logger):
             except ImportError:
                 return
             after = None if self.resume_step is None else self.resume_step + 1  # events from there on are hidden
+            quiet_writer_threads()
             self._events = SummaryWriter(log_dir=os.path.join(self.log_dir, "tensorboard"), purge_step=after,
                                          flush_secs=max(1, math.ceil(self.flush_seconds)))
 
     def _close(self) -> None:
-        if self._file is not None:
-            self._file.flush()
-            self._file.close()
-            self._file = None
-        if self._events is not None:
-            self._events.close()
-            self._events = None
+        file, events, self._file, self._events = self._file, self._events, None, None
+        try:
+            if file is not None:
+                file.close()  # flushes first
+        finally:
+            if events is not None:
+                events.close()
 
     def _write_scalar(self, name: str, value: float, step: int | None) -> None:
         self._writer.writerow([name, "" if step is None else int(step), repr(value) if math.isfinite(value) else str(value),

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 from transports.errors import ConfigurationError
 
 from ..resolution import Resolved
-from .base import Logger
+from .base import Logger, quiet_writer_threads
 from .config import TensorBoardLoggerConfig
 
 
@@ -44,13 +44,13 @@ class TensorBoardLogger(Logger):
                 alternatives=("csv",),
             ) from exc
         after = None if self.resume_step is None else self.resume_step + 1  # events from there on are hidden
+        quiet_writer_threads()
         self._writer = SummaryWriter(log_dir=self.log_dir, purge_step=after)
 
     def _close(self) -> None:
-        if self._writer is not None:
-            self._writer.flush()
-            self._writer.close()
-            self._writer = None
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()  # flushes first
 
     def _write_scalar(self, name: str, value: float, step: int | None) -> None:
         self._writer.add_scalar(name, value, global_step=step)
