@@ -39,29 +39,38 @@ def unique(path: str) -> str:
             candidate = f"{path}-{n}"
 
 
+MADE_HERE: set[str] = set()
+"""The run directories this command line makes (absolute): the only ones a refused run removes again."""
+
+
 def own_run_dir(argv: list[str]) -> list[str]:
     """``argv`` with ``hydra.run.dir=`` a directory of this run's own added, where the command line runs one job in
     the default run directory; else ``argv`` as it is (a sweep, a run directory the user chose, a command line the
     preflight leaves to Hydra)."""
     from .conventions import normalize_argv
-    from .preflight import _hydra_args, compose, sweep_jobs
+    from .preflight import _config_dir, _hydra_args, compose, sweep_jobs
 
     args = _hydra_args(argv)
-    if args is None or args.multirun or args.config_dir or args.config_path or args.config_name:
+    if args is None or args.multirun or args.config_path or args.config_name:
         return argv
-    if any(o.split("=", 1)[0].lstrip("+~") == "hydra.run.dir" for o in args.overrides):
-        return argv
+    chosen = any(o.split("=", 1)[0].lstrip("+~") == "hydra.run.dir" for o in args.overrides)
     try:
         jobs = sweep_jobs(argv)
         if jobs is None or len(jobs) != 1:
             return argv
-        cfg = compose(normalize_argv(list(args.overrides)), hydra=True)
+        cfg = compose([*normalize_argv(list(args.overrides)), *_config_dir(argv)], hydra=True)
         path = str(cfg.hydra.run.dir)
     except Exception:  # noqa: BLE001 - a command line Hydra will refuse: it says why, in its own words
         return argv
     if cfg.distributed.ranks == "env" and int(os.environ.get("RANK") or 0) >= 1:
         return argv  # a worker rank torchrun or srun started: it serves the driver and writes no run of its own
-    return [*argv, f"hydra.run.dir={unique(path)}"]
+    if chosen:  # the user's own directory: this run's to remove if refused only where it does not exist yet
+        if not os.path.exists(path):
+            MADE_HERE.add(os.path.abspath(path))
+        return argv
+    path = unique(path)
+    MADE_HERE.add(os.path.abspath(path))
+    return [*argv, f"hydra.run.dir={path}"]
 
 
 _STARTED = {".hydra": {"config.yaml", "hydra.yaml", "overrides.yaml"}, "launcher.log": None, LOCK: None}
@@ -69,11 +78,16 @@ _STARTED = {".hydra": {"config.yaml", "hydra.yaml", "overrides.yaml"}, "launcher
 
 
 def discard_unused(run_dir: str) -> bool:
-    """Remove a run directory that holds nothing but what Hydra writes when a job starts (a run refused for a
-    configuration mistake leaves no directory behind), then its parents that are left empty, up to the working
-    directory. A directory holding anything else is kept as it is. Returns whether it was removed."""
+    """Remove a run directory that this command line made (:data:`MADE_HERE`) and that holds nothing but what Hydra
+    writes when a job starts (a run refused for a configuration mistake leaves no directory behind), then its parents
+    that are left empty, up to the working directory. Any other directory is kept as it is. Returns whether it was
+    removed."""
     import shutil
 
+    where = os.path.abspath(run_dir)
+    if where not in MADE_HERE or os.path.abspath(os.getcwd()).startswith(where.rstrip(os.sep) + os.sep) \
+            or where == os.path.abspath(os.getcwd()):
+        return False
     try:
         entries = set(os.listdir(run_dir))
         if not entries <= set(_STARTED) or not set(os.listdir(os.path.join(run_dir, ".hydra"))

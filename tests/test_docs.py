@@ -117,7 +117,8 @@ def test_every_launcher_command_in_the_docs_plans(where, command, user_dir):
 
     args = _launcher_args(command)
     sweep = "--multirun" in args or "-m" in args
-    configs = check_argv([*args, "launcher.dry_run=true"])  # phase 1 of the command line: every job composed, checked
+    with contextlib.chdir(user_dir):  # where the page's reader stands (--config-dir my_conf)
+        configs = check_argv([*args, "launcher.dry_run=true"])  # phase 1: every job composed, checked
     for cfg in configs:  # then each job's plan and dry run, the phases Hydra's main would run for it
         printed = io.StringIO()
         with contextlib.redirect_stdout(printed):

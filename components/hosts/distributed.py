@@ -35,7 +35,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 
 from transports.errors import ConfigurationError, PeerFailureError, ServiceTimeoutError
 
-from .base import RunSetting
+from .base import Resources, RunSetting
 from .connected import ConnectedHost
 from .process import ProcessHost, _child_main
 
@@ -148,6 +148,17 @@ class DistributedHost(ProcessHost):
             yield
 
     @classmethod
+    def check_session(cls, settings: Mapping[str, Any], placed: Mapping[str, Resources]) -> None:
+        """With ``ranks=env``, a driver that ``torchrun`` (or ``srun``) started: else it would wait for ranks that
+        nobody starts."""
+        if settings_of(settings).ranks == "env" and _int_env("WORLD_SIZE") is None and placed:
+            workers = next(iter(placed))  # the collector
+            raise ConfigurationError(f"distributed.ranks=env takes its ranks from torchrun or srun, but WORLD_SIZE is "
+                                     f"not set here: start the {workers}'s ranks and the driver with torchrun -m "
+                                     "launcher ... (under srun, set RANK and WORLD_SIZE), or set distributed.ranks=local "
+                                     "for ranks the launcher starts", path="distributed.ranks")
+
+    @classmethod
     def on_run_machine(cls, settings: Mapping[str, Any]) -> bool:
         return settings_of(settings).ranks == "local"
 
@@ -203,11 +214,6 @@ def check_world(plan: Any) -> None:
 
 def _check_world_size(workers: int) -> None:
     world = _int_env("WORLD_SIZE")
-    if world is None and workers:  # no launcher started ranks: the driver would wait for them in vain
-        raise ConfigurationError(f"distributed.ranks=env takes its ranks from torchrun or srun, but WORLD_SIZE is not "
-                                 f"set here: start the run with torchrun --nproc-per-node={workers + 1} -m launcher "
-                                 "... (under srun, set RANK and WORLD_SIZE), or set distributed.ranks=local for ranks "
-                                 "the launcher starts", path="distributed.ranks")
     if world is not None and world != workers + 1:
         raise ConfigurationError(f"distributed.ranks=env: WORLD_SIZE={world}, but rank 0 drives and each of the "
                                  f"{workers} collector workers is a rank: start {workers + 1} ranks, or set "

@@ -101,6 +101,8 @@ MISTAKES = [
      "offers 0 of it: declare it under ray.resources"),
     (("components.collector.placement=rpc", "rpc.interface=nope0"), "rpc.interface",
      "rpc.interface='nope0' is no network interface of this machine"),
+    (("components.collector.placement=distributed", "distributed.host=127.0.0.1", "distributed.port=29555",
+      "distributed.ranks=env"), "distributed.ranks", "takes its ranks from torchrun or srun, but WORLD_SIZE is not set"),
 ]
 
 
@@ -345,8 +347,6 @@ CLI_MISTAKES = [
     ("+recipe=ppo", "recipe.lr=-1"), ("+recipe=ppo", "recipe.total_frames=-100"), ("+recipe=ppo", "recipe.window=0"),
     ("+recipe=ppo", "launcher.telemetry_every=-1"), ("+recipe=ppo", "components.inference.max_batch_size=-5"),
     ("+recipe=ppo", "components.inference.timeout=-1"), ("+recipe=ppo", "components.inference.policy_device=cuda:7"),
-    ("+recipe=ppo", "components.collector.placement=distributed", "distributed.host=127.0.0.1", "distributed.port=29555",
-     "distributed.ranks=env"),
 ]
 
 
@@ -398,6 +398,13 @@ def test_a_refusal_inside_hydra_s_job_leaves_no_run_directory(tmp_path):
     (kept / "notes.txt").write_text("mine")
     proc = cli_in_process("+recipe=dqn", "env=pendulum", f"hydra.run.dir={kept}", cwd=str(tmp_path))
     assert proc.returncode == 2 and (kept / "notes.txt").read_text() == "mine"
+    empty = tmp_path / "empty"  # so is one that was there before the run, even empty
+    empty.mkdir()
+    assert cli_in_process("+recipe=dqn", "env=pendulum", f"hydra.run.dir={empty}", cwd=str(tmp_path)).returncode == 2
+    assert empty.is_dir()
+    made = tmp_path / "new" / "run"  # and one the run would have made is gone again, with its parent
+    assert cli_in_process("+recipe=dqn", "env=pendulum", f"hydra.run.dir={made}", cwd=str(tmp_path)).returncode == 2
+    assert not (tmp_path / "new").exists()
 
 
 WRONG_COMBINATIONS = [
