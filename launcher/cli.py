@@ -36,7 +36,7 @@ from transports.errors import ConfigurationError
 from . import schema
 from .conventions import (EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_NO_SPACE, EXIT_SERVICE_DIED, EXIT_TERMINATED,
                           normalize_argv)
-from .failures import ServiceDied, Terminated, ending, handle_sigterm, no_space
+from .failures import ServiceDied, Terminated, ending, handle_sigterm, in_chain, no_space
 from .requeue import Preempted, handle_preemption
 
 log = logging.getLogger("launcher")
@@ -53,7 +53,8 @@ def plan(cfg: DictConfig):
     """
     from components.hosts.distributed import check_world, rank_of_environment, serve_rank
 
-    from .plan import build_plan, check_here, prepare_placements
+    from .checks import check_here
+    from .plan import build_plan, prepare_placements
 
     rank = rank_of_environment(cfg.get("distributed"))
     if rank is not None and not cfg.launcher.dry_run:  # a worker rank torchrun/srun started: the driver sends its work
@@ -332,13 +333,7 @@ def _drop_when_full(handle_error, record: logging.LogRecord) -> None:
 
 def _died_first(exc: BaseException) -> ServiceDied | None:
     """The service death a signal interrupted the handling of (the shutdown it started), if any."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, ServiceDied):
-            return exc
-        exc = exc.__cause__ or exc.__context__
-    return None
+    return in_chain(exc, lambda e: isinstance(e, ServiceDied))
 
 
 def _service_died(exc: ServiceDied, run_dir: str, then: str = "") -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import signal
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from transports.errors import NO_SPACE, PeerFailureError, RemoteError, ServiceError
 
@@ -65,17 +65,17 @@ def no_space(error: BaseException | None) -> str | None:
     """What a run could not write for want of space, where ``error`` (or an error it came from, here or in a
     service's owner) is a full disk or quota: ``"No space left on device: /path"`` (the path where known); else
     ``None``."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in NO_SPACE:
-            return error.strerror + (f": {error.filename}" if error.filename else "")
-        if isinstance(error, RemoteError) and error.remote_type in ("OSError", "PermissionError"):
-            said = re.match(r"\[Errno (\d+)\] ([^:]+)(?:: '(.*)')?$", error.remote_message.strip())
-            if said and int(said[1]) in NO_SPACE:
-                return said[2] + (f": {said[3]}" if said[3] else "")
-        error = error.__cause__ or error.__context__
-    return None
+    def said(e: BaseException) -> str | None:
+        if isinstance(e, OSError) and e.errno in NO_SPACE:
+            return e.strerror + (f": {e.filename}" if e.filename else "")
+        if isinstance(e, RemoteError) and e.remote_type in ("OSError", "PermissionError"):
+            told = re.match(r"\[Errno (\d+)\] ([^:]+)(?:: '(.*)')?$", e.remote_message.strip())
+            if told and int(told[1]) in NO_SPACE:
+                return told[2] + (f": {told[3]}" if told[3] else "")
+        return None
+
+    full = in_chain(error, lambda e: said(e) is not None)
+    return None if full is None else said(full)
 
 
 def dead_service(owners: Mapping[str, Any], error: BaseException) -> ServiceDied | None:
@@ -99,8 +99,15 @@ def dead_service(owners: Mapping[str, Any], error: BaseException) -> ServiceDied
 
 
 def _peer_failure(error: BaseException | None) -> bool:
-    while error is not None:
-        if isinstance(error, PeerFailureError):
-            return True
+    return in_chain(error, lambda e: isinstance(e, PeerFailureError)) is not None
+
+
+def in_chain(error: BaseException | None, wanted: Callable[[BaseException], bool]) -> BaseException | None:
+    """The first of ``error`` and the errors it came from (``__cause__``, else ``__context__``) that is ``wanted``."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if wanted(error):
+            return error
         error = error.__cause__ or error.__context__
-    return False
+    return None

@@ -20,18 +20,17 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from components import compat
 from components.hosts import HOSTS, Resources, host_class
 from components.resolution import Resolved, resolve_component
 from components.scope import service_backend, transport_backend
 from recipes import RECIPES, Recipe, get_recipe
-from transports.errors import ConfigurationError, IncompatibleCombinationError, NotImplementedYetError
+from transports.errors import ConfigurationError, IncompatibleCombinationError
 from transports.descriptor import Reach
 from transports.kinds import DISTANCE, reaches, transport_label
 
-from .preflight import check_values
+from .values import check_values
 
 ComponentPlan = Resolved
 """One owner of the plan: its resolution."""
@@ -313,44 +312,6 @@ def _topological(names: tuple[str, ...]) -> tuple[str, ...]:
         else:  # pragma: no cover - the declarations are acyclic
             raise RuntimeError(f"dependency cycle among {pending}")
     return tuple(order)
-
-
-def check_placements(cfg: DictConfig) -> None:
-    """The plan's table checks from the torch-free declarations alone: every component's placement and transport
-    against the compatibility table, and every call edge's reach. The preflight runs it before Hydra starts and
-    before torch is imported, so a wrong combination is refused in about a second; :func:`build_plan` checks the
-    same again, with everything the recipe sets. A config with no recipe, or a mistake of another kind (one that
-    may depend on what the recipe sets), is left to :func:`build_plan`.
-
-    Raises:
-        IncompatibleCombinationError: a placement, transport or call edge outside the table.
-        NotImplementedYetError: a combination the table plans but that is not built yet.
-    """
-    from recipes.base import needs_of
-
-    if cfg.get("recipe") is None:
-        return
-    try:
-        needs = _needs(cfg, needs_of(OmegaConf.get_type(cfg.recipe)))
-        check_calls(resolve_components(cfg, needs, services={}, layouts={}))
-    except (IncompatibleCombinationError, NotImplementedYetError):
-        raise
-    except (ConfigurationError, OmegaConfBaseException):
-        return  # the full plan says it, with what the recipe sets
-
-
-def check_here(plan: LaunchPlan) -> None:
-    """What the machine (or cluster) that runs the plan cannot do, refused before anything starts: each placement's
-    :meth:`~components.hosts.base.Host.check_session` (a Ray cluster without the GPUs asked for, a network interface
-    that does not exist, Slurm that does not answer). Not part of :func:`build_plan`: a plan made on a login node for
-    a Slurm job is checked where the job runs.
-
-    Raises:
-        ConfigurationError: naming the setting or the resource and what to do.
-    """
-    for placement in sorted({c.placement for c in plan.components} & set(HOSTS)):
-        host_class(placement).check_session(plan.sessions.get(placement) or {},
-                                            {c.name: c.resources for c in plan.components if c.placement == placement})
 
 
 def prepare_placements(cfg: DictConfig) -> None:

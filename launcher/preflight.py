@@ -5,7 +5,7 @@ Two checks, both raising :class:`~transports.errors.ConfigurationError` (the CLI
 - :func:`check_argv` composes the command line's config the way Hydra will (every job of a ``--multirun``
   sweep), and Hydra's own config with the ``hydra/...`` and ``hydra.*`` overrides (a launcher's fields), and turns
   Hydra's and OmegaConf's errors into one short message: the key or value, its config path, what is allowed there;
-- :func:`check_values` walks a composed config against its schema: the range each field declares
+- :func:`launcher.values.check_values` walks a composed config against its schema: the range each field declares
   (:func:`transports.options.bounded`, :func:`~transports.options.one_of`), keys the schema does not have, then the
   ``rules()`` between fields (``(field to blame, holds, what is wrong)``).
   ``build_plan`` runs it too, so a config composed in Python is checked the same way, dry run or not.
@@ -24,16 +24,16 @@ import itertools
 import os
 import sys
 import typing
-from typing import Any, Iterator
+from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from transports import options
 from transports.errors import ConfigurationError
 
 from . import schema
 from .conventions import EXIT_CONFIG, normalize_argv
+from .values import _fields, _kind, check_values
 
 _HANDS_OFF = ("help", "hydra_help", "cfg", "info", "package", "resolve", "shell_completion", "config_path",
               "config_name", "experimental_rerun")
@@ -71,7 +71,7 @@ def check_argv(argv: list[str]) -> list[DictConfig]:
         ConfigurationError: an override that does not parse, an unknown key or group option, a value of the
             wrong type or out of range, naming its config path and what is allowed.
     """
-    from .plan import check_placements
+    from .checks import check_placements
 
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         return []
@@ -272,98 +272,3 @@ def explain(exc: BaseException) -> ConfigurationError:
                                   path=full_key)
     text = str(cause if full_key else exc).strip().splitlines()
     return ConfigurationError(text[0] if text else type(exc).__name__, path=full_key or None)
-
-
-_fields = options.fields_of
-
-
-def _kind(hint: Any) -> str:
-    """What a field of this type accepts, in words."""
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if typing.get_origin(hint) is typing.Union and len(args) < len(typing.get_args(hint)):
-        return (_kind(args[0]) if len(args) == 1 else "a value") + " or null"
-    if hint is Any:
-        return "a value"
-    if hint is bool:
-        return "true or false"
-    if hint is int:
-        return "an integer"
-    if hint is float:
-        return "a number"
-    if hint is str:
-        return "a string"
-    if typing.get_origin(hint) in (dict, list, tuple):
-        return "a mapping" if typing.get_origin(hint) is dict else "a list"
-    if _fields(hint):
-        return f"a mapping of {', '.join(_fields(hint))}"
-    return f"a {getattr(hint, '__name__', hint)}"
-
-
-# ---------------------------------------------------------------------------------------------- the values
-def check_values(cfg: DictConfig, *, strict: bool = True) -> None:
-    """Check a composed config against its schema: every key known, every value within the range its field
-    declares (:func:`transports.options.bounded`, :func:`~transports.options.one_of`), then each dataclass's ``rules()``
-    between its fields.
-
-    Args:
-        cfg: the composed config.
-        strict: a value whose interpolation does not resolve is an error (``False``: skip it; the preflight runs
-            outside Hydra's app, where ``${hydra:...}`` does not resolve yet).
-
-    Raises:
-        ConfigurationError: the first mistake, naming its config path, the value and what is allowed.
-    """
-    nodes = list(_typed_nodes(cfg, ""))
-    for path, node, kind in nodes:
-        _check_fields(path, node, kind, strict)
-    for path, node, kind in nodes:
-        if not hasattr(kind, "rules"):
-            continue
-        try:
-            obj = OmegaConf.to_object(node)
-        except OmegaConfBaseException as exc:
-            if strict:
-                raise ConfigurationError(f"{path} cannot be read: {str(exc).splitlines()[0]}", path=path) from None
-            continue
-        for name, holds, wrong in obj.rules():
-            if not holds:
-                raise ConfigurationError(wrong, path=_join(path, name))
-
-
-def _join(path: str, key: Any) -> str:
-    return f"{path}.{key}" if path else str(key)
-
-
-def _typed_nodes(node: DictConfig, path: str) -> Iterator[tuple[str, DictConfig, type]]:
-    """Every node of ``node`` typed by a schema dataclass, as ``(path, node, dataclass)``, parents first."""
-    kind = OmegaConf.get_type(node)
-    if _fields(kind):
-        yield path, node, kind
-    for key in node.keys():
-        if OmegaConf.is_interpolation(node, key) or OmegaConf.is_missing(node, key):
-            continue
-        child = node[key]
-        if isinstance(child, DictConfig):
-            yield from _typed_nodes(child, _join(path, key))
-
-
-def _check_fields(path: str, node: DictConfig, kind: type, strict: bool) -> None:
-    fields = _fields(kind)
-    for key in node.keys():
-        if key not in fields:
-            raise ConfigurationError(f"{path or 'the config'} has no key {key!r}", path=_join(path, key),
-                                     alternatives=tuple(fields))
-    hints = typing.get_type_hints(kind)
-    for name, f in fields.items():
-        full = _join(path, name)
-        if name not in node or OmegaConf.is_missing(node, name):
-            raise ConfigurationError(f"{full} has no value: set one ({_kind(hints.get(name, Any))})", path=full)
-        if not options.allowed(f):
-            continue
-        try:
-            value = node[name]
-        except OmegaConfBaseException as exc:
-            if strict:
-                raise ConfigurationError(f"{full} cannot be resolved: {str(exc).splitlines()[0]}", path=full) from None
-            continue
-        options.check_value(f, value, full, hints.get(name))

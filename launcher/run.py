@@ -34,7 +34,7 @@ from transports.segments import remove_orphans
 
 from . import checkpointing
 from .checkpointing import Resumed
-from .failures import ServiceDied, ServiceFailedToStart, Terminated, dead_service
+from .failures import ServiceDied, ServiceFailedToStart, Terminated, dead_service, in_chain
 from .plan import LaunchPlan
 from .report import ProgressLine
 from .telemetry import EdgeReporter
@@ -132,6 +132,13 @@ BUILDERS: Mapping[str, Callable[..., Any]] = {
 }
 
 
+def _signal_within(error: BaseException) -> BaseException | None:
+    """The :class:`Terminated` or ``KeyboardInterrupt`` an error came from, where a library's call ran the signal's
+    handler and raised its own error instead (Ray's ``get``): the signal ended the run, not the services it took
+    down with it (a SIGTERM to the process group reaches Ray's daemons too)."""
+    return in_chain(error, lambda e: isinstance(e, (Terminated, KeyboardInterrupt)))
+
+
 def execute(plan: LaunchPlan, run_dir: str, *, on_started: Callable[[dict], None] | None = None,
             progress: ProgressLine | None = None, resumed: Resumed | None = None) -> dict:
     """Run the plan: start owners in order, run the recipe with their clients, tear down in reverse. Everything it
@@ -187,6 +194,9 @@ def execute(plan: LaunchPlan, run_dir: str, *, on_started: Callable[[dict], None
         except ServiceDied:
             raise
         except Exception as exc:
+            if (signalled := _signal_within(exc)) is not None:  # a library wrapped our signal's exception in its own
+                checkpointing.save(checkpoint, f"on {getattr(signalled, 'signal_name', 'Ctrl-C')}")
+                raise signalled from None
             died = dead_service(owners, exc)  # checked before the teardown stops the others
             if died is not None:
                 checkpointing.save(checkpoint, f"after {died.component} died")  # with the services still alive

@@ -2,7 +2,7 @@
 
 Each group option in ``conf/`` starts with ``defaults: [base_<name>, _self_]`` so the dataclass here types
 it: unknown keys and wrong types fail at compose time with the config path. A field's accepted range is declared
-with ``bounded`` and checked by :func:`launcher.preflight.check_values`. Dataclasses only; nothing heavy
+with ``bounded`` and checked by :func:`launcher.values.check_values`. Dataclasses only; nothing heavy
 is imported. ``tests/launcher/test_config_parity.py`` keeps each schema in step with the constructor it configures.
 """
 
@@ -60,7 +60,7 @@ class RayConf:
     connect_timeout: float = bounded(5.0, gt=0, unit="seconds")  # seconds to wait for the cluster at `address` to answer
 
     def rules(self):
-        from components.hosts.ray import SOCKET_ROOM
+        from components.hosts.ray_cluster import SOCKET_ROOM
 
         return (("temp_dir", self.temp_dir is None or len(self.temp_dir) <= SOCKET_ROOM,
                  f"ray.temp_dir is {len(self.temp_dir or '')} characters long; Ray makes Unix sockets under it, whose "

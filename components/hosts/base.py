@@ -19,14 +19,14 @@ own (never on its serving loop), or in the caller for a target that lives there 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Dict, Mapping, Optional, Sequence
 
-from transports.errors import ConfigurationError
 from transports.options import bounded, check_instance
+
+from .nice import Niced, refuse_inline_nice
 
 DEFAULT_STOP_TIMEOUT = 10.0
 
@@ -39,7 +39,7 @@ class Resources:
     ``max_restarts`` restarts a crashed Ray actor (its interrupted calls are retried as many times) and a collector
     worker on any host (its interrupted rollout is retried);
     ``startup_timeout`` bounds scheduling plus construction on every host;
-    ``nice`` lowers the scheduling priority of the owner's thread or process (see :class:`Niced`): on a machine whose
+    ``nice`` lowers the scheduling priority of the owner's thread or process (see :class:`~components.hosts.nice.Niced`): on a machine whose
     cores the learner keeps busy, collectors and their inference server at ``nice=19`` take only the cycles it leaves.
     """
 
@@ -180,7 +180,7 @@ class Host(ABC):
                  index: tuple[int, int] = (0, 1)):
         self.resources = resources or Resources()
         if self.resources.nice:
-            _refuse_inline_nice(type(self), self.resources)
+            refuse_inline_nice(type(self), self.resources)
             factory = Niced(factory, self.resources.nice, whole_process=not self.same_process)
         self.name, self.factory, self.index = name, factory, index
         self.on_death = on_death
@@ -251,7 +251,7 @@ class Host(ABC):
         Raises:
             ConfigurationError: naming the field (``resources.<field>``).
         """
-        _refuse_inline_nice(cls, resources)
+        refuse_inline_nice(cls, resources)
 
     @classmethod
     def check_session(cls, settings: Mapping[str, Any], placed: Mapping[str, "Resources"]) -> None:
@@ -340,45 +340,6 @@ def stop_all(hosts, timeout: float | None = None) -> None:
         host.request_stop()
     for host in hosts:
         host.stop(max(0.1, deadline - time.monotonic()))
-
-
-def _refuse_inline_nice(host_class: type, resources: Resources) -> None:
-    if resources.nice and host_class.inline:
-        raise ConfigurationError(
-            f"resources.nice={resources.nice} would lower the caller's own thread: the {host_class.placement} "
-            "placement runs the owner there; use a placement with a thread or process of its own (thread, process, "
-            "ray...)", path="resources.nice")
-
-
-class Niced:
-    """A target factory that first lowers the scheduling priority of where it runs (``os.setpriority``, Linux): every
-    thread of the process for a target with a process of its own (threads started later inherit it), only the calling
-    thread for a target on a thread of the owner's process. Lowering a priority needs no privilege.
-
-    Pickles as its parts, so it travels wherever the factory does.
-
-    Args:
-        factory: the target factory.
-        nice: the niceness, 1 (a little lower) to 19 (only cycles nobody else wants).
-        whole_process: every thread of the process, not only the calling one.
-    """
-
-    def __init__(self, factory: Callable[[], Any], nice: int, whole_process: bool):
-        self.factory, self.nice, self.whole_process = factory, int(nice), whole_process
-
-    def __call__(self) -> Any:
-        threads = [threading.get_native_id()]
-        if self.whole_process:
-            try:
-                threads = [int(tid) for tid in os.listdir("/proc/self/task")]
-            except OSError:  # no /proc: the process as the OS names it
-                threads = [0]
-        for tid in threads:
-            try:
-                os.setpriority(os.PRIO_PROCESS, tid, max(self.nice, os.getpriority(os.PRIO_PROCESS, tid)))
-            except (OSError, AttributeError):  # a thread that ended meanwhile; a system without priorities
-                pass
-        return self.factory()
 
 
 def run_serving_loop(target: Any, stop: threading.Event) -> None:

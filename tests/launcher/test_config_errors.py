@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 from components.errors import ConfigurationError
 from launcher import schema
 from launcher.conventions import EXIT_CONFIG
-from launcher.plan import build_plan, check_here
+from launcher.checks import check_here
+from launcher.plan import build_plan
 from launcher.preflight import check_argv
 from recipes.configs import DQNConfig, PPOConfig
 from tests.helpers import cli_in_process, run_cli
@@ -418,7 +419,7 @@ WRONG_COMBINATIONS = [
 @pytest.mark.parametrize("overrides, path, needle", WRONG_COMBINATIONS, ids=[w[1] for w in WRONG_COMBINATIONS])
 def test_a_wrong_combination_is_refused_from_the_declarations_alone(overrides, path, needle):
     # the preflight's table check (no recipe module, no env, no torch) and the full plan refuse it alike
-    from launcher.plan import check_placements
+    from launcher.checks import check_placements
     from launcher.preflight import compose
 
     with pytest.raises(ConfigurationError) as early:
@@ -440,7 +441,7 @@ def test_a_wrong_combination_is_refused_before_torch_loads(tmp_path):
 
 def test_every_plan_the_table_check_passes_it_also_passes_in_full():
     # the early check never refuses what the plan accepts: every service x transport pair of the dry-run matrix
-    from launcher.plan import check_placements
+    from launcher.checks import check_placements
     from launcher.preflight import compose
 
     for service in _options("service"):

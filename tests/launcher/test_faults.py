@@ -70,14 +70,15 @@ def _assert_nothing_left(proc, tmp_path, services: dict) -> None:
     assert [where for where in glob.glob("/tmp/rlsvc_ray_*/driver.pid")  # a local Ray cluster's session directory
             if _read(where) == str(proc.pid)] == []
 
+    # multiprocessing's pymp-* directory included (torch keeps its compiler cache there on purpose)
+    assert [name for name in os.listdir(tmp_path / "tmp") if not name.startswith("torchinductor_")] == []
+
 
 def _read(path: str) -> str:
     try:
         return pathlib.Path(path).read_text().strip()
     except OSError:  # another run's directory, removed meanwhile
         return ""
-    # multiprocessing's pymp-* directory included (torch keeps its compiler cache there on purpose)
-    assert [name for name in os.listdir(tmp_path / "tmp") if not name.startswith("torchinductor_")] == []
 
 
 KILLS = [("process", "replay"), ("process", "inference"), ("process", "logger"), ("process", "collector"),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from components.hosts.ray import OWN_TEMP_PREFIX, remove_dead_clusters
+from components.hosts.ray_cluster import OWN_TEMP_PREFIX, remove_dead_clusters
 from tests.helpers import process_gone
 from transports.segments import SHM_PREFIX, remove_orphans
 

@@ -1,0 +1,282 @@
+"""The Ray cluster of a run: joined at ``ray.address`` or started on loopback (:func:`ray_cluster`), what it can offer
+checked while planning (:func:`check_resources_offered`), and what a killed driver's cluster left removed at the next
+start (:func:`remove_dead_clusters`). The hosts themselves are :mod:`components.hosts.ray`."""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping
+
+from transports.errors import ConfigurationError
+from transports.ray import import_ray
+
+from .base import Resources
+from .signals import warning_signals_blocked
+
+log = logging.getLogger(__name__)
+
+
+LOOPBACK = "127.0.0.1"
+DEFAULT_NAMESPACE = "rl_services"
+
+
+# ---------------------------------------------------------------------------------------------- cluster
+@dataclass(frozen=True)
+class RayClusterConfig:
+    """Where Ray owners run: ``address`` joins a running cluster; ``None`` starts a local one on loopback.
+
+    Args:
+        address: ``host:port`` of a running cluster (``"auto"`` finds one started with ``ray start``).
+        namespace: namespace of named actors (registries, named owners).
+        num_cpus: CPUs a locally started cluster advertises (``None``: the machine's).
+        resources: custom resources a locally started head node advertises.
+        temp_dir: Ray's session directory for a locally started cluster (short paths only: Unix sockets
+            live there).
+        connect_timeout: seconds to wait for the cluster at ``address`` to answer before giving up (raise it to wait
+            for a cluster that is still starting).
+    """
+
+    address: str | None = None
+    namespace: str = DEFAULT_NAMESPACE
+    num_cpus: float | None = None
+    resources: Mapping[str, float] = field(default_factory=dict)
+    temp_dir: str | None = None
+    connect_timeout: float = 5.0
+
+
+SOCKET_ROOM = 107 - len("/session_2026-12-03_07-07-38_184296_4194304/sockets/plasma_store")
+"""The longest ``ray.temp_dir`` whose session's socket paths fit the 107 bytes of a Unix socket path."""
+
+
+def check_resources_offered(settings: Mapping[str, Any], placed: Mapping[str, Resources]) -> None:
+    """Refuse resources that a locally started cluster cannot offer (its CPUs, GPUs and custom resources), instead of
+    letting an actor wait out its ``startup_timeout``; a cluster joined at ``ray.address`` is asked by Ray itself."""
+    if settings.get("address"):
+        return
+    offered = {"num_cpus": float(settings.get("num_cpus") or os.cpu_count() or 1), "num_gpus": float(_gpus())}
+    custom = dict(settings.get("resources") or {})
+    for name, resources in placed.items():
+        for field_name, unit in (("num_cpus", "CPUs"), ("num_gpus", "GPUs")):
+            asked = getattr(resources, field_name) or 0
+            if asked > offered[field_name]:
+                raise ConfigurationError(
+                    f"components.{name}.resources.{field_name}={asked:g}, but the local Ray cluster has "
+                    f"{offered[field_name]:g} {unit}" + (" (ray.num_cpus)" if field_name == "num_cpus" and
+                                                        settings.get("num_cpus") else "")
+                    + ": ask for less, or join a cluster that has them (ray.address)",
+                    path=f"components.{name}.resources.{field_name}")
+        for key, amount in dict(resources.custom).items():
+            if amount > custom.get(key, 0):
+                raise ConfigurationError(
+                    f"components.{name}.resources.custom.{key}={amount:g}, but the local Ray cluster offers "
+                    f"{custom.get(key, 0):g} of it: declare it under ray.resources, or join a cluster that has it "
+                    "(ray.address)", path=f"components.{name}.resources.custom.{key}")
+
+
+def _gpus() -> int:
+    """The GPUs a local Ray cluster detects here (CUDA devices torch sees, where torch is loaded)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return torch.cuda.device_count() if torch is not None and torch.cuda.is_available() else 0
+
+
+def _reachable(address: str, timeout: float) -> None:
+    """Wait until something listens at ``host:port`` (Ray's own connect retries for minutes: a mistyped
+    address would hang the run), else raise naming the address: at once where the connection is refused (nothing
+    listens), after ``timeout`` where it goes unanswered. ``auto`` is left to Ray (it fails fast)."""
+    import socket
+    import time
+
+    if address == "auto":
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    deadline, problem = time.monotonic() + timeout, "no port given"
+    while port.isdigit():
+        try:
+            socket.create_connection((host or LOOPBACK, int(port)), timeout=max(0.1, min(2.0, timeout))).close()
+            return
+        except ConnectionRefusedError:  # nothing listens there now: no use waiting out the timeout
+            raise ConfigurationError(f"no Ray cluster listens at ray.address={address!r} (connection refused); start "
+                                     "one there (ray start --head) or leave ray.address unset to start a local one",
+                                     path="ray.address") from None
+        except OSError as exc:
+            problem = exc.strerror or type(exc).__name__
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.5)
+    raise ConfigurationError(f"no Ray cluster answers at ray.address={address!r} within {timeout:g} s ({problem}); "
+                             "start one there (ray start --head) or leave ray.address unset to start a local one",
+                             path="ray.address")
+
+
+class _AuthNotice(logging.Filter):
+    """Ray's notice of the authentication it chose (token authentication for a new local cluster, which stays on)
+    goes to this module's log, and so to ``launcher.log``, not between the plan and the progress line."""
+
+    LOGGER = "ray._private.authentication.authentication_token_setup"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        log.info("ray: %s", record.getMessage())
+        return False
+
+    @classmethod
+    def install(cls) -> None:
+        logger = logging.getLogger(cls.LOGGER)
+        if not any(isinstance(f, cls) for f in logger.filters):
+            logger.addFilter(cls())
+
+
+CONTROL_STORE_S = 3.0
+"""Seconds a question to the cluster's control store (GCS) may take before its answer is taken as "none": the store
+of a cluster that is shutting down accepts questions and never answers them."""
+
+
+class _Silent:
+    """Whether the control store of the connected cluster stopped answering (reset by each new connection): from
+    then on no question waits for it."""
+
+    since: float | None = None
+
+
+def _answered(ask: Callable[[], Any], timeout: float) -> Any:
+    """``ask()``'s answer, or ``None`` where it takes longer than ``timeout`` seconds, or the control store has not
+    answered a question before (the question is left to finish on a daemon thread, which does not keep the process
+    from ending)."""
+    if _Silent.since is not None:
+        return None
+    box: list = []
+    thread = threading.Thread(target=lambda: box.append(ask()), name="ray-control-store", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not box:
+        _Silent.since = time.monotonic()
+        log.warning("ray: the cluster's control store did not answer within %g s: taking every actor as gone", timeout)
+    return box[0] if box else None
+
+
+OWN_TEMP_PREFIX = "rlsvc_ray_"
+"""The session directories of local clusters this package starts: ``/tmp/rlsvc_ray_<random>``, holding ``driver.pid``."""
+
+
+def _own_temp_dir() -> str:
+    where = tempfile.mkdtemp(prefix=OWN_TEMP_PREFIX, dir="/tmp")
+    with open(os.path.join(where, "driver.pid"), "w") as f:
+        f.write(f"{os.getpid()}\n")
+    return where
+
+
+def remove_dead_clusters() -> list[str]:
+    """Remove what local clusters of drivers that were killed outright left behind (a driver that gets SIGKILL stops
+    nothing): their session directories, and the Ray processes still holding files there. Returns the directories.
+    Called before a local cluster starts, so nothing of a dead run outlives the next one's start."""
+    removed = []
+    for where in glob.glob(f"/tmp/{OWN_TEMP_PREFIX}*"):
+        try:
+            with open(os.path.join(where, "driver.pid")) as f:
+                driver = int(f.read().strip() or 0)
+        except (OSError, ValueError):
+            continue
+        if driver <= 0 or os.path.exists(f"/proc/{driver}"):
+            continue
+        for pid in _holding(where):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(where, ignore_errors=True)
+        removed.append(where)
+    if removed:
+        log.info("ray: removed what %d killed runs left: %s", len(removed), ", ".join(removed))
+    return removed
+
+
+def _holding(where: str) -> list[int]:
+    """The processes with a file open, or their working directory, under ``where`` (``/proc``; Linux)."""
+    inside, pids = where.rstrip("/") + "/", []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            links = [os.readlink(f"/proc/{entry}/cwd")]
+            links += [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")]
+        except OSError:
+            continue
+        if any(link.startswith(inside) for link in links):
+            pids.append(int(entry))
+    return pids
+
+
+@contextlib.contextmanager
+def _signals_kept() -> Iterator[None]:
+    """The process's own SIGTERM and SIGINT handlers, as they were before the block, restored after it: connecting
+    installs Ray's (a crash dump, then the process dies of the signal), and a SIGTERM (Slurm's preemption, scancel)
+    must reach the handler that shuts every service down in order and writes the run's summary."""
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in kept.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def ray_cluster(config: RayClusterConfig | None = None) -> Iterator[bool]:
+    """Connect to Ray for the block: reuse a connection this process already has, join ``config.address``,
+    or start a local cluster bound to 127.0.0.1. Yields whether this call started the cluster; only then is
+    it stopped on exit. Call it on the main thread (a cluster started from another thread loses its
+    control daemon when that thread ends)."""
+    ray = import_ray()
+    config = config or RayClusterConfig()
+    if ray.is_initialized():
+        yield False
+        return
+    if threading.current_thread() is not threading.main_thread():
+        raise ConfigurationError("start or join the Ray cluster on the main thread", path="service")
+    common = dict(namespace=config.namespace, log_to_driver=False, configure_logging=True, logging_level="WARNING")
+    own_dir = None
+    _AuthNotice.install()
+    _Silent.since = None
+    with _signals_kept():
+        if config.address:
+            _reachable(config.address, config.connect_timeout)
+            ray.init(address=config.address, **common)
+        else:
+            # a short session dir of its own (Ray's Unix sockets live there), removed with the cluster
+            remove_dead_clusters()
+            temp_dir = config.temp_dir or (own_dir := _own_temp_dir())
+            with warning_signals_blocked():  # in its daemons and workers: a batch system's warning must not end them
+                ray.init(_node_ip_address=LOOPBACK, num_cpus=config.num_cpus, resources=dict(config.resources) or None,
+                         include_dashboard=False, _temp_dir=temp_dir, **common)
+    try:
+        yield not config.address
+    finally:
+        # a joined cluster keeps running; only the connection ends
+        ray.shutdown()
+        if own_dir is not None:
+            shutil.rmtree(own_dir, ignore_errors=True)
+
+
+def namespace() -> str:
+    """The namespace of the current Ray connection."""
+    ray = import_ray()
+    return ray.get_runtime_context().namespace if ray.is_initialized() else DEFAULT_NAMESPACE
+
+
+def require_connection(what: str) -> Any:
+    ray = import_ray()
+    if not ray.is_initialized():
+        raise ConfigurationError(
+            f"{what} is placed on 'ray' but this process is not connected to a Ray cluster: run it under the "
+            "launcher (service=ray) or inside components.hosts.ray.ray_cluster()",
+            path="service",
+        )
+    return ray

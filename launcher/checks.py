@@ -1,0 +1,54 @@
+"""The checks around the plan: the table from the torch-free declarations, before anything heavy is imported
+(:func:`check_placements`, run by the preflight), and what the machine that runs the plan cannot do
+(:func:`check_here`, run before anything starts). :func:`launcher.plan.build_plan` makes the plan itself."""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from components.hosts import HOSTS, host_class
+from transports.errors import ConfigurationError, IncompatibleCombinationError, NotImplementedYetError
+
+from .plan import LaunchPlan, _needs, check_calls, resolve_components
+
+
+def check_placements(cfg: DictConfig) -> None:
+    """The plan's table checks from the torch-free declarations alone: every component's placement and transport
+    against the compatibility table, and every call edge's reach. The preflight runs it before Hydra starts and
+    before torch is imported, so a wrong combination is refused in about a second; :func:`build_plan` checks the
+    same again, with everything the recipe sets. A config with no recipe, or a mistake of another kind (one that
+    may depend on what the recipe sets), is left to :func:`build_plan`.
+
+    Raises:
+        IncompatibleCombinationError: a placement, transport or call edge outside the table.
+        NotImplementedYetError: a combination the table plans but that is not built yet.
+    """
+    from recipes.base import needs_of
+
+    if cfg.get("recipe") is None:
+        return
+    try:
+        needs = _needs(cfg, needs_of(OmegaConf.get_type(cfg.recipe)))
+        check_calls(resolve_components(cfg, needs, services={}, layouts={}))
+    except (IncompatibleCombinationError, NotImplementedYetError):
+        raise
+    except (ConfigurationError, OmegaConfBaseException):
+        return  # the full plan says it, with what the recipe sets
+
+
+def check_here(plan: LaunchPlan) -> None:
+    """What the machine (or cluster) that runs the plan cannot do, refused before anything starts: each placement's
+    :meth:`~components.hosts.base.Host.check_session` (a Ray cluster without the GPUs asked for, a network interface
+    that does not exist, Slurm that does not answer). Not part of :func:`build_plan`: a plan made on a login node for
+    a Slurm job is checked where the job runs.
+
+    Raises:
+        ConfigurationError: naming the setting or the resource and what to do.
+    """
+    placed: dict[str, dict] = {}
+    for c in plan.components:
+        placed.setdefault(c.placement, {})[c.name] = c.resources
+    for where, resources in sorted(placed.items()):
+        if where in HOSTS:
+            host_class(where).check_session(plan.sessions.get(where) or {}, resources)
