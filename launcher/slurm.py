@@ -299,7 +299,7 @@ def submission_parameters(params: Mapping[str, Any], configs: list[DictConfig], 
         partition, nodes = partition_nodes(params.get("partition"), run)
     except SlurmUnavailable as exc:  # submitit would fail to submit, after a long traceback
         raise ConfigurationError(f"hydra/launcher=slurm submits Slurm jobs, but no Slurm controller answers here "
-                                 f"({exc}): run where Slurm is reachable, or drop hydra/launcher=slurm to run the "
+                                 f"({exc}): run where Slurm is reachable, or use hydra/launcher=local to run the "
                                  "jobs here", path="hydra/launcher") from None
     check_fits({name: int(out[name]) for name in DERIVED}, largest, partition, nodes, user_set)
     return out
