@@ -132,6 +132,12 @@ BUILDERS: Mapping[str, Callable[..., Any]] = {
 }
 
 
+def _winding_down(plan: LaunchPlan) -> None:
+    """Tell the host of every placement of the plan that the run ends on a signal (:meth:`Host.winding_down`)."""
+    for c in plan.components:
+        c.host.winding_down()
+
+
 def _signal_within(error: BaseException) -> BaseException | None:
     """The :class:`Terminated` or ``KeyboardInterrupt`` an error came from, where a library's call ran the signal's
     handler and raised its own error instead (Ray's ``get``): the signal ended the run, not the services it took
@@ -195,6 +201,7 @@ def execute(plan: LaunchPlan, run_dir: str, *, on_started: Callable[[dict], None
             raise
         except Exception as exc:
             if (signalled := _signal_within(exc)) is not None:  # a library wrapped our signal's exception in its own
+                _winding_down(plan)
                 checkpointing.save(checkpoint, f"on {getattr(signalled, 'signal_name', 'Ctrl-C')}")
                 raise signalled from None
             died = dead_service(owners, exc)  # checked before the teardown stops the others
@@ -203,6 +210,7 @@ def execute(plan: LaunchPlan, run_dir: str, *, on_started: Callable[[dict], None
                 raise died from exc
             raise
         except (KeyboardInterrupt, Terminated, SystemExit) as exc:  # written while the services run (replay contents)
+            _winding_down(plan)
             why = "on Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "on exit"  # SystemExit: a signal handler's
             checkpointing.save(checkpoint, f"on {exc.signal_name}" if isinstance(exc, Terminated) else why)
             raise

@@ -254,6 +254,11 @@ class Host(ABC):
         refuse_inline_nice(cls, resources)
 
     @classmethod
+    def winding_down(cls) -> None:
+        """The run is ending on a signal, which may have reached this placement's own daemons too (a SIGTERM to the
+        process group): from now on, wait only briefly for anything that may never answer. By default: nothing."""
+
+    @classmethod
     def check_session(cls, settings: Mapping[str, Any], placed: Mapping[str, "Resources"]) -> None:
         """Refuse, when the plan is made and before anything starts, what this placement cannot do on this machine
         or cluster: session settings it cannot honour, or resources that nothing it reaches offers. ``settings`` as

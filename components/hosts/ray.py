@@ -19,8 +19,8 @@ from transports.errors import ServiceTimeoutError
 from transports.ray import DELIVER, deliver, get, import_ray, remote
 
 from .base import DEFAULT_STOP_TIMEOUT, FuturePending, Host, Pending, Resources, RunSetting, build_and_serve, close_target
-from .ray_cluster import (CONTROL_STORE_S, RayClusterConfig, _answered, _reachable, check_resources_offered, namespace,
-                          ray_cluster, require_connection)
+from .ray_cluster import (RayClusterConfig, _answered, _reachable, check_resources_offered, namespace,
+                          ray_cluster, require_connection, winding_down)
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +201,10 @@ class RayHost(Host):
                 _warm.value.add(options, ray.remote(HostActor).options(**options).remote())
 
     @classmethod
+    def winding_down(cls) -> None:
+        winding_down()
+
+    @classmethod
     def check_session(cls, settings: Mapping[str, Any], placed: Mapping[str, Resources]) -> None:
         check_resources_offered(settings, placed)
         if settings.get("address"):  # a cluster that does not answer is refused now, not after the run started
@@ -241,8 +245,9 @@ class RayHost(Host):
 
     @property
     def is_alive(self) -> bool:
-        """Whether the actor is alive, as the cluster's control store sees it; ``False`` where the control store
-        does not answer within :data:`CONTROL_STORE_S` (a cluster that is going down: a SIGTERM to the whole
+        """Whether the actor is alive, as the cluster's control store sees it; once the run winds down on a signal,
+        ``False`` where the store does not answer within
+        :data:`~components.hosts.ray_cluster.CONTROL_STORE_S` (a cluster that is going down: a SIGTERM to the whole
         process group, a Slurm job's end, reached Ray's daemons too)."""
         ray = import_ray()
         if self._handle is None or not ray.is_initialized():
@@ -250,7 +255,7 @@ class RayHost(Host):
         from ray._private import state
 
         actor_id = self._handle._actor_id.hex()
-        info = _answered(lambda: state.actors(actor_id=actor_id), CONTROL_STORE_S)
+        info = _answered(lambda: state.actors(actor_id=actor_id))
         return bool(info) and info.get("State") == "ALIVE"
 
     @property

@@ -137,30 +137,42 @@ class _AuthNotice(logging.Filter):
 
 
 CONTROL_STORE_S = 3.0
-"""Seconds a question to the cluster's control store (GCS) may take before its answer is taken as "none": the store
-of a cluster that is shutting down accepts questions and never answers them."""
+"""Seconds a question to the cluster's control store (GCS) may take, once the run is ending on a signal, before its
+answer is taken as "none": the store of a cluster that a SIGTERM to the whole process group reached accepts
+questions and never answers them. While the run goes on, a question waits as long as the store takes (a slow answer
+under load is no reason to take a live actor for dead)."""
 
 
 class _Silent:
-    """Whether the control store of the connected cluster stopped answering (reset by each new connection): from
-    then on no question waits for it."""
+    """How long a question to the control store may wait (``None``: as long as it takes; set when the run is ending
+    on a signal, reset by each new connection), and since when the store has not answered (then no question waits)."""
 
+    patience: float | None = None
     since: float | None = None
 
 
-def _answered(ask: Callable[[], Any], timeout: float) -> Any:
-    """``ask()``'s answer, or ``None`` where it takes longer than ``timeout`` seconds, or the control store has not
-    answered a question before (the question is left to finish on a daemon thread, which does not keep the process
-    from ending)."""
+def winding_down() -> None:
+    """The run is ending on a signal: from now on no question to the control store waits more than
+    :data:`CONTROL_STORE_S` seconds."""
+    _Silent.patience = CONTROL_STORE_S
+
+
+def _answered(ask: Callable[[], Any]) -> Any:
+    """``ask()``'s answer; once the run is winding down, ``None`` where it takes longer than its patience or the store
+    has not answered a question before (the question is left to finish on a daemon thread, which does not keep the
+    process from ending)."""
+    if _Silent.patience is None:
+        return ask()
     if _Silent.since is not None:
         return None
     box: list = []
     thread = threading.Thread(target=lambda: box.append(ask()), name="ray-control-store", daemon=True)
     thread.start()
-    thread.join(timeout)
+    thread.join(_Silent.patience)
     if not box:
         _Silent.since = time.monotonic()
-        log.warning("ray: the cluster's control store did not answer within %g s: taking every actor as gone", timeout)
+        log.warning("ray: the cluster's control store did not answer within %g s: taking every actor as gone",
+                    _Silent.patience)
     return box[0] if box else None
 
 
@@ -244,7 +256,7 @@ def ray_cluster(config: RayClusterConfig | None = None) -> Iterator[bool]:
     common = dict(namespace=config.namespace, log_to_driver=False, configure_logging=True, logging_level="WARNING")
     own_dir = None
     _AuthNotice.install()
-    _Silent.since = None
+    _Silent.since = _Silent.patience = None
     with _signals_kept():
         if config.address:
             _reachable(config.address, config.connect_timeout)

@@ -56,3 +56,23 @@ def test_a_dead_driver_s_ray_session_and_the_processes_holding_it_are_removed(tm
             holder.wait()
         for where in (dead, live):
             subprocess.run(["rm", "-rf", where], check=False)
+
+
+def test_questions_to_a_silent_control_store_stop_waiting_only_once_the_run_winds_down():
+    import threading
+
+    from components.hosts import ray_cluster
+
+    never = threading.Event()  # a control store that accepts a question and does not answer until released
+    saved = (ray_cluster._Silent.patience, ray_cluster._Silent.since)
+    try:
+        ray_cluster._Silent.patience = ray_cluster._Silent.since = None
+        assert ray_cluster._answered(lambda: "alive") == "alive"  # while the run goes on: asked here, answered
+        ray_cluster.winding_down()
+        ray_cluster._Silent.patience = 0.05  # the bound itself, shortened for the test
+        assert ray_cluster._answered(lambda: never.wait() and "late") is None
+        assert ray_cluster._Silent.since is not None
+        assert ray_cluster._answered(lambda: "alive") is None  # silent once: no later question waits
+    finally:
+        never.set()
+        ray_cluster._Silent.patience, ray_cluster._Silent.since = saved
