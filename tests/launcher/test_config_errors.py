@@ -127,7 +127,8 @@ def test_a_ray_address_where_nothing_listens_is_refused_at_once():
 
 
 def test_collectors_on_slurm_with_no_controller_are_refused(monkeypatch, tmp_path):
-    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "no_slurm.conf"))  # sinfo finds no controller to ask
+    (tmp_path / "slurm.conf").write_text("SlurmctldHost=localhost\n")  # no cluster sinfo can ask: it fails at once
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
     if __import__("shutil").which("sbatch") is None:
         monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
         (tmp_path / "sbatch").write_text("#!/bin/sh\nexit 1\n")
@@ -439,6 +440,7 @@ def test_a_wrong_combination_is_refused_before_torch_loads(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # a full plan for each refused pair: seconds
 def test_every_plan_the_table_check_passes_it_also_passes_in_full():
     # the early check never refuses what the plan accepts: every service x transport pair of the dry-run matrix
     from launcher.checks import check_placements
