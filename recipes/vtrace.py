@@ -9,7 +9,9 @@ For an unroll of ``T`` steps (time-major, ``[T, B]``), behaviour policy ``mu`` a
     advantage_t = min(pg_rho_bar, pi/mu) * (r_t + gamma_t * v_{t+1} - V(x_t))
 
 ``gamma_t`` is the discount after step ``t``: ``0`` where the episode terminated at ``t`` (the next state belongs to
-the next episode, and nothing of it flows back), ``gamma`` elsewhere. With every ratio 1 (on-policy data) and
+the next episode, and nothing of it flows back), ``gamma`` elsewhere. An episode cut short at ``t`` (a time limit)
+still bootstraps, from the value of its last observation (``next_values``), but its trace stops there
+(``continues``: whether step ``t + 1`` belongs to step ``t``'s episode). With every ratio 1 (on-policy data) and
 ``lambda = 1``, ``v_t`` is the n-step return to the end of the unroll (or of the episode), bootstrapped from
 ``V(x_T)``. ``rho_bar >= c_bar`` is assumed, as in the paper; the defaults are its ``1.0``.
 """
@@ -39,7 +41,8 @@ class VTrace:
 @torch.no_grad()
 def vtrace(behaviour_log_probs: torch.Tensor, target_log_probs: torch.Tensor, rewards: torch.Tensor,
            values: torch.Tensor, bootstrap_value: torch.Tensor, discounts: torch.Tensor, *, rho_bar: float = 1.0,
-           c_bar: float = 1.0, pg_rho_bar: float | None = None, lambda_: float = 1.0) -> VTrace:
+           c_bar: float = 1.0, pg_rho_bar: float | None = None, lambda_: float = 1.0,
+           next_values: torch.Tensor | None = None, continues: torch.Tensor | None = None) -> VTrace:
     """V-trace targets of one batch of unrolls.
 
     Args:
@@ -53,6 +56,10 @@ def vtrace(behaviour_log_probs: torch.Tensor, target_log_probs: torch.Tensor, re
         c_bar: clip of the traces (how far corrections propagate back).
         pg_rho_bar: clip of the ratios weighting the advantages (default ``rho_bar``).
         lambda_: the traces' discount (``1``: the paper's V-trace).
+        next_values: ``V(x_{t+1})`` of each step, ``[T, B]``, where it is not the next step's value: the value of
+            the last observation of an episode cut short (default: ``values`` shifted, then ``bootstrap_value``).
+        continues: ``[T, B]``, whether step ``t + 1`` continues step ``t``'s episode (default: ``discounts > 0``);
+            ``False`` after a cut-short step stops the trace there without stopping the bootstrap.
 
     Returns:
         :class:`VTrace`: targets, advantages and the raw ratios.
@@ -62,8 +69,8 @@ def vtrace(behaviour_log_probs: torch.Tensor, target_log_probs: torch.Tensor, re
     """
     shape = behaviour_log_probs.shape
     for name, tensor in (("target_log_probs", target_log_probs), ("rewards", rewards), ("values", values),
-                         ("discounts", discounts)):
-        if tensor.shape != shape:
+                         ("discounts", discounts), ("next_values", next_values), ("continues", continues)):
+        if tensor is not None and tensor.shape != shape:
             raise ValueError(f"vtrace: {name} has shape {tuple(tensor.shape)}, behaviour_log_probs {tuple(shape)}")
     if len(shape) < 1 or bootstrap_value.shape != shape[1:]:
         raise ValueError(f"vtrace: bootstrap_value has shape {tuple(bootstrap_value.shape)}, expected {tuple(shape[1:])}")
@@ -72,14 +79,14 @@ def vtrace(behaviour_log_probs: torch.Tensor, target_log_probs: torch.Tensor, re
     rhos = torch.exp(target_log_probs - behaviour_log_probs)
     clipped_rhos = rhos.clamp(max=rho_bar)
     cs = lambda_ * rhos.clamp(max=c_bar)
-    next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    if next_values is None:
+        next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    carried = (discounts > 0 if continues is None else continues.bool()).to(values.dtype)
     deltas = clipped_rhos * (rewards + discounts * next_values - values)
-    corrections = torch.empty_like(values)  # v_t - V(x_t), from the last step back
-    running = torch.zeros_like(bootstrap_value)
+    corrections = torch.zeros((shape[0] + 1, *shape[1:]), dtype=values.dtype)  # v_t - V(x_t); none past the end
     for t in range(shape[0] - 1, -1, -1):
-        running = deltas[t] + discounts[t] * cs[t] * running
-        corrections[t] = running
-    vs = values + corrections
-    next_vs = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
+        corrections[t] = deltas[t] + discounts[t] * carried[t] * cs[t] * corrections[t + 1]
+    vs = values + corrections[:-1]
+    next_vs = next_values + carried * corrections[1:]  # v_{t+1}, or the cut-short episode's own last value
     pg_rhos = rhos.clamp(max=rho_bar if pg_rho_bar is None else pg_rho_bar)
     return VTrace(vs=vs, advantages=pg_rhos * (rewards + discounts * next_vs - values), rhos=rhos)

@@ -99,3 +99,25 @@ def test_shapes_and_clips_are_checked():
         vtrace(mu_log, pi_log, rewards, values, bootstrap[:-1], discounts)
     with pytest.raises(ValueError, match="must be > 0"):
         vtrace(mu_log, pi_log, rewards, values, bootstrap, discounts, c_bar=0.0)
+
+
+def test_an_episode_cut_short_bootstraps_from_its_own_last_value_and_its_trace_stops_there():
+    mu_log, pi_log, rewards, values, bootstrap, discounts = unrolls(seed=6)
+    discounts = torch.full_like(discounts, 0.97)  # no termination: column 1 is cut short (a time limit) at step 4
+    last_value = torch.tensor(2.5, dtype=torch.float64)  # the value of that episode's last observation
+    next_values = torch.cat([values[1:], bootstrap.unsqueeze(0)])
+    next_values[4, 1] = last_value
+    continues = torch.ones_like(discounts, dtype=torch.bool)
+    continues[4, 1] = False
+    got = vtrace(mu_log, pi_log, rewards, values, bootstrap, discounts, next_values=next_values, continues=continues)
+    # its first five steps are an unroll of their own, bootstrapped from that last value
+    alone = vtrace(mu_log[:5, 1:2], pi_log[:5, 1:2], rewards[:5, 1:2], values[:5, 1:2], last_value.reshape(1),
+                   discounts[:5, 1:2])
+    torch.testing.assert_close(got.vs[:5, 1:2], alone.vs)
+    torch.testing.assert_close(got.advantages[:5, 1:2], alone.advantages)
+    # the steps after it, and the other columns, are what they are without the cut
+    after = vtrace(mu_log[5:, 1:2], pi_log[5:, 1:2], rewards[5:, 1:2], values[5:, 1:2], bootstrap[1:2],
+                   discounts[5:, 1:2])
+    torch.testing.assert_close(got.vs[5:, 1:2], after.vs)
+    plain = vtrace(mu_log, pi_log, rewards, values, bootstrap, discounts)
+    torch.testing.assert_close(got.vs[:, [0, 2, 3]], plain.vs[:, [0, 2, 3]])
