@@ -10,8 +10,8 @@
 5. **report** (:func:`report`): ``summary.json``, the learning curve and the summary line.
 
 How a run ends maps to one exit status in one place (:func:`_ended`; the statuses: :mod:`launcher.conventions`):
-a configuration mistake exits 2, a service that died is one line naming it (exit 3, the traceback in
-``launcher.log``), Ctrl-C and SIGTERM tear every service down in order and exit 130 and 143 with ``summary.json``
+a configuration mistake exits 2 (leaving no run directory), a service that died is one line naming it (exit 3, the
+traceback in ``launcher.log``), a full disk is one line naming what could not be written (exit 4), Ctrl-C and SIGTERM tear every service down in order and exit 130 and 143 with ``summary.json``
 saying ``interrupted``; in a submitit job its preemption signal does the same, then requeues the job
 (:mod:`launcher.requeue`).
 """
