@@ -6,7 +6,7 @@ from happening:
 
 - :func:`own_run_dir`, before Hydra starts: a command line that runs one job in the default directory gets that
   directory if no run has made it yet, else the first free ``<dir>-2``, ``<dir>-3``... (made here, atomically), and
-  passes it on to Hydra as ``hydra.run.dir``.
+  passes it on to Hydra as ``hydra.run.dir`` (a sweep in the default sweep directory likewise, as ``hydra.sweep.dir``).
 - :class:`RunDirLock`, while the run writes: an exclusive lock on ``<run dir>/.lock`` (``flock``: the system drops it
   when the process ends, however it ends). A run told to write into a directory that a live run holds (the same
   ``hydra.run.dir``, or ``launcher.resume`` of a run still going) is refused before it writes anything there.
@@ -14,6 +14,7 @@ from happening:
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 
@@ -45,23 +46,35 @@ MADE_HERE: set[str] = set()
 
 def own_run_dir(argv: list[str]) -> list[str]:
     """``argv`` with ``hydra.run.dir=`` a directory of this run's own added, where the command line runs one job in
-    the default run directory; else ``argv`` as it is (a sweep, a run directory the user chose, a command line the
-    preflight leaves to Hydra)."""
+    the default run directory (``hydra.sweep.dir=`` for a sweep in the default sweep directory); else ``argv`` as it
+    is (a directory the user chose, a command line the preflight leaves to Hydra)."""
     from .conventions import normalize_argv
     from .preflight import _config_dir, _hydra_args, compose, sweep_jobs
 
     args = _hydra_args(argv)
-    if args is None or args.multirun or args.config_path or args.config_name:
+    if args is None or args.config_path or args.config_name:
         return argv
-    chosen = any(o.split("=", 1)[0].lstrip("+~") == "hydra.run.dir" for o in args.overrides)
+    key = "hydra.sweep.dir" if args.multirun else "hydra.run.dir"
+    chosen = any(o.split("=", 1)[0].lstrip("+~") == key for o in args.overrides)
     try:
         jobs = sweep_jobs(argv)
-        if jobs is None or len(jobs) != 1:
+        if jobs is None or (len(jobs) != 1 and not args.multirun):
             return argv
-        cfg = compose([*normalize_argv(list(args.overrides)), *_config_dir(argv)], hydra=True)
-        path = str(cfg.hydra.run.dir)
+        overrides = normalize_argv(list(args.overrides))
+        if args.multirun:  # Hydra's settings, with the first job's (a sweep's values do not compose as one config)
+            overrides = [*jobs[0], *(o for o in overrides if o.lstrip("+~").startswith(("hydra.", "hydra/")))]
+        cfg = compose([*overrides, *_config_dir(argv)], hydra=True)
+        path = str(cfg.hydra.sweep.dir if args.multirun else cfg.hydra.run.dir)
     except Exception:  # noqa: BLE001 - a command line Hydra will refuse: it says why, in its own words
         return argv
+    if args.multirun:  # a sweep's directory of its own too; its jobs' directories go with it if refused
+        if chosen:
+            if not os.path.exists(path):
+                MADE_HERE.add(os.path.abspath(path))
+            return argv
+        path = unique(path)
+        MADE_HERE.add(os.path.abspath(path))
+        return [*argv, f"hydra.sweep.dir={path}"]
     if cfg.distributed.ranks == "env" and int(os.environ.get("RANK") or 0) >= 1:
         return argv  # a worker rank torchrun or srun started: it serves the driver and writes no run of its own
     if chosen:  # the user's own directory: this run's to remove if refused only where it does not exist yet
@@ -78,15 +91,17 @@ _STARTED = {".hydra": {"config.yaml", "hydra.yaml", "overrides.yaml"}, "launcher
 
 
 def discard_unused(run_dir: str) -> bool:
-    """Remove a run directory that this command line made (:data:`MADE_HERE`) and that holds nothing but what Hydra
-    writes when a job starts (a run refused for a configuration mistake leaves no directory behind), then its parents
-    that are left empty, up to the working directory. Any other directory is kept as it is. Returns whether it was
+    """Remove a run directory that this command line made (:data:`MADE_HERE`; a job's directory in a sweep directory
+    made here) and that holds nothing but what Hydra writes when a job starts (a run refused for a configuration
+    mistake leaves no directory behind), then its parents that are left empty (a sweep's with only its
+    ``multirun.yaml``), up to the working directory. Any other directory is kept as it is. Returns whether it was
     removed."""
     import shutil
 
     where = os.path.abspath(run_dir)
-    if where not in MADE_HERE or os.path.abspath(os.getcwd()).startswith(where.rstrip(os.sep) + os.sep) \
-            or where == os.path.abspath(os.getcwd()):
+    sweep = os.path.dirname(where) if os.path.dirname(where) in MADE_HERE else None  # a job of a sweep made here
+    if (where not in MADE_HERE and sweep is None) or where == os.path.abspath(os.getcwd()) \
+            or os.path.abspath(os.getcwd()).startswith(where.rstrip(os.sep) + os.sep):
         return False
     try:
         entries = set(os.listdir(run_dir))
@@ -99,6 +114,9 @@ def discard_unused(run_dir: str) -> bool:
         shutil.rmtree(run_dir)
     except OSError:
         return False
+    with contextlib.suppress(OSError):
+        if sweep is not None and os.listdir(sweep) == ["multirun.yaml"]:  # no other job of the sweep ran
+            os.unlink(os.path.join(sweep, "multirun.yaml"))
     stop, parent = os.path.abspath(os.getcwd()), os.path.dirname(os.path.abspath(run_dir))
     while parent.startswith(stop + os.sep):
         try:

@@ -409,6 +409,15 @@ def test_a_refusal_inside_hydra_s_job_leaves_no_run_directory(tmp_path):
     assert not (tmp_path / "new").exists()
 
 
+@pytest.mark.slow  # a sweep through Hydra's job: seconds
+def test_a_sweep_refused_inside_its_first_job_leaves_no_directory(tmp_path):
+    # what the machine lacks is only known where the job runs: the preflight passes it, the job refuses it
+    proc = cli_in_process("--multirun", "+recipe=ppo", "service=ray", "seed=0,1",
+                          "components.inference.resources.num_gpus=64", cwd=str(tmp_path))
+    assert proc.returncode == 2 and "components.inference.resources.num_gpus=64" in proc.stderr, proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 WRONG_COMBINATIONS = [
     (("service=ray", "transport=shared_memory"), "transport", "weight_sync placed on 'ray' does not support"),
     (("components.replay.placement=rpc",), "components.replay.placement", "planned, not built yet: distributed"),
