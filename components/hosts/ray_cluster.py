@@ -197,8 +197,10 @@ def remove_dead_clusters() -> list[str]:
             with open(os.path.join(where, "driver.pid")) as f:
                 driver = int(f.read().strip() or 0)
         except (OSError, ValueError):
+            driver = 0
+        if driver > 0 and os.path.exists(f"/proc/{driver}"):
             continue
-        if driver <= 0 or os.path.exists(f"/proc/{driver}"):
+        if driver <= 0 and not _abandoned(where):  # no driver named: a directory being made, or one half removed
             continue
         for pid in _holding(where):
             with contextlib.suppress(OSError):
@@ -208,6 +210,19 @@ def remove_dead_clusters() -> list[str]:
     if removed:
         log.info("ray: removed what %d killed runs left: %s", len(removed), ", ".join(removed))
     return removed
+
+
+ABANDONED_S = 60.0
+"""Age after which a session directory that names no driver (killed between making it and writing ``driver.pid``, or
+left half removed while Ray still wrote into it) and that no process holds counts as left behind."""
+
+
+def _abandoned(where: str) -> bool:
+    try:
+        old = time.time() - os.stat(where).st_mtime > ABANDONED_S
+    except OSError:
+        return False
+    return old and not _holding(where)
 
 
 def _holding(where: str) -> list[int]:

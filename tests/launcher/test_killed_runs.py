@@ -46,7 +46,8 @@ def test_a_dead_driver_s_ray_session_and_the_processes_holding_it_are_removed(tm
     # a daemon of the dead cluster that outlived its driver, working there (as Ray's agents hold their logs)
     holder = subprocess.Popen(["sleep", "60"], cwd=os.path.join(dead, "session_x", "logs"))
     try:
-        assert remove_dead_clusters() == [dead]
+        removed = remove_dead_clusters()
+        assert dead in removed and live not in removed
         assert not os.path.exists(dead) and os.path.exists(live)
         holder.wait(timeout=10)
         assert process_gone(holder.pid)
@@ -76,3 +77,18 @@ def test_questions_to_a_silent_control_store_stop_waiting_only_once_the_run_wind
     finally:
         never.set()
         ray_cluster._Silent.patience, ray_cluster._Silent.since = saved
+
+
+def test_a_session_directory_that_names_no_driver_is_removed_once_old_and_unheld():
+    import tempfile
+
+    old = tempfile.mkdtemp(prefix=OWN_TEMP_PREFIX, dir="/tmp")  # half removed: no driver.pid, long untouched
+    new = tempfile.mkdtemp(prefix=OWN_TEMP_PREFIX, dir="/tmp")  # being made: driver.pid not written yet
+    long_ago = os.stat(old).st_mtime - 3600
+    os.utime(old, (long_ago, long_ago))
+    try:
+        assert old in remove_dead_clusters() and not os.path.exists(old)
+        assert os.path.exists(new)
+    finally:
+        for where in (old, new):
+            subprocess.run(["rm", "-rf", where], check=False)
