@@ -11,9 +11,9 @@
 
 How a run ends maps to one exit status in one place (:func:`_ended`; the statuses: :mod:`launcher.conventions`):
 a configuration mistake exits 2 (leaving no run directory), a service that died is one line naming it (exit 3, the
-traceback in ``launcher.log``), a full disk is one line naming what could not be written (exit 4), Ctrl-C and SIGTERM tear every service down in order and exit 130 and 143 with ``summary.json``
-saying ``interrupted``; in a submitit job its preemption signal does the same, then requeues the job
-(:mod:`launcher.requeue`).
+traceback in ``launcher.log``), a full disk is one line naming what could not be written (exit 4), Ctrl-C and
+SIGTERM tear every service down in order and exit 130 and 143 with ``summary.json`` saying ``interrupted``; in a
+submitit job its preemption signal does the same, then requeues the job (:mod:`launcher.requeue`).
 """
 
 from __future__ import annotations
@@ -167,21 +167,22 @@ def execute(built, prepared: Prepared) -> dict:
     torch.manual_seed(built.seed)
     progress = ProgressLine(int(getattr(built.recipe_config, "total_frames", 0) or 0),
                             enabled=bool(built.launcher.progress))
+    def ended(interrupted: bool, signal: str | None, failed: str | None) -> None:  # the summary of an early end
+        _write_summary(run_dir, {"interrupted": interrupted, "signal": signal, "failed": failed,
+                                 "frames": progress.frames,
+                                 **{k: v for k, v in progress.metrics.items() if isinstance(v, (int, float))}})
+
     try:
         return execute_plan(built, run_dir, progress=progress, resumed=prepared.resumed)
     except (KeyboardInterrupt, Terminated, ServiceDied) as exc:  # every service is down by now
-        _write_summary(run_dir, {
-            "interrupted": not isinstance(exc, ServiceDied),
-            "signal": "SIGINT" if isinstance(exc, KeyboardInterrupt) else getattr(exc, "signal_name", None),
-            "failed": str(exc) if isinstance(exc, ServiceDied) else None,
-            "frames": progress.frames, **{k: v for k, v in progress.metrics.items() if isinstance(v, (int, float))},
-        })
+        ended(not isinstance(exc, ServiceDied),
+              "SIGINT" if isinstance(exc, KeyboardInterrupt) else getattr(exc, "signal_name", None),
+              str(exc) if isinstance(exc, ServiceDied) else None)
         raise
     except Exception as exc:
         if (full := no_space(exc)) is not None:  # a summary fits where a batch of metrics did not, often
             with contextlib.suppress(OSError):
-                _write_summary(run_dir, {"interrupted": False, "signal": None, "failed": full, "frames": progress.frames,
-                                         **{k: v for k, v in progress.metrics.items() if isinstance(v, (int, float))}})
+                ended(False, None, full)
         raise
 
 

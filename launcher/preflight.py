@@ -59,7 +59,7 @@ def preflight(argv: list[str]) -> None:
 
 def check_argv(argv: list[str]) -> list[DictConfig]:
     """Compose the config of every job the command line runs, as Hydra will, and check its values and where its
-    components go (:func:`launcher.plan.check_placements`).
+    components go (:func:`launcher.checks.check_placements`).
 
     Args:
         argv: the command line after the program name (``+recipe=ppo`` is read as ``recipe=ppo``).

@@ -67,23 +67,15 @@ def own_run_dir(argv: list[str]) -> list[str]:
         path = str(cfg.hydra.sweep.dir if args.multirun else cfg.hydra.run.dir)
     except Exception:  # noqa: BLE001 - a command line Hydra will refuse: it says why, in its own words
         return argv
-    if args.multirun:  # a sweep's directory of its own too; its jobs' directories go with it if refused
-        if chosen:
-            if not os.path.exists(path):
-                MADE_HERE.add(os.path.abspath(path))
-            return argv
-        path = unique(path)
-        MADE_HERE.add(os.path.abspath(path))
-        return [*argv, f"hydra.sweep.dir={path}"]
-    if cfg.distributed.ranks == "env" and int(os.environ.get("RANK") or 0) >= 1:
+    if not args.multirun and cfg.distributed.ranks == "env" and int(os.environ.get("RANK") or 0) >= 1:
         return argv  # a worker rank torchrun or srun started: it serves the driver and writes no run of its own
     if chosen:  # the user's own directory: this run's to remove if refused only where it does not exist yet
         if not os.path.exists(path):
             MADE_HERE.add(os.path.abspath(path))
         return argv
-    path = unique(path)
+    path = unique(path)  # a sweep's too: its jobs' directories go with it if refused
     MADE_HERE.add(os.path.abspath(path))
-    return [*argv, f"hydra.run.dir={path}"]
+    return [*argv, f"{key}={path}"]
 
 
 _STARTED = {".hydra": {"config.yaml", "hydra.yaml", "overrides.yaml"}, "launcher.log": None, LOCK: None}

@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from omegaconf import DictConfig
 
+from components.hosts.submitit import SlurmUnavailable, sinfo
 from transports.errors import ConfigurationError, NotImplementedYetError
 
 DRIVER_MEMORY_GB = 0.6
@@ -177,10 +178,6 @@ class Node:
         return f"{self.cpus} CPUs, {self.memory_mb:,} MB of memory and {self.gpus} GPUs"
 
 
-class SlurmUnavailable(Exception):
-    """``sinfo`` cannot be asked (not installed, or the controller does not answer)."""
-
-
 def _number(text: str) -> int:
     match = re.match(r"\d+", text.strip())
     return int(match[0]) if match else 0
@@ -193,14 +190,7 @@ def partition_nodes(partition: str | None, run: Callable[..., Any] = subprocess.
         SlurmUnavailable: ``sinfo`` is not installed or does not answer.
         ConfigurationError: no such partition, or no default one (``hydra.launcher.partition``).
     """
-    try:
-        out = run(["sinfo", "--noheader", "--format=%P|%c|%m|%G"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SlurmUnavailable(f"sinfo cannot run ({exc})") from None
-    if out.returncode != 0:
-        said = (out.stderr or out.stdout or "").strip().splitlines()
-        raise SlurmUnavailable(f"sinfo failed: {said[-1] if said else f'exit status {out.returncode}'}")
-    rows = [line.split("|") for line in out.stdout.splitlines() if line.count("|") == 3]
+    rows = [line.split("|") for line in sinfo("%P|%c|%m|%G", run).splitlines() if line.count("|") == 3]
     names = sorted({row[0].rstrip("*") for row in rows})
     if partition is None:
         rows = [row for row in rows if row[0].endswith("*")]

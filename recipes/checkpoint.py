@@ -157,17 +157,11 @@ def write_atomically(payload: Mapping[str, Any], path: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as exc:  # the error names the checkpoint (the disk's own names no file); the last one stays
+    except BaseException as exc:  # the last checkpoint stays as it was
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        if exc.errno is not None and exc.filename is None:
+        if isinstance(exc, OSError) and exc.errno is not None and exc.filename is None:  # the disk's names no file
             raise OSError(exc.errno, os.strerror(exc.errno), path) from exc
-        raise
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
     try:  # the rename itself survives a crash once the directory is synced
         dir_fd = os.open(folder, os.O_RDONLY)

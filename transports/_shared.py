@@ -13,7 +13,7 @@ from typing import Callable
 import numpy as np
 
 from .errors import PeerFailureError, ServiceTimeoutError, TransportError
-from .segments import Segment
+from .segments import Segment, pid_alive
 
 WAIT_SLICE = 0.1
 """Seconds a waiting client blocks before it re-checks that its peer is alive."""
@@ -122,17 +122,6 @@ class EndpointClaims:
     def close(self) -> None:
         self._pids = None
         self.segment.close()
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (a zombie counts until it is reaped)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 SPIN_S = 50e-6

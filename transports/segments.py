@@ -119,7 +119,7 @@ def remove_orphans() -> list[str]:
         return removed
     for name in names:
         pid = name[len(SHM_PREFIX):].split("_", 1)[0]
-        if name.startswith(SHM_PREFIX) and pid.isdigit() and not _alive(int(pid)):
+        if name.startswith(SHM_PREFIX) and pid.isdigit() and not pid_alive(int(pid)):
             try:
                 os.unlink(os.path.join(_SHM_DIR, name))
                 removed.append(name)
@@ -128,12 +128,13 @@ def remove_orphans() -> list[str]:
     return removed
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a zombie counts until it is reaped; another user's process too)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process
+    except PermissionError:
         return True
     return True
 

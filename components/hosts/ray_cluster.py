@@ -95,7 +95,6 @@ def _reachable(address: str, timeout: float) -> None:
     address would hang the run), else raise naming the address: at once where the connection is refused (nothing
     listens), after ``timeout`` where it goes unanswered. ``auto`` is left to Ray (it fails fast)."""
     import socket
-    import time
 
     if address == "auto":
         return
@@ -200,9 +199,12 @@ def remove_dead_clusters() -> list[str]:
             driver = 0
         if driver > 0 and os.path.exists(f"/proc/{driver}"):
             continue
-        if driver <= 0 and not _abandoned(where):  # no driver named: a directory being made, or one half removed
+        if driver <= 0 and not _untouched(where, ABANDONED_S):  # no driver named: being made, or half removed
             continue
-        for pid in _holding(where):
+        holders = _holding(where)
+        if driver <= 0 and holders:
+            continue
+        for pid in holders:
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(where, ignore_errors=True)
@@ -217,12 +219,11 @@ ABANDONED_S = 60.0
 left half removed while Ray still wrote into it) and that no process holds counts as left behind."""
 
 
-def _abandoned(where: str) -> bool:
+def _untouched(where: str, seconds: float) -> bool:
     try:
-        old = time.time() - os.stat(where).st_mtime > ABANDONED_S
+        return time.time() - os.stat(where).st_mtime > seconds
     except OSError:
         return False
-    return old and not _holding(where)
 
 
 def _holding(where: str) -> list[int]:

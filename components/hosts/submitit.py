@@ -29,7 +29,7 @@ import socket
 import subprocess
 import threading
 import time
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 from transports.errors import ConfigurationError
 
@@ -74,6 +74,26 @@ class SubmititSettings:
                                      "local subprocesses", path="submitit.cluster")
 
 
+class SlurmUnavailable(Exception):
+    """``sinfo`` cannot be asked (not installed, or the controller does not answer)."""
+
+
+def sinfo(fmt: str, run: Callable[..., Any] = subprocess.run, timeout: float = 30.0) -> str:
+    """What ``sinfo --noheader --format=<fmt>`` prints.
+
+    Raises:
+        SlurmUnavailable: ``sinfo`` is not installed, fails, or does not answer within ``timeout`` seconds.
+    """
+    try:
+        out = run(["sinfo", "--noheader", f"--format={fmt}"], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SlurmUnavailable(f"sinfo cannot run ({exc})") from None
+    if out.returncode != 0:
+        said = (out.stderr or out.stdout or "").strip().splitlines()
+        raise SlurmUnavailable(f"sinfo failed: {said[-1] if said else f'exit status {out.returncode}'}")
+    return out.stdout
+
+
 def slurm_answers(path: str, instead: str, timeout: float = 10.0) -> None:
     """Return if a Slurm controller answers ``sinfo`` within ``timeout`` seconds, else refuse naming ``path``.
 
@@ -81,16 +101,10 @@ def slurm_answers(path: str, instead: str, timeout: float = 10.0) -> None:
         ConfigurationError: ``sinfo`` is missing, fails or does not answer: what it said, and ``instead``.
     """
     try:
-        out = subprocess.run(["sinfo", "--noheader", "--format=%P"], capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        said = f"sinfo cannot run ({exc})"
-    else:
-        if out.returncode == 0:
-            return
-        lines = (out.stderr or out.stdout or "").strip().splitlines()
-        said = f"sinfo failed: {lines[-1] if lines else f'exit status {out.returncode}'}"
-    raise ConfigurationError(f"no Slurm controller answers here ({said}): run where Slurm is reachable, or {instead}",
-                             path=path)
+        sinfo("%P", timeout=timeout)
+    except SlurmUnavailable as exc:
+        raise ConfigurationError(f"no Slurm controller answers here ({exc}): run where Slurm is reachable, or "
+                                 f"{instead}", path=path) from None
 
 
 def job_parameters(settings: SubmititSettings, resources: Resources) -> dict[str, Any]:
