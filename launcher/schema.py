@@ -20,7 +20,7 @@ from components.config import LoggerConfig, WeightSyncConfig, bounded
 from components.inference.config import InferenceServerConfig
 from components.logger.config import CSVLoggerConfig, TensorBoardLoggerConfig
 from components.replay.config import ReplayConfig
-from recipes.configs import DQNConfig, PPOConfig
+from recipes.configs import DQNConfig, IMPALAConfig, PPOConfig
 
 
 # ---------------------------------------------------------------------------------------------- components
@@ -163,7 +163,7 @@ SCHEMAS: Dict[str, Dict[str, type]] = {
     "transport": {"base_transport": TransportConf},
     "env": {"base_env": EnvConf},
     "logger": {"base_csv": CSVLoggerConfig, "base_tensorboard": TensorBoardLoggerConfig},
-    "recipe": {"base_ppo": PPOConfig, "base_dqn": DQNConfig},
+    "recipe": {"base_ppo": PPOConfig, "base_dqn": DQNConfig, "base_impala": IMPALAConfig},
 }
 
 # Which constructor each schema configures (checked by the parity test): schema -> (callables, ignored fields). The

@@ -3,7 +3,7 @@
 from .base import Clients, Progress, Recipe
 from .checkpoint import Checkpoint
 
-RECIPES = ("ppo", "dqn")
+RECIPES = ("ppo", "dqn", "impala")
 
 
 def get_recipe(name: str) -> Recipe:

@@ -174,3 +174,87 @@ class DQNConfig:
     @property
     def frames_per_batch(self) -> int:
         return self.num_envs * self.num_steps
+
+
+@dataclass
+class IMPALAConfig:
+    """IMPALA hyperparameters: an actor-critic learning from unrolls as they arrive, corrected for the lag of the
+    policy that acted them by V-trace (:mod:`recipes.vtrace`); with ``clip_coef`` set, APPO (Sample Factory's
+    asynchronous PPO: the clipped surrogate over V-trace's targets).
+
+    Attributes:
+        num_envs: environments over every collector worker.
+        unroll_length: steps per environment per unroll (``T``): what a worker hands over at once is one unroll of
+            each of its envs, and V-trace runs over each unroll.
+        batch_size: unrolls per learner update (``batch_size * unroll_length`` frames); an update starts as soon as
+            this many unrolls wait in the learner queue, whichever workers they came from.
+        total_frames: frame budget; training stops earlier once ``target_return`` is reached.
+        target_return: stop when the mean return of the last ``window`` episodes reaches this (``None``: never).
+        window: how many recent episodes the mean return covers.
+        lr: Adam learning rate.
+        anneal_lr: decay the learning rate linearly to 0 over ``total_frames``.
+        gamma: discount factor.
+        rho_bar: clip of the importance ratios in V-trace's value targets.
+        c_bar: clip of V-trace's traces (how far a correction reaches back).
+        pg_rho_bar: clip of the ratios weighting the policy-gradient advantages.
+        vtrace_lambda: the traces' discount (1: the paper's V-trace).
+        clip_coef: ``None``: IMPALA's policy gradient (advantages times ``log pi``); a number: APPO's clipped
+            surrogate on the ratio ``pi / mu``, clipped to ``1 +/- clip_coef``.
+        update_epochs: passes over each learner batch (V-trace recomputed with the current weights each time).
+        num_minibatches: minibatches (of whole unrolls) per pass.
+        norm_adv: normalise advantages within each minibatch.
+        ent_coef: entropy bonus coefficient.
+        vf_coef: value loss coefficient.
+        max_grad_norm: gradient norm clipping.
+        push_every: learner updates between weight pushes to the actors' policy.
+        max_policy_lag: unrolls whose oldest step was acted by a policy more than this many versions behind the
+            learner's are dropped before learning (counted in ``lag/dropped``); ``None``: V-trace corrects any lag.
+        hidden: width of the two hidden layers of the built-in actor and critic.
+        network: your own network, as :class:`PPOConfig`'s.
+        init_log_std: initial log standard deviation of continuous actions.
+        encoder: the built-in network's encoder, as :class:`PPOConfig`'s.
+        clip_rewards: learn from the sign of each reward (Atari's convention).
+        device: where the learner trains (``cpu``, ``cuda``...); refused while planning where this machine lacks it.
+        normalize_observations: standardise observations by running statistics the policy holds, as
+            :class:`PPOConfig`'s.
+    """
+
+    num_envs: int = bounded(16, ge=1)
+    unroll_length: int = bounded(32, ge=1)
+    batch_size: int = bounded(16, ge=1)
+    total_frames: int = bounded(300_000, ge=1)
+    target_return: Optional[float] = 475.0
+    window: int = bounded(20, ge=1)
+    lr: float = bounded(5e-3, gt=0)
+    anneal_lr: bool = True
+    gamma: float = bounded(0.99, ge=0, le=1)
+    rho_bar: float = bounded(1.0, gt=0)
+    c_bar: float = bounded(1.0, gt=0)
+    pg_rho_bar: float = bounded(1.0, gt=0)
+    vtrace_lambda: float = bounded(1.0, ge=0, le=1)
+    clip_coef: Optional[float] = bounded(None, gt=0)
+    update_epochs: int = bounded(1, ge=1)
+    num_minibatches: int = bounded(1, ge=1)
+    norm_adv: bool = False
+    ent_coef: float = bounded(0.01, ge=0)
+    vf_coef: float = bounded(0.5, ge=0)
+    max_grad_norm: float = bounded(0.5, gt=0)
+    push_every: int = bounded(1, ge=1)
+    max_policy_lag: Optional[int] = bounded(10, ge=0)
+    hidden: int = bounded(64, ge=1)
+    network: Optional[Any] = None  # a _target_ node (Any: a None Dict field cannot be set from the CLI)
+    init_log_std: float = 0.0
+    encoder: str = one_of("auto", ENCODERS)
+    clip_rewards: bool = False
+    device: str = "cpu"
+    normalize_observations: bool = False
+
+    @property
+    def frames_per_batch(self) -> int:
+        """Frames the collector hands over per round of every worker: one unroll of each env."""
+        return self.num_envs * self.unroll_length
+
+    def rules(self) -> tuple[tuple[str, bool, str], ...]:
+        """What must hold between fields (each in range), as ``(field to blame, holds, what is wrong)``."""
+        return (("num_minibatches", self.batch_size % self.num_minibatches == 0,
+                 f"batch_size={self.batch_size} unrolls must be divisible by num_minibatches={self.num_minibatches}"),)

@@ -31,11 +31,14 @@ class VTrace:
         vs: the value targets ``v_t``.
         advantages: the policy-gradient advantages, weighted by the clipped ratios.
         rhos: the ratios ``pi / mu`` before clipping (for the learner's metrics).
+        q_values: ``r_t + gamma_t * v_{t+1}``: the advantages before the ratios weight them, minus nothing but
+            ``V(x_t)`` (a clipped surrogate, APPO's, weights ``q_values - values`` by its own ratio).
     """
 
     vs: torch.Tensor
     advantages: torch.Tensor
     rhos: torch.Tensor
+    q_values: torch.Tensor
 
 
 @torch.no_grad()
@@ -89,4 +92,5 @@ def vtrace(behaviour_log_probs: torch.Tensor, target_log_probs: torch.Tensor, re
     vs = values + corrections[:-1]
     next_vs = next_values + carried * corrections[1:]  # v_{t+1}, or the cut-short episode's own last value
     pg_rhos = rhos.clamp(max=rho_bar if pg_rho_bar is None else pg_rho_bar)
-    return VTrace(vs=vs, advantages=pg_rhos * (rewards + discounts * next_vs - values), rhos=rhos)
+    q_values = rewards + discounts * next_vs
+    return VTrace(vs=vs, advantages=pg_rhos * (q_values - values), rhos=rhos, q_values=q_values)

@@ -11,7 +11,7 @@ from transports.options import bounded, one_of
 
 from ..config import ComponentConfig
 
-SAMPLERS = ("uniform", "without_replacement", "prioritized")
+SAMPLERS = ("uniform", "without_replacement", "prioritized", "fifo")
 STORAGES = ("memory", "memmap")
 
 
@@ -21,7 +21,8 @@ class ReplayConfig(ComponentConfig):
 
     Attributes:
         capacity: most transitions held; the oldest are overwritten first.
-        sampler: ``uniform``, ``without_replacement`` (each stored transition once per epoch) or ``prioritized``.
+        sampler: ``uniform``, ``without_replacement`` (each stored transition once per epoch), ``prioritized``, or
+            ``fifo`` (a learner queue: each item once, oldest first; ``len`` counts those not sampled yet).
         batch_size: the default ``sample()`` size.
         storage: ``memory``, or ``memmap`` (files under ``scratch_dir``).
         scratch_dir: directory of the memory-mapped storage (``memmap`` only).
@@ -40,7 +41,7 @@ class ReplayConfig(ComponentConfig):
     component: ClassVar[str] = "replay"
 
     capacity: int = bounded(100_000, ge=1)  # most transitions held; the oldest are overwritten first
-    sampler: str = one_of("uniform", SAMPLERS)  # uniform | without_replacement | prioritized
+    sampler: str = one_of("uniform", SAMPLERS)  # uniform | without_replacement | prioritized | fifo
     batch_size: int = bounded(256, ge=1)  # the default sample() size
     storage: str = one_of("memory", STORAGES)  # memory | memmap (files under scratch_dir)
     scratch_dir: Optional[str] = None  # directory of a memmap storage

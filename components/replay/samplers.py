@@ -4,6 +4,7 @@
 - ``without_replacement``: epochs over the valid items (a write starts a new epoch), as PPO minibatches need.
 - ``prioritized``: proportional to ``priority ** alpha`` through a sum tree; each sample carries importance
   weights ``(N * P(i)) ** -beta`` normalised by the batch maximum. New items get the highest priority seen.
+- ``fifo``: a learner queue: each item once, oldest first, and ``len`` counts the items not sampled yet.
 """
 
 from __future__ import annotations
@@ -26,6 +27,14 @@ class Sampler:
 
     def invalidate(self, index: torch.Tensor) -> None:
         """``index`` may no longer be sampled (until overwritten)."""
+
+    def clear(self, index: torch.Tensor) -> None:
+        """The buffer forgot everything it held (``index``: what was valid); writes start again at position 0."""
+        self.invalidate(index)
+
+    def available(self, size: int) -> int:
+        """What ``len`` of the buffer says: the items that may be sampled, of the ``size`` stored."""
+        return size
 
     def sample(self, n: int, size: int, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         raise NotImplementedError
@@ -195,9 +204,61 @@ class PrioritizedSampler(Sampler):
         self.max_priority = state["max_priority"]
 
 
+class FifoSampler(Sampler):
+    """A learner queue: every item is sampled once, oldest first, in the order it was written.
+
+    The queued items are a run of the ring the storage writes circularly: from the oldest not yet sampled to the
+    last written. A write that passes the oldest queued item (the consumer is behind by more than the capacity)
+    drops it, counted in :attr:`overwritten`; an item invalidated before its turn (a stale policy, at sample time)
+    is passed over, counted in :attr:`skipped`. A sample asks for exactly ``n`` items: fewer queued is an error
+    (the consumer checks ``len`` first), so every sample has one layout.
+    """
+
+    def __init__(self, capacity, generator):
+        super().__init__(capacity, generator)
+        self.end = 0  # one past the last written position
+        self.queued = 0  # items from (end - queued) to end, not sampled yet
+        self.overwritten = self.skipped = 0
+
+    def on_write(self, index):
+        if not len(index):
+            return
+        self.end = (int(index[-1]) + 1) % self.capacity
+        self.queued += len(index)
+        if self.queued > self.capacity:
+            self.overwritten += self.queued - self.capacity
+            self.queued = self.capacity
+
+    def clear(self, index):
+        self.end = self.queued = 0
+
+    def available(self, size):
+        return self.queued
+
+    def sample(self, n, size, valid):
+        run = (self.end - self.queued + torch.arange(self.queued)) % self.capacity
+        live = run if valid is None else run[valid[run]]
+        if len(live) < n:
+            raise RuntimeError(f"the queue holds {len(live)} items, {n} were asked for")
+        index = live[:n]
+        taken = int(torch.nonzero(run == index[-1])[0]) + 1  # the queue advances past the last item taken
+        self.skipped += taken - n
+        self.queued -= taken
+        return index, None
+
+    def state_dict(self):
+        return {"end": self.end, "queued": self.queued, "overwritten": self.overwritten, "skipped": self.skipped}
+
+    def load_state_dict(self, state):
+        self.end, self.queued = state["end"], state["queued"]
+        self.overwritten, self.skipped = state["overwritten"], state["skipped"]
+
+
 def make_sampler(name: str, capacity: int, generator: torch.Generator, alpha: float, beta: float) -> Sampler:
     if name == "uniform":
         return UniformSampler(capacity, generator)
     if name == "without_replacement":
         return WithoutReplacementSampler(capacity, generator)
+    if name == "fifo":
+        return FifoSampler(capacity, generator)
     return PrioritizedSampler(capacity, generator, alpha, beta)

@@ -70,7 +70,7 @@ class ReplayStorage:
 
     # ------------------------------------------------------------------ operations
     def __len__(self) -> int:
-        return self._size
+        return self._sampler.available(self._size)
 
     @property
     def nbytes(self) -> int:
@@ -248,7 +248,7 @@ class ReplayStorage:
             if self._valid is not None:
                 index = torch.nonzero(self._valid).squeeze(-1)
                 self._valid.zero_()
-                self._sampler.invalidate(index)
+                self._sampler.clear(index)
 
     def state_dict(self) -> dict:
         """Everything needed to resume: storage content, write position, validity, sampler state."""

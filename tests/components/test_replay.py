@@ -101,6 +101,44 @@ def test_a_write_starts_a_new_epoch():
         assert sorted(seen.tolist()) == list(range(1000, 1032))
 
 
+def test_fifo_gives_each_item_once_oldest_first_and_len_counts_the_queue():
+    with ReplayBuffer(capacity=8, sampler="fifo", batch_size=3, seed=0) as rb:
+        rb.extend(_batch(5))
+        assert len(rb) == 5
+        assert rb.sample()["action"].tolist() == [0, 1, 2]
+        rb.extend(_batch(4, start=5))  # wraps the ring: positions 5, 6, 7, 0
+        assert len(rb) == 6
+        assert rb.sample(6)["action"].tolist() == [3, 4, 5, 6, 7, 8]
+        assert len(rb) == 0
+        with pytest.raises(RuntimeError, match="holds 0 items, 3 were asked for"):
+            rb.sample()
+        rb.extend(_batch(6, start=20))
+        rb.extend(_batch(4, start=26))  # past the oldest queued: the two oldest are overwritten, counted
+        assert len(rb) == 8 and rb.sample(8)["action"].tolist() == list(range(22, 30))
+        assert rb.state_dict()["sampler"]["overwritten"] == 2
+
+
+def test_fifo_passes_over_stale_items_and_resumes_where_it_was():
+    versions = {"live": 0}
+    from components.replay.filters import PolicyAgeFilter
+
+    stale = PolicyAgeFilter(1, lambda: versions["live"], when="sample")
+    with ReplayBuffer(capacity=8, sampler="fifo", batch_size=2, seed=0, filters=[stale]) as rb:
+        rb.extend(_batch(3).set("policy_version", torch.tensor([0, 0, 0])))
+        rb.extend(_batch(3, start=3).set("policy_version", torch.tensor([2, 2, 2])))
+        versions["live"] = 2  # the first three are two versions behind: passed over
+        assert rb.sample()["action"].tolist() == [3, 4]
+        assert rb.state_dict()["sampler"]["skipped"] == 3 and len(rb) == 1
+        state = rb.state_dict()
+    with ReplayBuffer(capacity=8, sampler="fifo", batch_size=1, seed=0, filters=[stale]) as again:
+        again.load_state_dict(state)
+        assert len(again) == 1 and again.sample()["action"].tolist() == [5]
+        again.empty()
+        assert len(again) == 0
+        again.extend(_batch(2, start=9).set("policy_version", torch.tensor([2, 2])))
+        assert again.sample(2)["action"].tolist() == [9, 10]
+
+
 def test_add_writes_one_item_and_empty_forgets():
     with ReplayBuffer(capacity=8, batch_size=1) as rb:
         rb.add(_batch(1)[0])
@@ -125,8 +163,8 @@ def test_a_wrong_payload_fails_at_the_call_site_and_the_buffer_keeps_serving():
 
 
 def test_bad_settings_are_configuration_errors():
-    with pytest.raises(ConfigurationError, match="replay.sampler must be one of uniform, without_replacement, prioritized, got 'fifo'"):
-        ReplayBuffer(sampler="fifo")
+    with pytest.raises(ConfigurationError, match="replay.sampler must be one of uniform, without_replacement, prioritized, fifo, got 'lifo'"):
+        ReplayBuffer(sampler="lifo")
     with pytest.raises(ConfigurationError, match="capacity must be >= 1"):
         ReplayBuffer(capacity=0)
     with ReplayBuffer(capacity=4) as rb:

@@ -26,7 +26,7 @@ from launcher.conventions import EXIT_CONFIG
 from launcher.checks import check_here
 from launcher.plan import build_plan
 from launcher.preflight import check_argv
-from recipes.configs import DQNConfig, PPOConfig
+from recipes.configs import DQNConfig, IMPALAConfig, PPOConfig
 from tests.helpers import cli_in_process, run_cli
 
 
@@ -160,7 +160,7 @@ def test_a_config_dir_whose_yaml_does_not_parse_is_one_message(tmp_path):
 
 def test_a_group_option_that_does_not_exist_lists_the_real_ones():
     error = outcome("+recipe=nonexistent")
-    assert str(error) == ("recipe has no option 'nonexistent'\n    supported: dqn, ppo, ppo_custom_mlp\n"
+    assert str(error) == ("recipe has no option 'nonexistent'\n    supported: appo, dqn, impala, ppo, ppo_custom_mlp\n"
                           "    full_key: recipe")
     assert "base_" not in str(outcome("+recipe=ppo", "service=submitit"))
 
@@ -201,7 +201,8 @@ def _options(group: str) -> list[str]:
     return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
 
 
-RECIPES = {"ppo": PPOConfig, "ppo_custom_mlp": PPOConfig, "dqn": DQNConfig}
+RECIPES = {"ppo": PPOConfig, "ppo_custom_mlp": PPOConfig, "dqn": DQNConfig, "impala": IMPALAConfig,
+           "appo": IMPALAConfig}
 LOGGERS = {"csv": schema.CSVLoggerConfig, "tensorboard": schema.TensorBoardLoggerConfig}
 PLACES = ("direct", "thread", "process", "ray", "distributed", "nowhere")
 SKIPPED = {"dry_run", "name", "id", "log_dir", "address", "namespace", "temp_dir", "policy_device", "output_device"}

@@ -57,6 +57,8 @@ def test_v_trace_matches_its_definition(rho_bar, c_bar, pg_rho_bar, lambda_, see
     torch.testing.assert_close(got.vs, vs)
     torch.testing.assert_close(got.advantages, adv)
     torch.testing.assert_close(got.rhos, torch.exp(data[1] - data[0]))
+    pg_rhos = got.rhos.clamp(max=pg_rho_bar)  # the unweighted advantages APPO's surrogate weights itself
+    torch.testing.assert_close((got.q_values - data[3]) * pg_rhos, adv)
     assert (got.rhos > min(rho_bar, 2.0)).any() and (got.rhos < c_bar).any()  # the data reaches past the clips
 
 

@@ -1,0 +1,202 @@
+"""IMPALA (Espeholt et al., 2018): an actor-critic that learns from unrolls as they arrive, corrected by V-trace for
+the lag of the policy that acted them; with ``clip_coef`` set, APPO (Sample Factory's asynchronous PPO). Written
+against service clients only.
+
+Reads top to bottom: the config (``IMPALAConfig``, plain data in ``recipes/configs.py``), unrolls and their lag, the
+loss, then ``run``. Each worker of the collector hands over one unroll of ``unroll_length`` steps of each of its envs
+as soon as it has it (the collector runs asynchronously: a worker collects its next unroll while the learner trains);
+the recipe queues the unrolls in the replay buffer, used as a FIFO learner queue (sampler ``fifo``), and updates as
+soon as ``batch_size`` of them wait, whichever workers they came from. Every step carries the ``policy_version``
+that acted it and the behaviour log-probability; V-trace weighs each step by ``pi / mu``, and unrolls more than
+``max_policy_lag`` versions behind are dropped, counted. The actors' policy (the inference server's, or each worker's
+replica) gets the learner's weights every ``push_every`` updates. Nothing here knows where those services live.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
+
+from .base import Clients, EpisodeStats, Recipe
+from .configs import IMPALAConfig  # torch-free, so composing a config never imports torch
+from .ppo import Learner, make_policy  # the same actor and critic: the behaviour policy gives sample_log_prob
+from .vtrace import vtrace
+
+# ============================================================================ unrolls and their lag
+
+UNROLL_KEYS = ("observation", "action", "sample_log_prob", "policy_version", ("next", "observation"),
+               ("next", "reward"), ("next", "terminated"), ("next", "done"))
+"""What the learner keeps of each step."""
+
+LAG_BUCKETS = 4
+"""The lag histogram's buckets: 0, 1, ..., ``LAG_BUCKETS - 1`` versions behind, and ``LAG_BUCKETS`` or more."""
+
+
+def unrolls_of(chunk: TensorDictBase) -> TensorDict:
+    """A collected ``[time, env]`` chunk as one row per env: ``[env]`` rows whose leaves are ``[time, ...]`` (what
+    the learner queue stores and hands back whole)."""
+    steps = chunk.select(*UNROLL_KEYS)
+    return steps.apply(lambda leaf: leaf.transpose(0, 1).contiguous(), batch_size=steps.batch_size[1:2])
+
+
+def time_major(unrolls: TensorDictBase) -> TensorDict:
+    """``[unroll]`` rows of ``[time, ...]`` leaves back to a ``[time, unroll]`` batch."""
+    steps = unrolls.shape[0]
+    length = unrolls.get("action").shape[1]
+    return unrolls.apply(lambda leaf: leaf.transpose(0, 1), batch_size=[length, steps])
+
+
+def within_lag(unrolls: TensorDictBase, version: int, max_policy_lag: int | None) -> tuple[TensorDictBase, torch.Tensor,
+                                                                                           int]:
+    """The unrolls no step of which was acted more than ``max_policy_lag`` versions behind ``version``, the lag of
+    every step of the batch (``version - policy_version``), and how many unrolls were dropped."""
+    lags = version - unrolls.get("policy_version")
+    if max_policy_lag is None:
+        return unrolls, lags, 0
+    fresh = lags.amax(dim=1) <= max_policy_lag
+    kept = int(fresh.sum())
+    return (unrolls if kept == len(fresh) else unrolls[fresh]), lags, len(fresh) - kept
+
+
+def lag_metrics(lags: torch.Tensor) -> dict:
+    """The batch's policy lag: mean, max, and the share of its steps in each bucket (``lag/hist_<k>``, the last
+    bucket ``lag/hist_<LAG_BUCKETS>+``)."""
+    counts = torch.bincount(lags.reshape(-1).clamp(0, LAG_BUCKETS), minlength=LAG_BUCKETS + 1).double()
+    shares = (counts / counts.sum()).tolist()
+    hist = {f"lag/hist_{k}" + ("+" if k == LAG_BUCKETS else ""): share for k, share in enumerate(shares)}
+    return {"lag/mean": lags.double().mean().item(), "lag/max": int(lags.max()), **hist}
+
+
+# ============================================================================ loss
+
+
+def impala_loss(steps: TensorDictBase, learner: Learner, cfg: IMPALAConfig) -> tuple[torch.Tensor, dict]:
+    """V-trace actor-critic loss on a ``[time, unroll]`` batch: the policy gradient (or APPO's clipped surrogate)
+    with V-trace's advantages, the value regressed onto V-trace's targets, minus the entropy bonus."""
+    actor = learner.policy.actor
+    length, width = steps.shape
+    obs, nxt = steps.get("observation"), steps.get("next")
+    dist, values = learner.dist_and_value(obs.reshape(length * width, *obs.shape[2:]))
+    values = values.reshape(length, width)
+    log_pi = actor.log_prob(dist, steps.get("action").reshape(length * width, *steps.get("action").shape[2:]))
+    log_pi = log_pi.reshape(length, width)
+    entropy = actor.entropy(dist).mean()
+    done, terminated = nxt.get("done"), nxt.get("terminated")
+    with torch.no_grad():
+        # the value after each step: the next step's value, except after the unroll's last step and where an
+        # episode ended (its own final observation, which a cut-short episode bootstraps from)
+        next_values = torch.cat([values[1:], values[-1:]]).detach()
+        fresh = done.clone()
+        fresh[-1] = True
+        next_values[fresh] = learner.value(nxt.get("observation")[fresh])
+        reward = nxt.get("reward").sign() if cfg.clip_rewards else nxt.get("reward")
+        targets = vtrace(steps.get("sample_log_prob"), log_pi.detach(), reward, values.detach(), next_values[-1],
+                         cfg.gamma * (~terminated).to(values.dtype), rho_bar=cfg.rho_bar, c_bar=cfg.c_bar,
+                         pg_rho_bar=cfg.pg_rho_bar, lambda_=cfg.vtrace_lambda, next_values=next_values,
+                         continues=~done)
+    if cfg.clip_coef is None:  # IMPALA: advantages weighted by the clipped ratios, times log pi
+        advantages = targets.advantages
+        if cfg.norm_adv:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        pg_loss = -(advantages * log_pi).mean()
+    else:  # APPO: the clipped surrogate weighs the unweighted advantages by its own ratio
+        advantages = targets.q_values - values.detach()
+        if cfg.norm_adv:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        ratio = (log_pi - steps.get("sample_log_prob")).exp()
+        pg_loss = torch.max(-advantages * ratio,
+                            -advantages * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
+    v_loss = 0.5 * (values - targets.vs).pow(2).mean()
+    loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy
+    return loss, {"loss/policy": pg_loss.item(), "loss/value": v_loss.item(), "loss/entropy": entropy.item(),
+                  "vtrace/rho_mean": targets.rhos.mean().item(),
+                  "vtrace/rho_clipped": (targets.rhos > cfg.rho_bar).double().mean().item()}
+
+
+# ============================================================================ training loop
+
+
+def run(cfg: IMPALAConfig, clients: Clients) -> dict:
+    """Train until ``target_return`` or ``total_frames``; return the result and learning curve."""
+    torch.manual_seed(clients.seed)
+    device = torch.device(cfg.device)
+    learner = Learner(cfg, clients.env_spec).to(device)
+    optimizer = torch.optim.Adam(learner.parameters(), lr=cfg.lr, eps=1e-5)
+    stats = EpisodeStats(cfg.window)
+    updates, dropped, idle = 0, 0, 0.0
+    restored = clients.checkpoint.restore()  # None for a fresh start
+    if restored is not None:
+        learner.load_state_dict(restored["learner"])
+        optimizer.load_state_dict(restored["optimizer"])
+        stats.load_state_dict(restored["stats"])
+        torch.set_rng_state(restored["rng"])
+        updates, dropped = restored["updates"], restored["dropped"]
+    version = clients.weight_sync.push(learner.policy)  # the actors start from the learner's weights
+    clients.logger.log_hparams({k: getattr(cfg, k) for k in cfg.__dataclass_fields__})
+
+    def state() -> dict:  # what a checkpoint keeps between chunks
+        return {"learner": learner.state_dict(), "optimizer": optimizer.state_dict(), "stats": stats.state_dict(),
+                "rng": torch.get_rng_state(), "updates": updates, "dropped": dropped}
+
+    metrics: dict = {}
+    waiting_since = time.perf_counter()
+    for chunk in clients.collector:  # one worker's unrolls, as soon as they are collected
+        idle += time.perf_counter() - waiting_since
+        mean_return = stats.update(chunk)
+        clients.replay.extend(unrolls_of(chunk))
+        depth = len(clients.replay)
+
+        # ---- learn from every full batch of unrolls waiting
+        while len(clients.replay) >= cfg.batch_size:
+            unrolls, lags, gone = within_lag(clients.replay.sample(cfg.batch_size), version, cfg.max_policy_lag)
+            dropped += gone
+            metrics.update(lag_metrics(lags))
+            if len(unrolls):
+                if cfg.anneal_lr:
+                    optimizer.param_groups[0]["lr"] = cfg.lr * max(0.0, 1.0 - stats.frames / cfg.total_frames)
+                steps = time_major(unrolls.exclude("index")).to(device)
+                per_minibatch = steps.shape[1] // cfg.num_minibatches
+                for _ in range(cfg.update_epochs):
+                    for columns in torch.randperm(steps.shape[1]).split(per_minibatch):
+                        loss, losses = impala_loss(steps[:, columns], learner, cfg)
+                        optimizer.zero_grad()
+                        loss.backward()
+                        nn.utils.clip_grad_norm_(learner.parameters(), cfg.max_grad_norm)
+                        optimizer.step()
+                metrics.update(losses)
+                if learner.policy.actor.norm is not None:  # after learning with the statistics it was acted with
+                    learner.policy.actor.norm.update(steps.get("observation").flatten(0, 1))
+            updates += 1
+            if updates % cfg.push_every == 0:
+                version = clients.weight_sync.push(learner.policy)
+
+        # ---- report
+        clients.logger.log_metrics({
+            **metrics, "lag/dropped": dropped, "queue/depth": depth, "train/mean_return": mean_return,
+            "train/fps": stats.fps, "train/policy_version": version, "train/updates": updates,
+            "learner/idle_fraction": idle / max(1e-9, time.perf_counter() - stats.start),
+        }, step=stats.frames)
+        clients.progress.update(stats.frames, mean_return=mean_return, lag=metrics.get("lag/mean", 0.0))
+        done = stats.reached(cfg.target_return) or stats.frames >= cfg.total_frames
+        clients.checkpoint.step(stats.frames, state, policy_version=version)
+        if done:
+            break
+        waiting_since = time.perf_counter()
+    return stats.result()
+
+
+def services(cfg: IMPALAConfig, spec) -> dict:
+    """IMPALA's needs: collector workers that each hand over an unroll of their envs as soon as it is collected
+    (``sync: false``), and a learner queue: a FIFO replay buffer of whole unrolls, room for a batch and a round of
+    every worker's unrolls."""
+    return {
+        "collector": {"num_envs": cfg.num_envs, "frames_per_batch": cfg.frames_per_batch,
+                      "total_frames": cfg.total_frames, "sync": False},
+        "replay": {"capacity": cfg.batch_size + cfg.num_envs, "sampler": "fifo", "batch_size": cfg.batch_size},
+    }
+
+
+RECIPE = Recipe(name="impala", config=IMPALAConfig, make_policy=make_policy, services=services, run=run)
