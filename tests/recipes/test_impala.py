@@ -121,3 +121,17 @@ def test_a_killed_collector_worker_restarts_and_every_handed_over_unroll_is_lear
     metrics = _metrics(tmp_path)
     # each handed-over chunk holds two unrolls, one batch: every one was learned from, none dropped or lost
     assert metrics["train/updates"][-1] == 4096 // (16 * 2) and metrics["lag/dropped"][-1] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env, overrides", [("atari", ["service=direct"]),
+                                            ("minatar", ["service=process", "transport=shared_memory"])])
+def test_learns_from_pixels(env, overrides, compose_cfg, tmp_path):
+    """The CNN's unrolls of uint8 frames through the queue: every batch learned from, none dropped."""
+    cfg = compose_cfg("+recipe=impala", f"env={env}", *overrides, "recipe.num_envs=4", "recipe.unroll_length=16",
+                      "recipe.batch_size=4", "recipe.total_frames=256", "recipe.target_return=null",
+                      "launcher.progress=false", "launcher.torch_threads=1")
+    result = execute(build_plan(cfg), str(tmp_path))
+    metrics = _metrics(tmp_path)
+    assert result["frames"] == 256 and metrics["train/updates"][-1] == 4 and metrics["lag/dropped"][-1] == 0
+    assert len(metrics["loss/policy"]) == 4
