@@ -7,7 +7,7 @@ import os
 import subprocess
 
 from components.hosts.ray_cluster import OWN_TEMP_PREFIX, remove_dead_clusters
-from tests.helpers import process_gone
+from tests.helpers import process_gone, wait_until
 from transports.segments import SHM_PREFIX, remove_orphans
 
 
@@ -44,17 +44,22 @@ def test_a_dead_driver_s_ray_session_and_the_processes_holding_it_are_removed(tm
         f.write(f"{os.getpid()}\n")
     os.makedirs(os.path.join(dead, "session_x", "logs"))
     # a daemon of the dead cluster that outlived its driver, working there (as Ray's agents hold their logs)
-    holder = subprocess.Popen(["sleep", "60"], cwd=os.path.join(dead, "session_x", "logs"))
+    holder = subprocess.Popen(["bash", "-c", "exec -a ray::IDLE sleep 60"], cwd=os.path.join(dead, "session_x", "logs"))
+    # and a process that is not Ray's, holding a file there too (a driver that once joined that cluster): it stays
+    bystander = subprocess.Popen(["sleep", "60"], cwd=os.path.join(dead, "session_x", "logs"))
     try:
+        wait_until(lambda: open(f"/proc/{holder.pid}/cmdline", "rb").read().startswith(b"ray::"), timeout=10,
+                   what="the holder named as Ray's worker")
         removed = remove_dead_clusters()
         assert dead in removed and live not in removed
         assert not os.path.exists(dead) and os.path.exists(live)
         holder.wait(timeout=10)
-        assert process_gone(holder.pid)
+        assert process_gone(holder.pid) and bystander.poll() is None
     finally:
-        if holder.poll() is None:
-            holder.kill()
-            holder.wait()
+        for proc in (holder, bystander):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         for where in (dead, live):
             subprocess.run(["rm", "-rf", where], check=False)
 
