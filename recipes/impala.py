@@ -44,9 +44,8 @@ def unrolls_of(chunk: TensorDictBase) -> TensorDict:
 
 def time_major(unrolls: TensorDictBase) -> TensorDict:
     """``[unroll]`` rows of ``[time, ...]`` leaves back to a ``[time, unroll]`` batch."""
-    steps = unrolls.shape[0]
-    length = unrolls.get("action").shape[1]
-    return unrolls.apply(lambda leaf: leaf.transpose(0, 1), batch_size=[length, steps])
+    count, length = unrolls.get("action").shape[:2]
+    return unrolls.apply(lambda leaf: leaf.transpose(0, 1), batch_size=[length, count])
 
 
 def within_lag(unrolls: TensorDictBase, version: int, max_policy_lag: int | None) -> tuple[TensorDictBase, torch.Tensor,
@@ -79,10 +78,9 @@ def impala_loss(steps: TensorDictBase, learner: Learner, cfg: IMPALAConfig) -> t
     actor = learner.policy.actor
     length, width = steps.shape
     obs, nxt = steps.get("observation"), steps.get("next")
-    dist, values = learner.dist_and_value(obs.reshape(length * width, *obs.shape[2:]))
+    dist, values = learner.dist_and_value(obs.flatten(0, 1))
     values = values.reshape(length, width)
-    log_pi = actor.log_prob(dist, steps.get("action").reshape(length * width, *steps.get("action").shape[2:]))
-    log_pi = log_pi.reshape(length, width)
+    log_pi = actor.log_prob(dist, steps.get("action").flatten(0, 1)).reshape(length, width)
     entropy = actor.entropy(dist).mean()
     done, terminated = nxt.get("done"), nxt.get("terminated")
     with torch.no_grad():
@@ -147,10 +145,11 @@ def run(cfg: IMPALAConfig, clients: Clients) -> dict:
         idle += time.perf_counter() - waiting_since
         mean_return = stats.update(chunk)
         clients.replay.extend(unrolls_of(chunk))
-        depth = len(clients.replay)
+        depth = waiting = len(clients.replay)  # the queue's only reader: one question per chunk, not per batch
 
         # ---- learn from every full batch of unrolls waiting
-        while len(clients.replay) >= cfg.batch_size:
+        while waiting >= cfg.batch_size:
+            waiting -= cfg.batch_size
             unrolls, lags, gone = within_lag(clients.replay.sample(cfg.batch_size), version, cfg.max_policy_lag)
             dropped += gone
             metrics.update(lag_metrics(lags))

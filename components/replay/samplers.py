@@ -237,11 +237,11 @@ class FifoSampler(Sampler):
 
     def sample(self, n, size, valid):
         run = (self.end - self.queued + torch.arange(self.queued)) % self.capacity
-        live = run if valid is None else run[valid[run]]
+        live = torch.arange(len(run)) if valid is None else torch.nonzero(valid[run]).squeeze(-1)  # places in the run
         if len(live) < n:
             raise RuntimeError(f"the queue holds {len(live)} items, {n} were asked for")
-        index = live[:n]
-        taken = int(torch.nonzero(run == index[-1])[0]) + 1  # the queue advances past the last item taken
+        index = run[live[:n]]
+        taken = int(live[n - 1]) + 1 if n else 0  # the queue advances past the last item taken
         self.skipped += taken - n
         self.queued -= taken
         return index, None
