@@ -38,29 +38,38 @@ class Segment:
         self.name = name or f"{SHM_PREFIX}{os.getpid()}_{next(_counter)}_{os.urandom(3).hex()}"
         path = os.path.join(_SHM_DIR, self.name)
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if self.owner else 0)
-        fd = os.open(path, flags, 0o600)
+        if self.owner:  # registered before the file exists: a creator killed in between leaves no unknown name for
+            resource_tracker.register("/" + self.name, "shared_memory")  # remove_segments_of to unregister
+        created = False
         try:
+            fd = os.open(path, flags, 0o600)
+            created = self.owner
+            try:
+                if self.owner:
+                    os.ftruncate(fd, self.size)
+                self._mmap = mmap.mmap(fd, self.size)
+            finally:
+                os.close(fd)
+        except BaseException:
+            if created:
+                os.unlink(path)
             if self.owner:
-                os.ftruncate(fd, self.size)
-                resource_tracker.register("/" + self.name, "shared_memory")
-            self._mmap = mmap.mmap(fd, self.size)
-        finally:
-            os.close(fd)
+                resource_tracker.unregister("/" + self.name, "shared_memory")
+            raise
         self.buf = memoryview(self._mmap)
 
     def __reduce__(self):
         return (Segment, (self.size, self.name))
 
     def close(self) -> None:
-        """Detach; the creator also unlinks the name. Safe to call more than once."""
+        """Detach; the creator also unlinks the name. Safe to call more than once. Tensors viewing the segment stay
+        valid: the memory is unmapped when the last of them is freed."""
         if getattr(self, "buf", None) is None:
             return
-        try:
-            self.buf.release()
-            self._mmap.close()
-        except BufferError:  # tensor views still alive elsewhere: the mapping goes when they do
-            pass
-        self.buf = None
+        # Never unmapped here: a tensor made by torch.frombuffer holds the memoryview, not an export of it, so
+        # releasing the view and closing the mmap would succeed and leave such tensors pointing at unmapped memory
+        # (a crash, or silent corruption of whatever is mapped there next). The mapping goes with its last view.
+        self.buf = self._mmap = None
         if self.owner:
             try:
                 os.unlink(os.path.join(_SHM_DIR, self.name))
