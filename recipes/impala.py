@@ -114,6 +114,20 @@ def impala_loss(steps: TensorDictBase, learner: Learner, cfg: IMPALAConfig) -> t
                   "vtrace/rho_clipped": (targets.rhos > cfg.rho_bar).double().mean().item()}
 
 
+def learn(steps: TensorDictBase, learner: Learner, optimizer: torch.optim.Optimizer, cfg: IMPALAConfig) -> dict:
+    """One learner update on a ``[time, unroll]`` batch: ``update_epochs`` passes of ``num_minibatches`` minibatches
+    of whole unrolls (V-trace recomputed with the current weights each time); the last minibatch's losses."""
+    per_minibatch = steps.shape[1] // cfg.num_minibatches
+    for _ in range(cfg.update_epochs):
+        for columns in torch.randperm(steps.shape[1]).split(per_minibatch):
+            loss, losses = impala_loss(steps[:, columns], learner, cfg)
+            optimizer.zero_grad()
+            loss.backward()
+            nn.utils.clip_grad_norm_(learner.parameters(), cfg.max_grad_norm)
+            optimizer.step()
+    return losses
+
+
 # ============================================================================ training loop
 
 
@@ -157,15 +171,7 @@ def run(cfg: IMPALAConfig, clients: Clients) -> dict:
                 if cfg.anneal_lr:
                     optimizer.param_groups[0]["lr"] = cfg.lr * max(0.0, 1.0 - stats.frames / cfg.total_frames)
                 steps = time_major(unrolls.exclude("index")).to(device)
-                per_minibatch = steps.shape[1] // cfg.num_minibatches
-                for _ in range(cfg.update_epochs):
-                    for columns in torch.randperm(steps.shape[1]).split(per_minibatch):
-                        loss, losses = impala_loss(steps[:, columns], learner, cfg)
-                        optimizer.zero_grad()
-                        loss.backward()
-                        nn.utils.clip_grad_norm_(learner.parameters(), cfg.max_grad_norm)
-                        optimizer.step()
-                metrics.update(losses)
+                metrics.update(learn(steps, learner, optimizer, cfg))
                 if learner.policy.actor.norm is not None:  # after learning with the statistics it was acted with
                     learner.policy.actor.norm.update(steps.get("observation").flatten(0, 1))
             updates += 1

@@ -87,6 +87,26 @@ def test_collector_jobs_reach_ray_owners_over_ray(local_slurm, tmp_path):
     wait_until(lambda: squeue(local_slurm, ACTIVE) == [], timeout=60, what="the collector jobs to end")
 
 
+def test_impala_learns_from_the_unrolls_of_collector_jobs(local_slurm, tmp_path):
+    """IMPALA with its actors as Slurm jobs: each job hands over its unrolls as it has them, the driver's learner queue
+    takes them whichever job they came from, and every one is learned from (none lost, none too stale)."""
+    run_dir = tmp_path / "run"
+    result = run_cli("+recipe=impala", *AS_JOBS[1:], "recipe.num_envs=4", "recipe.unroll_length=16",
+                     "recipe.batch_size=2", "recipe.total_frames=2048", "recipe.target_return=null",
+                     "recipe.max_policy_lag=null", f"hydra.run.dir={run_dir}", cwd=str(tmp_path), timeout=300,
+                     env={**os.environ, **local_slurm})
+    assert result.returncode == 0, f"{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    services = _services(run_dir)
+    assert (services["inference"]["transport"], services["collector"]["placement"]) == ("distributed", "submitit")
+    assert len(services["collector"]["jobs"]) == 2
+    with open(run_dir / "summary.json") as f:
+        assert json.load(f)["frames"] == 2048
+    updates = [float(row.split(",")[2]) for row in (run_dir / "metrics.csv").read_text().splitlines()
+               if row.startswith("train/updates,")]
+    assert updates[-1] == 2048 // (16 * 2)  # each job's chunk is two unrolls, one batch: every one learned from
+    wait_until(lambda: squeue(local_slurm, ACTIVE) == [], timeout=60, what="the collector jobs to end")
+
+
 def test_a_job_that_does_not_connect_in_time_fails_the_start_and_is_cancelled(local_slurm, tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli(*AS_JOBS, "submitit.connect_timeout=0.2", f"hydra.run.dir={run_dir}", cwd=str(tmp_path),

@@ -1,0 +1,245 @@
+"""IMPALA and APPO on Atari from pixels: training frames/s and returns at the same frame budget, beside PPO's
+synchronous rows, this recipe's overlap bound and Sample Factory's APPO, all in the same run.
+
+- **Our rows**: ``python -m launcher +recipe=<recipe> env=atari`` subprocesses (settings:
+  ``conf/recipe_env/<recipe>_atari.yaml``), one per placement and seed, each for ``--frames`` agent steps; frames/s
+  is the recipe's own (training, start-up excluded), the return the mean of the last 100 episodes (raw, unclipped).
+- **PPO's synchronous rows** (collect a batch, then learn from it): the frames/s IMPALA is held against.
+- **The overlap bound** of a recipe: its own collect phase (C1: acting the frames of one update with its policy on a
+  vector env) and learn phase (L1: one update, :func:`recipes.impala.learn`) timed on one torch thread in a fresh
+  interpreter. With every core busy and nothing wasted an update takes no less than ``(C1 + L1) / cores``: no
+  placement can beat ``frames per update / ((C1 + L1) / cores)`` frames/s.
+- **Sample Factory 2.1.1's APPO** (``benchmarks/sample_factory_peer.py``, run by the interpreter of its own venv,
+  ``--sf-python``): same env, the same size of network, the same frame budget.
+
+    python benchmarks/impala_atari.py --frames 8192 --seeds 0 1 2
+    python benchmarks/impala_atari.py --frames 50000 --seeds 0 1 2 --sf-python /tmp/sf/venv/bin/python
+
+Frames count agent steps (each 4 emulator frames at frame skip 4), as CleanRL's ``global_step`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from _results import Results, say, show  # noqa: E402 (benchmarks/_results.py, beside this script)
+
+ENV_ID = "ALE/Breakout-v5"
+ROWS = [  # (label, recipe, overrides)
+    ("ppo direct", "ppo", ["service=direct"]),
+    ("ppo process/shared_memory", "ppo", ["service=process", "transport=shared_memory"]),
+    ("impala direct", "impala", ["service=direct"]),
+    ("impala process/shared_memory", "impala", ["service=process", "transport=shared_memory"]),
+    ("impala process/local_policy", "impala", ["service=process", "components.collector.local_policy=true"]),
+    ("appo process/shared_memory", "appo", ["service=process", "transport=shared_memory"]),
+    ("appo process/local_policy", "appo", ["service=process", "components.collector.local_policy=true"]),
+]
+SYNC_TARGET, BOUND_TARGET = 1.3, 0.9
+"""Targets: IMPALA's best row at least this multiple of the best synchronous PPO row's frames/s, and at least this
+fraction of its own overlap bound."""
+
+
+# ---------------------------------------------------------------------------------------------- the bound
+def recipe_phases(recipe: str, updates: int, seed: int) -> dict:
+    """``recipe``'s collect and learn seconds per update on one torch thread (medians, the first update excluded:
+    it warms up), and the frames of one update."""
+    import torch
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+    from tensordict import TensorDict
+
+    import launcher.schema
+    from components.envs import EnvMaker
+    from launcher.conventions import normalize_argv
+    from recipes.impala import learn
+    from recipes.ppo import Learner
+
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    launcher.schema.register()
+    with initialize_config_module(config_module="conf", version_base=None):
+        composed = compose(config_name="config", overrides=normalize_argv([f"+recipe={recipe}", "env=atari"]))
+    cfg = OmegaConf.to_object(composed.recipe)
+    maker = EnvMaker.from_config(composed.env)
+    envs = maker.vector(cfg.num_envs)
+    learner = Learner(cfg, maker.spec())
+    optimizer = torch.optim.Adam(learner.parameters(), lr=cfg.lr, eps=1e-5)
+    rounds = max(1, cfg.batch_size // cfg.num_envs)  # rounds of every env's unroll per update
+    obs, _ = envs.reset(seed=seed)
+    obs = torch.as_tensor(obs)
+    collect, learn_s = [], []
+    for update in range(updates):
+        t0 = time.perf_counter()
+        unrolls = []
+        for _ in range(rounds):
+            steps = []
+            for _ in range(cfg.unroll_length):
+                with torch.no_grad():
+                    acted = learner.policy(TensorDict({"observation": obs}, batch_size=[cfg.num_envs]))
+                nxt, reward, terminated, truncated, _ = envs.step(acted.get("action").numpy())
+                nxt = torch.as_tensor(nxt)
+                terminated, done = torch.as_tensor(terminated), torch.as_tensor(terminated | truncated)
+                steps.append(acted.update({
+                    "policy_version": torch.zeros(cfg.num_envs, dtype=torch.int64),
+                    "next": {"observation": nxt, "reward": torch.as_tensor(reward, dtype=torch.float32),
+                             "terminated": terminated, "done": done}}))
+                obs = nxt
+            unrolls.append(torch.stack(steps))  # [time, env]
+        t1 = time.perf_counter()
+        learn(torch.cat(unrolls, dim=1)[:, : cfg.batch_size], learner, optimizer, cfg)
+        t2 = time.perf_counter()
+        if update:
+            collect.append((t1 - t0) * cfg.batch_size / (rounds * cfg.num_envs))
+            learn_s.append(t2 - t1)
+    envs.close()
+    return {"collect_s": statistics.median(collect), "learn_s": statistics.median(learn_s),
+            "frames": cfg.batch_size * cfg.unroll_length}
+
+
+def phases_in_child(recipe: str, updates: int, seed: int, timeout: float) -> dict:
+    """:func:`recipe_phases` in a fresh interpreter (one torch thread, nothing warm from the others)."""
+    code = (f"import json, sys; sys.path.insert(0, {os.path.join(ROOT, 'benchmarks')!r}); import impala_atari; "
+            f"print(json.dumps(impala_atari.recipe_phases({recipe!r}, {updates}, {seed})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    if out.returncode != 0:
+        raise RuntimeError(f"timing {recipe}'s phases failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------------------------------------- the rows
+def run_ours(recipe: str, overrides: list[str], frames: int, seed: int, timeout: float) -> dict:
+    with tempfile.TemporaryDirectory(prefix="impala_atari_") as tmp:
+        proc = subprocess.run(
+            [sys.executable, "-m", "launcher", f"+recipe={recipe}", "env=atari", f"seed={seed}",
+             f"recipe.total_frames={frames}", "launcher.progress=false", "launcher.plot=false",
+             f"hydra.run.dir={tmp}", *overrides], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        if proc.returncode != 0:
+            raise RuntimeError(f"run failed ({recipe} {' '.join(overrides)} seed={seed}):\n{proc.stderr[-2000:]}")
+        with open(os.path.join(tmp, "summary.json")) as f:
+            summary = json.load(f)
+    return {"fps": summary["fps"], "frames": summary["frames"], "return": summary["final_mean_return"],
+            "episodes": summary["episodes"]}
+
+
+def run_sample_factory(python: str, frames: int, seed: int, timeout: float) -> dict:
+    out = subprocess.run([python, os.path.join(ROOT, "benchmarks", "sample_factory_peer.py"), "--frames", str(frames),
+                          "--seed", str(seed)], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    if out.returncode != 0:
+        raise RuntimeError(f"Sample Factory failed (seed={seed}):\n{out.stderr[-2000:]}")
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    # its rate once training started (its worker processes spawned, its first batch collected): what it gains from
+    # leaving out its start-up is more than what ours leaves out (the services' start), never less
+    return {"fps": result["steady_fps"] or result["fps"], "frames": result["frames"],
+            "return": result["mean_return_last"], "episodes": result["episodes"]}
+
+
+def arguments() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--frames", type=int, default=8192, help="agent steps per run")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--rows", nargs="+", default=None, help="labels of our rows to run (default: all)")
+    parser.add_argument("--sf-python", default=None, help="the python of Sample Factory's venv (no SF row without it)")
+    parser.add_argument("--phase-updates", type=int, default=4, help="updates timed for each recipe's bound")
+    parser.add_argument("--timeout", type=float, default=3600)
+    return parser
+
+
+def _spread(values: list, fmt: str = ",.0f") -> str:
+    values = [v for v in values if v is not None and v == v]
+    return f"{min(values):{fmt}}-{max(values):{fmt}}" if values else "-"
+
+
+def _median(values: list) -> float | None:
+    values = [v for v in values if v is not None and v == v]
+    return statistics.median(values) if values else None
+
+
+def main() -> None:
+    args = arguments().parse_args()
+    rec = Results("impala_atari")
+    cores = os.cpu_count() or 1
+    rows = [row for row in ROWS if not args.rows or row[0] in args.rows]
+    labels = [label for label, _, _ in rows] + (["Sample Factory 2.1.1 APPO"] if args.sf_python else [])
+    results: dict[str, list[dict]] = {label: [] for label in labels}
+    phases: dict[str, list[dict]] = {recipe: [] for recipe in sorted({r for _, r, _ in rows} - {"ppo"})}
+    # One round per seed, each running every row once: a drift of the machine's speed reaches every row alike.
+    for seed in args.seeds:
+        for recipe in phases:
+            phases[recipe].append(phases_in_child(recipe, args.phase_updates, seed, args.timeout))
+            p = phases[recipe][-1]
+            print(f"{recipe + ' phases':>32} seed={seed}: collect {p['collect_s']:.2f} s + learn {p['learn_s']:.2f} s "
+                  f"per update of {p['frames']} frames on one thread", file=sys.stderr, flush=True)
+        for label, recipe, overrides in rows:
+            results[label].append(run_ours(recipe, overrides, args.frames, seed, args.timeout))
+        if args.sf_python:
+            results[labels[-1]].append(run_sample_factory(args.sf_python, args.frames, seed, args.timeout))
+        for label in labels:
+            r = results[label][-1]
+            print(f"{label:>32} seed={seed}: {r['frames']:,} frames, {r['fps']:,.0f} frames/s, return "
+                  f"{r['return'] if r['return'] is not None else float('nan'):.1f} ({r['episodes']} episodes)",
+                  file=sys.stderr, flush=True)
+
+    bounds = {}
+    for recipe, timed in phases.items():
+        c1, l1 = statistics.median(p["collect_s"] for p in timed), statistics.median(p["learn_s"] for p in timed)
+        bounds[recipe] = timed[0]["frames"] / ((c1 + l1) / cores)
+        rec.note(f"{recipe}'s overlap bound: C1 = {c1:.2f} s collect and L1 = {l1:.2f} s learn per update of "
+                 f"{timed[0]['frames']} frames, each on one torch thread, {cores} cores: {bounds[recipe]:,.0f} frames/s.")
+    sync = [label for label, recipe, _ in rows if recipe == "ppo"]
+    best_sync = max((_median([r["fps"] for r in results[label]]) for label in sync), default=None)
+    title = (f"IMPALA and APPO on {ENV_ID} from pixels, {args.frames:,} frames per run, seeds {args.seeds}: median "
+             "frames/s and mean return of the last 100 episodes [range]")
+    columns = ["row", "frames/s", "range", "x best sync PPO", "of own bound", "return", "range"]
+    table = []
+    for label in labels:
+        fps = [r["fps"] for r in results[label]]
+        returns = [r["return"] for r in results[label]]
+        recipe = next((r for lbl, r, _ in rows if lbl == label), None)
+        table.append([label, _median(fps), _spread(fps), _median(fps) / best_sync if best_sync else None,
+                      _median(fps) / bounds[recipe] if recipe in bounds else None, _median(returns),
+                      _spread(returns, ",.1f")])
+    show(rec, title, columns, table)
+    rec.plot("fps", f"IMPALA and APPO on {ENV_ID}: median frames/s per row, and each recipe's overlap bound",
+             x=[r[0] for r in table] + [f"{k} bound" for k in bounds],
+             series={"frames/s": [r[1] for r in table] + list(bounds.values())},
+             kind="bar", xlabel="row", ylabel="frames/s")
+
+    print(f"\n### Targets ({cores} cores)\n")
+    impala = [row for row in table if row[0].startswith("impala ")]
+    if impala and best_sync:
+        best = max(impala, key=lambda row: row[1])
+        verdict = "PASS" if best[3] >= SYNC_TARGET else "MISS"
+        say(rec.verdict, f"{verdict} best IMPALA row {best[0]}: {best[1]:,.0f} frames/s = {best[3]:.2f}x the best "
+            f"synchronous PPO row's {best_sync:,.0f} (target >= {SYNC_TARGET})")
+        verdict = "PASS" if best[4] >= BOUND_TARGET else "MISS"
+        say(rec.verdict, f"{verdict} best IMPALA row {best[0]}: {best[4]:.2f} of its overlap bound "
+            f"{bounds['impala']:,.0f} frames/s (target >= {BOUND_TARGET})")
+    ppo_return = max((row[5] for row in table if row[0].startswith("ppo ") and row[5] is not None), default=None)
+    for recipe in ("impala", "appo"):
+        mine = [row for row in table if row[0].startswith(recipe + " ") and row[5] is not None]
+        if mine and ppo_return is not None:
+            best = max(mine, key=lambda row: row[5])
+            verdict = "PASS" if best[5] >= ppo_return else "MISS"
+            say(rec.verdict, f"{verdict} {recipe}'s best return at {args.frames:,} frames, {best[0]}: {best[5]:.2f} "
+                f"beside PPO's best {ppo_return:.2f} (target: at least PPO's)")
+    sf = next((row for row in table if row[0].startswith("Sample Factory")), None)
+    if sf is not None:
+        ours = max((row for row in table if not row[0].startswith(("ppo ", "Sample Factory"))), key=lambda r: r[1])
+        verdict = "PASS" if ours[1] >= sf[1] else "MISS"
+        say(rec.verdict, f"{verdict} our best asynchronous row {ours[0]}: {ours[1]:,.0f} frames/s beside Sample "
+            f"Factory's {sf[1]:,.0f} (target: at least its frames/s)")
+    rec.save()
+
+
+if __name__ == "__main__":
+    main()
