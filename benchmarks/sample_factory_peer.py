@@ -55,8 +55,7 @@ decaying linearly to 0 at the budget.
   SF's serial runner leaves torch's count alone, and torch's default of one per core ran 4x slower here on a
   loaded 2-core machine). ``--async-rl auto`` (default) is APPO's asynchronous mode in parallel, and sync (SF's
   Atari default: no sampling while learning) in serial mode, where SF warns that async is for debugging only.
-  Measured on the 2-core machine while another job loaded it (load average 5-7), 20,000 agent steps, seed 0:
-  parallel 100.8 fps (steady 113.9), serial 82.9 fps (steady 91.8); so parallel is the default.
+  Parallel mode is the default: it was the faster of the two on a 2-core machine.
 - Local only: no wandb (``with_wandb`` False), no Hugging Face upload, no network; SF's files (config, checkpoints,
   tensorboard summaries, ``git.diff``) go under ``--train-dir``, by default a temp dir removed at the end.
 """
