@@ -1,5 +1,6 @@
-"""Pieces the benchmark scripts share: starting an owner (remembering its child's pid for the leak check)
-and stopping a helper process (or a peer's process group) politely, then firmly."""
+"""Pieces the benchmark scripts share: starting an owner (remembering its child's pid for the leak check),
+stopping a helper process (or a peer's process group) politely, then firmly, and running a peer's script, a function
+of a benchmark in a fresh interpreter, or a ``python -m launcher`` run, for the JSON they give back."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import json
 import os
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 from typing import Any, Callable
 
@@ -46,18 +49,45 @@ def stop_group(proc) -> None:
         proc.wait(10)
 
 
-def peer_json(command: list[str], timeout: float) -> dict:
-    """Run a peer's script (another interpreter) in a session of its own and return the JSON it prints; on a timeout
-    or an interruption its whole process group is stopped (:func:`stop_group`)."""
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, start_new_session=True)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_child(command: list[str], timeout: float, quiet: bool = False) -> str:
+    """Run ``command`` (from the checkout) in a session of its own and return its stdout; on a timeout or an
+    interruption its whole process group is stopped (:func:`stop_group`). ``quiet``: its stderr is kept, and shown
+    only if it fails."""
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE if quiet else None, text=True,
+                            start_new_session=True, cwd=ROOT)
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=timeout)
     except BaseException:
         stop_group(proc)
         raise
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} exited with status {proc.returncode}")
-    return json.loads(out)
+        raise RuntimeError(f"{' '.join(command)} exited with status {proc.returncode}"
+                           + (f":\n{err[-2000:]}" if err else ""))
+    return out
+
+
+def peer_json(command: list[str], timeout: float, quiet: bool = False) -> dict:
+    """Run a peer's script (another interpreter) with :func:`run_child`; the JSON it prints last."""
+    return json.loads(run_child(command, timeout, quiet).strip().splitlines()[-1])
+
+
+def in_child(module: str, call: str, timeout: float) -> dict:
+    """``module.call`` (a benchmark of ``benchmarks/``, a call returning plain data) in a fresh interpreter: its own
+    torch threads, nothing warm from the others."""
+    code = (f"import json, sys; sys.path.insert(0, {os.path.join(ROOT, 'benchmarks')!r}); import {module}; "
+            f"print(json.dumps({module}.{call}))")
+    return peer_json([sys.executable, "-c", code], timeout, quiet=True)
+
+
+def launcher_summary(overrides: list[str], timeout: float) -> dict:
+    """``python -m launcher *overrides`` in a run directory of its own (removed after); its ``summary.json``."""
+    with tempfile.TemporaryDirectory(prefix="bench_run_") as run_dir:
+        run_child([sys.executable, "-m", "launcher", *overrides, f"hydra.run.dir={run_dir}"], timeout, quiet=True)
+        with open(os.path.join(run_dir, "summary.json")) as f:
+            return json.load(f)
 
 
 class OtherLoad:

@@ -21,17 +21,15 @@ Frames count agent steps (each 4 emulator frames at frame skip 4), as CleanRL's 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from _common import in_child, launcher_summary  # noqa: E402 (benchmarks/_common.py, beside this script)
 from _results import Results, say, show  # noqa: E402 (benchmarks/_results.py, beside this script)
 
 ENV_ID = "ALE/Breakout-v5"
@@ -142,25 +140,13 @@ def cleanrl_loop(updates: int, threads: int | None, seed: int) -> dict:
 
 def loop_in_child(updates: int, threads: int | None, seed: int, timeout: float) -> dict:
     """:func:`cleanrl_loop` in a fresh interpreter (its own torch threads, nothing warm from the others)."""
-    code = (f"import json, sys; sys.path.insert(0, {os.path.join(ROOT, 'benchmarks')!r}); import atari; "
-            f"print(json.dumps(atari.cleanrl_loop({updates}, {threads!r}, {seed})))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    if out.returncode != 0:
-        raise RuntimeError(f"the CleanRL-style loop failed:\n{out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return in_child("atari", f"cleanrl_loop({updates}, {threads!r}, {seed})", timeout)
 
 
 # ---------------------------------------------------------------------------------------------- our rows
 def run_ours(overrides: list[str], updates: int, seed: int, timeout: float) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        proc = subprocess.run(
-            [sys.executable, "-m", "launcher", "+recipe=ppo", "env=atari", f"seed={seed}",
-             f"recipe.total_frames={updates * 8 * 128}", "launcher.progress=false", "launcher.plot=false",
-             f"hydra.run.dir={tmp}", *overrides], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-        if proc.returncode != 0:
-            raise RuntimeError(f"run failed ({' '.join(overrides)} seed={seed}):\n{proc.stderr[-2000:]}")
-        with open(os.path.join(tmp, "summary.json")) as f:
-            return json.load(f)
+    return launcher_summary(["+recipe=ppo", "env=atari", f"seed={seed}", f"recipe.total_frames={updates * 8 * 128}",
+                             "launcher.progress=false", "launcher.plot=false", *overrides], timeout)
 
 
 def arguments() -> argparse.ArgumentParser:

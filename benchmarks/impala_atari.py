@@ -21,17 +21,15 @@ Frames count agent steps (each 4 emulator frames at frame skip 4), as CleanRL's 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from _common import in_child, launcher_summary, peer_json  # noqa: E402 (benchmarks/_common.py, beside this script)
 from _results import Results, say, show  # noqa: E402 (benchmarks/_results.py, beside this script)
 
 ENV_ID = "ALE/Breakout-v5"
@@ -108,37 +106,17 @@ def recipe_phases(recipe: str, updates: int, seed: int) -> dict:
             "frames": cfg.batch_size * cfg.unroll_length}
 
 
-def phases_in_child(recipe: str, updates: int, seed: int, timeout: float) -> dict:
-    """:func:`recipe_phases` in a fresh interpreter (one torch thread, nothing warm from the others)."""
-    code = (f"import json, sys; sys.path.insert(0, {os.path.join(ROOT, 'benchmarks')!r}); import impala_atari; "
-            f"print(json.dumps(impala_atari.recipe_phases({recipe!r}, {updates}, {seed})))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    if out.returncode != 0:
-        raise RuntimeError(f"timing {recipe}'s phases failed:\n{out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 # ---------------------------------------------------------------------------------------------- the rows
 def run_ours(recipe: str, overrides: list[str], frames: int, seed: int, timeout: float) -> dict:
-    with tempfile.TemporaryDirectory(prefix="impala_atari_") as tmp:
-        proc = subprocess.run(
-            [sys.executable, "-m", "launcher", f"+recipe={recipe}", "env=atari", f"seed={seed}",
-             f"recipe.total_frames={frames}", "launcher.progress=false", "launcher.plot=false",
-             f"hydra.run.dir={tmp}", *overrides], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-        if proc.returncode != 0:
-            raise RuntimeError(f"run failed ({recipe} {' '.join(overrides)} seed={seed}):\n{proc.stderr[-2000:]}")
-        with open(os.path.join(tmp, "summary.json")) as f:
-            summary = json.load(f)
+    summary = launcher_summary([f"+recipe={recipe}", "env=atari", f"seed={seed}", f"recipe.total_frames={frames}",
+                                "launcher.progress=false", "launcher.plot=false", *overrides], timeout)
     return {"fps": summary["fps"], "frames": summary["frames"], "return": summary["final_mean_return"],
             "episodes": summary["episodes"]}
 
 
 def run_sample_factory(python: str, frames: int, seed: int, timeout: float) -> dict:
-    out = subprocess.run([python, os.path.join(ROOT, "benchmarks", "sample_factory_peer.py"), "--frames", str(frames),
-                          "--seed", str(seed)], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-    if out.returncode != 0:
-        raise RuntimeError(f"Sample Factory failed (seed={seed}):\n{out.stderr[-2000:]}")
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result = peer_json([python, os.path.join(ROOT, "benchmarks", "sample_factory_peer.py"), "--frames", str(frames),
+                        "--seed", str(seed)], timeout, quiet=True)
     # its rate once training started (its worker processes spawned, its first batch collected): what it gains from
     # leaving out its start-up is more than what ours leaves out (the services' start), never less
     return {"fps": result["steady_fps"] or result["fps"], "frames": result["frames"],
@@ -177,7 +155,8 @@ def main() -> None:
     # One round per seed, each running every row once: a drift of the machine's speed reaches every row alike.
     for seed in args.seeds:
         for recipe in phases:
-            phases[recipe].append(phases_in_child(recipe, args.phase_updates, seed, args.timeout))
+            phases[recipe].append(in_child("impala_atari", f"recipe_phases({recipe!r}, {args.phase_updates}, {seed})",
+                                           args.timeout))
             p = phases[recipe][-1]
             print(f"{recipe + ' phases':>32} seed={seed}: collect {p['collect_s']:.2f} s + learn {p['learn_s']:.2f} s "
                   f"per update of {p['frames']} frames on one thread", file=sys.stderr, flush=True)

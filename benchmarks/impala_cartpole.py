@@ -13,13 +13,9 @@ median frames to solve over PPO's in the same placement of the same run.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
 
+from _common import launcher_summary  # (benchmarks/_common.py, beside this script)
 from _results import Results, say  # (benchmarks/_results.py, beside this script)
 
 PLACEMENTS = {
@@ -33,15 +29,7 @@ PLACEMENTS = {
 
 
 def run_once(recipe: str, overrides: list[str], seed: int, timeout: float) -> dict:
-    with tempfile.TemporaryDirectory(prefix="impala_bench_") as run_dir:
-        done = subprocess.run([sys.executable, "-m", "launcher", f"+recipe={recipe}", f"seed={seed}",
-                               "launcher.progress=false", *overrides, f"hydra.run.dir={run_dir}"],
-                              capture_output=True, text=True, timeout=timeout,
-                              cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        if done.returncode != 0:
-            raise RuntimeError(f"{recipe} {overrides} seed={seed} failed:\n{done.stderr[-2000:]}")
-        with open(os.path.join(run_dir, "summary.json")) as f:
-            return json.load(f)
+    return launcher_summary([f"+recipe={recipe}", f"seed={seed}", "launcher.progress=false", *overrides], timeout)
 
 
 def spread(values: list[float], fmt: str) -> str:
