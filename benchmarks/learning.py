@@ -1,6 +1,7 @@
-"""Learning curves: PPO's mean episode return against frames for several seeds, per placement, through the launcher.
+"""Learning curves: a recipe's mean episode return against frames for several seeds, per placement, through the
+launcher; several recipes side by side (``--recipes ppo impala appo``) at the same budget.
 
-Each run is ``python -m launcher +recipe=ppo <env> seed=S recipe.total_frames=N`` in its own subprocess; its curve
+Each run is ``python -m launcher +recipe=R <env> seed=S recipe.total_frames=N`` in its own subprocess; its curve
 is the ``train/mean_return`` series of its ``metrics.csv`` (the mean return of the recent finished episodes, as the
 launcher's progress line and ``learning_curve.png`` show it). The curves of the seeds are read at common frame
 counts (each seed's latest point at or before the count) and summarised as the median with the range over seeds.
@@ -9,10 +10,12 @@ Published figures are printed beside them, with the frame count they were measur
     python benchmarks/learning.py minatar --seeds 0 1 2 --frames 1000000
     python benchmarks/learning.py breakout --seeds 0 1 2 --frames 2000000
     python benchmarks/learning.py minatar --services direct "process/shared_memory" --frames 300000
+    python benchmarks/learning.py minatar --recipes ppo impala appo --services "process/shared_memory"
 
 Frames count agent steps, as the recipes and CleanRL's ``global_step`` do: on Atari each is 4 emulator frames
 (frame skip 4); MinAtar and MuJoCo have no frame skip. Presets (``conf/recipe_env``): ``minatar``
-(MinAtar/Breakout-v1), ``breakout`` (ALE/Breakout-v5), ``pong`` (ALE/Pong-v5), ``halfcheetah`` (HalfCheetah-v5).
+(MinAtar/Breakout-v1), ``breakout`` (ALE/Breakout-v5), ``pong`` (ALE/Pong-v5), ``halfcheetah`` (HalfCheetah-v5);
+each recipe runs with its own settings for the env (``conf/recipe_env/<recipe>_<env>.yaml``).
 """
 
 from __future__ import annotations
@@ -71,6 +74,7 @@ PLACEMENTS = {
     "process/shared_memory async": ["service=process", "transport=shared_memory", "components.collector.sync=false"],
     "ray/distributed async": ["service=ray", "transport=distributed", "components.collector.sync=false"],
 }
+RECIPES = ("ppo", "impala", "appo")
 POINTS = 20
 """Frame counts the curves are read at (evenly spaced up to the budget)."""
 READ_AT = (POINTS // 4 - 1, POINTS // 2 - 1, POINTS - 1)
@@ -78,14 +82,14 @@ READ_AT = (POINTS // 4 - 1, POINTS // 2 - 1, POINTS - 1)
 
 
 def run_one(preset: Preset, placement: list[str], seed: int, frames: int, extra: list[str], timeout: float,
-            keep: str | None = None, label: str = "") -> dict:
+            keep: str | None = None, label: str = "", recipe: str = "ppo") -> dict:
     """One launcher run; returns its curve (``(frames, mean return)`` points), frames/s and wall seconds. Its run
     directory is kept under ``keep`` (``<label>/seed<S>``) where given."""
     from launcher.sweep import read_job
 
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(keep, label.replace("/", "_").replace(" ", "_"), f"seed{seed}") if keep else tmp
-        command = [sys.executable, "-m", "launcher", "+recipe=ppo", *preset.overrides, *placement, f"seed={seed}",
+        command = [sys.executable, "-m", "launcher", f"+recipe={recipe}", *preset.overrides, *placement, f"seed={seed}",
                    f"recipe.total_frames={frames}", "launcher.progress=false", "launcher.plot=false",
                    f"hydra.run.dir={run_dir}", *extra]
         start = time.monotonic()
@@ -119,11 +123,33 @@ def summarise(curves: list[list[tuple[float, float]]], grid: list[int]) -> tuple
     return med, low, high
 
 
+def per_frame_against_ppo(rec: Results, labels: list[tuple[str, str, str]], series: dict, grid: list[int]) -> None:
+    """Verdicts: each other recipe's learning per frame against PPO's in the same placement, by the median final
+    return and by the median curve's mean over the budget (the area under it: how early it learns)."""
+    def area(curve: list) -> float | None:
+        return None if None in curve else statistics.fmean(curve)
+
+    for recipe, placement, label in labels:
+        ppo = series.get(f"ppo {placement}")
+        if recipe == "ppo" or ppo is None:
+            continue
+        ours = series[label]
+        for what, mine, theirs in (("final return", ours[-1], ppo[-1]), ("mean over the curve", area(ours),
+                                                                          area(ppo))):
+            if mine is None or theirs is None:
+                continue
+            verdict = "PASS" if mine >= theirs else "MISS"
+            say(rec.verdict, f"{verdict} {label}: {what} {mine:.2f} against PPO's {theirs:.2f} "
+                f"({mine / theirs:.2f}x) at {grid[-1]:,} frames" if theirs else f"{verdict} {label}: {what}")
+
+
 def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("preset", choices=sorted(PRESETS))
     parser.add_argument("--frames", type=int, default=None, help="agent steps per run (default: the preset's)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--recipes", nargs="+", default=["ppo"], choices=RECIPES,
+                        help="recipes to run in every placement, rows named '<recipe> <placement>' (default: ppo)")
     parser.add_argument("--services", nargs="+", default=["direct"], choices=sorted(PLACEMENTS),
                         help="placements to run (default: direct)")
     parser.add_argument("--override", nargs="*", default=[], help="more launcher overrides for every run")
@@ -141,11 +167,15 @@ def main() -> None:
     rec = Results("learning", record=f"learning_{args.preset}")
     grid = [round(frames * (i + 1) / POINTS) for i in range(POINTS)]
     series, bands, rows, per_seed = {}, {}, [], []
-    for label in args.services:
+    several = len(args.recipes) > 1
+    labels = [(recipe, placement, f"{recipe} {placement}" if several else placement)
+              for recipe in args.recipes for placement in args.services]
+    for recipe, placement, label in labels:
         extra = [*args.override, *(["launcher.torch_threads=1"] if args.jobs > 1 else [])]
 
-        def one(seed: int, label: str = label, extra: list[str] = extra) -> dict:
-            run = run_one(preset, PLACEMENTS[label], seed, frames, extra, args.timeout, args.keep, label)
+        def one(seed: int, label: str = label, extra: list[str] = extra, recipe: str = recipe,
+                placement: str = placement) -> dict:
+            run = run_one(preset, PLACEMENTS[placement], seed, frames, extra, args.timeout, args.keep, label, recipe)
             final = run["curve"][-1][1] if run["curve"] else float("nan")
             print(f"{label:>28} seed={seed}: {run['frames']:,} frames in {run['wall_s']:.0f} s "
                   f"({run['fps']:,.0f} frames/s), final mean return {final:.2f}", file=sys.stderr, flush=True)
@@ -163,21 +193,24 @@ def main() -> None:
 
     env_id = next(o.split("=", 1)[1] for o in preset.overrides if o.startswith("env.id="))
     returns_at = [f"return at {grid[i]:,}" for i in READ_AT]
-    columns = ["placement", *returns_at, "frames/s", "frames/s range"]
-    title = (f"PPO on {env_id}, {frames:,} {preset.unit}, seeds {args.seeds}: median mean return of recent episodes "
-             f"[range over seeds], and training frames/s")
+    columns = ["run" if several else "placement", *returns_at, "frames/s", "frames/s range"]
+    names = " and ".join(r.upper() for r in args.recipes)
+    title = (f"{names} on {env_id}, {frames:,} {preset.unit}, seeds {args.seeds}: median mean return of recent "
+             f"episodes [range over seeds], and training frames/s")
     show(rec, title, columns, rows, note="" if args.jobs == 1 else
          f"{args.jobs} seeds ran at once on one torch thread each: frames/s shares the cores among them.")
     show(rec, f"Each seed: mean return of recent episodes at {', '.join(f'{grid[i]:,}' for i in READ_AT)} frames",
-         ["placement", "seed", *returns_at, "frames/s"], per_seed)
-    rec.plot("curves", f"PPO on {env_id}: median over seeds {args.seeds}, shaded: their range", x=grid,
+         ["run" if several else "placement", "seed", *returns_at, "frames/s"], per_seed)
+    rec.plot("curves", f"{names} on {env_id}: median over seeds {args.seeds}, shaded: their range", x=grid,
              series=series, bands=bands, xlabel=preset.unit, ylabel="mean episode return")
+    if several and "ppo" in args.recipes:
+        per_frame_against_ppo(rec, labels, series, grid)
     if preset.published is not None:
         pub = preset.published
         where = "at the same frame count" if pub.frames == frames else f"at {pub.frames:,} agent steps"
         say(rec.note, f"Published: {pub.source}: {pub.mean:g} +/- {pub.spread:g} {where}.")
         if pub.frames == frames:
-            for label in args.services:
+            for *_, label in labels:
                 final = series[label][-1]
                 verdict = "PASS" if final is not None and final >= pub.mean - pub.spread else "MISS"
                 say(rec.verdict, f"{verdict} {label}: median final return "

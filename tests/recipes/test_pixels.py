@@ -94,6 +94,20 @@ def test_the_minatar_plan_keeps_grids_in_bytes(compose_cfg):
     assert plan.recipe_config.num_envs == 16 and plan.recipe_config.encoder == "auto"
 
 
+@pytest.mark.parametrize("recipe, env, settings", [
+    # (num_envs, unroll_length, batch_size, update_epochs, num_minibatches, lr, clip_coef, clip_rewards)
+    ("impala", "minatar", (16, 32, 8, 1, 1, 2e-3, None, False)),
+    ("appo", "minatar", (16, 32, 16, 4, 4, 5e-4, 0.2, False)),
+    ("impala", "atari", (8, 32, 8, 1, 1, 6e-4, None, True)),
+    ("appo", "atari", (8, 32, 16, 4, 4, 2.5e-4, 0.1, True)),
+])
+def test_impala_and_appo_take_their_own_settings_for_each_pixel_env(recipe, env, settings, compose_cfg):
+    r = build_plan(compose_cfg(f"+recipe={recipe}", f"env={env}")).recipe_config
+    assert (r.num_envs, r.unroll_length, r.batch_size, r.update_epochs, r.num_minibatches, r.lr, r.clip_coef,
+            r.clip_rewards) == settings
+    assert r.total_frames == (5_000_000 if env == "minatar" else 10_000_000) and r.target_return is None
+
+
 @pytest.mark.slow  # importing gymnasium's MuJoCo envs imports glfw, which runs a Python child to read a version
 def test_the_mujoco_plan_takes_cleanrl_continuous_settings(compose_cfg):
     plan = build_plan(compose_cfg("+recipe=ppo", "env=mujoco"))
