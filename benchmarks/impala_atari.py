@@ -39,9 +39,13 @@ ROWS = [  # (label, recipe, overrides)
     ("impala direct", "impala", ["service=direct"]),
     ("impala process/shared_memory", "impala", ["service=process", "transport=shared_memory"]),
     ("impala process/local_policy", "impala", ["service=process", "components.collector.local_policy=true"]),
-    ("impala process/shared_memory 1 thread", "impala",  # the learner on one core, the workers on the other
-     ["service=process", "transport=shared_memory", "launcher.torch_threads=1"]),
+    # the driver's default gives the learner a core less one per worker collecting beside it (launcher.plan's
+    # learner_threads: one on 2 cores); these rows give it every core instead
+    ("impala process/shared_memory 2 threads", "impala",
+     ["service=process", "transport=shared_memory", "launcher.torch_threads=2"]),
     ("appo process/shared_memory", "appo", ["service=process", "transport=shared_memory"]),
+    ("appo process/shared_memory 2 threads", "appo",
+     ["service=process", "transport=shared_memory", "launcher.torch_threads=2"]),
     ("appo process/local_policy", "appo", ["service=process", "components.collector.local_policy=true"]),
 ]
 SYNC_TARGET, BOUND_TARGET = 1.3, 0.9

@@ -259,9 +259,12 @@ measured the difference on both kinds of run)."""
 
 
 def _choose_wait_policy(cfg: DictConfig) -> None:
-    """:data:`OVERLAP_WAIT` for a run that overlaps collection with learning; inherited by every process it starts."""
+    """:data:`OVERLAP_WAIT` for a run that overlaps collection with learning (``components.collector.sync=false``, or
+    a recipe whose config says it always does, as IMPALA's); inherited by every process it starts."""
     collector = cfg.get("components", {}).get("collector") or {}
-    if collector.get("sync", True) is False:
+    recipe = cfg.get("recipe")
+    always = recipe is not None and getattr(OmegaConf.get_type(recipe), "collects_while_learning", False)
+    if collector.get("sync", True) is False or always:
         for name, value in OVERLAP_WAIT.items():
             os.environ.setdefault(name, value)
 

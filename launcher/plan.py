@@ -144,6 +144,24 @@ def _container(node) -> dict:
     return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node or {})
 
 
+def learner_threads(observation_shape: tuple, collector: Resolved | None, passes: int = 1,
+                    cores: int | None = None) -> int:
+    """The driver's torch threads where ``launcher.torch_threads`` is not set: one for flat observations (small MLPs
+    are fastest on one); for images every core, except where the collector's workers collect while the learner
+    trains (``sync: false``) on this machine (placements ``direct``, ``thread``, ``process``) and the learner makes
+    one pass over each batch (``passes``: IMPALA's): then it needs about as much CPU as the workers do, and it leaves
+    a core to each worker (a learner thread that waits for a core holds back every other). A learner of several
+    passes (APPO's four, PPO's) needs several times what its workers do and keeps every core.
+    ``benchmarks/impala_atari.py`` measures both on 2 cores: IMPALA faster on one thread, APPO on two."""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if len(observation_shape) < 3:
+        return 1
+    shares = (collector is not None and collector.config is not None and not collector.config.sync
+              and DISTANCE[collector.placement] <= Reach.MACHINE and passes <= 1)
+    return max(1, cores - int(collector.config.num_collectors)) if shares else max(1, cores)
+
+
 def recipe_of(cfg: DictConfig) -> tuple[Recipe, Any]:
     """The selected :class:`Recipe` and its config object.
 
@@ -362,8 +380,9 @@ def build_plan(cfg: DictConfig) -> LaunchPlan:
     )
     placements = {c.placement for c in plans}
     launcher = OmegaConf.to_object(cfg.launcher)
-    if launcher.torch_threads is None:  # small MLPs are fastest on one thread, convolutions use every core
-        launcher.torch_threads = 1 if len(spec.observation_shape) < 3 else max(1, os.cpu_count() or 1)
+    if launcher.torch_threads is None:
+        launcher.torch_threads = learner_threads(spec.observation_shape, resolved.get("collector"),
+                                                 getattr(recipe_cfg, "update_epochs", 1))
     return LaunchPlan(recipe=recipe.name, env_id=spec.env_id, seed=int(cfg.seed), components=plans,
                       env_backend=maker.backend, defaults=_option_defaults(needs, services), recipe_config=recipe_cfg,
                       env=_container(cfg.env), logger=_container(cfg.logger), launcher=launcher,

@@ -124,7 +124,7 @@ class EnvConf:
 @dataclass
 class LauncherConf:
     dry_run: bool = False  # print the plan and exit without starting anything
-    torch_threads: Optional[int] = bounded(None, ge=1)  # torch intra-op threads in the driver; null: 1 for flat observations (small MLPs are fastest on one), every core for images
+    torch_threads: Optional[int] = bounded(None, ge=1)  # torch intra-op threads in the driver; null: 1 for flat observations (small MLPs are fastest on one), every core for images, less one per collector worker collecting beside a one-pass learner (IMPALA) on this machine (launcher.plan.learner_threads)
     progress: bool = True  # live progress line
     plot: bool = True  # write learning_curve.png at the end
     telemetry_every: float = bounded(5.0, gt=0, unit="seconds")  # between per-edge metrics (batch fill, queue wait, policy lag)

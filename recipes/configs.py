@@ -10,7 +10,7 @@ launcher checks every composed config against both before anything starts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from components.config import bounded, one_of
 
@@ -248,6 +248,10 @@ class IMPALAConfig:
     clip_rewards: bool = False
     device: str = "cpu"
     normalize_observations: bool = False
+
+    collects_while_learning: ClassVar[bool] = True
+    """Its collector runs ``sync: false`` (``recipes.impala.services``): known before torch loads, where the launcher
+    chooses how torch's threads wait."""
 
     @property
     def frames_per_batch(self) -> int:

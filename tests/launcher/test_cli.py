@@ -92,16 +92,19 @@ def test_schema_errors_name_the_config_path(compose_cfg):
     assert "service" in error and "process" in error
 
 
-@pytest.mark.parametrize("sync, preset, kept", [("false", None, "PASSIVE"), ("false", "ACTIVE", "ACTIVE"),
-                                                ("true", None, None)])
-def test_torch_threads_sleep_while_they_wait_where_collection_overlaps_learning(sync, preset, kept, monkeypatch,
-                                                                               tmp_path):
+@pytest.mark.parametrize("recipe, sync, preset, kept", [
+    ("ppo", "false", None, "PASSIVE"), ("ppo", "false", "ACTIVE", "ACTIVE"), ("ppo", "true", None, None),
+    ("impala", None, None, "PASSIVE"),  # its collector always overlaps learning: no sync=false on the command line
+])
+def test_torch_threads_sleep_while_they_wait_where_collection_overlaps_learning(recipe, sync, preset, kept,
+                                                                               monkeypatch, tmp_path):
     # set before torch loads in a run's process, inherited by every process the run starts; the user's word wins
     if preset is None:
         monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     else:
         monkeypatch.setenv("OMP_WAIT_POLICY", preset)
-    proc = cli_in_process("+recipe=ppo", "service=process", f"components.collector.sync={sync}",
+    proc = cli_in_process(f"+recipe={recipe}", "service=process",
+                          *([f"components.collector.sync={sync}"] if sync else []),
                           "launcher.dry_run=true", cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     assert os.environ.get("OMP_WAIT_POLICY") == kept

@@ -168,3 +168,41 @@ def test_local_policy_plans_replicas_fed_by_weight_sync_and_no_inference_server(
     assert "policy replica in each worker" in plan.render()
     assert all(c.built for c in plan.components)
     ensure_runnable(plan)
+
+
+@pytest.mark.parametrize("overrides, threads", [
+    (("+recipe=ppo",), lambda cores: 1),  # flat observations: a small MLP is fastest on one thread
+    (("+recipe=ppo", "env=minatar"), lambda cores: cores),  # images, collected and learned in turn: every core
+    (("+recipe=impala", "env=minatar", "service=process", "components.collector.num_collectors=2"),
+     lambda cores: cores - 2),  # one pass per batch, workers beside it on this machine: a core left to each
+    (("+recipe=impala", "env=minatar", "service=thread", "components.collector.num_collectors=2"),
+     lambda cores: cores - 2),
+    (("+recipe=appo", "env=minatar", "service=process"), lambda cores: cores),  # four passes: the learner needs most
+    (("+recipe=ppo", "env=minatar", "service=process", "components.collector.sync=false"), lambda cores: cores),
+    (("+recipe=impala", "env=minatar", "service=process", "launcher.torch_threads=3"),
+     lambda cores: 3),  # the user's word wins
+])
+def test_a_one_pass_learner_leaves_a_core_to_each_worker_that_collects_while_it_learns(compose_cfg, overrides,
+                                                                                       threads):
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    assert build_plan(compose_cfg(*overrides)).launcher.torch_threads == max(1, threads(cores))
+
+
+def test_learner_threads_on_a_bigger_machine():
+    from types import SimpleNamespace
+
+    from launcher.plan import learner_threads
+
+    def collector(placement, sync, workers):
+        return SimpleNamespace(placement=placement, config=SimpleNamespace(sync=sync, num_collectors=workers))
+
+    pixels = (4, 84, 84)
+    assert learner_threads(pixels, collector("process", False, 2), cores=16) == 14
+    assert learner_threads(pixels, collector("process", False, 2), passes=4, cores=16) == 16
+    assert learner_threads(pixels, collector("process", True, 2), cores=16) == 16
+    assert learner_threads(pixels, collector("process", False, 8), cores=4) == 1  # never below one
+    assert learner_threads(pixels, collector("ray", False, 2), cores=16) == 16  # the workers may be elsewhere
+    assert learner_threads(pixels, None, cores=16) == 16
+    assert learner_threads((4,), collector("process", False, 2), cores=16) == 1
