@@ -8,6 +8,8 @@ median frames to solve over PPO's in the same placement of the same run.
 
     python benchmarks/impala_cartpole.py --seeds 0 1 2
     python benchmarks/impala_cartpole.py --recipes ppo appo --services direct process/shared_memory --seeds 0 1 2 3 4
+    python benchmarks/impala_cartpole.py --services thread process/process_slot ray ray/distributed monarch \
+        "slurm collectors"
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ PLACEMENTS = {
     "process/process_slot": ["service=process", "transport=process_slot"],
     "process/local_policy": ["service=process", "components.collector.local_policy=true"],
     "ray": ["service=ray"],
+    "ray/distributed": ["service=ray", "transport=distributed"],
+    "monarch": ["service=monarch"],
+    "slurm collectors": ["components.collector.placement=submitit", "components.collector.num_collectors=2"],
 }
+"""Placements by name. ``ray`` starts a local Ray cluster per run unless ``RAY_ADDRESS`` names one; ``slurm
+collectors`` submits the collector workers as jobs to the Slurm the environment reaches (``.ci/local_slurm.sh start``
+on one machine)."""
 
 
 def run_once(recipe: str, overrides: list[str], seed: int, timeout: float) -> dict:
