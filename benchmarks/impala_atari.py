@@ -66,7 +66,7 @@ def recipe_phases(recipe: str, updates: int, seed: int) -> dict:
     from components.envs import EnvMaker
     from launcher.conventions import normalize_argv
     from recipes.impala import learn
-    from recipes.ppo import Learner
+    from recipes.ppo import Learner, make_policy
 
     torch.set_num_threads(1)
     torch.manual_seed(seed)
@@ -77,6 +77,8 @@ def recipe_phases(recipe: str, updates: int, seed: int) -> dict:
     maker = EnvMaker.from_config(composed.env)
     envs = maker.vector(cfg.num_envs)
     learner = Learner(cfg, maker.spec())
+    acting = make_policy(cfg, maker.spec())  # the behaviour policy, as the inference server builds it
+    acting.load_state_dict(learner.policy.state_dict())
     optimizer = torch.optim.Adam(learner.parameters(), lr=cfg.lr, eps=1e-5)
     rounds = max(1, cfg.batch_size // cfg.num_envs)  # rounds of every env's unroll per update
     obs, _ = envs.reset(seed=seed)
@@ -89,7 +91,7 @@ def recipe_phases(recipe: str, updates: int, seed: int) -> dict:
             steps = []
             for _ in range(cfg.unroll_length):
                 with torch.no_grad():
-                    acted = learner.policy(TensorDict({"observation": obs}, batch_size=[cfg.num_envs]))
+                    acted = acting(TensorDict({"observation": obs}, batch_size=[cfg.num_envs]))
                 nxt, reward, terminated, truncated, _ = envs.step(acted.get("action").numpy())
                 nxt = torch.as_tensor(nxt)
                 terminated, done = torch.as_tensor(terminated), torch.as_tensor(terminated | truncated)

@@ -43,7 +43,7 @@ class Scale(nn.Module):
         self.scale, self.channels_last, self.flatten = scale, channels_last, flatten
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs if obs.is_floating_point() else obs.float() * self.scale
+        x = obs if obs.is_floating_point() else obs.float().mul_(self.scale)  # in place: one pass over the frames
         if self.flatten > 1:
             x = x.flatten(-self.flatten)  # whatever the leading batch dimensions
         return x.movedim(-1, -3) if self.channels_last else x

@@ -44,6 +44,23 @@ def test_frame_encoders_scale_uint8_frames_inside_the_network(name, kind, featur
     torch.testing.assert_close(out, net(frames.float() / 255))  # the bytes mean what the scaled floats mean
 
 
+@pytest.mark.parametrize("encoder_name", ["nature_cnn", "impala_cnn"])
+def test_the_learner_trains_channels_last_weights_that_act_alike_in_the_behaviour_policy(encoder_name):
+    from recipes.ppo import Learner, make_policy
+
+    cfg = PPOConfig(encoder=encoder_name)
+    learner, behaviour = Learner(cfg, FRAMES), make_policy(cfg, FRAMES)
+
+    def convs(module):
+        return [m.weight for m in module.modules() if isinstance(m, torch.nn.Conv2d)]
+
+    assert convs(learner) and all(w.is_contiguous(memory_format=torch.channels_last) for w in convs(learner))
+    behaviour.load_state_dict(learner.policy.state_dict())  # a weight push: copied, each side keeps its layout
+    assert all(w.is_contiguous() for w in convs(behaviour))
+    frames = torch.randint(0, 256, (5, 4, 84, 84), dtype=torch.uint8)
+    torch.testing.assert_close(behaviour.actor.encoder(frames), learner.policy.actor.encoder(frames))
+
+
 def test_the_minatar_encoder_reads_channels_last_grids():
     net = encoder("auto", (10, 10, 4), 1.0)
     assert isinstance(net, MinAtarCNN) and net.out_features == 128
