@@ -39,8 +39,8 @@ ROWS = [  # (label, recipe, overrides)
     ("impala direct", "impala", ["service=direct"]),
     ("impala process/shared_memory", "impala", ["service=process", "transport=shared_memory"]),
     ("impala process/local_policy", "impala", ["service=process", "components.collector.local_policy=true"]),
-    # the driver's default gives the learner a core less one per worker collecting beside it (launcher.plan's
-    # learner_threads: one on 2 cores); these rows give it every core instead
+    # the driver's default (launcher.plan.learner_threads) leaves IMPALA's one-pass learner a core less one per
+    # worker collecting beside it (one on 2 cores) and gives APPO's every core; these rows set two threads
     ("impala process/shared_memory 2 threads", "impala",
      ["service=process", "transport=shared_memory", "launcher.torch_threads=2"]),
     ("appo process/shared_memory", "appo", ["service=process", "transport=shared_memory"]),

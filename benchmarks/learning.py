@@ -24,7 +24,6 @@ import argparse
 import concurrent.futures
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from _common import run_child  # noqa: E402 (benchmarks/_common.py, beside this script)
 from _results import Results, say, show  # noqa: E402 (benchmarks/_results.py, beside this script)
 
 
@@ -89,13 +89,11 @@ def run_one(preset: Preset, placement: list[str], seed: int, frames: int, extra:
 
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = os.path.join(keep, label.replace("/", "_").replace(" ", "_"), f"seed{seed}") if keep else tmp
-        command = [sys.executable, "-m", "launcher", f"+recipe={recipe}", *preset.overrides, *placement, f"seed={seed}",
-                   f"recipe.total_frames={frames}", "launcher.progress=false", "launcher.plot=false",
+        command = [sys.executable, "-m", "launcher", f"+recipe={recipe}", *preset.overrides, *placement,
+                   f"seed={seed}", f"recipe.total_frames={frames}", "launcher.progress=false", "launcher.plot=false",
                    f"hydra.run.dir={run_dir}", *extra]
         start = time.monotonic()
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-        if proc.returncode != 0:
-            raise RuntimeError(f"run failed ({' '.join(command[2:])}):\n{proc.stderr[-2000:]}")
+        run_child(command, timeout, quiet=True)
         job = read_job(run_dir)
         return {"curve": job.curve, "fps": job.summary.get("fps"), "wall_s": time.monotonic() - start,
                 "frames": job.summary.get("frames")}
@@ -139,8 +137,9 @@ def per_frame_against_ppo(rec: Results, labels: list[tuple[str, str, str]], seri
             if mine is None or theirs is None:
                 continue
             verdict = "PASS" if mine >= theirs else "MISS"
-            say(rec.verdict, f"{verdict} {label}: {what} {mine:.2f} against PPO's {theirs:.2f} "
-                f"({mine / theirs:.2f}x) at {grid[-1]:,} frames" if theirs else f"{verdict} {label}: {what}")
+            ratio = f" ({mine / theirs:.2f}x)" if theirs else ""
+            say(rec.verdict, f"{verdict} {label}: {what} {mine:.2f} against PPO's {theirs:.2f}{ratio} at "
+                f"{grid[-1]:,} frames")
 
 
 def arguments() -> argparse.ArgumentParser:

@@ -145,7 +145,7 @@ class Learner(nn.Module):
         if self.policy.actor.norm is not None:  # the same statistics as the actor's
             self.critic = nn.Sequential(self.policy.actor.norm, self.critic)
         self.reuses_values = self.policy.actor.encoder is not None
-        # convolution weights channels-last in the learner only: on CPU oneDNN trains the Nature CNN about 1.1x
+        # convolution weights channels-last in the learner only: on CPU oneDNN trains the Nature CNN 1.1-1.3x
         # faster so (benchmarks/impala_atari.py's learn phase), while the small batches of acting run faster on the
         # default layout; weights move between the two by copy, which keeps each side's layout
         self.to(memory_format=torch.channels_last)
