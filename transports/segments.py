@@ -12,6 +12,7 @@ import itertools
 import math
 import mmap
 import os
+import time
 from multiprocessing import resource_tracker
 
 import torch
@@ -148,8 +149,13 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_segments_of(pid: int) -> list[str]:
-    """Unlink every segment a (dead) process created; returns their names. Used after a child was killed."""
+def remove_segments_of(pid: int, *, tracked_here: bool = True) -> list[str]:
+    """Unlink every segment a (dead) process created; returns their names. Used after a child was killed.
+
+    Args:
+        tracked_here: the process shared this one's resource tracker (a multiprocessing child), whose record of
+            each name is dropped too; ``False`` for a process of its own tracker (a Ray actor).
+    """
     removed = []
     prefix = f"{SHM_PREFIX}{pid}_"
     for name in os.listdir(_SHM_DIR):
@@ -158,6 +164,16 @@ def remove_segments_of(pid: int) -> list[str]:
                 os.unlink(os.path.join(_SHM_DIR, name))
             except FileNotFoundError:
                 continue
-            resource_tracker.unregister("/" + name, "shared_memory")
+            if tracked_here:
+                resource_tracker.unregister("/" + name, "shared_memory")
             removed.append(name)
     return removed
+
+
+def remove_segments_left_by(pids, wait: float) -> list[str]:
+    """Wait up to ``wait`` seconds for processes ``pids`` (each with its own resource tracker) to end, then unlink
+    the segments the ended ones left; a process still running keeps its own. Returns the names unlinked."""
+    deadline = time.monotonic() + wait
+    while any(map(pid_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [name for pid in pids if not pid_alive(pid) for name in remove_segments_of(pid, tracked_here=False)]

@@ -16,6 +16,7 @@ import threading
 from typing import Any, Mapping
 
 from transports.errors import ServiceTimeoutError
+from transports.segments import remove_segments_left_by
 from transports.ray import DELIVER, deliver, get, import_ray, remote
 
 from .base import DEFAULT_STOP_TIMEOUT, FuturePending, Host, Pending, Resources, RunSetting, build_and_serve, close_target
@@ -80,6 +81,14 @@ class WarmActors:
 
 _warm = RunSetting(None)
 """The run's warm actors (inside a session), else ``None``: hosts made outside a session start their own."""
+
+_local_pids = RunSetting(None)
+"""The pids of the actors of a cluster the session started on this machine, else ``None`` (a joined cluster's
+actors may run elsewhere)."""
+
+LEFT_SEGMENTS_WAIT_S = 5.0
+"""How long a session that started its cluster waits, after stopping it, for its actors' processes to end before
+it unlinks the shared-memory segments they left."""
 
 
 WARM_IMPORTS = ("torch", "tensordict", "components.commands", "components.inference.target", "components.replay.storage")
@@ -161,6 +170,8 @@ class RayHost(Host):
         ray, timeout = import_ray(), self.resources.startup_timeout
         try:
             self._pid = int(get(self._ready_ref, f"{self.name} start", timeout))
+            if _local_pids.value is not None:
+                _local_pids.value.append(self._pid)
         except ServiceTimeoutError:
             ray.kill(self._handle)
             self._handle = None
@@ -180,12 +191,22 @@ class RayHost(Host):
         the end); ``settings`` holds :class:`RayClusterConfig` fields (``ray.*`` in YAML). Actors started warm
         (:meth:`warm`) and not taken by a host are ended with the session."""
         config = RayClusterConfig(**{k: v for k, v in settings.items() if v is not None})
-        with ray_cluster(config) as started, _warm.holding(WarmActors()):
-            log.info("ray cluster: %s", "started on 127.0.0.1" if started else f"joined {config.address or 'the connected one'}")
-            try:
-                yield
-            finally:
-                _warm.value.end()
+        pids: list[int] = []
+        try:
+            with ray_cluster(config) as started, _warm.holding(WarmActors()), \
+                    _local_pids.holding(pids if started else None):
+                log.info("ray cluster: %s", "started on 127.0.0.1" if started else f"joined {config.address or 'the connected one'}")
+                try:
+                    yield
+                finally:
+                    _warm.value.end()
+        finally:
+            # An actor unlinks its segments as it stops, or its resource tracker does once it died; but where the
+            # cluster went down with the run's process group (SIGTERM to all of it), Ray's reaper kills the actors'
+            # process group, trackers included, one second later: what they had not unlinked yet is unlinked here.
+            if removed := remove_segments_left_by(pids, LEFT_SEGMENTS_WAIT_S):
+                log.info("ray: unlinked %d shared-memory segments its stopped actors left: %s", len(removed),
+                         ", ".join(removed))
 
     @classmethod
     def warm(cls, expected) -> None:

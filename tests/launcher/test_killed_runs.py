@@ -3,12 +3,15 @@ shared-memory segments, and its local Ray cluster's session directory with the R
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 
+import pytest
+
 from components.hosts.ray_cluster import OWN_TEMP_PREFIX, remove_dead_clusters
 from tests.helpers import process_gone, wait_until
-from transports.segments import SHM_PREFIX, remove_orphans
+from transports.segments import SHM_PREFIX, remove_orphans, remove_segments_left_by
 
 
 def _dead_pid() -> int:
@@ -31,6 +34,42 @@ def test_segments_of_processes_that_no_longer_exist_are_removed_and_no_others(tm
         for name in names:
             if os.path.exists(f"/dev/shm/{name}"):
                 os.unlink(f"/dev/shm/{name}")
+
+
+SEGMENT_MAKER = """
+from multiprocessing import resource_tracker
+import sys, time
+from transports.segments import Segment
+segment = Segment(64)
+print(segment.name, resource_tracker._resource_tracker._pid, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.slow
+def test_segments_of_processes_killed_with_their_resource_tracker_are_unlinked_once_they_ended():
+    # as Ray's reaper kills an actor's process group, its tracker included, when the run's group got SIGTERM
+    import signal
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", SEGMENT_MAKER], stdout=subprocess.PIPE, text=True,
+                             cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    try:
+        name, tracker = child.stdout.readline().split()
+        assert remove_segments_left_by([child.pid], wait=0.1) == []  # a process still running keeps its own
+        assert os.path.exists(f"/dev/shm/{name}")
+        os.kill(int(tracker), signal.SIGKILL)
+        child.kill()
+        child.wait()
+        wait_until(lambda: process_gone(int(tracker)), timeout=10, what="the tracker gone")
+        assert os.path.exists(f"/dev/shm/{name}")  # nobody left to unlink it
+        assert remove_segments_left_by([child.pid], wait=10.0) == [name]
+        assert not os.path.exists(f"/dev/shm/{name}")
+    finally:
+        child.kill()
+        child.wait()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"/dev/shm/{name}")
 
 
 def test_a_dead_driver_s_ray_session_and_the_processes_holding_it_are_removed(tmp_path):
