@@ -11,7 +11,7 @@ Published figures are printed beside them, with the frame count they were measur
     python benchmarks/learning.py breakout --seeds 0 1 2 --frames 2000000
     python benchmarks/learning.py minatar --services direct "process/shared_memory" --frames 300000
     python benchmarks/learning.py minatar --recipes ppo impala appo --services "process/shared_memory"
-    python benchmarks/learning.py breakout --recipes ppo impala --services "process/local_policy" --frames 150000
+    python benchmarks/learning.py breakout --recipes ppo impala --services "process/local_policy" --frames 300000 --jobs 3
 
 Frames count agent steps, as the recipes and CleanRL's ``global_step`` do: on Atari each is 4 emulator frames
 (frame skip 4); MinAtar and MuJoCo have no frame skip. Presets (``conf/recipe_env``): ``minatar``
