@@ -16,7 +16,6 @@ import threading
 from typing import Any, Mapping
 
 from transports.errors import ServiceTimeoutError
-from transports.segments import remove_segments_left_by
 from transports.ray import DELIVER, deliver, get, import_ray, remote
 
 from .base import DEFAULT_STOP_TIMEOUT, FuturePending, Host, Pending, Resources, RunSetting, build_and_serve, close_target
@@ -86,9 +85,10 @@ _local_pids = RunSetting(None)
 """The pids of the actors of a cluster the session started on this machine, else ``None`` (a joined cluster's
 actors may run elsewhere)."""
 
-LEFT_SEGMENTS_WAIT_S = 5.0
+LEFT_SEGMENTS_WAIT_S = 0.0
 """How long a session that started its cluster waits, after stopping it, for its actors' processes to end before
-it unlinks the shared-memory segments they left."""
+it unlinks the shared-memory segments the ended ones left. None: a driver kept alive after a cluster that went down
+under it can die of Ray's own check on a question to the control store still in flight (a C++ abort)."""
 
 
 WARM_IMPORTS = ("torch", "tensordict", "components.commands", "components.inference.target", "components.replay.storage")
@@ -204,6 +204,8 @@ class RayHost(Host):
             # An actor unlinks its segments as it stops, or its resource tracker does once it died; but where the
             # cluster went down with the run's process group (SIGTERM to all of it), Ray's reaper kills the actors'
             # process group, trackers included, one second later: what they had not unlinked yet is unlinked here.
+            from transports.segments import remove_segments_left_by  # torch: never loaded by planning alone
+
             if removed := remove_segments_left_by(pids, LEFT_SEGMENTS_WAIT_S):
                 log.info("ray: unlinked %d shared-memory segments its stopped actors left: %s", len(removed),
                          ", ".join(removed))
