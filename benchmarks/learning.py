@@ -12,6 +12,14 @@ Published figures are printed beside them, with the frame count they were measur
     python benchmarks/learning.py minatar --services direct "process/shared_memory" --frames 300000
     python benchmarks/learning.py minatar --recipes ppo impala appo --services "process/shared_memory"
     python benchmarks/learning.py breakout --recipes ppo impala --services "process/local_policy" --frames 300000 --jobs 3
+    python benchmarks/learning.py breakout --recipes ppo appo --services "process/local_policy" --frames 300000 \
+        --jobs 3 --ppo-from 2
+
+``--ppo-from N`` reads PPO's rows from run N of the results file (``benchmarks/results/learning_<preset>.json``,
+1 the oldest kept) instead of training PPO again: the run must have had the same budget, seeds and placement (it
+is refused otherwise), and the tables name the run they come from. PPO is synchronous: its returns at a frame count
+depend on the seed and the frames, not on the machine's load, so a recorded curve stands in for one trained beside
+the others; its frames/s belongs to its own run.
 
 Frames count agent steps, as the recipes and CleanRL's ``global_step`` do: on Atari each is 4 emulator frames
 (frame skip 4); MinAtar and MuJoCo have no frame skip. Presets (``conf/recipe_env``): ``minatar``
@@ -24,6 +32,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import os
+import shlex
 import statistics
 import sys
 import tempfile
@@ -144,6 +153,38 @@ def per_frame_against_ppo(rec: Results, labels: list[tuple[str, str, str]], seri
                 f"{grid[-1]:,} frames")
 
 
+def recorded_ppo(preset_name: str, run_number: int, frames: int, seeds: list[int], placements: list[str]) -> dict:
+    """PPO's rows from run ``run_number`` (1 the oldest) of ``learning_<preset>.json``, per placement: its median
+    curve and band over seeds, its summary row and its per-seed rows. Refuses a run whose budget or seeds differ,
+    or that lacks PPO in one of ``placements``."""
+    from _results import RESULTS_DIR, load
+
+    path = os.path.join(RESULTS_DIR, f"learning_{preset_name}.json")
+    runs = load(path)
+    if not 1 <= run_number <= len(runs):
+        raise SystemExit(f"--ppo-from {run_number}: {os.path.relpath(path, ROOT)} holds runs 1-{len(runs)}")
+    run = runs[run_number - 1]
+    ran = arguments().parse_args(shlex.split(run["command"])[2:])
+    ran_frames = ran.frames or PRESETS[preset_name].frames
+    if ran.preset != preset_name or ran_frames != frames or ran.seeds != seeds:
+        raise SystemExit(f"--ppo-from {run_number}: that run trained {ran_frames:,} frames on seeds {ran.seeds}, "
+                         f"this one {frames:,} on {seeds}: {run['command']}")
+    plot = next(p for p in run["plots"] if p["name"] == "curves")
+    summary, each = run["tables"][0], run["tables"][1]
+    where = f"recorded: run {run_number} of {os.path.basename(path)}, {run['date'][:10]}, {run['commit']}"
+    found = {}
+    for placement in placements:
+        label = f"ppo {placement}"
+        if label not in plot["series"]:
+            raise SystemExit(f"--ppo-from {run_number}: no '{label}' in {where}")
+        found[placement] = {
+            "median": plot["series"][label], "band": tuple(plot["bands"][label]),
+            "row": next([f"{label} ({where})", *r[1:]] for r in summary["rows"] if r[0] == label),
+            "per_seed": [[f"{label} (recorded)", *r[1:]] for r in each["rows"] if r[0] == label], "where": where,
+            "command": run["command"]}
+    return found
+
+
 def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("preset", choices=sorted(PRESETS))
@@ -158,6 +199,9 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--jobs", type=int, default=1,
                         help="seeds run at once (each on one torch thread; their frames/s then share the cores)")
     parser.add_argument("--keep", default=None, metavar="DIR", help="keep every run directory under DIR")
+    parser.add_argument("--ppo-from", type=int, default=None, metavar="N",
+                        help="read PPO's rows from run N of this preset's results file instead of training it "
+                             "(same budget, seeds and placements)")
     return parser
 
 
@@ -171,7 +215,15 @@ def main() -> None:
     several = len(args.recipes) > 1
     labels = [(recipe, placement, f"{recipe} {placement}" if several else placement)
               for recipe in args.recipes for placement in args.services]
+    recorded = (recorded_ppo(args.preset, args.ppo_from, frames, args.seeds, args.services)
+                if args.ppo_from is not None and "ppo" in args.recipes else {})
     for recipe, placement, label in labels:
+        if recipe == "ppo" and placement in recorded:
+            found = recorded[placement]
+            series[label], bands[label] = found["median"], found["band"]
+            rows.append(found["row"])
+            per_seed += found["per_seed"]
+            continue
         extra = [*args.override, *(["launcher.torch_threads=1"] if args.jobs > 1 else [])]
 
         def one(seed: int, label: str = label, extra: list[str] = extra, recipe: str = recipe,
@@ -206,6 +258,9 @@ def main() -> None:
              series=series, bands=bands, xlabel=preset.unit, ylabel="mean episode return")
     if several and "ppo" in args.recipes:
         per_frame_against_ppo(rec, labels, series, grid)
+    for placement, found in recorded.items():
+        say(rec.note, f"PPO {placement} was not trained again: its curve, returns and frames/s are {found['where']} "
+            f"({found['command']}).")
     if preset.published is not None:
         pub = preset.published
         where = "at the same frame count" if pub.frames == frames else f"at {pub.frames:,} agent steps"

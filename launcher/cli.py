@@ -190,13 +190,14 @@ def report(built, result: dict, run_dir: str) -> dict:
     """Phase 5: the learning curve, ``summary.json`` and the summary line. Returns ``result``."""
     from .report import plot_learning_curve, summary_line
 
+    name = getattr(built.recipe_config, "variant", built.recipe)  # +recipe=appo runs the impala recipe as APPO
     if built.launcher.plot:
         png = plot_learning_curve(result.get("curve", []), os.path.join(run_dir, "learning_curve.png"),
-                                  title=f"{built.recipe} on {built.env_id} (seed {built.seed})",
+                                  title=f"{name} on {built.env_id} (seed {built.seed})",
                                   target=getattr(built.recipe_config, "target_return", None))
         result["learning_curve"] = png
     _write_summary(run_dir, {k: v for k, v in result.items() if k != "curve"})
-    line = summary_line(built.recipe, built.env_id, result, run_dir)
+    line = summary_line(name, built.env_id, result, run_dir)
     log.info(line)
     print(line, flush=True)
     return result

@@ -254,6 +254,11 @@ class IMPALAConfig:
     chooses how torch's threads wait."""
 
     @property
+    def variant(self) -> str:
+        """What the run is called in its summary and plot: ``appo`` with PPO's clipped surrogate, else ``impala``."""
+        return "impala" if self.clip_coef is None else "appo"
+
+    @property
     def frames_per_batch(self) -> int:
         """Frames the collector hands over per round of every worker: one unroll of each env."""
         return self.num_envs * self.unroll_length

@@ -110,6 +110,17 @@ def test_torch_threads_sleep_while_they_wait_where_collection_overlaps_learning(
     assert os.environ.get("OMP_WAIT_POLICY") == kept
 
 
+@pytest.mark.parametrize("recipe", ["impala", "appo"])
+def test_the_summary_line_names_the_recipe_as_it_was_asked_for(recipe, compose_cfg, tmp_path, capsys):
+    """``+recipe=appo`` runs the IMPALA recipe with PPO's clipped surrogate: its summary says appo, not impala."""
+    from launcher.cli import plan, report
+
+    built = plan(compose_cfg(f"+recipe={recipe}", "launcher.plot=false"))
+    report(built, {"frames": 2048, "wall_seconds": 2.0, "fps": 1024.0, "final_mean_return": 21.5}, str(tmp_path))
+    assert capsys.readouterr().out.startswith(f"{recipe} CartPole-v1 finished: 2,048 frames in 2.0 s")
+    assert json.loads((tmp_path / "summary.json").read_text())["frames"] == 2048
+
+
 # ---------------------------------------------------------------------------------------------- real processes
 @pytest.mark.slow
 def test_incompatible_plan_exits_2_with_a_short_message(tmp_path):
