@@ -153,13 +153,14 @@ def per_frame_against_ppo(rec: Results, labels: list[tuple[str, str, str]], seri
                 f"{grid[-1]:,} frames")
 
 
-def recorded_ppo(preset_name: str, run_number: int, frames: int, seeds: list[int], placements: list[str]) -> dict:
-    """PPO's rows from run ``run_number`` (1 the oldest) of ``learning_<preset>.json``, per placement: its median
-    curve and band over seeds, its summary row and its per-seed rows. Refuses a run whose budget or seeds differ,
-    or that lacks PPO in one of ``placements``."""
+def recorded_ppo(preset_name: str, run_number: int, frames: int, seeds: list[int], placements: list[str],
+                 directory: str | None = None) -> dict:
+    """PPO's rows from run ``run_number`` (1 the oldest) of ``learning_<preset>.json`` (in ``directory``, default
+    ``benchmarks/results``), per placement: its median curve and band over seeds, its summary row and its per-seed
+    rows. Refuses a run whose budget or seeds differ, or that lacks PPO in one of ``placements``."""
     from _results import RESULTS_DIR, load
 
-    path = os.path.join(RESULTS_DIR, f"learning_{preset_name}.json")
+    path = os.path.join(directory or RESULTS_DIR, f"learning_{preset_name}.json")
     runs = load(path)
     if not 1 <= run_number <= len(runs):
         raise SystemExit(f"--ppo-from {run_number}: {os.path.relpath(path, ROOT)} holds runs 1-{len(runs)}")

@@ -48,3 +48,30 @@ def test_seeds_curves_are_read_at_common_frame_counts():
     med, low, high = learning.summarise(curves, [60, 150, 260])
     assert med == [None, 1.0, 4.0]  # at 60 two seeds have no point yet; at 260 each seed's last point
     assert low == [None, 0.0, 3.0] and high == [None, 2.0, 5.0]
+
+
+def test_ppo_s_rows_are_read_from_a_recorded_run_of_the_same_budget_and_seeds_only(tmp_path):
+    import learning
+
+    run = _results.Results("learning", record="learning_breakout",
+                           argv=["breakout", "--recipes", "ppo", "impala", "--services", "process/local_policy",
+                                 "--frames", "300", "--seeds", "0", "1", "--jobs", "2"])
+    label = "ppo process/local_policy"
+    run.table("summary", ["run", "r", "frames/s"], [[label, "2.0 [1.0-3.0]", 100.0], ["impala x", "1.0", 200.0]])
+    run.table("each seed", ["run", "seed", "r", "frames/s"], [[label, 0, 1.0, 99.0], [label, 1, 3.0, 101.0]])
+    run.plot("curves", "return", x=[150, 300], series={label: [1.5, 2.0]}, bands={label: ([1.0, 1.0], [2.0, 3.0])})
+    run.save(str(tmp_path))
+
+    found = learning.recorded_ppo("breakout", 1, 300, [0, 1], ["process/local_policy"], str(tmp_path))
+    got = found["process/local_policy"]
+    assert got["median"] == [1.5, 2.0] and got["band"] == ([1.0, 1.0], [2.0, 3.0])
+    assert got["row"][0].startswith(f"{label} (recorded: run 1 of learning_breakout.json, ") and got["row"][1:] == [
+        "2.0 [1.0-3.0]", 100.0]
+    assert [r[1:] for r in got["per_seed"]] == [[0, 1.0, 99.0], [1, 3.0, 101.0]]
+    for frames, seeds, placements, why in ((600, [0, 1], ["process/local_policy"], "300 frames on seeds"),
+                                           (300, [0, 1, 2], ["process/local_policy"], "seeds \\[0, 1\\]"),
+                                           (300, [0, 1], ["direct"], "no 'ppo direct'")):
+        with pytest.raises(SystemExit, match=why):
+            learning.recorded_ppo("breakout", 1, frames, seeds, placements, str(tmp_path))
+    with pytest.raises(SystemExit, match="holds runs 1-1"):
+        learning.recorded_ppo("breakout", 2, 300, [0, 1], ["process/local_policy"], str(tmp_path))
