@@ -207,7 +207,10 @@ def arguments() -> argparse.ArgumentParser:
 
 
 def main() -> None:
-    args = arguments().parse_args()
+    parser = arguments()
+    args = parser.parse_args()
+    if args.ppo_from is not None and "ppo" not in args.recipes:
+        parser.error("--ppo-from reads PPO's rows: add ppo to --recipes")
     preset = PRESETS[args.preset]
     frames = args.frames or preset.frames
     rec = Results("learning", record=f"learning_{args.preset}")
@@ -216,8 +219,8 @@ def main() -> None:
     several = len(args.recipes) > 1
     labels = [(recipe, placement, f"{recipe} {placement}" if several else placement)
               for recipe in args.recipes for placement in args.services]
-    recorded = (recorded_ppo(args.preset, args.ppo_from, frames, args.seeds, args.services)
-                if args.ppo_from is not None and "ppo" in args.recipes else {})
+    recorded = ({} if args.ppo_from is None else
+                recorded_ppo(args.preset, args.ppo_from, frames, args.seeds, args.services))
     for recipe, placement, label in labels:
         if recipe == "ppo" and placement in recorded:
             found = recorded[placement]
