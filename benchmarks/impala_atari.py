@@ -11,7 +11,8 @@ synchronous rows, this recipe's overlap bound and Sample Factory's APPO, all in 
   placement can beat ``frames per update / ((C1 + L1) / cores)`` frames/s. A bound per env backend its rows use
   (``env.backend=ale_vector`` rows against one timed on ale-py's vector env, itself held to one thread).
 - **Sample Factory 2.1.1's APPO** (``benchmarks/sample_factory_peer.py``, run by the interpreter of its own venv,
-  ``--sf-python``): same env, the same size of network, the same frame budget.
+  ``--sf-python``): same env, the same size of network, the same frame budget, and the update our APPO makes on
+  Atari (its samples per update, minibatches and passes, read from ``conf/recipe_env/appo_atari.yaml``).
 
     python benchmarks/impala_atari.py --frames 8192 --seeds 0 1 2
     python benchmarks/impala_atari.py --frames 50000 --seeds 0 1 2 --sf-python /tmp/sf/venv/bin/python
@@ -141,9 +142,20 @@ def run_ours(recipe: str, overrides: list[str], frames: int, seed: int, timeout:
             "episodes": summary["episodes"]}
 
 
+def appo_update() -> list[str]:
+    """Sample Factory's arguments for the update our APPO makes on Atari (``conf/recipe_env/appo_atari.yaml``): the
+    samples per training iteration, its minibatches and its passes over them, so that its row is like with like
+    whatever the settings say."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(os.path.join(ROOT, "conf", "recipe_env", "appo_atari.yaml"))
+    return ["--batch-size", str(cfg.batch_size * cfg.unroll_length), "--minibatches", str(cfg.num_minibatches),
+            f"--num_epochs={cfg.update_epochs}"]
+
+
 def run_sample_factory(python: str, frames: int, seed: int, timeout: float) -> dict:
     result = peer_json([python, os.path.join(ROOT, "benchmarks", "sample_factory_peer.py"), "--frames", str(frames),
-                        "--seed", str(seed)], timeout, quiet=True)
+                        "--seed", str(seed), *appo_update()], timeout, quiet=True)
     # its rate once training started (its worker processes spawned, its first batch collected): what it gains from
     # leaving out its start-up is more than what ours leaves out (the services' start), never less
     return {"fps": result["steady_fps"] or result["fps"], "frames": result["frames"],
@@ -251,7 +263,7 @@ def main() -> None:
                 f"beside PPO's best {ppo_return:.2f} (target: at least PPO's)")
     sf = next((row for row in table if row[0].startswith("Sample Factory")), None)
     appo = [row for row in table if row[0].startswith("appo ")]
-    if sf is not None and appo:  # like with like: APPO's update is Sample Factory's (512 samples, 4 x 4 minibatches)
+    if sf is not None and appo:  # like with like: Sample Factory makes APPO's update (appo_update)
         ours = max(appo, key=lambda r: r[1])
         verdict = "PASS" if ours[1] >= sf[1] else "MISS"
         say(rec.verdict, f"{verdict} our best APPO row {ours[0]}: {ours[1]:,.0f} frames/s = {ours[1] / sf[1]:.2f}x "

@@ -34,7 +34,8 @@ decaying linearly to 0 at the budget.
   that trunk (``actor_critic_share_weights=True``), each a linear head on the 512 units; no RNN.
 - Batch: ``--batch-size`` is the samples per training iteration (our recipe's batch: 16 unrolls of 32 = 512); SF
   splits it into ``--minibatches`` minibatches (SF's ``num_batches_per_epoch``, default 4, so SF's own
-  ``batch_size``, its minibatch, is 512 / 4 = 128) and makes ``num_epochs`` = 4 passes (SF's Atari default).
+  ``batch_size``, its minibatch, is 512 / 4 = 128) and makes ``num_epochs`` = 4 passes (SF's Atari default;
+  ``benchmarks/impala_atari.py`` passes ``--num_epochs`` to match our APPO's).
 - Frames: everything is counted in AGENT STEPS (env steps after frame skip 4, one sample each). SF's Atari defaults
   count emulator frames (``summaries_use_frameskip=True``, i.e. x4); this script sets it False so SF's
   ``train_for_env_steps`` and its env-step counters are agent steps (``--frames`` as given) and so that its
