@@ -209,6 +209,10 @@ class IMPALAConfig:
         push_every: learner updates between weight pushes to the actors' policy.
         max_policy_lag: unrolls whose oldest step was acted by a policy more than this many versions behind the
             learner's are dropped before learning (counted in ``lag/dropped``); ``None``: V-trace corrects any lag.
+        prefetch: unrolls of its envs each collector worker may collect ahead of the learner
+            (``components.collector.prefetch``). 1: a worker collects its next unroll while the learner trains; an
+            update that takes ``k`` rounds of every env's unroll (``batch_size = k * num_envs``) finds them all
+            waiting with ``k``, at up to ``k - 1`` more versions of lag.
         hidden: width of the two hidden layers of the built-in actor and critic.
         network: your own network, as :class:`PPOConfig`'s.
         init_log_std: initial log standard deviation of continuous actions.
@@ -241,6 +245,7 @@ class IMPALAConfig:
     max_grad_norm: float = bounded(0.5, gt=0)
     push_every: int = bounded(1, ge=1)
     max_policy_lag: Optional[int] = bounded(10, ge=0)
+    prefetch: int = bounded(1, ge=1)
     hidden: int = bounded(64, ge=1)
     network: Optional[Any] = None  # a _target_ node (Any: a None Dict field cannot be set from the CLI)
     init_log_std: float = 0.0

@@ -195,11 +195,11 @@ def run(cfg: IMPALAConfig, clients: Clients) -> dict:
 
 def services(cfg: IMPALAConfig, spec) -> dict:
     """IMPALA's needs: collector workers that each hand over an unroll of their envs as soon as it is collected
-    (``sync: false``), and a learner queue: a FIFO replay buffer of whole unrolls, room for a batch and a round of
-    every worker's unrolls."""
+    (``sync: false``), up to ``prefetch`` of them collected ahead, and a learner queue: a FIFO replay buffer of
+    whole unrolls, room for a batch and a round of every worker's unrolls."""
     return {
         "collector": {"num_envs": cfg.num_envs, "frames_per_batch": cfg.frames_per_batch,
-                      "total_frames": cfg.total_frames, "sync": False},
+                      "total_frames": cfg.total_frames, "sync": False, "prefetch": cfg.prefetch},
         "replay": {"capacity": cfg.batch_size + cfg.num_envs, "sampler": "fifo", "batch_size": cfg.batch_size},
     }
 

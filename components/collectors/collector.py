@@ -113,7 +113,7 @@ class Collector(Owner["Collector"]):
         # a worker made later (a restart) continues its sampling streams where the run is
         return functools.partial(Worker, self.create_env_fn, policy, self.frames_per_batch // self.num_collectors,
                                  self.seed + w * SEED_STRIDE, replay, self.frames // self.frames_per_batch,
-                                 self.env_groups, self._handoff())
+                                 self.env_groups, self._handoff(), self.config.prefetch)
 
     def _handoff(self) -> bool | SameMachine:
         """What tells a worker to hand its rollouts over through shared memory: always where its placement keeps

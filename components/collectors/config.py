@@ -27,6 +27,12 @@ class CollectorConfig(ComponentConfig):
         local_policy: each worker runs its own copy of the policy (weights from weight sync before each step) and
             no inference server starts; workers then scale with cores like a raw env loop, without batching
             across workers.
+        prefetch: with ``sync: false``, rollouts in flight per worker, the one the driver asked for included. Where
+            the worker runs apart from the driver (thread, process, Ray...) the driver asks for the next rollout as
+            it takes one: with 1 a worker collects its next rollout while the learner trains on this one, with
+            ``k`` (on a thread of its own) up to ``k``, so a learner whose update takes ``k`` rounds of every
+            worker's rollouts finds them all waiting, at up to ``k - 1`` more versions of policy lag. On the
+            ``direct`` placement the driver asks when it needs the next: ``k`` collects ``k - 1`` while it trains.
         frames_per_batch: environment steps per batch, summed over every env of every worker (set by the recipe).
         total_frames: stop after this many frames; ``-1`` iterates until shut down (set by the recipe).
         num_envs: environments over all workers, split evenly between them (set by the recipe).
@@ -41,6 +47,7 @@ class CollectorConfig(ComponentConfig):
     sync: bool = True  # false: workers collect the next batch while the learner trains on this one (policy lag <= 1)
     env_groups: int = bounded(1, ge=1)  # vector envs per worker, stepped in turn (2: double buffering)
     local_policy: bool = False  # true: a policy replica in each worker, no inference server
+    prefetch: int = bounded(1, ge=1)  # sync false: rollouts in flight per worker (collected ahead)
     frames_per_batch: Optional[int] = bounded(None, ge=1)  # frames per batch over all workers (set by the recipe)
     total_frames: int = bounded(-1, ge=-1)  # stop after this many frames; -1: until shut down (set by the recipe)
     num_envs: Optional[int] = bounded(None, ge=1)  # envs over all workers (set by the recipe)
@@ -48,6 +55,9 @@ class CollectorConfig(ComponentConfig):
     def rules(self) -> tuple[tuple[str, bool, str], ...]:
         rules = []
         workers, groups, frames, envs = self.num_collectors, self.env_groups, self.frames_per_batch, self.num_envs
+        rules.append(("prefetch", not self.sync or self.prefetch == 1,
+                      f"{self.path}.prefetch={self.prefetch} needs sync: false (a synchronous collector collects each "
+                      "batch after the weights pushed before it, so nothing ahead)"))
         if frames is not None:
             rules.append(("num_collectors", frames % workers == 0,
                           f"{self.path}.num_collectors must be a divisor of frames_per_batch={frames} (each worker "

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+import collections
+import threading
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -75,10 +77,13 @@ class Worker:
         handoff: hand rollouts over through shared memory (:mod:`~components.collectors.handoff`): for a worker in
             another process of the driver's machine; a :class:`~components.collectors.handoff.Probe`: when it finds
             this process on the driver's machine.
+        prefetch: rollouts in flight, the one the driver asked for included. 1: a rollout starts when the driver
+            asks for it; more: a thread of the worker's own collects up to ``prefetch - 1`` beyond the asks
+            (:class:`Ahead`), each into a slot of its own.
     """
 
     def __init__(self, create_env_fn, policy, frames: int, seed: int, replay_buffer=None, rollouts_done: int = 0,
-                 env_groups: int = 1, handoff: Any = False):
+                 env_groups: int = 1, handoff: Any = False, prefetch: int = 1):
         envs = [create_env_fn() for _ in range(env_groups)]
         num_envs = sum(env.num_envs for env in envs)
         if frames % num_envs:
@@ -100,6 +105,9 @@ class Worker:
         self.step_count = rollouts_done * self.steps
         self._outputs: list | None = None  # (key, shape of one row, dtype) of what the policy answers
         self.handoff, self.slots = (handoff if isinstance(handoff, bool) else handoff.here()), None
+        self.ahead = Ahead(self._produce, prefetch) if prefetch > 1 else None
+        self._made = 0  # rollouts produced: rollout ``j`` goes into slot ``j % prefetch``
+        self._stopping = threading.Event()  # set by close: a rollout collected ahead stops at its next step
 
     def rollout(self, into: TensorDictBase | None = None) -> TensorDictBase:
         """One rollout, written into ``into`` (a ``[time, env]`` TensorDict of this worker's rollout layout, as a
@@ -110,6 +118,8 @@ class Worker:
         pending = [group.ask(seeds[0]) for group in groups]
         buf = nxt = outputs = None
         for t in range(steps):
+            if self._stopping.is_set():
+                raise Stopped("the worker is closing")
             for i, group in enumerate(groups):
                 out = pending[i].result()
                 if buf is None:
@@ -150,28 +160,103 @@ class Worker:
 
     def collect(self) -> TensorDict | Handoff | int:
         """One rollout (or its :class:`~components.collectors.handoff.Handoff`), or (with a replay buffer) the number
-        of frames written there."""
+        of frames written there: the next one collected ahead, if the worker collects ahead."""
+        return self._produce() if self.ahead is None else self.ahead.take()
+
+    def _produce(self) -> TensorDict | Handoff | int:
+        index = self._made % (1 if self.ahead is None else self.ahead.depth)
+        self._made += 1
         if self.replay is not None:
             return len(self.replay.extend(self.rollout().reshape(-1)))
         if not self.handoff:
             return self.rollout()
         if self.slots is None:  # the first rollout shows the layout: the slots are made after it, and travel once
             first = self.rollout()
-            self.slots = RolloutSlots(first, 1)
+            self.slots = RolloutSlots(first, 1 if self.ahead is None else self.ahead.depth)
             self.slots.slot(0).update_(first)
             return Handoff(0, self.slots)
-        self.rollout(into=self.slots.slot(0))  # the driver copied the previous rollout out before asking again
-        return Handoff(0)
+        # the driver copied out the rollout this slot held before it asked for the one after it (see Ahead)
+        self.rollout(into=self.slots.slot(index))
+        return Handoff(index)
 
     def spec(self):
         """The environment's :class:`~components.envs.EnvSpec`."""
         return self.stepper.spec
 
     def close(self) -> None:
+        self._stopping.set()
+        if self.ahead is not None:
+            self.ahead.close()
         for group in self.groups:
             group.stepper.close()
         if self.slots is not None:
             self.slots.close()
+
+
+class Stopped(RuntimeError):
+    """A rollout collected ahead, cut short because its worker is closing."""
+
+
+class Ahead:
+    """Rollouts a worker collects on a thread of its own ahead of the driver's asks: ``depth`` in flight, the one
+    asked for included.
+
+    The driver asks for rollout ``n`` only after it copied out rollout ``n - 1``; so when ask ``n`` (counted from 1)
+    has come, rollouts ``0 .. n - 2`` are out of their slots, and rollout ``j`` may go into slot ``j % depth`` as soon
+    as ``j <= n - 2 + depth``. The thread starts with the first ask (the driver has pushed its first weights by
+    then). A rollout that raised ends the thread: that ask, and every later one, raises its error.
+
+    Args:
+        produce: collects the next rollout (into its slot) and returns what the ask answers.
+        depth: rollouts in flight (the worker's ``prefetch``, its number of slots).
+    """
+
+    def __init__(self, produce: Callable[[], Any], depth: int):
+        self.produce, self.depth = produce, depth
+        self._cond = threading.Condition()
+        self._ready: collections.deque = collections.deque()
+        self.asked = self.made = 0
+        self._error: BaseException | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="collect-ahead", daemon=True)
+
+    def take(self) -> Any:
+        """The next rollout, once collected."""
+        with self._cond:
+            self.asked += 1
+            if self.asked == 1:
+                self._thread.start()
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self._ready or self._error is not None or self._closed)
+            if self._ready:
+                return self._ready.popleft()
+            raise self._error if self._error is not None else Stopped("the worker is closing")
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._closed or self.made <= self.asked - 2 + self.depth)
+                if self._closed:
+                    return
+            try:
+                value = self.produce()
+            except BaseException as exc:  # noqa: BLE001 - the ask that waits for this rollout raises it
+                with self._cond:
+                    self._error = exc
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._ready.append(value)
+                self.made += 1
+                self._cond.notify_all()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop collecting ahead (the worker's ``close`` has already cut short a rollout in progress)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
 
 
 def _numpy(tensor: torch.Tensor):

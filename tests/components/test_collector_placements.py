@@ -125,10 +125,11 @@ def test_sync_collects_after_the_last_push_and_async_runs_one_batch_ahead(sync):
         assert versions[1:] == [{0}, {1}]
 
 
-@pytest.mark.parametrize("placement", ["thread", "process"])
-def test_a_worker_crash_surfaces_with_its_traceback(placement):
+@pytest.mark.parametrize("placement, prefetch", [("thread", 1), ("process", 1), ("thread", 2), ("process", 2)])
+def test_a_worker_crash_surfaces_with_its_traceback(placement, prefetch):
+    # collecting ahead, the rollout that raised ends the worker's collecting thread and the ask waiting for it raises
     with Collector(partial(crashing_envs, 2, 5), LocalPolicy(), frames_per_batch=2 * 10, total_frames=-1,
-                   num_collectors=1, placement=placement) as collector:
+                   num_collectors=1, placement=placement, sync=prefetch == 1, prefetch=prefetch) as collector:
         start = time.monotonic()
         with pytest.raises(RemoteError) as info:
             next(iter(collector))
@@ -154,14 +155,14 @@ def test_a_killed_worker_is_a_peer_failure_within_2s():
     assert all(proc_state(pid) in ("gone", "Z") for pid in pids)  # the surviving worker was stopped too
 
 
-@pytest.mark.parametrize("sync", [True, False])
-def test_a_killed_process_worker_restarts_and_no_acknowledged_write_is_lost(sync):
+@pytest.mark.parametrize("sync, prefetch", [(True, 1), (False, 1), (False, 3)])
+def test_a_killed_process_worker_restarts_and_no_acknowledged_write_is_lost(sync, prefetch):
     from components.hosts import Resources
 
     with ReplayBuffer(capacity=10_000, batch_size=8, placement="process") as rb:
         collector = Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=2 * 4 * 2, total_frames=-1,
                               num_collectors=2, placement="process", replay_buffer=rb,
-                              sync=sync)
+                              sync=sync, prefetch=prefetch)
         collector.with_resources(Resources(max_restarts=1)).start()
         try:
             batches = iter(collector)
@@ -249,6 +250,41 @@ def test_process_workers_hand_rollouts_over_through_shared_memory():
     for a, b in zip(shared, direct):
         for key in b.keys(include_nested=True, leaves_only=True):
             assert torch.equal(a.get(key), b.get(key)), key
+
+
+@pytest.mark.parametrize("placement", ["direct", "process"])
+def test_a_worker_collects_up_to_prefetch_rollouts_ahead_and_hands_over_the_same_rollouts(placement):
+    """With ``prefetch=3`` the worker collects on a thread of its own: while the driver holds the first rollout it
+    collects three more (16 policy requests each) where it runs apart from the driver (the driver asks for the next
+    one as it takes one), two on the direct placement (where it asks when it needs it), and stops there; the
+    rollouts it hands over, each
+    from a slot of its own in one shared segment (process), are those of a worker that collects only when asked."""
+    from tests.components.test_collector_inference import _seeded_ppo_policy
+    from transports.segments import segments_of
+
+    def batches(prefetch: int, watch: bool = False) -> list:
+        with InferenceServer(policy_factory=_seeded_ppo_policy, config=InferenceServerConfig(placement="process"),
+                             transport="queue") as server:
+            with Collector(cartpole_envs(4), server, frames_per_batch=64, total_frames=5 * 64, num_collectors=1,
+                           placement=placement, seed=3, sync=False, prefetch=prefetch) as collector:
+                out = []
+                for i, batch in enumerate(collector):
+                    out.append(batch)
+                    if watch and i == 0:  # the learner "trains": the worker runs ahead, as far as prefetch lets it
+                        made = 16 * (4 if placement == "process" else 3)
+                        wait_until(lambda: server.stats()["requests"] >= made, timeout=30, what="rollouts ahead")
+                        assert server.stats()["requests"] == made
+                        if placement == "process":
+                            assert len(segments_of([collector.hosts[0].pid])) == 1
+                return out
+
+    ahead, asked = batches(3, watch=True), batches(1)
+    assert len(ahead) == len(asked) == 5
+    assert len({b["observation"].data_ptr() for b in ahead}) == 5  # each batch copied out of its slot
+    for a, b in zip(ahead, asked):
+        for key in b.keys(include_nested=True, leaves_only=True):
+            if key != "policy_version":
+                assert torch.equal(a.get(key), b.get(key)), key
 
 
 def test_the_same_machine_probe_is_true_only_where_the_drivers_segment_is():

@@ -67,6 +67,8 @@ MISTAKES = [
     (("components.collector.num_collectors=0",), "components.collector.num_collectors", "must be >= 1, got 0"),
     (("components.replay.resources.num_cpus=-1",), "components.replay.resources.num_cpus", ">= 0 or null, got -1.0"),
     (("components.collector.sync=maybe",), "components.collector.sync", "must be true or false, got 'maybe'"),
+    (("components.collector.prefetch=2",), "components.collector.prefetch",
+     "components.collector.prefetch=2 needs sync: false"),
     (("seed=0,1",), "seed", "add --multirun"),
     (("seed",), "seed", "cannot read the override 'seed'"),
     (("~seed",), "seed", "seed has no value"),
