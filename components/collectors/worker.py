@@ -105,7 +105,7 @@ class Worker:
         self.step_count = rollouts_done * self.steps
         self._outputs: list | None = None  # (key, shape of one row, dtype) of what the policy answers
         self.handoff, self.slots = (handoff if isinstance(handoff, bool) else handoff.here()), None
-        self.ahead = Ahead(self._produce, prefetch) if prefetch > 1 else None
+        self.prefetch, self.ahead = prefetch, (Ahead(self._produce, prefetch) if prefetch > 1 else None)
         self._made = 0  # rollouts produced: rollout ``j`` goes into slot ``j % prefetch``
         self._stopping = threading.Event()  # set by close: a rollout collected ahead stops at its next step
 
@@ -164,7 +164,7 @@ class Worker:
         return self._produce() if self.ahead is None else self.ahead.take()
 
     def _produce(self) -> TensorDict | Handoff | int:
-        index = self._made % (1 if self.ahead is None else self.ahead.depth)
+        index = self._made % self.prefetch
         self._made += 1
         if self.replay is not None:
             return len(self.replay.extend(self.rollout().reshape(-1)))
@@ -172,7 +172,7 @@ class Worker:
             return self.rollout()
         if self.slots is None:  # the first rollout shows the layout: the slots are made after it, and travel once
             first = self.rollout()
-            self.slots = RolloutSlots(first, 1 if self.ahead is None else self.ahead.depth)
+            self.slots = RolloutSlots(first, self.prefetch)
             self.slots.slot(0).update_(first)
             return Handoff(0, self.slots)
         # the driver copied out the rollout this slot held before it asked for the one after it (see Ahead)

@@ -257,8 +257,8 @@ def test_a_worker_collects_up_to_prefetch_rollouts_ahead_and_hands_over_the_same
     """With ``prefetch=3`` the worker collects on a thread of its own: while the driver holds the first rollout it
     collects three more (16 policy requests each) where it runs apart from the driver (the driver asks for the next
     one as it takes one), two on the direct placement (where it asks when it needs it), and stops there; the
-    rollouts it hands over, each
-    from a slot of its own in one shared segment (process), are those of a worker that collects only when asked."""
+    rollouts it hands over, each from a slot of its own in one shared segment (process), are those of a worker that
+    collects only when asked."""
     from tests.components.test_collector_inference import _seeded_ppo_policy
     from transports.segments import segments_of
 
