@@ -200,6 +200,9 @@ def _cancelled_at_exit(proc: subprocess.Popen, env: dict):
     try:
         yield
     finally:
+        if proc.poll() == 0:  # the sweep has its result and its job ends by itself: a scancel now cancels its last step
+            with contextlib.suppress(AssertionError):
+                wait_until(lambda: _squeue(env, ACTIVE) == [], timeout=30, interval=0.1, what="our job to end")
         subprocess.run(["scancel", f"--name={JOB_NAME}"], env={**os.environ, **env}, timeout=30)
         try:
             proc.wait(timeout=5)
