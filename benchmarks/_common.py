@@ -90,6 +90,21 @@ def launcher_summary(overrides: list[str], timeout: float) -> dict:
             return json.load(f)
 
 
+def sample_factory_appo(python: str, frames: int, seed: int, timeout: float, wrappers: str = "sf",
+                        env: str = "atari_breakout") -> dict:
+    """Sample Factory 2.1.1's APPO on an Atari game (``benchmarks/sample_factory_peer.py``, run by ``python``, the
+    interpreter of its own venv) for ``frames`` agent steps, making the update our APPO makes on Atari: the samples
+    per update, minibatches and passes of ``conf/recipe_env/appo_atari.yaml``. ``wrappers``: ``sf`` for SF's own
+    Atari stack, ``ours`` for the game as ``env=atari`` plays it. The peer's JSON result."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(os.path.join(ROOT, "conf", "recipe_env", "appo_atari.yaml"))
+    update = ["--batch-size", str(cfg.batch_size * cfg.unroll_length), "--minibatches", str(cfg.num_minibatches),
+              f"--num_epochs={cfg.update_epochs}"]
+    return peer_json([python, os.path.join(ROOT, "benchmarks", "sample_factory_peer.py"), "--frames", str(frames),
+                      "--seed", str(seed), "--wrappers", wrappers, "--env", env, *update], timeout, quiet=True)
+
+
 class OtherLoad:
     """CPU seconds that processes outside this one's tree used while it ran (Linux ``/proc``): on a shared machine,
     a benchmark measured beside someone else's test run says so instead of printing its slowdown as ours.

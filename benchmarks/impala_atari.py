@@ -9,7 +9,8 @@ synchronous rows, this recipe's overlap bound and Sample Factory's APPO, all in 
   vector env) and learn phase (L1: one update, :func:`recipes.impala.learn`) timed on one torch thread in a fresh
   interpreter. With every core busy and nothing wasted an update takes no less than ``(C1 + L1) / cores``: no
   placement can beat ``frames per update / ((C1 + L1) / cores)`` frames/s. A bound per env backend its rows use
-  (``env.backend=ale_vector`` rows against one timed on ale-py's vector env, itself held to one thread).
+  (``env.backend=ale_vector`` rows against a C1 timed on ale-py's vector env, itself held to one thread); L1, the
+  same update whichever backend collected its batch, is the median over every timing of the recipe.
 - **Sample Factory 2.1.1's APPO** (``benchmarks/sample_factory_peer.py``, run by the interpreter of its own venv,
   ``--sf-python``): same env, the same size of network, the same frame budget, and the update our APPO makes on
   Atari (its samples per update, minibatches and passes, read from ``conf/recipe_env/appo_atari.yaml``).
@@ -31,7 +32,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from _common import in_child, launcher_summary, peer_json  # noqa: E402 (benchmarks/_common.py, beside this script)
+from _common import in_child, launcher_summary, sample_factory_appo  # noqa: E402 (benchmarks/_common.py)
 from _results import Results, say, show  # noqa: E402 (benchmarks/_results.py, beside this script)
 
 ENV_ID = "ALE/Breakout-v5"
@@ -142,20 +143,8 @@ def run_ours(recipe: str, overrides: list[str], frames: int, seed: int, timeout:
             "episodes": summary["episodes"]}
 
 
-def appo_update() -> list[str]:
-    """Sample Factory's arguments for the update our APPO makes on Atari (``conf/recipe_env/appo_atari.yaml``): the
-    samples per training iteration, its minibatches and its passes over them, so that its row is like with like
-    whatever the settings say."""
-    from omegaconf import OmegaConf
-
-    cfg = OmegaConf.load(os.path.join(ROOT, "conf", "recipe_env", "appo_atari.yaml"))
-    return ["--batch-size", str(cfg.batch_size * cfg.unroll_length), "--minibatches", str(cfg.num_minibatches),
-            f"--num_epochs={cfg.update_epochs}"]
-
-
 def run_sample_factory(python: str, frames: int, seed: int, timeout: float) -> dict:
-    result = peer_json([python, os.path.join(ROOT, "benchmarks", "sample_factory_peer.py"), "--frames", str(frames),
-                        "--seed", str(seed), *appo_update()], timeout, quiet=True)
+    result = sample_factory_appo(python, frames, seed, timeout, wrappers="ours")
     # its rate once training started (its worker processes spawned, its first batch collected): what it gains from
     # leaving out its start-up is more than what ours leaves out (the services' start), never less
     return {"fps": result["steady_fps"] or result["fps"], "frames": result["frames"],
@@ -213,9 +202,13 @@ def main() -> None:
                   file=sys.stderr, flush=True)
 
     bounds = {}
+    # L1 is the same update whichever backend collected its batch: one median over every timing of the recipe, so
+    # two backends' bounds differ only by their collect phase (timed apart, two medians of 3 had differed by 12%)
+    learn_of = {recipe: statistics.median(p["learn_s"] for (r, _), timed in phases.items() if r == recipe
+                                          for p in timed) for recipe, _ in phases}
     for (recipe, backend), timed in phases.items():
         key = bound_key(recipe, backend)
-        c1, l1 = statistics.median(p["collect_s"] for p in timed), statistics.median(p["learn_s"] for p in timed)
+        c1, l1 = statistics.median(p["collect_s"] for p in timed), learn_of[recipe]
         bounds[key] = timed[0]["frames"] / ((c1 + l1) / cores)
         rec.note(f"{key}'s overlap bound: C1 = {c1:.2f} s collect and L1 = {l1:.2f} s learn per update of "
                  f"{timed[0]['frames']} frames, each on one torch thread, {cores} cores: {bounds[key]:,.0f} frames/s.")
@@ -263,7 +256,7 @@ def main() -> None:
                 f"beside PPO's best {ppo_return:.2f} (target: at least PPO's)")
     sf = next((row for row in table if row[0].startswith("Sample Factory")), None)
     appo = [row for row in table if row[0].startswith("appo ")]
-    if sf is not None and appo:  # like with like: Sample Factory makes APPO's update (appo_update)
+    if sf is not None and appo:  # like with like: Sample Factory makes APPO's update (sample_factory_appo)
         ours = max(appo, key=lambda r: r[1])
         verdict = "PASS" if ours[1] >= sf[1] else "MISS"
         say(rec.verdict, f"{verdict} our best APPO row {ours[0]}: {ours[1]:,.0f} frames/s = {ours[1] / sf[1]:.2f}x "

@@ -14,6 +14,13 @@ Published figures are printed beside them, with the frame count they were measur
     python benchmarks/learning.py breakout --recipes ppo impala --services "process/local_policy" --frames 300000 --jobs 3
     python benchmarks/learning.py breakout --recipes ppo appo --services "process/local_policy" --frames 300000 \
         --jobs 3 --ppo-from 2
+    python benchmarks/learning.py breakout --recipes ppo appo --services "process/local_policy" --frames 300000 \
+        --jobs 3 --ppo-from 2 --sf-python /tmp/sf/venv/bin/python
+
+``--sf-python PYTHON`` (Atari presets) adds Sample Factory 2.1.1's APPO (``benchmarks/sample_factory_peer.py``, run
+by the interpreter of its own venv) on each seed, on the game as ``env=atari`` plays it (``--wrappers ours``: sticky
+actions, no end on a lost life, no FIRE at reset), making our APPO's update (``conf/recipe_env/appo_atari.yaml``);
+its curve is the mean return of its last 100 games, at the agent steps SF had counted when each ended.
 
 ``--ppo-from N`` reads PPO's rows from run N of the results file (``benchmarks/results/learning_<preset>.json``,
 1 the oldest kept) instead of training PPO again: the run must have had the same budget, seeds and placement (it
@@ -42,7 +49,7 @@ from dataclasses import dataclass
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from _common import run_child  # noqa: E402 (benchmarks/_common.py, beside this script)
+from _common import run_child, sample_factory_appo  # noqa: E402 (benchmarks/_common.py, beside this script)
 from _results import Results, say, show  # noqa: E402 (benchmarks/_results.py, beside this script)
 
 
@@ -86,6 +93,8 @@ PLACEMENTS = {
     "ray/distributed async": ["service=ray", "transport=distributed", "components.collector.sync=false"],
 }
 RECIPES = ("ppo", "impala", "appo")
+SF_LABEL = "Sample Factory 2.1.1 APPO"
+"""The row of ``--sf-python``: Sample Factory's APPO on the same game, same wrappers, seeds and budget."""
 POINTS = 20
 """Frame counts the curves are read at (evenly spaced up to the budget)."""
 READ_AT = (POINTS // 4 - 1, POINTS // 2 - 1, POINTS - 1)
@@ -132,25 +141,31 @@ def summarise(curves: list[list[tuple[float, float]]], grid: list[int]) -> tuple
     return med, low, high
 
 
-def per_frame_against_ppo(rec: Results, labels: list[tuple[str, str, str]], series: dict, grid: list[int]) -> None:
-    """Verdicts: each other recipe's learning per frame against PPO's in the same placement, by the median final
-    return and by the median curve's mean over the budget (the area under it: how early it learns)."""
+def per_frame_against(rec: Results, label: str, other: str, series: dict, grid: list[int]) -> None:
+    """Verdicts: row ``label``'s learning per frame against row ``other``'s, by the median final return and by the
+    median curve's mean over the budget (the area under it: how early it learns)."""
     def area(curve: list) -> float | None:
         return None if None in curve else statistics.fmean(curve)
 
-    for recipe, placement, label in labels:
-        ppo = series.get(f"ppo {placement}")
-        if recipe == "ppo" or ppo is None:
+    ours, theirs_curve = series[label], series[other]
+    for what, mine, theirs in (("final return", ours[-1], theirs_curve[-1]),
+                               ("mean over the curve", area(ours), area(theirs_curve))):
+        if mine is None or theirs is None:
             continue
-        ours = series[label]
-        for what, mine, theirs in (("final return", ours[-1], ppo[-1]), ("mean over the curve", area(ours),
-                                                                          area(ppo))):
-            if mine is None or theirs is None:
-                continue
-            verdict = "PASS" if mine >= theirs else "MISS"
-            ratio = f" ({mine / theirs:.2f}x)" if theirs else ""
-            say(rec.verdict, f"{verdict} {label}: {what} {mine:.2f} against PPO's {theirs:.2f}{ratio} at "
-                f"{grid[-1]:,} frames")
+        verdict = "PASS" if mine >= theirs else "MISS"
+        ratio = f" ({mine / theirs:.2f}x)" if theirs else ""
+        say(rec.verdict, f"{verdict} {label}: {what} {mine:.2f} against {other}'s {theirs:.2f}{ratio} at "
+            f"{grid[-1]:,} frames")
+
+
+def sample_factory_curve(result: dict, window: int = 100) -> list[tuple[float, float]]:
+    """Sample Factory's games as a curve like ours: at each game's end (the agent steps SF had counted when its
+    report arrived), the mean return of the last ``window`` games."""
+    returns, curve = result["returns"], []
+    for i, frames in enumerate(result["returns_at"]):
+        recent = returns[max(0, i + 1 - window): i + 1]
+        curve.append((frames, sum(recent) / len(recent)))
+    return curve
 
 
 def recorded_ppo(preset_name: str, run_number: int, frames: int, seeds: list[int], placements: list[str],
@@ -200,6 +215,9 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--jobs", type=int, default=1,
                         help="seeds run at once (each on one torch thread; their frames/s then share the cores)")
     parser.add_argument("--keep", default=None, metavar="DIR", help="keep every run directory under DIR")
+    parser.add_argument("--sf-python", default=None, metavar="PYTHON",
+                        help="Atari presets: also train Sample Factory 2.1.1's APPO on each seed, on the game as "
+                             "env=atari plays it, with this interpreter of its venv")
     parser.add_argument("--ppo-from", type=int, default=None, metavar="N",
                         help="read PPO's rows from run N of this preset's results file instead of training it "
                              "(same budget, seeds and placements)")
@@ -211,16 +229,28 @@ def main() -> None:
     args = parser.parse_args()
     if args.ppo_from is not None and "ppo" not in args.recipes:
         parser.error("--ppo-from reads PPO's rows: add ppo to --recipes")
+    if args.sf_python and "env=atari" not in PRESETS[args.preset].overrides:
+        parser.error(f"--sf-python runs Sample Factory's Atari APPO: preset {args.preset} is not an Atari game")
     preset = PRESETS[args.preset]
     frames = args.frames or preset.frames
     rec = Results("learning", record=f"learning_{args.preset}")
     grid = [round(frames * (i + 1) / POINTS) for i in range(POINTS)]
     series, bands, rows, per_seed = {}, {}, [], []
-    several = len(args.recipes) > 1
+    several = len(args.recipes) > 1 or bool(args.sf_python)
     labels = [(recipe, placement, f"{recipe} {placement}" if several else placement)
               for recipe in args.recipes for placement in args.services]
     recorded = ({} if args.ppo_from is None else
                 recorded_ppo(args.preset, args.ppo_from, frames, args.seeds, args.services))
+
+    def add_row(label: str, runs: list[dict]) -> None:  # a row's runs, one per seed: its curve, table rows, frames/s
+        med, low, high = summarise([r["curve"] for r in runs], grid)
+        series[label], bands[label] = med, (low, high)
+        fps = [r["fps"] for r in runs]
+        cells = ["-" if med[i] is None else f"{med[i]:.2f} [{low[i]:.2f}-{high[i]:.2f}]" for i in READ_AT]
+        rows.append([label, *cells, statistics.median(fps), f"{min(fps):,.0f}-{max(fps):,.0f}"])
+        per_seed.extend([label, seed, *(at(r["curve"], grid[i]) for i in READ_AT), r["fps"]]
+                        for seed, r in zip(args.seeds, runs))
+
     for recipe, placement, label in labels:
         if recipe == "ppo" and placement in recorded:
             found = recorded[placement]
@@ -239,19 +269,29 @@ def main() -> None:
             return run
 
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            runs = list(pool.map(one, args.seeds))
-        med, low, high = summarise([r["curve"] for r in runs], grid)
-        series[label], bands[label] = med, (low, high)
-        fps = [r["fps"] for r in runs]
-        cells = ["-" if med[i] is None else f"{med[i]:.2f} [{low[i]:.2f}-{high[i]:.2f}]" for i in READ_AT]
-        rows.append([label, *cells, statistics.median(fps), f"{min(fps):,.0f}-{max(fps):,.0f}"])
-        per_seed += [[label, seed, *(at(r["curve"], grid[i]) for i in READ_AT), r["fps"]]
-                     for seed, r in zip(args.seeds, runs)]
+            add_row(label, list(pool.map(one, args.seeds)))
 
     env_id = next(o.split("=", 1)[1] for o in preset.overrides if o.startswith("env.id="))
+    if args.sf_python:
+        game = env_id.split("/")[1].split("-")[0].lower()
+
+        def peer(seed: int) -> dict:
+            result = sample_factory_appo(args.sf_python, frames, seed, args.timeout, wrappers="ours",
+                                         env=f"atari_{game}")
+            result["curve"] = sample_factory_curve(result)
+            result["fps"] = result["steady_fps"] or result["fps"]
+            print(f"{SF_LABEL:>28} seed={seed}: {result['frames']:,} frames ({result['fps']:,.0f} frames/s), "
+                  f"{result['episodes']} games, final mean return {result['mean_return_last'] or float('nan'):.2f}",
+                  file=sys.stderr, flush=True)
+            return result
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            runs = list(pool.map(peer, args.seeds))
+        add_row(SF_LABEL, runs)
+        labels.append(("sf", "", SF_LABEL))
     returns_at = [f"return at {grid[i]:,}" for i in READ_AT]
     columns = ["run" if several else "placement", *returns_at, "frames/s", "frames/s range"]
-    names = " and ".join(r.upper() for r in args.recipes)
+    names = " and ".join([r.upper() for r in args.recipes] + (["Sample Factory's APPO"] if args.sf_python else []))
     title = (f"{names} on {env_id}, {frames:,} {preset.unit}, seeds {args.seeds}: median mean return of recent "
              f"episodes [range over seeds], and training frames/s")
     show(rec, title, columns, rows, note="" if args.jobs == 1 else
@@ -260,8 +300,16 @@ def main() -> None:
          ["run" if several else "placement", "seed", *returns_at, "frames/s"], per_seed)
     rec.plot("curves", f"{names} on {env_id}: median over seeds {args.seeds}, shaded: their range", x=grid,
              series=series, bands=bands, xlabel=preset.unit, ylabel="mean episode return")
-    if several and "ppo" in args.recipes:
-        per_frame_against_ppo(rec, labels, series, grid)
+    if several and "ppo" in args.recipes:  # each other recipe against PPO in the same placement
+        for recipe, placement, label in labels:
+            if recipe != "ppo" and f"ppo {placement}" in series:
+                per_frame_against(rec, label, f"ppo {placement}", series, grid)
+    if args.sf_python:  # our APPO rows against Sample Factory's, and Sample Factory's against PPO's
+        for recipe, placement, label in labels:
+            if recipe == "appo":
+                per_frame_against(rec, label, SF_LABEL, series, grid)
+            elif recipe == "ppo":
+                per_frame_against(rec, SF_LABEL, label, series, grid)
     for placement, found in recorded.items():
         say(rec.note, f"PPO {placement} was not trained again: its curve, returns and frames/s are {found['where']} "
             f"({found['command']}).")

@@ -29,6 +29,10 @@ unchanged (e.g. ``--with_vtrace=True --normalize_returns=False``, ``--worker_num
 defaults its APPO is PPO-clip (0.1) on GAE(0.95) advantages, no V-trace, inputs and returns normalised, lr 2.5e-4
 decaying linearly to 0 at the budget.
 
+- ``--wrappers ours``: the same game as the project's ``env=atari`` plays it instead (``make_env_like_ours``:
+  ``ALE/Breakout-v5`` with sticky actions 0.25, gymnasium's ``AtariPreprocessing``, no episodic life, no FIRE at
+  reset, a 4-frame stack, rewards clipped), so that returns compare with ours game for game; ``returns_at`` gives
+  the agent steps SF had counted when each game's report arrived (a learning curve; ``benchmarks/learning.py``).
 - Encoder: SF's ``convnet_atari`` (its Atari default), the Nature CNN: conv 32x8x8/4, 64x4x4/2, 64x3x3/1, ReLU, no
   padding (3136 features), then ``encoder_conv_mlp_layers=[512]``: one 512-unit fc + ReLU; actor and critic share
   that trunk (``actor_critic_share_weights=True``), each a linear head on the 512 units; no RNN.
@@ -85,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=512, help="samples per training iteration")
     p.add_argument("--minibatches", type=int, default=4, help="SF num_batches_per_epoch; SF batch_size = batch/this")
     p.add_argument("--env", default="atari_breakout", help="an sf_examples.atari env name")
+    p.add_argument("--wrappers", choices=["sf", "ours"], default="sf",
+                   help="sf: SF's Atari wrappers on the NoFrameskip-v4 game; ours: the game as env=atari plays it")
     p.add_argument("--train-dir", default=None, help="SF train_dir; default a temp dir removed at the end")
     p.add_argument("--serial", action="store_true", help="SF serial_mode: everything in this process")
     p.add_argument("--async-rl", choices=["auto", "true", "false"], default="auto",
@@ -129,6 +135,32 @@ SETTINGS = ["env", "algo", "device", "seed", "serial_mode", "async_rl", "num_wor
             "adam_eps", "shuffle_minibatches", "max_policy_lag", "use_record_episode_statistics"]
 
 
+OURS = "ours_"
+"""The prefix of an env name registered here for ``--wrappers ours``: ``ours_atari_breakout``."""
+
+
+def make_env_like_ours(env_name, cfg, env_config, render_mode=None):
+    """The game as the project's ``env=atari`` plays it on its gymnasium backend (``components.atari.make_one`` with
+    ``AtariConfig``'s defaults), in this venv's gymnasium 0.29: ``ALE/<Game>-v5`` without its own frame skip, sticky
+    actions 0.25, 108,000 emulator frames at most; ``AtariPreprocessing`` (up to 30 no-ops, skip 4 with max-pooling,
+    84x84 grey, no end on a lost life, no FIRE at reset), a 4-frame stack. RecordEpisodeStatistics sits on the raw
+    game, as in SF's own stack, and rewards are clipped to their sign, as our recipes clip them in their loss."""
+    import ale_py  # noqa: F401
+    import gymnasium as gym
+    from sample_factory.envs.env_wrappers import ClipRewardEnv, NumpyObsWrapper
+    from sf_examples.atari.atari_utils import atari_env_by_name
+
+    game = atari_env_by_name(env_name[len(OURS):]).env_id.replace("NoFrameskip-v4", "")
+    env = gym.make(f"ALE/{game}-v5", frameskip=1, repeat_action_probability=0.25, max_num_frames_per_episode=108_000,
+                   render_mode=render_mode)
+    env = gym.wrappers.RecordEpisodeStatistics(env)
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=cfg.env_frameskip, screen_size=84,
+                                          terminal_on_life_loss=False, grayscale_obs=True, scale_obs=False)
+    env = ClipRewardEnv(env)
+    env = gym.wrappers.FrameStack(env, cfg.env_framestack)
+    return NumpyObsWrapper(env)
+
+
 def make_env(env_name, cfg, env_config, render_mode=None):
     """SF's ``make_atari_env``, after importing ale_py: with gymnasium 0.29, ale-py 0.9 registers its envs
     (``BreakoutNoFrameskip-v4``) on import, and SF's worker processes (spawned) would not otherwise import it."""
@@ -150,23 +182,28 @@ def train(args: argparse.Namespace, extra: list[str], train_dir: str) -> dict:
 
     for spec in ATARI_ENVS:  # what sf_examples.atari's register_atari_components does, with make_env above
         register_env(spec.name, make_env)
+        register_env(OURS + spec.name, make_env_like_ours)
+    if args.wrappers == "ours":
+        args.env = OURS + args.env
     cfg = parse_atari_args(argv=sf_argv(args, train_dir, extra))
     if cfg.serial_mode and args.torch_threads > 0:
         import torch
 
         torch.set_num_threads(args.torch_threads)  # SF's serial runner leaves torch's thread count as it is
     # fail here, not in SF's env-info probe process (whose failure leaves SF's main process waiting forever)
-    make_env(cfg.env, cfg, None).close()
+    (make_env_like_ours if args.wrappers == "ours" else make_env)(cfg.env, cfg, None).close()
     cfg, runner = make_runner(cfg)
 
     returns: list[float] = []
+    ended_at: list[int] = []  # the agent steps counted when each of those games' message arrived
     marks: dict = {}
 
-    def on_episode(_runner, msg, _policy_id):
+    def on_episode(runner_, msg, _policy_id):
         # one message per finished (per-life) SF episode; the wrapper's stat is there only when a whole game ended
         stats = msg[EPISODIC]
         if "RecordEpisodeStatistics_reward" in stats:
             returns.append(float(stats["RecordEpisodeStatistics_reward"]))
+            ended_at.append(int(sum(runner_.env_steps.values())))
 
     class Clock(AlgoObserver):
         def on_training_step(self, r, _iteration):
@@ -203,6 +240,8 @@ def train(args: argparse.Namespace, extra: list[str], train_dir: str) -> dict:
         "episodes": len(returns),
         "mean_return_last": (sum(last) / len(last)) if last else None,
         "returns": returns,
+        "returns_at": ended_at,
+        "wrappers": args.wrappers,
         "sf_version": version("sample-factory"),
         "emulator_frames": int(frames) * cfg.env_frameskip,
         "startup_seconds": round(t_first - t0, 3),

@@ -50,6 +50,14 @@ def test_seeds_curves_are_read_at_common_frame_counts():
     assert low == [None, 0.0, 3.0] and high == [None, 2.0, 5.0]
 
 
+def test_sample_factory_s_games_become_a_curve_of_the_mean_of_its_recent_games():
+    import learning
+
+    result = {"returns": [1.0, 3.0, 5.0, 7.0], "returns_at": [0, 256, 256, 512]}
+    assert learning.sample_factory_curve(result, window=2) == [(0, 1.0), (256, 2.0), (256, 4.0), (512, 6.0)]
+    assert learning.sample_factory_curve({"returns": [], "returns_at": []}) == []
+
+
 def test_ppo_s_rows_are_read_from_a_recorded_run_of_the_same_budget_and_seeds_only(tmp_path):
     import learning
 
