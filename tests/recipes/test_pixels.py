@@ -116,7 +116,7 @@ def test_the_minatar_plan_keeps_grids_in_bytes(compose_cfg):
     ("impala", "minatar", (16, 32, 8, 1, 1, 2e-3, None, False, 1)),
     ("appo", "minatar", (16, 32, 16, 4, 4, 5e-4, 0.2, False, 1)),
     ("impala", "atari", (8, 32, 8, 1, 1, 6e-4, None, True, 1)),
-    ("appo", "atari", (8, 32, 16, 2, 4, 2.5e-4, 0.1, True, 2)),
+    ("appo", "atari", (8, 32, 8, 2, 2, 2.5e-4, 0.1, True, 1)),
 ])
 def test_impala_and_appo_take_their_own_settings_for_each_pixel_env(recipe, env, settings, compose_cfg):
     plan = build_plan(compose_cfg(f"+recipe={recipe}", f"env={env}"))
@@ -125,6 +125,12 @@ def test_impala_and_appo_take_their_own_settings_for_each_pixel_env(recipe, env,
             r.clip_rewards, r.prefetch) == settings
     assert plan["collector"].config.prefetch == r.prefetch  # what the collector's workers are built with
     assert r.total_frames == (5_000_000 if env == "minatar" else 10_000_000) and r.target_return is None
+
+
+def test_a_recipe_s_prefetch_is_what_its_collector_s_workers_are_built_with(compose_cfg):
+    plan = build_plan(compose_cfg("+recipe=appo", "env=atari", "recipe.prefetch=3"))
+    assert plan.recipe_config.prefetch == 3 and plan["collector"].config.prefetch == 3
+    assert not plan["collector"].config.sync
 
 
 @pytest.mark.slow  # importing gymnasium's MuJoCo envs imports glfw, which runs a Python child to read a version
