@@ -204,11 +204,12 @@ def main() -> None:
     bounds = {}
     # L1 is the same update whichever backend collected its batch: one median over every timing of the recipe, so
     # two backends' bounds differ only by their collect phase (timed apart, two medians of 3 had differed by 12%)
-    learn_of = {recipe: statistics.median(p["learn_s"] for (r, _), timed in phases.items() if r == recipe
-                                          for p in timed) for recipe, _ in phases}
+    learn_times: dict[str, list[float]] = {}
+    for (recipe, _), timed in phases.items():
+        learn_times.setdefault(recipe, []).extend(p["learn_s"] for p in timed)
     for (recipe, backend), timed in phases.items():
         key = bound_key(recipe, backend)
-        c1, l1 = statistics.median(p["collect_s"] for p in timed), learn_of[recipe]
+        c1, l1 = statistics.median(p["collect_s"] for p in timed), statistics.median(learn_times[recipe])
         bounds[key] = timed[0]["frames"] / ((c1 + l1) / cores)
         rec.note(f"{key}'s overlap bound: C1 = {c1:.2f} s collect and L1 = {l1:.2f} s learn per update of "
                  f"{timed[0]['frames']} frames, each on one torch thread, {cores} cores: {bounds[key]:,.0f} frames/s.")
