@@ -12,10 +12,11 @@ import torch
 from components.envs import EnvSpec
 from components.weight_sync import WeightSync
 from launcher.cli import launch
-from recipes.configs import PPOConfig
+from recipes.configs import IMPALAConfig, PPOConfig
 from recipes.networks import RunningNorm
 from recipes.ppo import Learner, ReturnScale, make_policy
 
+FRAMES = EnvSpec("ALE/Breakout-v5", (4, 84, 84), torch.uint8, True, 4, (), observation_scale=1 / 255)
 PENDULUM = EnvSpec("Pendulum-v1", (3,), torch.float32, False, 0, (1,), (-2.0,), (2.0,))
 NORMALISED = PPOConfig(normalize_observations=True, normalize_rewards=True)
 
@@ -81,3 +82,39 @@ def test_ppo_trains_with_learner_owned_normalisation_in_worker_processes(compose
     state = load(str(run_dir / "checkpoint.pt"))["recipe"]
     assert float(state["learner"]["policy.actor.norm.count"]) >= 384  # every batch but the last one learned from
     assert "reward_scale" in state
+
+
+def test_frames_are_standardised_per_pixel_in_place_of_the_encoders_scaling():
+    learner = Learner(IMPALAConfig(normalize_observations=True), FRAMES)
+    actor = learner.policy.actor
+    convs = torch.nn.Sequential(*list(actor.encoder)[1:])  # the encoder after its Scale
+    head = actor.net[1][1]
+    frames = torch.randint(0, 256, (6, 4, 84, 84), dtype=torch.uint8)
+    frames[:, :, :10] = 87
+    # nothing seen yet: the frames are scaled as they would be without normalisation
+    torch.testing.assert_close(actor.net(frames), head(convs(frames.float() / 255)))
+    seen = torch.randint(0, 256, (64, 4, 84, 84), dtype=torch.uint8)
+    seen[:, :, :10] = 87  # a part of the screen that never changes (a wall): no spread, standardised to 0
+    actor.norm.update(seen)
+    mean, var = seen.double().mean(0), seen.double().var(0, unbiased=False)
+    standardised = ((frames.double() - mean) / (var + 1e-8).sqrt()).clamp(-10, 10).float()
+    assert standardised[:, :, :10].abs().max() == 0 and standardised.std() > 0.5  # not divided by 255 again
+    logits = actor.net(frames)
+    torch.testing.assert_close(logits, head(convs(standardised)), rtol=1e-4, atol=1e-4)
+    dist, value = learner.dist_and_value(frames)  # the learner's shared trunk reads the same statistics
+    torch.testing.assert_close(dist.logits, logits.log_softmax(-1), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(value, learner.value(frames), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow  # trains on Atari frames through the launcher
+def test_appo_on_atari_learns_with_per_pixel_statistics_it_folds_in_after_each_update(compose_cfg, tmp_path):
+    from recipes.checkpoint import load
+
+    run_dir = tmp_path / "run"
+    launch(compose_cfg("+recipe=appo", "env=atari", "recipe.num_envs=2", "recipe.unroll_length=8",
+                       "recipe.batch_size=2", "recipe.num_minibatches=1", "recipe.total_frames=64",
+                       "launcher.progress=false", "launcher.checkpoint_every=16"), str(run_dir))
+    state = load(str(run_dir / "checkpoint.pt"))["recipe"]["learner"]
+    assert float(state["policy.actor.norm.count"]) == 64  # every frame of the 4 updates, folded in after each
+    assert tuple(state["policy.actor.norm.mean"].shape) == (4, 84, 84)
+    assert 0 < float(state["policy.actor.norm.var"].max())

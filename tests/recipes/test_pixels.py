@@ -112,17 +112,18 @@ def test_the_minatar_plan_keeps_grids_in_bytes(compose_cfg):
 
 
 @pytest.mark.parametrize("recipe, env, settings", [
-    # (num_envs, unroll_length, batch_size, update_epochs, num_minibatches, lr, clip_coef, clip_rewards, prefetch)
-    ("impala", "minatar", (16, 32, 8, 1, 1, 2e-3, None, False, 1)),
-    ("appo", "minatar", (16, 32, 16, 4, 4, 5e-4, 0.2, False, 1)),
-    ("impala", "atari", (8, 32, 8, 1, 1, 6e-4, None, True, 1)),
-    ("appo", "atari", (8, 32, 8, 2, 2, 2.5e-4, 0.1, True, 1)),
+    # (num_envs, unroll_length, batch_size, update_epochs, num_minibatches, lr, clip_coef, clip_rewards, prefetch,
+    #  normalize_observations)
+    ("impala", "minatar", (16, 32, 8, 1, 1, 2e-3, None, False, 1, False)),
+    ("appo", "minatar", (16, 32, 16, 4, 4, 5e-4, 0.2, False, 1, False)),
+    ("impala", "atari", (8, 32, 8, 1, 1, 6e-4, None, True, 1, False)),
+    ("appo", "atari", (8, 32, 8, 2, 2, 2.5e-4, 0.1, True, 1, True)),
 ])
 def test_impala_and_appo_take_their_own_settings_for_each_pixel_env(recipe, env, settings, compose_cfg):
     plan = build_plan(compose_cfg(f"+recipe={recipe}", f"env={env}"))
     r = plan.recipe_config
     assert (r.num_envs, r.unroll_length, r.batch_size, r.update_epochs, r.num_minibatches, r.lr, r.clip_coef,
-            r.clip_rewards, r.prefetch) == settings
+            r.clip_rewards, r.prefetch, r.normalize_observations) == settings
     assert plan["collector"].config.prefetch == r.prefetch  # what the collector's workers are built with
     assert r.total_frames == (5_000_000 if env == "minatar" else 10_000_000) and r.target_return is None
 
