@@ -186,9 +186,12 @@ class RunningNorm(nn.Module):
     @torch.no_grad()
     def update(self, obs: torch.Tensor) -> None:
         """Fold a batch of observations ``[..., *shape]`` into the statistics (Chan et al.'s parallel update)."""
-        x = obs.reshape(-1, *self.mean.shape).double()
-        n, count = x.shape[0], float(self.count)
-        mean, var = x.mean(0), x.var(0, unbiased=False)
+        # the batch's own moments in single precision and two passes (a batch of frames is millions of values:
+        # torch.var_mean over its first dimension takes several times as long), folded in double
+        x = obs.reshape(-1, *self.mean.shape).float()  # a copy, or the caller's tensor: not changed in place
+        mean = x.mean(0)
+        var = (x - mean).square_().mean(0)
+        n, count, mean, var = x.shape[0], float(self.count), mean.double(), var.double()
         delta, total = mean - self.mean.double(), count + n
         self.mean.copy_(self.mean.double() + delta * n / total)
         self.var.copy_((self.var.double() * count + var * n + delta.pow(2) * count * n / total) / total)
