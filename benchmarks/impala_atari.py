@@ -127,6 +127,7 @@ def recipe_phases(recipe: str, updates: int, seed: int, backend: str = "gymnasiu
         t1 = time.perf_counter()
         learn(torch.cat(unrolls, dim=1)[:, : cfg.batch_size], learner, optimizer, cfg)
         t2 = time.perf_counter()
+        acting.load_state_dict(learner.policy.state_dict())  # the weight push: the next round acts as the recipe's
         if update:
             collect.append((t1 - t0) * cfg.batch_size / (rounds * cfg.num_envs))
             learn_s.append(t2 - t1)

@@ -116,7 +116,9 @@ def impala_loss(steps: TensorDictBase, learner: Learner, cfg: IMPALAConfig) -> t
 
 def learn(steps: TensorDictBase, learner: Learner, optimizer: torch.optim.Optimizer, cfg: IMPALAConfig) -> dict:
     """One learner update on a ``[time, unroll]`` batch: ``update_epochs`` passes of ``num_minibatches`` minibatches
-    of whole unrolls (V-trace recomputed with the current weights each time); the last minibatch's losses."""
+    of whole unrolls (V-trace recomputed with the current weights each time), then the batch's observations folded
+    into the policy's running statistics where it normalises them (after learning with the statistics it was acted
+    with); the last minibatch's losses."""
     per_minibatch = steps.shape[1] // cfg.num_minibatches
     for _ in range(cfg.update_epochs):
         for columns in torch.randperm(steps.shape[1]).split(per_minibatch):
@@ -125,6 +127,8 @@ def learn(steps: TensorDictBase, learner: Learner, optimizer: torch.optim.Optimi
             loss.backward()
             nn.utils.clip_grad_norm_(learner.parameters(), cfg.max_grad_norm)
             optimizer.step()
+    if learner.policy.actor.norm is not None:
+        learner.policy.actor.norm.update(steps.get("observation").flatten(0, 1))
     return losses
 
 
@@ -172,8 +176,6 @@ def run(cfg: IMPALAConfig, clients: Clients) -> dict:
                     optimizer.param_groups[0]["lr"] = cfg.lr * max(0.0, 1.0 - stats.frames / cfg.total_frames)
                 steps = time_major(unrolls.exclude("index")).to(device)
                 metrics.update(learn(steps, learner, optimizer, cfg))
-                if learner.policy.actor.norm is not None:  # after learning with the statistics it was acted with
-                    learner.policy.actor.norm.update(steps.get("observation").flatten(0, 1))
             updates += 1
             if updates % cfg.push_every == 0:
                 version = clients.weight_sync.push(learner.policy)
