@@ -127,8 +127,7 @@ def learn(steps: TensorDictBase, learner: Learner, optimizer: torch.optim.Optimi
             loss.backward()
             nn.utils.clip_grad_norm_(learner.parameters(), cfg.max_grad_norm)
             optimizer.step()
-    if learner.policy.actor.norm is not None:
-        learner.policy.actor.norm.update(steps.get("observation").flatten(0, 1))
+    learner.fold_in(steps.get("observation"))
     return losses
 
 

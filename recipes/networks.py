@@ -186,12 +186,14 @@ class RunningNorm(nn.Module):
     @torch.no_grad()
     def update(self, obs: torch.Tensor) -> None:
         """Fold a batch of observations ``[..., *shape]`` into the statistics (Chan et al.'s parallel update)."""
-        # the batch's own moments in single precision and two passes (a batch of frames is millions of values:
-        # torch.var_mean over its first dimension takes several times as long), folded in double
-        x = obs.reshape(-1, *self.mean.shape).float()  # a copy, or the caller's tensor: not changed in place
-        mean = x.mean(0)
-        var = (x - mean).square_().mean(0)
-        n, count, mean, var = x.shape[0], float(self.count), mean.double(), var.double()
+        # the batch's own moments in single precision and two passes over its leading dimensions as they lie (a
+        # batch of frames is millions of values: torch.var_mean, or a reshape of a time-major view, takes longer),
+        # folded in double
+        x = (obs if obs.dim() > self.mean.dim() else obs.unsqueeze(0)).float()  # the caller's is not changed
+        lead = tuple(range(x.dim() - self.mean.dim()))
+        mean = x.mean(lead)
+        var = (x - mean).square_().mean(lead)
+        n, count, mean, var = x.numel() // mean.numel(), float(self.count), mean.double(), var.double()
         delta, total = mean - self.mean.double(), count + n
         self.mean.copy_(self.mean.double() + delta * n / total)
         self.var.copy_((self.var.double() * count + var * n + delta.pow(2) * count * n / total) / total)

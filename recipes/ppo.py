@@ -153,6 +153,12 @@ class Learner(nn.Module):
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs).squeeze(-1)
 
+    def fold_in(self, observations: torch.Tensor) -> None:
+        """Fold observations ``[..., *observation_shape]`` into the policy's running statistics, where it normalises
+        them (the recipes call it after learning from a batch, with the statistics it was acted with)."""
+        if self.policy.actor.norm is not None:
+            self.policy.actor.norm.update(observations)
+
     def dist_and_value(self, obs: torch.Tensor):
         """The action distribution and the value of ``obs``; a shared encoder runs once for both heads."""
         actor = self.policy.actor
@@ -331,8 +337,7 @@ def run(cfg: PPOConfig, clients: Clients) -> dict:
             loss.backward()
             nn.utils.clip_grad_norm_(learner.parameters(), cfg.max_grad_norm)
             optimizer.step()
-        if learner.policy.actor.norm is not None:  # after learning from the batch with the statistics it was acted with
-            learner.policy.actor.norm.update(batch["observation"])
+        learner.fold_in(batch["observation"])  # after learning from the batch with the statistics it was acted with
         version = clients.weight_sync.push(learner.policy)
 
         # ---- report
