@@ -36,6 +36,12 @@ def test_running_statistics_are_those_of_everything_seen():
     out = norm(torch.from_numpy(every))
     np.testing.assert_allclose(out.mean(0).numpy(), 0, atol=1e-4)
     assert norm(torch.full((1, 3), 1e6)).max() == 10.0  # clipped
+    given = torch.from_numpy(every)
+    kept = given.clone()
+    norm(given)
+    assert torch.equal(given, kept)  # normalised in a copy: the caller's observations are not changed
+    frames = torch.randint(0, 256, (5, 3), dtype=torch.uint8)  # integer observations: the same figures as floats
+    torch.testing.assert_close(norm(frames), norm(frames.float()))
 
 
 def test_rewards_are_scaled_by_the_spread_of_each_envs_discounted_return():
