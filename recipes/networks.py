@@ -203,6 +203,6 @@ class RunningNorm(nn.Module):
         if float(self.count) == 0:
             return obs  # nothing seen yet: the identity (a fresh policy acts on raw observations)
         # a copy in the statistics' dtype, then in place: an operation mixing integer frames with float statistics
-        # takes torch's slow path (16 ms against 1.2 ms for 128 Atari frames, one thread)
+        # takes torch's slow path (16.5 ms against 3.9 ms for 128 Atari frames, one thread)
         x = obs.to(self.mean.dtype, copy=True)
         return x.sub_(self.mean).mul_((self.var + self.eps).rsqrt()).clamp_(-self.clip, self.clip)
