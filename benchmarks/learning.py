@@ -28,7 +28,8 @@ is refused otherwise), and the tables name the run they come from. PPO is synchr
 depend on the seed and the frames, not on the machine's load, so a recorded curve stands in for one trained beside
 the others; its frames/s belongs to its own run.
 
-Frames count agent steps, as the recipes and CleanRL's ``global_step`` do: on Atari each is 4 emulator frames
+Frames/s are each run's rate from its second batch on (the recipes' ``steady_fps``; Sample Factory's after its first
+training iteration). Frames count agent steps, as the recipes and CleanRL's ``global_step`` do: on Atari each is 4 emulator frames
 (frame skip 4); MinAtar and MuJoCo have no frame skip. Presets (``conf/recipe_env``): ``minatar``
 (MinAtar/Breakout-v1), ``breakout`` (ALE/Breakout-v5), ``pong`` (ALE/Pong-v5), ``halfcheetah`` (HalfCheetah-v5);
 each recipe runs with its own settings for the env (``conf/recipe_env/<recipe>_<env>.yaml``).
@@ -115,7 +116,7 @@ def run_one(preset: Preset, placement: list[str], seed: int, frames: int, extra:
         start = time.monotonic()
         run_child(command, timeout, quiet=True)
         job = read_job(run_dir)
-        return {"curve": job.curve, "fps": job.summary.get("fps"), "wall_s": time.monotonic() - start,
+        return {"curve": job.curve, "fps": job.summary.get("steady_fps") or job.summary.get("fps"), "wall_s": time.monotonic() - start,
                 "frames": job.summary.get("frames")}
 
 

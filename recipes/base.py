@@ -102,10 +102,17 @@ class EpisodeStats:
         self.episodes = 0
         self.solved_at: int | None = None
         self.start = self._clock()
+        self._batches = 0
+        self._second: tuple[float, int] = (0.0, 0)  # (clock, frames) when the second batch was counted
+        self._latest: tuple[float, int] = (0.0, 0)  # and when the latest was
 
     def update(self, batch) -> float:
         """Count a collected ``[time, env]`` batch; returns the mean return of the recent episodes."""
         self.frames += batch.numel()
+        self._batches += 1
+        self._latest = (self._clock(), self.frames)
+        if self._batches == 2:  # the start is behind: the first batch collected and learned from
+            self._second = self._latest
         finished = batch["next", "episode_return"][batch["next", "done"]].tolist()
         self.returns.extend(finished)
         self.episodes += len(finished)
@@ -145,12 +152,21 @@ class EpisodeStats:
         return False
 
     def result(self) -> dict:
-        """What ``run`` returns: frames, wall seconds, frames/s, episodes, final mean return, solved, curve."""
+        """What ``run`` returns: frames, wall seconds, frames/s, episodes, final mean return, solved, curve.
+
+        ``fps`` counts the whole run; ``steady_fps`` the rate between the second batch counted and the last, once
+        the first was collected (which nothing overlaps) and learned from (torch's first passes warm up): whole
+        rounds of learning from a batch and collecting the next, the rate of a longer run, as ``benchmarks/``
+        compare it with a peer's rate after its first training iteration. ``None`` before a third batch; a resumed
+        run's counts from its second batch after the resume."""
         elapsed = self._clock() - self.start
+        (t0, f0), (t1, f1) = self._second, self._latest
+        steady = (f1 - f0) / (t1 - t0) if self._batches > 2 and t1 > t0 else None
         return {
             "frames": self.frames,
             "wall_seconds": elapsed,
             "fps": self.frames / elapsed if elapsed else 0.0,
+            "steady_fps": steady,
             "episodes": self.episodes,
             "final_mean_return": self.mean_return,
             "solved": self.solved_at is not None,

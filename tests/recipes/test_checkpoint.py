@@ -122,6 +122,27 @@ def test_episode_stats_continue_where_they_stopped():
     assert other.result()["wall_seconds"] >= state["elapsed"] > 0  # frames/s counts the earlier time too
 
 
+def test_steady_frames_per_second_leave_out_the_first_batch():
+    stats = EpisodeStats(window=3)
+    now = [100.0]
+    stats._clock = lambda: now[0]
+    stats.start = now[0]
+    batch = TensorDict({"next": {"episode_return": torch.zeros(4, 2), "done": torch.zeros(4, 2, dtype=torch.bool)}},
+                       batch_size=[4, 2])
+    now[0] += 10.0  # a slow start: the first batch of 8 frames takes 10 s
+    stats.update(batch)
+    now[0] += 1.0
+    stats.update(batch)
+    assert stats.result()["steady_fps"] is None  # no whole round after the start yet
+    for _ in range(3):  # then 8 frames every second
+        now[0] += 1.0
+        stats.update(batch)
+    now[0] += 5.0  # the last batch learned from, the services stopped: not a round
+    result = stats.result()
+    assert result["fps"] == pytest.approx(40 / 19)
+    assert result["steady_fps"] == pytest.approx(24 / 3)  # from the second batch's count to the last's
+
+
 def test_metrics_after_the_resume_step_are_dropped(tmp_path):
     path = tmp_path / "metrics.csv"
     path.write_text("tag,step,value,wall_time\na,512,1.0,1\nb,,2.0,1\na,1024,3.0,2\na,1536,4.0,3\n")
