@@ -89,7 +89,7 @@ def recipe_phases(recipe: str, updates: int, seed: int, backend: str = "gymnasiu
     import launcher.schema
     from components.envs import EnvMaker
     from launcher.conventions import normalize_argv
-    from recipes.impala import learn
+    from recipes.impala import learn, time_major, unrolls_of
     from recipes.ppo import Learner, make_policy
 
     torch.set_num_threads(1)
@@ -105,7 +105,7 @@ def recipe_phases(recipe: str, updates: int, seed: int, backend: str = "gymnasiu
     learner = Learner(cfg, maker.spec())
     acting = make_policy(cfg, maker.spec())  # the behaviour policy, as the inference server builds it
     acting.load_state_dict(learner.policy.state_dict())
-    optimizer = torch.optim.Adam(learner.parameters(), lr=cfg.lr, eps=1e-5)
+    optimizer = learner.optimizer(cfg.lr)
     rounds = max(1, cfg.batch_size // cfg.num_envs)  # rounds of every env's unroll per update
     obs, _ = envs.reset(seed=seed)
     obs = torch.as_tensor(obs)
@@ -128,12 +128,14 @@ def recipe_phases(recipe: str, updates: int, seed: int, backend: str = "gymnasiu
                 obs = nxt
             unrolls.append(torch.stack(steps))  # [time, env]
         t1 = time.perf_counter()
-        learn(torch.cat(unrolls, dim=1)[:, : cfg.batch_size], learner, optimizer, cfg)
+        batch = time_major(unrolls_of(torch.cat(unrolls, dim=1)[:, : cfg.batch_size]))  # as the queue hands it over
+        t_learn = time.perf_counter()
+        learn(batch, learner, optimizer, cfg)
         t2 = time.perf_counter()
         acting.load_state_dict(learner.policy.state_dict())  # the weight push: the next round acts as the recipe's
         if update:
             collect.append((t1 - t0) * cfg.batch_size / (rounds * cfg.num_envs))
-            learn_s.append(t2 - t1)
+            learn_s.append(t2 - t_learn)
     envs.close()
     return {"collect_s": statistics.median(collect), "learn_s": statistics.median(learn_s),
             "frames": cfg.batch_size * cfg.unroll_length}

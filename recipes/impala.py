@@ -48,6 +48,20 @@ def time_major(unrolls: TensorDictBase) -> TensorDict:
     return unrolls.apply(lambda leaf: leaf.transpose(0, 1), batch_size=[length, count])
 
 
+def unroll_by_unroll(leaf: torch.Tensor) -> torch.Tensor:
+    """A ``[time, unroll, ...]`` leaf as one dim of steps, unroll after unroll: a view where the unrolls are the
+    queue's rows (:func:`time_major`), so the network's input is not copied to be flattened."""
+    return leaf.transpose(0, 1).flatten(0, 1)
+
+
+def unrolls_at(steps: TensorDictBase, columns: torch.Tensor) -> TensorDict:
+    """The unrolls ``columns`` of a ``[time, unroll]`` batch, each copied whole: one block per unroll where the batch
+    is a view of the learner queue's rows (:func:`time_major`), where indexing the time-major view copies each step
+    apart (4 unrolls of 32 Atari frame stacks: 0.1 ms against 2.2 ms on one thread)."""
+    return steps.apply(lambda leaf: leaf.transpose(0, 1).index_select(0, columns).transpose(0, 1),
+                       batch_size=[steps.shape[0], len(columns)])
+
+
 def within_lag(unrolls: TensorDictBase, version: int, max_policy_lag: int | None) -> tuple[TensorDictBase, torch.Tensor,
                                                                                            int]:
     """The unrolls no step of which was acted more than ``max_policy_lag`` versions behind ``version``, the lag of
@@ -78,9 +92,9 @@ def impala_loss(steps: TensorDictBase, learner: Learner, cfg: IMPALAConfig) -> t
     actor = learner.policy.actor
     length, width = steps.shape
     obs, nxt = steps.get("observation"), steps.get("next")
-    dist, values = learner.dist_and_value(obs.flatten(0, 1))
-    values = values.reshape(length, width)
-    log_pi = actor.log_prob(dist, steps.get("action").flatten(0, 1)).reshape(length, width)
+    dist, values = learner.dist_and_value(unroll_by_unroll(obs))
+    values = values.reshape(width, length).t()
+    log_pi = actor.log_prob(dist, unroll_by_unroll(steps.get("action"))).reshape(width, length).t()
     entropy = actor.entropy(dist).mean()
     done, terminated = nxt.get("done"), nxt.get("terminated")
     with torch.no_grad():
@@ -122,7 +136,7 @@ def learn(steps: TensorDictBase, learner: Learner, optimizer: torch.optim.Optimi
     per_minibatch = steps.shape[1] // cfg.num_minibatches
     for _ in range(cfg.update_epochs):
         for columns in torch.randperm(steps.shape[1]).split(per_minibatch):
-            loss, losses = impala_loss(steps[:, columns], learner, cfg)
+            loss, losses = impala_loss(unrolls_at(steps, columns), learner, cfg)
             optimizer.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(learner.parameters(), cfg.max_grad_norm)
@@ -139,7 +153,7 @@ def run(cfg: IMPALAConfig, clients: Clients) -> dict:
     torch.manual_seed(clients.seed)
     device = torch.device(cfg.device)
     learner = Learner(cfg, clients.env_spec).to(device)
-    optimizer = torch.optim.Adam(learner.parameters(), lr=cfg.lr, eps=1e-5)
+    optimizer = learner.optimizer(cfg.lr)
     stats = EpisodeStats(cfg.window)
     updates, dropped, idle = 0, 0, 0.0
     restored = clients.checkpoint.restore()  # None for a fresh start

@@ -153,6 +153,12 @@ class Learner(nn.Module):
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         return self.critic(obs).squeeze(-1)
 
+    def optimizer(self, lr: float) -> torch.optim.Optimizer:
+        """Adam as the recipes train with it: CleanRL's ``eps`` 1e-5, fused (one kernel per step: on one CPU thread
+        the Nature CNN's step with its gradient clip takes 1.4 ms against 10 ms for torch's default multi-tensor
+        Adam, which two threads speed up by a quarter only)."""
+        return torch.optim.Adam(self.parameters(), lr=lr, eps=1e-5, fused=True)
+
     def fold_in(self, observations: torch.Tensor) -> None:
         """Fold observations ``[..., *observation_shape]`` into the policy's running statistics, where it normalises
         them (the recipes call it after learning from a batch, with the statistics it was acted with)."""
@@ -300,7 +306,7 @@ def run(cfg: PPOConfig, clients: Clients) -> dict:
     torch.manual_seed(clients.seed)
     device = torch.device(cfg.device)
     learner = Learner(cfg, clients.env_spec).to(device)
-    optimizer = torch.optim.Adam(learner.parameters(), lr=cfg.lr, eps=1e-5, fused=True)
+    optimizer = learner.optimizer(cfg.lr)
     stats = EpisodeStats(cfg.window)
     scale = ReturnScale(cfg.gamma) if cfg.normalize_rewards else None
     restored = clients.checkpoint.restore()  # None for a fresh start
