@@ -82,6 +82,12 @@ def in_child(module: str, call: str, timeout: float) -> dict:
     return peer_json([sys.executable, "-c", code], timeout, quiet=True)
 
 
+def steady_rate(result: dict) -> float | None:
+    """The frames/s a benchmark reports for a run: its rate after the start (``steady_fps``: ours from the second
+    batch on, Sample Factory's after its first training iteration), the whole run's where a run is too short for it."""
+    return result.get("steady_fps") or result.get("fps")
+
+
 def launcher_summary(overrides: list[str], timeout: float) -> dict:
     """``python -m launcher *overrides`` in a run directory of its own (removed after); its ``summary.json``."""
     with tempfile.TemporaryDirectory(prefix="bench_run_") as run_dir:

@@ -35,7 +35,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from _common import in_child, launcher_summary, sample_factory_appo  # noqa: E402 (benchmarks/_common.py)
+from _common import in_child, launcher_summary, sample_factory_appo, steady_rate  # noqa: E402 (benchmarks/_common.py)
 from _results import Results, say, show  # noqa: E402 (benchmarks/_results.py, beside this script)
 
 ENV_ID = "ALE/Breakout-v5"
@@ -145,7 +145,7 @@ def recipe_phases(recipe: str, updates: int, seed: int, backend: str = "gymnasiu
 def run_ours(recipe: str, overrides: list[str], frames: int, seed: int, timeout: float) -> dict:
     summary = launcher_summary([f"+recipe={recipe}", "env=atari", f"seed={seed}", f"recipe.total_frames={frames}",
                                 "launcher.progress=false", "launcher.plot=false", *overrides], timeout)
-    return {"fps": summary.get("steady_fps") or summary["fps"], "whole_fps": summary["fps"],
+    return {"fps": steady_rate(summary), "whole_fps": summary["fps"],
             "frames": summary["frames"], "return": summary["final_mean_return"], "episodes": summary["episodes"]}
 
 
@@ -153,7 +153,7 @@ def run_sample_factory(python: str, frames: int, seed: int, timeout: float) -> d
     result = sample_factory_appo(python, frames, seed, timeout, wrappers="ours")
     # its rate once training started (its worker processes spawned, its first batch collected): what it gains from
     # leaving out its start-up is more than what ours leaves out (the services' start), never less
-    return {"fps": result["steady_fps"] or result["fps"], "frames": result["frames"],
+    return {"fps": steady_rate(result), "frames": result["frames"],
             "return": result["mean_return_last"], "episodes": result["episodes"]}
 
 

@@ -29,8 +29,8 @@ depend on the seed and the frames, not on the machine's load, so a recorded curv
 the others; its frames/s belongs to its own run.
 
 Frames/s are each run's rate from its second batch on (the recipes' ``steady_fps``; Sample Factory's after its first
-training iteration). Frames count agent steps, as the recipes and CleanRL's ``global_step`` do: on Atari each is 4 emulator frames
-(frame skip 4); MinAtar and MuJoCo have no frame skip. Presets (``conf/recipe_env``): ``minatar``
+training iteration). Frames count agent steps, as the recipes and CleanRL's ``global_step`` do: on Atari each is 4
+emulator frames (frame skip 4); MinAtar and MuJoCo have no frame skip. Presets (``conf/recipe_env``): ``minatar``
 (MinAtar/Breakout-v1), ``breakout`` (ALE/Breakout-v5), ``pong`` (ALE/Pong-v5), ``halfcheetah`` (HalfCheetah-v5);
 each recipe runs with its own settings for the env (``conf/recipe_env/<recipe>_<env>.yaml``).
 """
@@ -50,7 +50,7 @@ from dataclasses import dataclass
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from _common import run_child, sample_factory_appo  # noqa: E402 (benchmarks/_common.py, beside this script)
+from _common import run_child, sample_factory_appo, steady_rate  # noqa: E402 (benchmarks/_common.py)
 from _results import Results, say, show  # noqa: E402 (benchmarks/_results.py, beside this script)
 
 
@@ -116,7 +116,7 @@ def run_one(preset: Preset, placement: list[str], seed: int, frames: int, extra:
         start = time.monotonic()
         run_child(command, timeout, quiet=True)
         job = read_job(run_dir)
-        return {"curve": job.curve, "fps": job.summary.get("steady_fps") or job.summary.get("fps"), "wall_s": time.monotonic() - start,
+        return {"curve": job.curve, "fps": steady_rate(job.summary), "wall_s": time.monotonic() - start,
                 "frames": job.summary.get("frames")}
 
 
@@ -280,7 +280,7 @@ def main() -> None:
             result = sample_factory_appo(args.sf_python, frames, seed, args.timeout, wrappers="ours",
                                          env=f"atari_{game}")
             result["curve"] = sample_factory_curve(result)
-            result["fps"] = result["steady_fps"] or result["fps"]
+            result["fps"] = steady_rate(result)
             print(f"{SF_LABEL:>28} seed={seed}: {result['frames']:,} frames ({result['fps']:,.0f} frames/s), "
                   f"{result['episodes']} games, final mean return {result['mean_return_last'] or float('nan'):.2f}",
                   file=sys.stderr, flush=True)
