@@ -238,6 +238,7 @@ def main() -> None:
     grid = [round(frames * (i + 1) / POINTS) for i in range(POINTS)]
     series, bands, rows, per_seed = {}, {}, [], []
     several = len(args.recipes) > 1 or bool(args.sf_python)
+    at_once = min(args.jobs, len(args.seeds))  # the seeds of a row run at once; the rows one after another
     labels = [(recipe, placement, f"{recipe} {placement}" if several else placement)
               for recipe in args.recipes for placement in args.services]
     recorded = ({} if args.ppo_from is None else
@@ -259,7 +260,7 @@ def main() -> None:
             rows.append(found["row"])
             per_seed += found["per_seed"]
             continue
-        extra = [*args.override, *(["launcher.torch_threads=1"] if args.jobs > 1 else [])]
+        extra = [*args.override, *(["launcher.torch_threads=1"] if at_once > 1 else [])]
 
         def one(seed: int, label: str = label, extra: list[str] = extra, recipe: str = recipe,
                 placement: str = placement) -> dict:
@@ -295,8 +296,8 @@ def main() -> None:
     names = " and ".join([r.upper() for r in args.recipes] + (["Sample Factory's APPO"] if args.sf_python else []))
     title = (f"{names} on {env_id}, {frames:,} {preset.unit}, seeds {args.seeds}: median mean return of recent "
              f"episodes [range over seeds], and training frames/s")
-    show(rec, title, columns, rows, note="" if args.jobs == 1 else
-         f"{args.jobs} seeds ran at once on one torch thread each: frames/s shares the cores among them.")
+    show(rec, title, columns, rows, note="" if at_once == 1 else
+         f"{at_once} seeds ran at once on one torch thread each: frames/s shares the cores among them.")
     show(rec, f"Each seed: mean return of recent episodes at {', '.join(f'{grid[i]:,}' for i in READ_AT)} frames",
          ["run" if several else "placement", "seed", *returns_at, "frames/s"], per_seed)
     rec.plot("curves", f"{names} on {env_id}: median over seeds {args.seeds}, shaded: their range", x=grid,
