@@ -175,6 +175,9 @@ def test_a_killed_process_worker_restarts_and_no_acknowledged_write_is_lost(sync
             second = collector.hosts[1].pid
             assert second != first and collector.is_alive
             os.kill(second, signal.SIGKILL)  # its one restart is spent: now the death surfaces
+            # dead before the next batches are asked for: a worker collecting ahead (prefetch) answers at once, and
+            # could answer every one of them while a loaded machine is still ending the other
+            wait_until(lambda: proc_state(second) in ("gone", "Z"), what="the restarted worker dead")
             with pytest.raises(PeerFailureError, match="collector-1"):
                 for _ in range(4):
                     next(batches)
