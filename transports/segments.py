@@ -109,6 +109,12 @@ class SlotBank:
         self.segment.close()
 
 
+def creator_of(name: str) -> int | None:
+    """The pid of the process that created segment ``name``; ``None`` for a name not of this module."""
+    pid = name[len(SHM_PREFIX):].split("_", 1)[0] if name.startswith(SHM_PREFIX) else ""
+    return int(pid) if pid.isdigit() else None
+
+
 def segments_of(pids) -> list[str]:
     """Names of the segments that processes ``pids`` created and that still exist."""
     prefixes = tuple(f"{SHM_PREFIX}{pid}_" for pid in pids)
@@ -128,8 +134,8 @@ def remove_orphans() -> list[str]:
     except FileNotFoundError:
         return removed
     for name in names:
-        pid = name[len(SHM_PREFIX):].split("_", 1)[0]
-        if name.startswith(SHM_PREFIX) and pid.isdigit() and not pid_alive(int(pid)):
+        pid = creator_of(name)
+        if pid is not None and not pid_alive(pid):
             try:
                 os.unlink(os.path.join(_SHM_DIR, name))
                 removed.append(name)

@@ -4,18 +4,28 @@ A worker in another process of this machine writes each rollout in place into a 
 (:class:`RolloutSlots`: the rollout's layout, ``num_slots`` times) and answers with a :class:`Handoff`: the slot's
 index, plus the slots themselves the first time (they pickle by segment name and attach where they are unpickled).
 The driver copies the slot out once; nothing else travels per rollout. The worker owns the segment (it unlinks it
-when it closes, its resource tracker if it dies); the driver's attachment is closed with the collector.
+when it closes, its resource tracker if it dies); the driver's attachment is closed with the collector, or when a
+restarted worker's slots replace it. A worker can also die with its tracker (Ray ends a dead actor's process group,
+tracker included, and may do so before the tracker unlinks anything): the driver then unlinks what the ended
+worker left.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 
 from tensordict import TensorDict, TensorDictBase
 
 from transports.layout import Layout
-from transports.segments import Segment, SlotBank
+from transports.segments import Segment, SlotBank, creator_of, remove_segments_left_by, segments_of
+
+log = logging.getLogger(__name__)
+
+LEFT_SLOTS_WAIT_S = 2.0
+"""How long the driver waits for a worker that left its slots behind as it stopped to end (a killed one has; one
+being stopped is killed by its host) before it unlinks them; a worker still running then keeps its own."""
 
 
 class RolloutSlots:
@@ -111,11 +121,21 @@ class Received:
         if value.slots is not None:  # a (re)started worker's slots: they replace the previous ones
             old = self.slots.pop(worker, None)
             if old is not None:
-                old.close()
+                _release([old])
             self.slots[worker] = value.slots
         return self.slots[worker].copy(value.index)
 
     def close(self) -> None:
-        for slots in self.slots.values():
-            slots.close()
+        """Detach from every worker's slots (after the workers were stopped)."""
+        _release(list(self.slots.values()))
         self.slots = {}
+
+
+def _release(slots: list[RolloutSlots]) -> None:
+    """Detach from ``slots``, and unlink those whose worker ended without unlinking them."""
+    for each in slots:
+        each.close()
+    pids = {creator_of(each.bank.segment.name) for each in slots}
+    if left := [pid for pid in pids if pid != os.getpid() and segments_of([pid])]:
+        if removed := remove_segments_left_by(left, LEFT_SLOTS_WAIT_S):
+            log.info("collector: unlinked the slots its ended workers left: %s", ", ".join(removed))

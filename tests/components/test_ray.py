@@ -20,6 +20,7 @@ from components.hosts import Resources
 from components.registry import RayServiceRegistry
 from components.replay import ReplayBuffer
 from components.weight_sync import WeightSync
+from transports.segments import segments_of
 
 from tests.helpers import our_live_actors, run_cli, wait_until
 from tests.factories import CartPolePolicy, LocalPolicy, cartpole_envs, crashing_envs, echo_factory
@@ -240,22 +241,39 @@ def test_a_restartable_worker_resumes_after_kill_9_and_no_acknowledged_write_is_
         assert len(rb.client()) >= acknowledged  # an interrupted rollout may have been written twice, never lost
 
 
+def test_a_replaced_worker_s_slots_are_unlinked_though_its_tracker_died_with_it():
+    collector = Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=8, total_frames=-1, num_collectors=1,
+                          placement="ray").with_resources(Resources(max_restarts=1)).start()
+    try:
+        collector.rollout()
+        killed = collector.hosts[0].pid
+        assert segments_of([killed]), "the worker hands its rollouts over through slots of its own"
+        os.killpg(os.getpgid(killed), signal.SIGKILL)  # its resource tracker too, as Ray ends a dead worker's group
+        assert collector.rollout().batch_size == (4, 2)  # retried on the restarted worker
+        assert segments_of([killed]) == [], "the killed worker's slots are unlinked as it is replaced"
+    finally:
+        collector.shutdown()
+
+
 def test_a_worker_without_restarts_is_a_peer_failure():
     collector = Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=8, total_frames=-1, num_collectors=1,
                           placement="ray").start()
     try:
         collector.rollout()
         pid = collector.hosts[0].pid
-        os.kill(pid, signal.SIGKILL)
+        assert segments_of([pid]), "the worker hands its rollouts over through slots of its own"
+        pgid = os.getpgid(pid)
+        assert pgid != os.getpgid(0), "Ray gives each worker a process group of its own"
+        # the worker and its resource tracker at once, as Ray itself ends a dead worker's process group: no tracker
+        # is left to unlink the worker's slots
+        os.killpg(pgid, signal.SIGKILL)
         start = time.monotonic()
         with pytest.raises(PeerFailureError):
             collector.rollout()
         assert time.monotonic() - start < 5.0
     finally:
         collector.shutdown()
-    from transports.segments import segments_of
-
-    wait_until(lambda: segments_of([pid]) == [], timeout=10, what="the killed worker's slots are removed")
+    assert segments_of([pid]) == [], "the killed worker's slots are unlinked by the driver it handed rollouts to"
 
 
 # ---------------------------------------------------------------------------------------------- registry

@@ -8,7 +8,7 @@ import torch
 from tensordict import TensorDict
 
 from transports import Layout
-from transports.segments import SlotBank
+from transports.segments import SHM_PREFIX, Segment, SlotBank, creator_of, segments_of
 
 
 def _mapped(name: str) -> bool:
@@ -29,3 +29,14 @@ def test_tensors_viewing_a_closed_bank_stay_valid_until_they_go():
     del view
     gc.collect()
     assert not _mapped(name)  # gone with its last view
+
+
+def test_a_segment_names_the_process_that_created_it():
+    segment = Segment(8)
+    try:
+        assert creator_of(segment.name) == os.getpid()
+        assert segments_of([os.getpid()]) == [segment.name]
+    finally:
+        segment.close()
+    assert segments_of([os.getpid()]) == []
+    assert creator_of("psm_1234") is None and creator_of(f"{SHM_PREFIX}x_1") is None  # not a name of this module
