@@ -178,7 +178,9 @@ def remove_segments_of(pid: int, *, tracked_here: bool = True) -> list[str]:
 
 def remove_segments_left_by(pids, wait: float) -> list[str]:
     """Wait up to ``wait`` seconds for processes ``pids`` (each with its own resource tracker) to end, then unlink
-    the segments the ended ones left; a process still running keeps its own. Returns the names unlinked."""
+    the segments the ended ones left; a process still running keeps its own. Returns the names unlinked. A process
+    that left none (it unlinked its own as it stopped) is not waited for."""
+    pids = [pid for pid in pids if segments_of([pid])]
     deadline = time.monotonic() + wait
     while any(map(pid_alive, pids)) and time.monotonic() < deadline:
         time.sleep(0.05)

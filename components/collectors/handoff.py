@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from tensordict import TensorDict, TensorDictBase
 
 from transports.layout import Layout
-from transports.segments import Segment, SlotBank, creator_of, remove_segments_left_by, segments_of
+from transports.segments import Segment, SlotBank, creator_of, remove_segments_left_by
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,6 @@ def _release(slots: list[RolloutSlots]) -> None:
     """Detach from ``slots``, and unlink those whose worker ended without unlinking them."""
     for each in slots:
         each.close()
-    pids = {creator_of(each.bank.segment.name) for each in slots}
-    if left := [pid for pid in pids if pid != os.getpid() and segments_of([pid])]:
-        if removed := remove_segments_left_by(left, LEFT_SLOTS_WAIT_S):
-            log.info("collector: unlinked the slots its ended workers left: %s", ", ".join(removed))
+    workers = {creator_of(each.bank.segment.name) for each in slots} - {os.getpid()}
+    if removed := remove_segments_left_by(workers, LEFT_SLOTS_WAIT_S):
+        log.info("collector: unlinked the slots its ended workers left: %s", ", ".join(removed))
