@@ -96,17 +96,26 @@ def launcher_summary(overrides: list[str], timeout: float) -> dict:
             return json.load(f)
 
 
-def sample_factory_appo(python: str, frames: int, seed: int, timeout: float, wrappers: str = "sf",
-                        env: str = "atari_breakout") -> dict:
-    """Sample Factory 2.1.1's APPO on an Atari game (``benchmarks/sample_factory_peer.py``, run by ``python``, the
-    interpreter of its own venv) for ``frames`` agent steps, making the update our APPO makes on Atari: the samples
-    per update, minibatches and passes of ``conf/recipe_env/appo_atari.yaml``. ``wrappers``: ``sf`` for SF's own
-    Atari stack, ``ours`` for the game as ``env=atari`` plays it. The peer's JSON result."""
+def sample_factory_update(overrides: list[str] = ()) -> list[str]:
+    """Sample Factory's arguments for the update our APPO makes on Atari: the samples per update, minibatches and
+    passes of ``conf/recipe_env/appo_atari.yaml``, with the ``recipe.<key>=<value>`` launcher overrides among
+    ``overrides`` (``+`` / ``++`` forms too) applied to it; other overrides are not the update's and are ignored."""
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.load(os.path.join(ROOT, "conf", "recipe_env", "appo_atari.yaml"))
-    update = ["--batch-size", str(cfg.batch_size * cfg.unroll_length), "--minibatches", str(cfg.num_minibatches),
-              f"--num_epochs={cfg.update_epochs}"]
+    ours = [o.lstrip("+").removeprefix("recipe.") for o in overrides if o.lstrip("+").startswith("recipe.")]
+    cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(ours))
+    return ["--batch-size", str(cfg.batch_size * cfg.unroll_length), "--minibatches", str(cfg.num_minibatches),
+            f"--num_epochs={cfg.update_epochs}"]
+
+
+def sample_factory_appo(python: str, frames: int, seed: int, timeout: float, wrappers: str = "sf",
+                        env: str = "atari_breakout", overrides: list[str] = ()) -> dict:
+    """Sample Factory 2.1.1's APPO on an Atari game (``benchmarks/sample_factory_peer.py``, run by ``python``, the
+    interpreter of its own venv) for ``frames`` agent steps, making the update our APPO makes on Atari
+    (:func:`sample_factory_update`, ``overrides`` applied). ``wrappers``: ``sf`` for SF's own Atari stack, ``ours``
+    for the game as ``env=atari`` plays it. The peer's JSON result."""
+    update = sample_factory_update(overrides)
     return peer_json([python, os.path.join(ROOT, "benchmarks", "sample_factory_peer.py"), "--frames", str(frames),
                       "--seed", str(seed), "--wrappers", wrappers, "--env", env, *update], timeout, quiet=True)
 

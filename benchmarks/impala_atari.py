@@ -77,10 +77,12 @@ def bound_key(recipe: str, backend: str) -> str:
     return recipe if backend == "gymnasium" else f"{recipe} {backend}"
 
 
-def recipe_phases(recipe: str, updates: int, seed: int, backend: str = "gymnasium") -> dict:
+def recipe_phases(recipe: str, updates: int, seed: int, backend: str = "gymnasium",
+                  overrides: tuple[str, ...] = ()) -> dict:
     """``recipe``'s collect and learn seconds per update on one torch thread (medians, the first update excluded:
     it warms up), and the frames of one update; its envs on ``backend``, a threaded one (``ale_vector``,
-    ``envpool``) on one thread of its own too."""
+    ``envpool``) on one thread of its own too; ``overrides``: more launcher overrides (``--override``), composed
+    as the rows compose them."""
     import torch
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
@@ -98,7 +100,7 @@ def recipe_phases(recipe: str, updates: int, seed: int, backend: str = "gymnasiu
     with initialize_config_module(config_module="conf", version_base=None):
         composed = compose(config_name="config", overrides=normalize_argv(
             [f"+recipe={recipe}", "env=atari", f"env.backend={backend}"]
-            + ([] if backend == "gymnasium" else ["++env.kwargs.num_threads=1"])))
+            + ([] if backend == "gymnasium" else ["++env.kwargs.num_threads=1"]) + list(overrides)))
     cfg = OmegaConf.to_object(composed.recipe)
     maker = EnvMaker.from_config(composed.env)
     envs = maker.vector(cfg.num_envs)
@@ -149,8 +151,8 @@ def run_ours(recipe: str, overrides: list[str], frames: int, seed: int, timeout:
             "frames": summary["frames"], "return": summary["final_mean_return"], "episodes": summary["episodes"]}
 
 
-def run_sample_factory(python: str, frames: int, seed: int, timeout: float) -> dict:
-    result = sample_factory_appo(python, frames, seed, timeout, wrappers="ours")
+def run_sample_factory(python: str, frames: int, seed: int, timeout: float, overrides: list[str] = ()) -> dict:
+    result = sample_factory_appo(python, frames, seed, timeout, wrappers="ours", overrides=overrides)
     # its rate once training started (its worker processes spawned, its first batch collected): what it gains from
     # leaving out its start-up is more than what ours leaves out (the services' start), never less
     return {"fps": steady_rate(result), "frames": result["frames"],
@@ -165,7 +167,15 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--sf-python", default=None, help="the python of Sample Factory's venv (no SF row without it)")
     parser.add_argument("--phase-updates", type=int, default=4, help="updates timed for each recipe's bound")
     parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--override", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="more launcher overrides for the IMPALA and APPO rows, their overlap bounds and Sample "
+                             "Factory's update (its recipe.* keys); PPO's rows, the reference, keep their settings")
     return parser
+
+
+def row_overrides(recipe: str, overrides: list[str], more: list[str]) -> list[str]:
+    """A row's launcher overrides: its own, then ``--override``'s unless it is one of PPO's reference rows."""
+    return [*overrides, *([] if recipe == "ppo" else more)]
 
 
 def _spread(values: list, fmt: str = ",.0f") -> str:
@@ -193,14 +203,17 @@ def main() -> None:
     for seed in args.seeds:
         for recipe, backend in phases:
             phases[recipe, backend].append(in_child(
-                "impala_atari", f"recipe_phases({recipe!r}, {args.phase_updates}, {seed}, {backend!r})", args.timeout))
+                "impala_atari", f"recipe_phases({recipe!r}, {args.phase_updates}, {seed}, {backend!r}, "
+                f"{tuple(args.override)!r})", args.timeout))
             p = phases[recipe, backend][-1]
             print(f"{bound_key(recipe, backend) + ' phases':>40} seed={seed}: collect {p['collect_s']:.2f} s + learn "
                   f"{p['learn_s']:.2f} s per update of {p['frames']} frames on one thread", file=sys.stderr, flush=True)
         for label, recipe, overrides in rows:
-            results[label].append(run_ours(recipe, overrides, args.frames, seed, args.timeout))
+            results[label].append(run_ours(recipe, row_overrides(recipe, overrides, args.override), args.frames,
+                                           seed, args.timeout))
         if args.sf_python:
-            results[labels[-1]].append(run_sample_factory(args.sf_python, args.frames, seed, args.timeout))
+            results[labels[-1]].append(run_sample_factory(args.sf_python, args.frames, seed, args.timeout,
+                                                          args.override))
         for label in labels:
             r = results[label][-1]
             whole = f" ({r['whole_fps']:,.0f} over the whole run)" if "whole_fps" in r else ""
@@ -222,8 +235,9 @@ def main() -> None:
                  f"{timed[0]['frames']} frames, each on one torch thread, {cores} cores: {bounds[key]:,.0f} frames/s.")
     sync = [label for label, recipe, _ in rows if recipe == "ppo"]
     best_sync = max((_median([r["fps"] for r in results[label]]) for label in sync), default=None)
-    title = (f"IMPALA and APPO on {ENV_ID} from pixels, {args.frames:,} frames per run, seeds {args.seeds}: median "
-             "frames/s and mean return of the last 100 episodes [range]")
+    title = (f"IMPALA and APPO on {ENV_ID} from pixels, {args.frames:,} frames per run, seeds {args.seeds}"
+             + (f", IMPALA and APPO with {' '.join(args.override)}" if args.override else "")
+             + ": median frames/s and mean return of the last 100 episodes [range]")
     columns = ["row", "frames/s", "range", "x best sync PPO", "of own bound", "return", "range"]
     table = []
     for label in labels:

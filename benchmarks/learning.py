@@ -19,8 +19,9 @@ Published figures are printed beside them, with the frame count they were measur
 
 ``--sf-python PYTHON`` (Atari presets) adds Sample Factory 2.1.1's APPO (``benchmarks/sample_factory_peer.py``, run
 by the interpreter of its own venv) on each seed, on the game as ``env=atari`` plays it (``--wrappers ours``: sticky
-actions, no end on a lost life, no FIRE at reset), making our APPO's update (``conf/recipe_env/appo_atari.yaml``);
-its curve is the mean return of its last 100 games, at the agent steps SF had counted when each ended.
+actions, no end on a lost life, no FIRE at reset), making our APPO's update (``conf/recipe_env/appo_atari.yaml``,
+with ``--override``'s ``recipe.*`` keys); its curve is the mean return of its last 100 games, at the agent steps SF
+had counted when each ended.
 
 ``--ppo-from N`` reads PPO's rows from run N of the results file (``benchmarks/results/learning_<preset>.json``,
 1 the oldest kept) instead of training PPO again: the run must have had the same budget, seeds and placement (it
@@ -279,7 +280,7 @@ def main() -> None:
 
         def peer(seed: int) -> dict:
             result = sample_factory_appo(args.sf_python, frames, seed, args.timeout, wrappers="ours",
-                                         env=f"atari_{game}")
+                                         env=f"atari_{game}", overrides=args.override)
             result["curve"] = sample_factory_curve(result)
             result["fps"] = steady_rate(result)
             print(f"{SF_LABEL:>28} seed={seed}: {result['frames']:,} frames ({result['fps']:,.0f} frames/s), "

@@ -83,3 +83,33 @@ def test_ppo_s_rows_are_read_from_a_recorded_run_of_the_same_budget_and_seeds_on
             learning.recorded_ppo("breakout", 1, frames, seeds, placements, str(tmp_path))
     with pytest.raises(SystemExit, match="holds runs 1-1"):
         learning.recorded_ppo("breakout", 2, 300, [0, 1], ["process/local_policy"], str(tmp_path))
+
+
+def test_an_override_of_the_appo_update_reaches_sample_factory_s_update_and_nothing_else_does():
+    import _common
+
+    base = _common.sample_factory_update()
+    assert "--num_epochs=2" in base  # conf/recipe_env/appo_atari.yaml's passes
+    changed = _common.sample_factory_update(["recipe.update_epochs=4", "++recipe.num_minibatches=4", "seed=3",
+                                             "components.collector.local_policy=true"])
+    assert "--num_epochs=4" in changed
+    assert changed[changed.index("--minibatches") + 1] == "4"
+    assert changed[changed.index("--batch-size") + 1] == base[base.index("--batch-size") + 1]
+
+
+def test_the_impala_atari_override_leaves_ppo_s_reference_rows_alone():
+    import impala_atari
+
+    more = ["recipe.update_epochs=4"]
+    assert impala_atari.row_overrides("ppo", ["service=direct"], more) == ["service=direct"]
+    assert impala_atari.row_overrides("appo", ["service=process"], more) == ["service=process", *more]
+
+
+@pytest.mark.slow
+def test_the_impala_atari_override_reaches_the_overlap_bound_s_phases():
+    from _common import in_child
+
+    # composed with the override, as the rows are: a smaller update times fewer frames
+    phases = in_child("impala_atari", "recipe_phases('appo', 2, 0, 'gymnasium', ('recipe.num_envs=2', "
+                      "'recipe.unroll_length=8', 'recipe.batch_size=2'))", timeout=300)
+    assert phases["frames"] == 16 and phases["collect_s"] > 0 and phases["learn_s"] > 0
