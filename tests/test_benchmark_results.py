@@ -89,7 +89,7 @@ def test_an_override_of_the_appo_update_reaches_sample_factory_s_update_and_noth
     import _common
 
     base = _common.sample_factory_update()
-    assert "--num_epochs=2" in base  # conf/recipe_env/appo_atari.yaml's passes
+    assert "--num_epochs=3" in base  # conf/recipe_env/appo_atari.yaml's passes
     changed = _common.sample_factory_update(["recipe.update_epochs=4", "++recipe.num_minibatches=4", "seed=3",
                                              "components.collector.local_policy=true"])
     assert "--num_epochs=4" in changed

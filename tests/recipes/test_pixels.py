@@ -117,7 +117,7 @@ def test_the_minatar_plan_keeps_grids_in_bytes(compose_cfg):
     ("impala", "minatar", (16, 32, 8, 1, 1, 2e-3, None, False, 1, False)),
     ("appo", "minatar", (16, 32, 16, 4, 4, 5e-4, 0.2, False, 1, False)),
     ("impala", "atari", (8, 32, 8, 1, 1, 6e-4, None, True, 1, False)),
-    ("appo", "atari", (8, 32, 8, 2, 2, 2.5e-4, 0.1, True, 1, True)),
+    ("appo", "atari", (8, 32, 8, 3, 2, 5e-4, 0.1, True, 1, True)),
 ])
 def test_impala_and_appo_take_their_own_settings_for_each_pixel_env(recipe, env, settings, compose_cfg):
     plan = build_plan(compose_cfg(f"+recipe={recipe}", f"env={env}"))
