@@ -96,15 +96,19 @@ def launcher_summary(overrides: list[str], timeout: float) -> dict:
             return json.load(f)
 
 
-def sample_factory_update(overrides: list[str] = ()) -> list[str]:
-    """Sample Factory's arguments for the update our APPO makes on Atari: the samples per update, minibatches and
-    passes of ``conf/recipe_env/appo_atari.yaml``, with the ``recipe.<key>=<value>`` launcher overrides among
-    ``overrides`` (``+`` / ``++`` forms too) applied to it; other overrides are not the update's and are ignored."""
-    from omegaconf import OmegaConf
+def compose_launcher(overrides: list[str]):
+    """The config ``python -m launcher *overrides`` composes (``+recipe=...`` accepted as the launcher accepts it)."""
+    from launcher.conventions import normalize_argv
+    from launcher.preflight import compose
 
-    cfg = OmegaConf.load(os.path.join(ROOT, "conf", "recipe_env", "appo_atari.yaml"))
-    ours = [o.lstrip("+").removeprefix("recipe.") for o in overrides if o.lstrip("+").startswith("recipe.")]
-    cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(ours))
+    return compose(normalize_argv(list(overrides)))
+
+
+def sample_factory_update(overrides: list[str] = ()) -> list[str]:
+    """Sample Factory's arguments for the update our APPO makes on Atari (``+recipe=appo env=atari``, settings
+    ``conf/recipe_env/appo_atari.yaml``, with the launcher ``overrides`` composed in): its samples per update,
+    minibatches and passes."""
+    cfg = compose_launcher(["+recipe=appo", "env=atari", *overrides]).recipe
     return ["--batch-size", str(cfg.batch_size * cfg.unroll_length), "--minibatches", str(cfg.num_minibatches),
             f"--num_epochs={cfg.update_epochs}"]
 

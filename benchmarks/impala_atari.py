@@ -35,7 +35,8 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from _common import in_child, launcher_summary, sample_factory_appo, steady_rate  # noqa: E402 (benchmarks/_common.py)
+from _common import (  # noqa: E402 (benchmarks/_common.py)
+    compose_launcher, in_child, launcher_summary, sample_factory_appo, steady_rate)
 from _results import Results, say, show  # noqa: E402 (benchmarks/_results.py, beside this script)
 
 ENV_ID = "ALE/Breakout-v5"
@@ -84,23 +85,17 @@ def recipe_phases(recipe: str, updates: int, seed: int, backend: str = "gymnasiu
     ``envpool``) on one thread of its own too; ``overrides``: more launcher overrides (``--override``), composed
     as the rows compose them."""
     import torch
-    from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
     from tensordict import TensorDict
 
-    import launcher.schema
     from components.envs import EnvMaker
-    from launcher.conventions import normalize_argv
     from recipes.impala import learn, time_major, unrolls_of
     from recipes.ppo import Learner, make_policy
 
     torch.set_num_threads(1)
     torch.manual_seed(seed)
-    launcher.schema.register()
-    with initialize_config_module(config_module="conf", version_base=None):
-        composed = compose(config_name="config", overrides=normalize_argv(
-            [f"+recipe={recipe}", "env=atari", f"env.backend={backend}"]
-            + ([] if backend == "gymnasium" else ["++env.kwargs.num_threads=1"]) + list(overrides)))
+    composed = compose_launcher([f"+recipe={recipe}", "env=atari", f"env.backend={backend}"]
+                                + ([] if backend == "gymnasium" else ["++env.kwargs.num_threads=1"]) + list(overrides))
     cfg = OmegaConf.to_object(composed.recipe)
     maker = EnvMaker.from_config(composed.env)
     envs = maker.vector(cfg.num_envs)
