@@ -109,6 +109,29 @@ def test_the_documentation_shows_commands():
 @pytest.mark.slow
 @pytest.mark.parametrize("where, command", LAUNCHER, ids=[f"{w}: {shlex.join(c)[:80]}" for w, c in LAUNCHER])
 def test_every_launcher_command_in_the_docs_plans(where, command, user_dir):
+    _assert_dry_run_plans(where, command, user_dir)
+
+
+ON_SUBMITIT = [(where, c) for where, c in LAUNCHER if "components.collector.placement=submitit" in c]
+
+
+@pytest.mark.parametrize("where, command", ON_SUBMITIT, ids=[f"{w}: {shlex.join(c)[:80]}" for w, c in ON_SUBMITIT])
+def test_a_submitit_command_in_the_docs_plans_with_no_slurm_here(where, command, user_dir, monkeypatch):
+    # a dry run may plan for a cluster this machine is not on: no sbatch on the PATH (whatever ran before put one there)
+    import shutil
+
+    monkeypatch.setenv("PATH", os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
+                                                if d and not os.path.exists(os.path.join(d, "sbatch"))))
+    assert shutil.which("sbatch") is None
+    _assert_dry_run_plans(where, command, user_dir)
+
+
+def test_the_docs_show_submitit_commands():
+    assert len(ON_SUBMITIT) >= 3, "no submitit command found: the extraction or the filter is broken"
+
+
+def _assert_dry_run_plans(where: str, command: list[str], user_dir) -> None:
+    """The command's dry run: every job composed and checked (phase 1), then planned and printed (phase 2)."""
     import contextlib
     import io
 

@@ -68,10 +68,7 @@ class SubmititSettings:
         if self.cluster not in ("slurm", "local"):
             raise ConfigurationError(f"submitit.cluster must be 'slurm' or 'local', got {self.cluster!r}",
                                      path="submitit.cluster", alternatives=("slurm", "local"))
-        if self.cluster == "slurm" and shutil.which("sbatch") is None:
-            raise ConfigurationError("collectors on 'submitit' submit Slurm jobs, but no sbatch is on the PATH: run "
-                                     "where Slurm is reachable, or set submitit.cluster=local to run the jobs as "
-                                     "local subprocesses", path="submitit.cluster")
+        # No check of this machine here: a dry run plans for a cluster it may not be on (see check_session).
 
 
 class SlurmUnavailable(Exception):
@@ -107,6 +104,18 @@ def slurm_answers(path: str, instead: str, timeout: float = 10.0) -> None:
                                  f"{instead}", path=path) from None
 
 
+def check_sbatch() -> None:
+    """Return if ``sbatch`` is on the PATH, else refuse naming ``submitit.cluster``.
+
+    Raises:
+        ConfigurationError: no ``sbatch`` on the PATH: run where Slurm is reachable, or ``submitit.cluster=local``.
+    """
+    if shutil.which("sbatch") is None:
+        raise ConfigurationError("collectors on 'submitit' submit Slurm jobs, but no sbatch is on the PATH: run "
+                                 "where Slurm is reachable, or set submitit.cluster=local to run the jobs as "
+                                 "local subprocesses", path="submitit.cluster")
+
+
 def job_parameters(settings: SubmititSettings, resources: Resources) -> dict[str, Any]:
     """submitit's parameters of one job: the host's ``resources`` (CPUs, GPUs) and ``submitit.*``."""
     params: dict[str, Any] = dict(timeout_min=settings.timeout_min, cpus_per_task=max(1, math.ceil(resources.num_cpus or 1)),
@@ -137,6 +146,8 @@ class _Session:
     def executor(self, resources: Resources):
         import submitit
 
+        if self.settings.cluster == "slurm":
+            check_sbatch()  # an owner built from Python, outside the launcher's check_here
         executor = submitit.AutoExecutor(folder=os.path.join(self.folder, "%j"), cluster=self.settings.cluster)
         executor.update_parameters(**job_parameters(self.settings, resources))
         return executor
@@ -183,9 +194,11 @@ class SubmititHost(ConnectedHost):
 
     @classmethod
     def check_session(cls, settings: Mapping[str, Any], placed: Mapping[str, Resources]) -> None:
-        """``submitit.*`` as the session reads it, and with ``cluster=slurm`` a controller that answers ``sinfo``
-        (else the jobs would be submitted to nothing, or not at all)."""
+        """``submitit.*`` as the session reads it, and with ``cluster=slurm`` an ``sbatch`` on the PATH and a
+        controller that answers ``sinfo`` (else the jobs would be submitted to nothing, or not at all). Run where the
+        plan runs, never by a dry run: a plan may be made on a machine that is not on the cluster."""
         if _settings(settings).cluster == "slurm":
+            check_sbatch()
             slurm_answers("submitit.cluster", "set submitit.cluster=local to run the jobs as local subprocesses")
 
     @classmethod

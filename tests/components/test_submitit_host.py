@@ -121,5 +121,7 @@ def test_settings_are_checked_before_anything_is_submitted(monkeypatch):
     with pytest.raises(ConfigurationError, match="submitit.cluster must be 'slurm' or 'local'"):
         SubmititSettings(cluster="lsf")
     monkeypatch.setenv("PATH", "/nonexistent")
+    assert SubmititSettings(cluster="slurm").cluster == "slurm"  # planning for a cluster needs none here (a dry run)
     with pytest.raises(ConfigurationError, match="no sbatch is on the PATH.*submitit.cluster=local"):
-        SubmititSettings(cluster="slurm")
+        SubmititHost.check_session({"cluster": "slurm"}, {})  # what the machine that runs the plan must offer
+    SubmititHost.check_session({"cluster": "local"}, {})

@@ -140,6 +140,21 @@ def test_collectors_on_slurm_with_no_controller_are_refused(monkeypatch, tmp_pat
     assert str(error).startswith("no Slurm controller answers here (sinfo") and "submitit.cluster=local" in str(error)
 
 
+def test_collectors_on_slurm_with_no_sbatch_plan_but_do_not_run(monkeypatch):
+    from launcher.slurm import own_jobs
+
+    monkeypatch.setenv("PATH", os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
+                                                if d and not os.path.exists(os.path.join(d, "sbatch"))))
+    argv = ("+recipe=ppo", "components.collector.placement=submitit")
+    (plan,) = [build_plan(cfg) for cfg in check_argv([*argv, "launcher.dry_run=true"])]  # a dry run plans for Slurm
+    assert "1 Slurm job (one array" in own_jobs(plan)[0]  # what the dry run prints of them
+    error = outcome(*argv)  # a run does not start: check_here finds no sbatch on this machine
+    assert isinstance(error, ConfigurationError) and error.path == "submitit.cluster", error
+    assert_short(error)
+    assert str(error).startswith("collectors on 'submitit' submit Slurm jobs, but no sbatch is on the PATH")
+    assert "submitit.cluster=local" in str(error)
+
+
 def test_a_run_directory_below_a_file_is_refused(tmp_path):
     (tmp_path / "afile").write_text("")
     error = outcome("+recipe=ppo", f"hydra.run.dir={tmp_path / 'afile' / 'run'}")
