@@ -105,7 +105,9 @@ def prepare(built, cfg: DictConfig, own_dir: str) -> Prepared:
         ConfigurationError: a resume that cannot be done, or a run directory a run still in progress writes into
             (before anything starts).
     """
-    from .checkpointing import resolve
+    from recipes.checkpoint import remove_leftovers
+
+    from .checkpointing import CHECKPOINT, resolve
     from .rundir import RunDirLock
     from .run import ensure_runnable
 
@@ -114,6 +116,8 @@ def prepare(built, cfg: DictConfig, own_dir: str) -> Prepared:
     # held until the run ends: no other run writes here meanwhile (checked before anything is written)
     lock = RunDirLock(resumed.run_dir, path="hydra.run.dir" if built.launcher.resume in (None, "auto")
                       else "launcher.resume")
+    if removed := remove_leftovers(os.path.join(resumed.run_dir, CHECKPOINT)):  # a write a kill -9 cut short
+        log.info("removed what an interrupted checkpoint write left: %s", ", ".join(removed))
     try:
         prepared = _write_plan(built, cfg, own_dir, resumed)
     except BaseException:
@@ -127,6 +131,7 @@ def prepare(built, cfg: DictConfig, own_dir: str) -> Prepared:
 
 def _write_plan(built, cfg: DictConfig, own_dir: str, resumed) -> Prepared:
     from .checkpointing import changed_settings
+    from .report import strict_json
 
     run_dir = resumed.run_dir
     if resumed.state is not None:
@@ -144,14 +149,24 @@ def _write_plan(built, cfg: DictConfig, own_dir: str, resumed) -> Prepared:
             return Prepared(resumed, finished)
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "resolved_config.yaml"), "w") as f:
-        f.write(OmegaConf.to_yaml(cfg, resolve=True))
+        f.write(OmegaConf.to_yaml(_as_run(cfg, built), resolve=True))
     with open(os.path.join(run_dir, "plan.txt"), "w") as f:
         f.write(built.render() + "\n")
     with open(os.path.join(run_dir, "plan.json"), "w") as f:
-        json.dump(built.to_dict(), f, indent=2)
+        json.dump(strict_json(built.to_dict()), f, indent=2, allow_nan=False)
     print(built.render(), flush=True)
     log.info("plan:\n%s", built.render())
     return Prepared(resumed)
+
+
+def _as_run(cfg: DictConfig, built) -> DictConfig:
+    """``cfg`` with what the recipe sets of each component in place of what the YAML said (APPO's collector runs
+    ``sync: false`` whatever ``components.collector.sync`` says): ``resolved_config.yaml`` shows what runs."""
+    written = cfg.copy()
+    for name, values in built.recipe_sets.items():
+        for key, value in values.items():
+            written.components[name][key] = value
+    return written
 
 
 def execute(built, prepared: Prepared) -> dict:
@@ -190,7 +205,7 @@ def report(built, result: dict, run_dir: str) -> dict:
     """Phase 5: the learning curve, ``summary.json`` and the summary line. Returns ``result``."""
     from .report import plot_learning_curve, summary_line
 
-    name = getattr(built.recipe_config, "variant", built.recipe)  # +recipe=appo runs the impala recipe as APPO
+    name = built.title  # +recipe=appo runs the impala recipe as APPO
     if built.launcher.plot:
         png = plot_learning_curve(result.get("curve", []), os.path.join(run_dir, "learning_curve.png"),
                                   title=f"{name} on {built.env_id} (seed {built.seed})",
@@ -223,12 +238,15 @@ def launch(cfg: DictConfig, run_dir: str) -> dict | None:
 
 
 def _write_summary(run_dir: str, summary: dict) -> None:
-    """``summary.json``, whole or not at all (a disk that fills up mid-write leaves no half of one)."""
+    """``summary.json``, whole or not at all (a disk that fills up mid-write leaves no half of one), and strict JSON:
+    a figure that is not a number yet (no episode ended) is ``null``."""
+    from .report import strict_json
+
     path = os.path.join(run_dir, "summary.json")
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         with open(tmp, "w") as f:
-            json.dump(summary, f, indent=2)
+            json.dump(strict_json(summary), f, indent=2, allow_nan=False)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

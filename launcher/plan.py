@@ -59,6 +59,8 @@ class LaunchPlan:
         launcher: the ``launcher`` settings (:class:`launcher.schema.LauncherConf`).
         sessions: each placement's session settings (its node, ``ray:``, ``submitit:``...; empty where it has none).
         replica: the inference config whose devices a policy replica uses (``components.collector.local_policy``).
+        recipe_sets: what the recipe sets of each component's config (``{"collector": {"sync": False, ...}}``),
+            over what the YAML said.
     """
 
     recipe: str
@@ -73,12 +75,19 @@ class LaunchPlan:
     launcher: Any = dataclasses.field(default=None, compare=False)
     sessions: dict = dataclasses.field(default_factory=dict, compare=False)
     replica: Any = dataclasses.field(default=None, compare=False)
+    recipe_sets: dict = dataclasses.field(default_factory=dict, compare=False)
 
     def __getitem__(self, name: str) -> Resolved:
         for c in self.components:
             if c.name == name:
                 return c
         raise KeyError(name)
+
+    @property
+    def title(self) -> str:
+        """The recipe as it was asked for: ``appo`` for ``+recipe=appo``, which runs the ``impala`` recipe with PPO's
+        clipped surrogate (its config's ``variant``); else the recipe's name."""
+        return getattr(self.recipe_config, "variant", None) or self.recipe
 
     @property
     def start_order(self) -> tuple[str, ...]:
@@ -98,7 +107,7 @@ class LaunchPlan:
         return tuple(c for c in self.components if not c.built)
 
     def to_dict(self) -> dict:
-        data = {"recipe": self.recipe, "env_id": self.env_id, "env_backend": self.env_backend, "seed": self.seed,
+        data = {"recipe": self.title, "env_id": self.env_id, "env_backend": self.env_backend, "seed": self.seed,
                 "components": [{"name": c.name, **{k: v for k, v in asdict(c).items() if k != "config"},
                                 "options": c.options,
                                 "transport_label": transport_label(c.transport, c.transport_options)}
@@ -117,7 +126,7 @@ class LaunchPlan:
         widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
         fmt = "  ".join(f"{{:<{w}}}" for w in widths[:-1]) + "  {}"
         backend = "" if self.env_backend == "gymnasium" else f" (env.backend={self.env_backend})"
-        lines = [f"plan: recipe={self.recipe} env={self.env_id}{backend} seed={self.seed}", fmt.format(*head)]
+        lines = [f"plan: recipe={self.title} env={self.env_id}{backend} seed={self.seed}", fmt.format(*head)]
         lines += [fmt.format(*r) for r in rows]
         details = []
         for c in self.components:
@@ -387,4 +396,5 @@ def build_plan(cfg: DictConfig) -> LaunchPlan:
                       env_backend=maker.backend, defaults=_option_defaults(needs, services), recipe_config=recipe_cfg,
                       env=_container(cfg.env), logger=_container(cfg.logger), launcher=launcher,
                       sessions={p: _container(cfg.get(p)) for p in sorted(placements)},
-                      replica=OmegaConf.to_object(cfg.components.inference))
+                      replica=OmegaConf.to_object(cfg.components.inference),
+                      recipe_sets={name: dict(services.get(name, {})) for name in needs if services.get(name)})

@@ -53,12 +53,27 @@ class ProgressLine:
             self._bar = None
 
 
+def strict_json(value):
+    """``value`` with every float that is not finite (NaN, infinities) replaced by ``None``: ``summary.json`` and
+    the plan's files are read by strict JSON parsers (``jq``, JavaScript, ``json.loads(..., parse_constant=...)``),
+    and a run stopped before its first episode ended has no mean return yet."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
 def summary_line(recipe: str, env_id: str, result: dict, run_dir: str) -> str:
     """One line: what was trained, whether it solved, frames, seconds, frames/s, final mean return."""
     state = "solved" if result.get("solved") else "finished"
+    final = result.get("final_mean_return")
+    final = f"{final:.1f}" if isinstance(final, (int, float)) and math.isfinite(final) else "none yet (no episode ended)"
     return (
         f"{recipe} {env_id} {state}: {result['frames']:,} frames in {result['wall_seconds']:.1f} s "
-        f"({result['fps']:,.0f} frames/s), final mean return {result['final_mean_return']:.1f}; results in {run_dir}"
+        f"({result['fps']:,.0f} frames/s), final mean return {final}; results in {run_dir}"
     )
 
 

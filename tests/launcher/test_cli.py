@@ -121,6 +121,37 @@ def test_the_summary_line_names_the_recipe_as_it_was_asked_for(recipe, compose_c
     assert json.loads((tmp_path / "summary.json").read_text())["frames"] == 2048
 
 
+def _strict(text: str):
+    """JSON as a strict parser reads it: ``NaN`` and the infinities are not JSON."""
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_a_run_stopped_before_any_episode_ended_writes_strict_json(compose_cfg, tmp_path, capsys):
+    """An Atari run stopped in its first minute has no mean return yet: ``null``, never a bare NaN."""
+    from launcher.cli import _write_summary, plan, report
+
+    _write_summary(str(tmp_path), {"interrupted": True, "frames": 512, "mean_return": float("nan")})
+    assert _strict((tmp_path / "summary.json").read_text()) == {"interrupted": True, "frames": 512,
+                                                                "mean_return": None}
+    built = plan(compose_cfg("+recipe=ppo", "launcher.plot=false"))
+    report(built, {"frames": 512, "wall_seconds": 1.0, "fps": 512.0, "final_mean_return": float("nan"),
+                   "curve": [(256, float("inf"))]}, str(tmp_path))
+    assert _strict((tmp_path / "summary.json").read_text())["final_mean_return"] is None
+    assert "final mean return none yet (no episode ended)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("recipe", ["impala", "appo"])
+def test_the_plan_names_the_recipe_as_it_was_asked_for(recipe, compose_cfg):
+    from launcher.cli import plan
+
+    built = plan(compose_cfg(f"+recipe={recipe}", "launcher.dry_run=true"))
+    assert built.render().startswith(f"plan: recipe={recipe} env=CartPole-v1")
+    assert built.to_dict()["recipe"] == recipe and built.recipe == "impala"  # the recipe module that runs it
+
+
 # ---------------------------------------------------------------------------------------------- real processes
 @pytest.mark.slow
 def test_incompatible_plan_exits_2_with_a_short_message(tmp_path):
