@@ -90,7 +90,9 @@ def _takes(cls: type, name: str) -> bool:
 
 def _weight_sync(r: Resolved, run: _Run, deps: dict):
     template = run.make_policy() if WeightSync.needs_template(r) else None  # shared state is laid out from it
-    return WeightSync(template, first_version=run.resumed.policy_version, resolved=r)
+    # Every recipe publishes its restored weights once before training (the checkpointed version's own weights): that
+    # push is the checkpoint's version again, so a resumed run's versions go on with no gap.
+    return WeightSync(template, first_version=max(0, run.resumed.policy_version - 1), resolved=r)
 
 
 def _replay(r: Resolved, run: _Run, deps: dict):
@@ -183,7 +185,8 @@ def execute(plan: LaunchPlan, run_dir: str, *, on_started: Callable[[dict], None
                 on_started(owners)
             if settings.probe:
                 _probe(plan, clients, run.make_policy(), run.run_dir)
-            reporter = EdgeReporter(owners, clients["logger"], every=float(settings.telemetry_every)).start()
+            reporter = EdgeReporter(owners, clients["logger"], every=float(settings.telemetry_every),
+                                    step=lambda: max(progress.frames, resumed.frames)).start()
             stack.callback(reporter.report)  # a last reading before the services stop
             stack.callback(reporter.stop)
             result = run.recipe.run(

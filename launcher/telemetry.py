@@ -2,14 +2,16 @@
 how far the served policy lags the learner, how much the replay buffer holds.
 
 A background thread of the launcher reads the owners (never the recipe) every ``every`` seconds and logs
-through the logger client, with the collector's frame count as the step.
+through the logger client. The step is the frame count the recipe last reported (the progress line's, which the
+summary reports too), not the collector's: workers that collect ahead are a batch further, and a run that stops would
+otherwise log its last edges at a step the summary and the recipe's own rows never reach.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +56,18 @@ def _replay_edge(owners: Mapping[str, Any]) -> dict[str, float]:
 
 
 class EdgeReporter:
-    """Logs :func:`edge_metrics` every ``every`` seconds until stopped; errors are logged, never raised."""
+    """Logs :func:`edge_metrics` every ``every`` seconds until stopped; errors are logged, never raised.
 
-    def __init__(self, owners: Mapping[str, Any], logger: Any, every: float = 5.0):
-        self.owners, self.logger, self.every = owners, logger, every
+    Args:
+        owners: the run's owners, by component.
+        logger: the logger client.
+        step: the step to log at (the frames the recipe has reported); ``None``: the collector's frame count.
+        every: seconds between readings.
+    """
+
+    def __init__(self, owners: Mapping[str, Any], logger: Any, every: float = 5.0,
+                 step: Callable[[], int] | None = None):
+        self.owners, self.logger, self.every, self._step = owners, logger, every, step
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="edge-reporter", daemon=True)
 
@@ -73,8 +83,8 @@ class EdgeReporter:
         try:
             metrics = edge_metrics(self.owners)
             if metrics:
-                collector = self.owners.get("collector")
-                self.logger.log_metrics(metrics, step=getattr(collector, "frames", None))
+                step = self._step() if self._step is not None else getattr(self.owners.get("collector"), "frames", None)
+                self.logger.log_metrics(metrics, step=step)
         except Exception as exc:  # noqa: BLE001 - telemetry must never break training
             log.warning("edge metrics skipped: %s", exc)
 

@@ -57,7 +57,9 @@ class Recipe:
             server owns (built where the server lives).
         services: ``services(config, env_spec) -> {component: options}``: what the recipe needs of each service
             (collector frames per batch, replay capacity and sampler...).
-        run: ``run(config, clients) -> dict`` trains and returns the result (see :func:`result`).
+        run: ``run(config, clients) -> dict`` trains and returns the result (see :func:`result`). It pushes its
+            (initial or restored) weights once before training; a resumed run's weight sync counts that push as the
+            checkpoint's own version, so versions go on with no gap.
 
     The services it needs are its config's (:func:`needs_of`), so the launcher checks where they go before it
     imports the recipe's module (torch).

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import secrets
 from typing import Any, Callable, Mapping
 
@@ -141,12 +142,36 @@ class Checkpoint:
 
 
 # ---------------------------------------------------------------------------------------------- files
+def _temporary_name(path: str) -> str:
+    return f".{os.path.basename(path)}.{os.getpid()}-{secrets.token_hex(4)}.tmp"
+
+
+def remove_leftovers(path: str) -> list[str]:
+    """Remove the temporary files that writes of ``path`` by processes other than this one left beside it (a run
+    killed outright while writing its checkpoint). Call it only while no other process writes ``path``: the launcher
+    does once it holds the run directory's lock. Returns the names removed."""
+    folder, name = os.path.split(os.path.abspath(path))
+    pattern = re.compile(rf"\.{re.escape(name)}\.(\d+)-[0-9a-f]+\.tmp")
+    removed = []
+    try:
+        entries = os.listdir(folder)
+    except FileNotFoundError:
+        return removed
+    for entry in entries:
+        match = pattern.fullmatch(entry)
+        if match and int(match[1]) != os.getpid():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(folder, entry))
+                removed.append(entry)
+    return removed
+
+
 def write_atomically(payload: Mapping[str, Any], path: str) -> None:
     """``torch.save`` ``payload`` to a temporary file beside ``path``, sync it, rename it over ``path``."""
     import torch
 
     folder = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    tmp = os.path.join(folder, _temporary_name(path))
     try:
         with open(tmp, "xb") as f:  # a new file of our own, with the permissions the umask gives
             try:

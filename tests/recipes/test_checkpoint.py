@@ -184,6 +184,12 @@ def _steps(run_dir, prefix: str = "train/") -> dict[str, list[int]]:
     return out
 
 
+def _values(run_dir, tag: str) -> dict[int, float]:
+    """One tag's values in metrics.csv by step (the last row of a step wins)."""
+    with open(os.path.join(run_dir, "metrics.csv"), newline="") as f:
+        return {int(step): float(value) for t, step, value, *_ in list(csv.reader(f))[1:] if t == tag and step}
+
+
 def _strictly_increasing(run_dir) -> None:
     for tag, steps in _steps(run_dir).items():
         assert all(a < b for a, b in zip(steps, steps[1:])), f"{tag}: {steps}"
@@ -231,6 +237,9 @@ def test_an_interrupted_ppo_run_resumes_where_it_stopped(compose_cfg, tmp_path, 
     steps = _steps(run_dir)["train/mean_return"]
     assert steps == list(range(256, 3072 + 1, 256))  # every batch once: 1536 logged again, after the resume
     _strictly_increasing(run_dir)
+    # the weights' versions go on as if the run had never stopped: one push at the start, then one per batch
+    versions = _values(run_dir, "train/policy_version")
+    assert versions == {step: step // 256 + 1 for step in steps}, versions
     assert load(str(run_dir / "checkpoint.pt"))["finished"] == {"solved": False, "frames": 3072}
     assert json.loads((run_dir / "summary.json").read_text())["frames"] == 3072
     assert not (tmp_path / "own").exists()  # Hydra's launcher.log goes there; the run writes into run_dir
@@ -301,6 +310,29 @@ def test_a_resume_that_cannot_be_done_fails_before_anything_starts(compose_cfg, 
         launch(compose_cfg(*PPO, f"launcher.resume={dqn_run}"), str(tmp_path / "own"))
     fresh = resolve(build_plan(compose_cfg(*PPO, "launcher.resume=auto")), str(tmp_path / "own"))
     assert fresh.state is None and fresh.run_dir == str(tmp_path / "own")  # auto with nothing there: a fresh start
+
+
+def test_a_resume_removes_what_a_checkpoint_write_cut_short_left(compose_cfg, tmp_path):
+    """A run killed outright while writing its checkpoint leaves the temporary file beside it; the run that resumes in
+    that directory removes it once it holds the directory's lock, and keeps the checkpoint."""
+    from launcher.cli import prepare
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    checkpoint = Checkpoint(str(run_dir / "checkpoint.pt"))
+    checkpoint.step(64, lambda: {"w": torch.zeros(2)})
+    assert checkpoint.save()
+    left = run_dir / f".checkpoint.pt.{2**22 + 1}-0123abcd.tmp"  # a writer that is gone (above any pid_max)
+    left.write_bytes(b"\0" * 1024)
+    other = run_dir / ".notes.tmp"  # not a checkpoint's: kept
+    other.write_text("mine")
+    cfg = compose_cfg(*PPO, f"launcher.resume={run_dir}")
+    prepared = prepare(build_plan(cfg), cfg, str(tmp_path / "own"))
+    try:
+        assert not left.exists() and other.exists()
+        assert prepared.resumed.frames == 64 and (run_dir / "checkpoint.pt").exists()
+    finally:
+        prepared.release()
 
 
 def test_checkpoint_options_are_checked_with_the_others():
