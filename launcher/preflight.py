@@ -22,6 +22,7 @@ import contextlib
 import io
 import itertools
 import os
+import re
 import sys
 import typing
 from typing import Any
@@ -131,7 +132,8 @@ def _config_dir(argv: list[str]) -> list[str]:
     launcher's own configs); ``[]`` without one.
 
     Raises:
-        ConfigurationError: the directory does not exist.
+        ConfigurationError: the directory does not exist, or holds a config file that one of the launcher's (or
+            Hydra's) own hides (:func:`_check_hidden`).
     """
     args = _hydra_args(argv)
     if args is None or not args.config_dir:
@@ -139,7 +141,40 @@ def _config_dir(argv: list[str]) -> list[str]:
     where = os.path.abspath(args.config_dir)
     if not os.path.isdir(where):
         raise ConfigurationError(f"--config-dir {args.config_dir!r} is not a directory ({where})", path="--config-dir")
+    _check_hidden(args.config_dir, where)
     return [f"hydra.searchpath=[file://{where}]"]
+
+
+def _check_hidden(given: str, where: str) -> None:
+    """Refuse a ``--config-dir`` file named like one the launcher ships (``recipe_env/appo_minatar.yaml``), or one of
+    Hydra's own: Hydra searches its own configs and the launcher's ``conf`` before a ``--config-dir``, so the first of
+    that name is read and the user's is silently ignored. (Names the schema registers, ``base_ppo``..., come after
+    the user's directory: a file of such a name is read, so it is not refused.)
+
+    Raises:
+        ConfigurationError: naming the user's file, the shipped one it would lose to, and what to do.
+    """
+    from hydra._internal.config_repository import ConfigRepository
+    from hydra._internal.utils import create_config_search_path
+
+    schema.register()
+    ahead = [s for s in ConfigRepository(create_config_search_path("pkg://conf")).get_sources()
+             if s.provider != "schema"]  # the sources Hydra searches before --config-dir
+    for parent, dirs, files in os.walk(where):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for file in sorted(f for f in files if f.endswith(".yaml")):
+            name = os.path.relpath(os.path.join(parent, file), where)[:-len(".yaml")].replace(os.sep, "/")
+            source = next((s for s in ahead if s.is_config(name)), None)
+            if source is None:
+                continue
+            group, _, option = name.rpartition("/")
+            todo = (f"rename yours (e.g. {name}_mine.yaml) and choose it with {group}={option}_mine" if group else
+                    "rename yours and choose it with --config-name")
+            whose = "the launcher's own configs" if source.provider == "main" else "Hydra's own configs"
+            raise ConfigurationError(
+                f"--config-dir {given!r} holds {name}.yaml, a name {whose} take ({source.full_path()}/{name}.yaml): "
+                f"Hydra reads theirs first, so yours would be ignored; {todo}, or set its keys on the command line",
+                path="--config-dir")
 
 
 def _check_resumes(configs: list[DictConfig]) -> None:
@@ -255,20 +290,24 @@ def explain(exc: BaseException) -> ConfigurationError:
         return ConfigurationError(f"{group or 'the config'} has no option {option!r}", path=group or option,
                                   alternatives=tuple(o for o in exc.options if not o.startswith("base_")))
     cause = exc if isinstance(exc, OmegaConfBaseException) else exc.__cause__
+    if cause is None and isinstance(exc.__context__, OmegaConfBaseException):
+        cause = exc.__context__  # Hydra merging a config file: "In 'recipe_env/x': ... raised while composing config"
     key, full_key = getattr(cause, "key", None), getattr(cause, "full_key", None)
+    source = re.match(r"In '([^']+)': \w+ raised while composing config", str(exc))
+    origin = f" (in {source.group(1)}.yaml)" if source else ""  # the config file that set it, a user's own perhaps
     owner = getattr(cause, "object_type", None)
     fields = _fields(owner)
     if full_key and isinstance(cause, (ConfigKeyError, ConfigAttributeError)):  # a key the schema lacks
         parent = full_key.rpartition(".")[0] or "the config"
         if fields:
-            return ConfigurationError(f"{parent} has no key {key!r}", path=full_key, alternatives=tuple(fields))
+            return ConfigurationError(f"{parent} has no key {key!r}{origin}", path=full_key, alternatives=tuple(fields))
         if parent == "recipe":
             return ConfigurationError(f"recipe has no key {key!r}: no recipe is selected (add one, e.g. +recipe=ppo)",
                                       path=full_key)
         return ConfigurationError(f"{parent} has no key {key!r}: add one with +{full_key}=...", path=full_key)
     if full_key and isinstance(cause, ValidationError) and key in fields:
         hint = typing.get_type_hints(owner).get(key, Any)
-        return ConfigurationError(f"{full_key} must be {_kind(hint)}, got {getattr(cause, 'value', None)!r}",
+        return ConfigurationError(f"{full_key} must be {_kind(hint)}, got {getattr(cause, 'value', None)!r}{origin}",
                                   path=full_key)
-    text = str(cause if full_key else exc).strip().splitlines()
-    return ConfigurationError(text[0] if text else type(exc).__name__, path=full_key or None)
+    text = str(cause if full_key or source else exc).strip().splitlines()
+    return ConfigurationError((text[0] if text else type(exc).__name__) + origin, path=full_key or None)

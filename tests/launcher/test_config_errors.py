@@ -175,6 +175,41 @@ def test_a_config_dir_whose_yaml_does_not_parse_is_one_message(tmp_path):
     assert str(outcome("--config-dir", str(tmp_path / "nowhere"), "+recipe=ppo")).startswith("--config-dir ")
 
 
+def test_a_wrong_type_in_a_config_dir_file_names_the_key_the_value_and_the_type(tmp_path):
+    (tmp_path / "conf" / "recipe_env").mkdir(parents=True)
+    (tmp_path / "conf" / "recipe_env" / "ppo_cartpole.yaml").write_text("# @package recipe\nnum_envs: abc\n")
+    error = outcome("--config-dir", str(tmp_path / "conf"), "+recipe=ppo")
+    assert isinstance(error, ConfigurationError) and error.path == "recipe.num_envs", error
+    assert str(error).splitlines()[0] == "recipe.num_envs must be an integer, got 'abc' (in recipe_env/ppo_cartpole.yaml)"
+    proc = cli_in_process("--config-dir", str(tmp_path / "conf"), "+recipe=ppo", cwd=str(tmp_path))
+    _one_short_message(proc, "recipe.num_envs")
+    assert "recipe.num_envs must be an integer, got 'abc'" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["conf"]
+
+
+def test_a_config_dir_file_named_like_a_shipped_one_is_refused_not_ignored(tmp_path):
+    # Hydra searches the launcher's conf before --config-dir: a file of the same name would never be read
+    (tmp_path / "conf" / "recipe_env").mkdir(parents=True)
+    mine = "# @package recipe\nnum_envs: 3\n"
+    (tmp_path / "conf" / "recipe_env" / "appo_minatar.yaml").write_text(mine)
+    argv = ("--config-dir", str(tmp_path / "conf"), "+recipe=appo", "env=minatar", "recipe.total_frames=64")
+    proc = cli_in_process(*argv, cwd=str(tmp_path))  # a real run, not a dry run: it must not train on the shipped one
+    _one_short_message(proc, "--config-dir")
+    assert "holds recipe_env/appo_minatar.yaml, a name the launcher's own configs take" in proc.stderr
+    assert "recipe_env=appo_minatar_mine" in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["conf"]  # nothing ran
+    (tmp_path / "conf" / "hydra" / "job_logging").mkdir(parents=True)  # one of Hydra's own names: the same
+    (tmp_path / "conf" / "hydra" / "job_logging" / "default.yaml").write_text("version: 1\n")
+    error = outcome("--config-dir", str(tmp_path / "conf"), "+recipe=ppo")
+    assert error.path == "--config-dir" and "Hydra's own configs" in str(error), error
+    (tmp_path / "conf" / "hydra" / "job_logging" / "default.yaml").unlink()
+    # renamed and chosen, the user's file is the one read
+    presets = tmp_path / "conf" / "recipe_env"
+    (presets / "appo_minatar.yaml").rename(presets / "appo_minatar_mine.yaml")
+    (cfg,) = check_argv([*argv[:-1], "recipe_env=appo_minatar_mine"])
+    assert cfg.recipe.num_envs == 3
+
+
 def test_a_group_option_that_does_not_exist_lists_the_real_ones():
     error = outcome("+recipe=nonexistent")
     assert str(error) == ("recipe has no option 'nonexistent'\n    supported: appo, dqn, impala, ppo, ppo_custom_mlp\n"
