@@ -36,7 +36,7 @@ from transports.errors import ConfigurationError
 from . import schema
 from .conventions import (EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_NO_SPACE, EXIT_SERVICE_DIED, EXIT_TERMINATED,
                           normalize_argv)
-from .failures import ServiceDied, Terminated, ending, handle_sigterm, in_chain, no_space
+from .failures import ServiceDied, ShutdownShield, Terminated, ending, handle_sigterm, in_chain, no_space
 from .requeue import Preempted, handle_preemption
 
 log = logging.getLogger("launcher")
@@ -169,9 +169,10 @@ def _as_run(cfg: DictConfig, built) -> DictConfig:
     return written
 
 
-def execute(built, prepared: Prepared) -> dict:
+def execute(built, prepared: Prepared, shield=None) -> dict:
     """Phase 4: run the plan (:func:`launcher.run.execute`) with the live progress line; a run that ends early
-    (Ctrl-C, SIGTERM, a dead service) still leaves its ``summary.json``."""
+    (Ctrl-C, SIGTERM, a dead service) still leaves its ``summary.json``. ``shield``: see
+    :class:`launcher.failures.ShutdownShield`."""
     import torch
 
     from .report import ProgressLine
@@ -188,7 +189,7 @@ def execute(built, prepared: Prepared) -> dict:
                                  **{k: v for k, v in progress.metrics.items() if isinstance(v, (int, float))}})
 
     try:
-        return execute_plan(built, run_dir, progress=progress, resumed=prepared.resumed)
+        return execute_plan(built, run_dir, progress=progress, resumed=prepared.resumed, shield=shield)
     except (KeyboardInterrupt, Terminated, ServiceDied) as exc:  # every service is down by now
         ended(not isinstance(exc, ServiceDied),
               "SIGINT" if isinstance(exc, KeyboardInterrupt) else getattr(exc, "signal_name", None),
@@ -218,9 +219,10 @@ def report(built, result: dict, run_dir: str) -> dict:
     return result
 
 
-def launch(cfg: DictConfig, run_dir: str) -> dict | None:
+def launch(cfg: DictConfig, run_dir: str, shield: ShutdownShield | None = None) -> dict | None:
     """Phases 2 to 5 for one composed config. Returns the recipe's result (``None`` for a dry run; a resumed run that
-    had finished returns its saved summary)."""
+    had finished returns its saved summary). ``shield``: the caller's, raised as the run's shutdown begins and left up
+    (:class:`launcher.failures.ShutdownShield`); ``None``: the run's own, lowered once its services are down."""
     built = plan(cfg)
     if built.launcher.dry_run:
         dry_run(built)
@@ -231,7 +233,7 @@ def launch(cfg: DictConfig, run_dir: str) -> dict | None:
 
         return saved_summary(prepared.resumed.run_dir)
     try:
-        result = execute(built, prepared)
+        result = execute(built, prepared, shield)
         return report(built, result, prepared.resumed.run_dir)
     finally:
         prepared.release()
@@ -262,10 +264,14 @@ def _hydra_main(cfg: DictConfig) -> None:
     _choose_wait_policy(cfg)
     handle_sigterm()
     handle_preemption()  # in a submitit job: its preemption signal checkpoints and stops the run, then requeues
+    # up from the start of the shutdown to the process's exit: a second Ctrl-C neither cuts the shutdown short nor
+    # the summary and the last line after it
+    shield = ShutdownShield(float(cfg.launcher.shutdown_timeout))
     try:
-        launch(cfg, run_dir)
+        launch(cfg, run_dir, shield)
     except BaseException as exc:  # noqa: BLE001 - each ending is mapped to its status; the rest is raised again
         _ended(exc, cfg, run_dir)
+    shield.lower_shield()  # a sweep's next job starts with the usual handlers
     ending()
 
 

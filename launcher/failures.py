@@ -4,8 +4,10 @@ are in :mod:`launcher.conventions`.
 
 from __future__ import annotations
 
+import os
 import re
 import signal
+import threading
 import time
 from typing import Any, Callable, Mapping
 
@@ -53,6 +55,45 @@ def handle_sigterm() -> None:
         raise Terminated()
 
     signal.signal(signal.SIGTERM, raise_terminated)
+
+
+class ShutdownShield:
+    """While a run's services shut down, a further Ctrl-C or SIGTERM does not cut the shutdown short (which would
+    leave what the interrupted step was to remove, for the resource tracker to warn about): it is noted, answered
+    with one line, and the shutdown goes on; each owner still stops within ``launcher.shutdown_timeout``. SIGKILL
+    remains the way to stop at once. Only the main thread can hold signal handlers: elsewhere this does nothing.
+
+    Args:
+        timeout: seconds each owner gets to stop (for the line it prints).
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self, timeout: float):
+        self.timeout = timeout
+        self.received: list[str] = []
+        self._saved: dict[int, Any] = {}
+
+    def raise_shield(self) -> None:
+        """From now on the shutdown runs to its end (call it as the shutdown begins)."""
+        if self._saved or threading.current_thread() is not threading.main_thread():
+            return
+        for sig in self.SIGNALS:
+            self._saved[sig] = signal.signal(sig, self._note)
+
+    def lower_shield(self) -> None:
+        """The handlers the run had before (safe to call more than once, or without :meth:`raise_shield`)."""
+        saved, self._saved = self._saved, {}
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+    def _note(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        self.received.append(name)
+        if len(self.received) == 1:  # os.write: the main thread may be inside a print when the signal lands
+            os.write(2, (f"{name} again: the services are already shutting down, each within "
+                         f"{self.timeout:g} s (launcher.shutdown_timeout); kill -9 {os.getpid()} stops at once\n"
+                         ).encode())
 
 
 def ending() -> None:

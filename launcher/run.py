@@ -34,7 +34,7 @@ from transports.segments import remove_orphans
 
 from . import checkpointing
 from .checkpointing import Resumed
-from .failures import ServiceDied, ServiceFailedToStart, Terminated, dead_service, in_chain
+from .failures import ServiceDied, ServiceFailedToStart, ShutdownShield, Terminated, dead_service, in_chain
 from .plan import LaunchPlan
 from .report import ProgressLine
 from .telemetry import EdgeReporter
@@ -148,7 +148,8 @@ def _signal_within(error: BaseException) -> BaseException | None:
 
 
 def execute(plan: LaunchPlan, run_dir: str, *, on_started: Callable[[dict], None] | None = None,
-            progress: ProgressLine | None = None, resumed: Resumed | None = None) -> dict:
+            progress: ProgressLine | None = None, resumed: Resumed | None = None,
+            shield: ShutdownShield | None = None) -> dict:
     """Run the plan: start owners in order, run the recipe with their clients, tear down in reverse. Everything it
     reads is the plan's (it reads no config of its own).
 
@@ -159,6 +160,9 @@ def execute(plan: LaunchPlan, run_dir: str, *, on_started: Callable[[dict], None
         progress: the live progress line (default: one from the plan's launcher settings).
         resumed: the checkpoint the run continues from (:func:`launcher.checkpointing.resolve`); its ``run_dir``
             is where the run writes. ``None``: a fresh start in ``run_dir``.
+        shield: keeps a second Ctrl-C or SIGTERM from cutting the shutdown short, raised as the shutdown begins; the
+            caller lowers one it passes (the command line keeps it up until the process exits). ``None``: one of
+            this call's own, lowered as it returns.
 
     Raises:
         NotImplementedYetError: the plan holds a cell that is not built (raised before anything starts).
@@ -172,8 +176,22 @@ def execute(plan: LaunchPlan, run_dir: str, *, on_started: Callable[[dict], None
     settings = plan.launcher
     resumed = resumed or Resumed(run_dir)
     run = _Run(plan, get_recipe(plan.recipe), EnvMaker.from_config(plan.env).spec(), resumed.run_dir, resumed)
-    owners: dict[str, Any] = {}  # every owner built so far, started or starting
     progress = progress or ProgressLine(getattr(plan.recipe_config, "total_frames", 0), enabled=bool(settings.progress))
+    if shield is not None:
+        return _execute(run, progress, shield, on_started)
+    shield = ShutdownShield(float(settings.shutdown_timeout))
+    try:
+        return _execute(run, progress, shield, on_started)
+    finally:
+        shield.lower_shield()
+
+
+def _execute(run: _Run, progress: ProgressLine, shield: ShutdownShield,
+             on_started: Callable[[dict], None] | None) -> dict:
+    """:func:`execute`'s body: once the shutdown begins (the recipe returned, raised, or a signal arrived), ``shield``
+    lets it run to its end."""
+    plan, settings, resumed = run.plan, run.plan.launcher, run.resumed
+    owners: dict[str, Any] = {}  # every owner built so far, started or starting
     checkpoint = Checkpoint()  # writes nothing until the services run
     with ExitStack() as stack:
         stack.callback(progress.close)
@@ -189,6 +207,7 @@ def execute(plan: LaunchPlan, run_dir: str, *, on_started: Callable[[dict], None
                                     step=lambda: max(progress.frames, resumed.frames)).start()
             stack.callback(reporter.report)  # a last reading before the services stop
             stack.callback(reporter.stop)
+            stack.callback(shield.raise_shield)  # unwound first: the whole shutdown is shielded
             result = run.recipe.run(
                 plan.recipe_config,
                 Clients(
@@ -203,6 +222,7 @@ def execute(plan: LaunchPlan, run_dir: str, *, on_started: Callable[[dict], None
         except ServiceDied:
             raise
         except Exception as exc:
+            shield.raise_shield()
             if (signalled := _signal_within(exc)) is not None:  # a library wrapped our signal's exception in its own
                 _winding_down(plan)
                 checkpointing.save(checkpoint, f"on {getattr(signalled, 'signal_name', 'Ctrl-C')}")
@@ -213,6 +233,7 @@ def execute(plan: LaunchPlan, run_dir: str, *, on_started: Callable[[dict], None
                 raise died from exc
             raise
         except (KeyboardInterrupt, Terminated, SystemExit) as exc:  # written while the services run (replay contents)
+            shield.raise_shield()
             _winding_down(plan)
             why = "on Ctrl-C" if isinstance(exc, KeyboardInterrupt) else "on exit"  # SystemExit: a signal handler's
             checkpointing.save(checkpoint, f"on {exc.signal_name}" if isinstance(exc, Terminated) else why)

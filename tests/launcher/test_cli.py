@@ -152,6 +152,20 @@ def test_the_plan_names_the_recipe_as_it_was_asked_for(recipe, compose_cfg):
     assert built.to_dict()["recipe"] == recipe and built.recipe == "impala"  # the recipe module that runs it
 
 
+def test_the_resolved_config_says_what_runs(compose_cfg, tmp_path):
+    """APPO's collector always collects while the learner trains: ``resolved_config.yaml`` says ``sync: false`` even
+    where the YAML or the command line said ``true``."""
+    from omegaconf import OmegaConf
+
+    from launcher.cli import plan, prepare
+
+    cfg = compose_cfg("+recipe=appo", "components.collector.sync=true")
+    prepared = prepare(plan(cfg), cfg, str(tmp_path))
+    prepared.release()
+    written = OmegaConf.load(tmp_path / "resolved_config.yaml")
+    assert written.components.collector.sync is False and written.recipe.clip_coef == 0.2
+
+
 # ---------------------------------------------------------------------------------------------- real processes
 @pytest.mark.slow
 def test_incompatible_plan_exits_2_with_a_short_message(tmp_path):

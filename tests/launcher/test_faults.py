@@ -151,6 +151,22 @@ def test_sigterm_and_sigint_stop_in_order_and_keep_every_logged_value(tmp_path, 
     _assert_nothing_left(proc, tmp_path, services)
 
 
+def test_a_second_ctrl_c_does_not_cut_the_shutdown_short(tmp_path):
+    # an impatient user presses Ctrl-C twice: the shutdown the first began still runs to its end (nothing is left for
+    # the resource tracker to clean up and warn about) and the run exits 130 with its summary
+    proc, run_dir, services = _start(tmp_path, "+recipe=ppo", "service=process", "transport=shared_memory")
+    os.killpg(proc.pid, signal.SIGINT)
+    wait_until(lambda: "stopping" in (run_dir / "launcher.log").read_text(), timeout=30, what="the shutdown begun")
+    os.killpg(proc.pid, signal.SIGINT)
+    _finish(proc)
+    err = (tmp_path / "stderr").read_text()
+    assert proc.returncode == 130, err
+    assert "resource_tracker" not in err and "leaked" not in err and "Traceback" not in err, err
+    assert err.rstrip().endswith("interrupted: every service was shut down"), err
+    assert json.loads((run_dir / "summary.json").read_text())["signal"] == "SIGINT"
+    _assert_nothing_left(proc, tmp_path, services)
+
+
 def test_sigterm_to_a_ray_run_s_whole_group_still_ends_in_order(tmp_path):
     # Slurm's scancel and a terminal signal every process: Ray's own daemons go down at the same moment, and the
     # driver, whose cluster no longer answers, still stops every service and writes the summary
