@@ -10,6 +10,9 @@ Two checks, both raising :class:`~transports.errors.ConfigurationError` (the CLI
   ``rules()`` between fields (``(field to blame, holds, what is wrong)``).
   ``build_plan`` runs it too, so a config composed in Python is checked the same way, dry run or not.
 
+A sweep whose jobs run on this machine (Hydra's own launcher, ``hydra/launcher=local``) has every job's plan made too
+(its env, what its recipe asks of it), before the first job trains.
+
 Where it cannot be sure what Hydra will do (``--help``, ``--cfg``, ``--info``, another config path or name,
 ``hydra.searchpath``, a sweeper of its own, ``HYDRA_FULL_ERROR=1``) the preflight steps aside and leaves the
 command line to Hydra.
@@ -60,7 +63,8 @@ def preflight(argv: list[str]) -> None:
 
 def check_argv(argv: list[str]) -> list[DictConfig]:
     """Compose the config of every job the command line runs, as Hydra will, and check its values and where its
-    components go (:func:`launcher.checks.check_placements`).
+    components go (:func:`launcher.checks.check_placements`); then, for a sweep whose jobs run on this machine, each
+    job's plan (:func:`_plan_every_job`), so no job trains before every one is known to start.
 
     Args:
         argv: the command line after the program name (``+recipe=ppo`` is read as ``recipe=ppo``).
@@ -90,30 +94,65 @@ def check_argv(argv: list[str]) -> list[DictConfig]:
         check_values(cfg, strict=False)
         check_placements(cfg)  # the table, before torch is imported
         configs.append(cfg)
-    if jobs:
-        _check_hydra(argv, [*jobs[0], *search])
+    launcher = _check_hydra(argv, [*jobs[0], *search]) if jobs else None
     _check_resumes(configs)
+    if len(configs) > 1 and launcher in _RUN_HERE:
+        _plan_every_job(configs)
     return configs
 
 
-def _check_hydra(argv: list[str], job: list[str]) -> None:
+_RUN_HERE = ("hydra._internal.core_plugins.basic_launcher.BasicLauncher",
+             "hydra_plugins.hydra_submitit_launcher.submitit_launcher.LocalLauncher")
+"""Hydra launchers whose jobs run on this machine: Hydra's own (one after another, in this process; the default) and
+``hydra/launcher=local`` (submitit's local subprocesses)."""
+
+
+def _plan_every_job(configs: list[DictConfig]) -> None:
+    """Make the plan of every job of a sweep that runs on this machine (:func:`launcher.plan.build_plan`: the env
+    each job makes, what its recipe asks of it, its devices...), so a mistake in any job is refused before the first
+    one trains, not as its turn comes. A dry run is left to its jobs (nothing trains); a sweep submitted elsewhere
+    (``hydra/launcher=slurm``) too: a job's plan checks the machine it runs on (its devices).
+
+    Raises:
+        ConfigurationError: what the plan of a job refuses.
+    """
+    from .plan import build_plan
+
+    for cfg in configs:
+        if cfg.launcher.dry_run:
+            continue
+        try:
+            build_plan(cfg)
+        except ConfigurationError:
+            raise
+        except Exception:  # noqa: BLE001 - not a mistake in the config: the job reports it as it runs
+            return
+
+
+def _check_hydra(argv: list[str], job: list[str]) -> str | None:
     """Compose Hydra's own config with the command line's ``hydra/...`` and ``hydra.*`` overrides (a launcher and
-    its fields, typed by the launcher plugin's schema), so a mistake there is one message too."""
+    its fields, typed by the launcher plugin's schema), so a mistake there is one message too.
+
+    Returns:
+        The ``_target_`` of the Hydra launcher that runs the jobs (``None`` where Hydra's config does not compose
+        here: Hydra says why).
+    """
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     overrides = OverridesParser.create().parse_overrides(_hydra_args(argv).overrides)
     own = [o.input_line for o in overrides if o.key_or_group.startswith("hydra.") or o.is_hydra_override()]
     if not own:
-        return
+        return _RUN_HERE[0]  # the primary config chooses no launcher: Hydra's own
     try:
         cfg = compose([*job, *own], hydra=True)
     except Exception as exc:
         if _is_config_error(exc):
             raise explain(exc) from None
-        return
+        return None
     for key in ("run", "sweep"):
         if any(line.split("=", 1)[0].lstrip("+") == f"hydra.{key}.dir" for line in own):
             _check_writable(cfg.hydra[key].dir, f"hydra.{key}.dir")
+    return str(cfg.hydra.launcher.get("_target_"))
 
 
 def _check_writable(path: str, key: str) -> None:

@@ -83,7 +83,7 @@ _STARTED = {".hydra": {"config.yaml", "hydra.yaml", "overrides.yaml"}, "launcher
 
 
 def discard_unused(run_dir: str) -> bool:
-    """Remove a run directory that this command line made (:data:`MADE_HERE`; a job's directory in a sweep directory
+    """Remove a run directory that this command line made (:data:`MADE_HERE`; a job's directory below a sweep directory
     made here) and that holds nothing but what Hydra writes when a job starts (a run refused for a configuration
     mistake leaves no directory behind), then its parents that are left empty (a sweep's with only its
     ``multirun.yaml``), up to the working directory. Any other directory is kept as it is. Returns whether it was
@@ -91,7 +91,9 @@ def discard_unused(run_dir: str) -> bool:
     import shutil
 
     where = os.path.abspath(run_dir)
-    sweep = os.path.dirname(where) if os.path.dirname(where) in MADE_HERE else None  # a job of a sweep made here
+    # a job of a sweep made here: its directory is below the sweep's, deeper than one level where an override's
+    # value holds a "/" (env.id=ALE/Pong-v5 names the job's directory "0_env.id=ALE/Pong-v5")
+    sweep = next((p for p in _ancestors(where) if p in MADE_HERE), None)
     if (where not in MADE_HERE and sweep is None) or where == os.path.abspath(os.getcwd()) \
             or os.path.abspath(os.getcwd()).startswith(where.rstrip(os.sep) + os.sep):
         return False
@@ -106,17 +108,26 @@ def discard_unused(run_dir: str) -> bool:
         shutil.rmtree(run_dir)
     except OSError:
         return False
-    with contextlib.suppress(OSError):
-        if sweep is not None and os.listdir(sweep) == ["multirun.yaml"]:  # no other job of the sweep ran
-            os.unlink(os.path.join(sweep, "multirun.yaml"))
-    stop, parent = os.path.abspath(os.getcwd()), os.path.dirname(os.path.abspath(run_dir))
+    stop, parent = os.path.abspath(os.getcwd()), os.path.dirname(where)
     while parent.startswith(stop + os.sep):
+        with contextlib.suppress(OSError):
+            if parent == sweep and os.listdir(sweep) == ["multirun.yaml"]:  # no other job of the sweep ran
+                os.unlink(os.path.join(sweep, "multirun.yaml"))
         try:
             os.rmdir(parent)  # only an empty one
         except OSError:
             break
         parent = os.path.dirname(parent)
     return True
+
+
+def _ancestors(path: str) -> list[str]:
+    """The directories above ``path`` (absolute), nearest first."""
+    found, parent = [], os.path.dirname(path)
+    while parent != os.path.dirname(parent):
+        found.append(parent)
+        parent = os.path.dirname(parent)
+    return found
 
 
 def _close_logs_in(run_dir: str) -> None:

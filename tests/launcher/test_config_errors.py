@@ -526,6 +526,19 @@ def test_a_sweep_with_one_bad_job_starts_none(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_sweep_whose_third_env_does_not_exist_trains_no_job(tmp_path):
+    # each job's env is made while its plan is: the preflight plans every job of a sweep run here before the first
+    tiny = ("recipe.num_envs=2", "recipe.num_steps=16", "recipe.total_frames=64", "launcher.plot=false")
+    proc = cli_in_process("--multirun", "+recipe=ppo", "env.id=CartPole-v1,Acrobot-v1,NoSuch/Env-v0", *tiny,
+                          cwd=str(tmp_path))
+    _one_short_message(proc, "env.id")  # nothing printed on stdout: no job launched, no plan
+    assert "cannot make gymnasium env 'NoSuch/Env-v0'" in proc.stderr
+    assert list(tmp_path.iterdir()) == []  # no sweep directory, no job's run directory or summary
+    # a sweep submitted elsewhere is planned where each job runs (its devices are that machine's)
+    argv = ["--multirun", "+recipe=ppo", "env.id=CartPole-v1,NoSuch/Env-v0", "hydra/launcher=slurm"]
+    assert len(check_argv(argv)) == 2
+
+
 @pytest.mark.slow  # four runs of Hydra's own main, two of them sweeps: seconds
 def test_hydra_s_own_flags_and_overrides_still_work(tmp_path):
     proc = cli_in_process("+recipe=ppo", "recipe.num_envs=0", "--cfg", "job", cwd=str(tmp_path))

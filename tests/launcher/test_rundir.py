@@ -49,6 +49,29 @@ def test_a_directory_the_user_chose_a_sweep_and_hydra_s_own_flags_are_left_alone
     assert not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.parametrize("others", [False, True], ids=["alone", "beside a job that ran"])
+def test_a_refused_job_whose_directory_is_nested_leaves_nothing(others, tmp_path, monkeypatch):
+    # an override's value with a "/" (env.id=ALE/Pong-v5) puts the job's directory two levels below the sweep's
+    from launcher import rundir
+
+    monkeypatch.chdir(tmp_path)
+    sweep = tmp_path / "multirun" / "2026-01-01" / "12-00-00"
+    job = sweep / "0_env.id=ALE" / "Pong-v5,recipe=ppo"
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "config.yaml").write_text("{}\n")
+    (job / "launcher.log").write_text("")
+    (sweep / "multirun.yaml").write_text("{}\n")
+    if others:
+        (sweep / "1_env.id=CartPole-v1").mkdir()
+        (sweep / "1_env.id=CartPole-v1" / "summary.json").write_text("{}\n")
+    monkeypatch.setattr(rundir, "MADE_HERE", {str(sweep)})
+    assert rundir.discard_unused(str(job))
+    if others:  # the sweep keeps what ran
+        assert sorted(p.name for p in sweep.iterdir()) == ["1_env.id=CartPole-v1", "multirun.yaml"]
+    else:
+        assert list(tmp_path.iterdir()) == []
+
+
 def test_the_cli_runs_in_the_directory_it_claimed(tmp_path):
     proc = cli_in_process("+recipe=ppo", "launcher.dry_run=true", cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr
