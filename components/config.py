@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, Optional
 
 from transports.errors import ConfigurationError
-from transports.options import bounded, check_instance, one_of
+from transports.options import bounded, check_instance, check_value, device_option, fields_of, is_device, one_of
 
 from .hosts.base import Resources
 
@@ -91,29 +91,51 @@ class WeightSyncConfig(ComponentConfig):
 
 
 __all__ = ["CONNECTION_FIELDS", "ComponentConfig", "LoggerConfig", "Resources", "WeightSyncConfig", "bounded",
-           "one_of"]
+           "device_option", "one_of"]
+
+
+_DEVICE = device_option("cpu")
+
+
+def device_options(config: Any, path: str) -> list[tuple[str, str]]:
+    """Every device a config object names, as ``(config path, device)``: its fields declared with
+    :func:`~transports.options.device_option` (``recipe.device``, ``components.inference.policy_device``...), unset
+    ones left out.
+
+    Args:
+        config: a config dataclass instance.
+        path: its config path (``recipe``, ``components.inference``).
+    """
+    return [(f"{path}.{name}", getattr(config, name)) for name, f in fields_of(type(config)).items()
+            if is_device(f) and getattr(config, name) is not None]
+
+
+def check_devices(config: Any, path: str) -> None:
+    """Refuse a device that this machine does not have, of every device option of ``config`` (see
+    :func:`device_options`, :func:`check_device`)."""
+    for full, name in device_options(config, path):
+        check_device(name, full)
 
 
 def check_device(name: str, path: str) -> None:
-    """Refuse a torch device this machine does not have (imports torch: called while planning and where the device is
-    used, never when a config is composed).
+    """Refuse a device this machine does not have (imports torch). Whether ``name`` is a device at all is the option's
+    own range (:func:`~transports.options.device_option`), checked when a config is composed or made; this is checked
+    where the device is used: on the machine that runs a plan (``launcher.checks.check_here``, skipped by a dry run,
+    which may plan for another node) and where an owner builds what runs on it.
 
     Raises:
-        ConfigurationError: naming ``path``, the value and what is allowed.
+        ConfigurationError: naming ``path``, the value and the devices there are.
     """
-    if not usable_device(name):
-        raise ConfigurationError(f"{path} must be a device this machine has (cpu, or cuda[:N] with CUDA available), "
-                                 f"got {name!r}", path=path)
-
-
-def usable_device(name: str) -> bool:
-    """Whether ``name`` is a torch device this machine has."""
     import torch
 
-    try:
-        device = torch.device(name)
-    except (RuntimeError, TypeError):
-        return False
-    if device.type == "cuda":
-        return torch.cuda.is_available() and (device.index is None or device.index < torch.cuda.device_count())
-    return device.type in ("cpu", "meta") or hasattr(torch, device.type)
+    check_value(_DEVICE, name, path)  # a name at all (a config made in Python may not have been checked)
+    if not name.startswith("cuda"):
+        return
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(name.partition(":")[2] or 0)
+    if index < count:
+        return
+    there = {0: "it has no CUDA device", 1: "it has one CUDA device (cuda:0)"}.get(
+        count, f"it has {count} CUDA devices (cuda:0 to cuda:{count - 1})")
+    raise ConfigurationError(f"{path} must be a device this machine has, got {name!r}: {there}; use cpu, or run where "
+                             "the device is (a dry run plans for any node)", path=path)

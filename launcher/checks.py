@@ -7,8 +7,11 @@ from __future__ import annotations
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from components.config import check_device, device_options
 from components.hosts import HOSTS, host_class
+from transports.descriptor import Reach
 from transports.errors import ConfigurationError, IncompatibleCombinationError, NotImplementedYetError
+from transports.kinds import DISTANCE
 
 from .plan import LaunchPlan, _needs, check_calls, resolve_components
 
@@ -38,17 +41,44 @@ def check_placements(cfg: DictConfig) -> None:
 
 
 def check_here(plan: LaunchPlan) -> None:
-    """What the machine (or cluster) that runs the plan cannot do, refused before anything starts: each placement's
-    :meth:`~components.hosts.base.Host.check_session` (a Ray cluster without the GPUs asked for, a network interface
-    that does not exist, Slurm that does not answer). Not part of :func:`build_plan`: a plan made on a login node for
-    a Slurm job is checked where the job runs.
+    """What the machine (or cluster) that runs the plan cannot do, refused before anything starts: the devices it uses
+    itself (:func:`check_devices_here`), then each placement's :meth:`~components.hosts.base.Host.check_session` (a Ray
+    cluster without the GPUs asked for, a network interface that does not exist, Slurm that does not answer). Not
+    part of :func:`build_plan`: a plan made on a login node for a Slurm job is checked where the job runs.
 
     Raises:
         ConfigurationError: naming the setting or the resource and what to do.
     """
+    check_devices_here(plan)
     placed: dict[str, dict] = {}
     for c in plan.components:
         placed.setdefault(c.placement, {})[c.name] = c.resources
     for where, resources in sorted(placed.items()):
         if where in HOSTS:
             host_class(where).check_session(plan.sessions.get(where) or {}, resources)
+
+
+def check_devices_here(plan: LaunchPlan) -> None:
+    """Refuse a device the plan uses on this machine (:func:`devices_here`) that this machine does not have.
+
+    Raises:
+        ConfigurationError: naming the device option (``recipe.device``...), the value and the devices there are.
+    """
+    for path, device in devices_here(plan):
+        check_device(device, path)
+
+
+def devices_here(plan: LaunchPlan) -> list[tuple[str, str]]:
+    """The devices the plan uses on this machine, as ``(config path, device)``: the learner's (``recipe.device``, in
+    the driver) and the device options of every owner placed on this machine (``direct``, ``thread``, ``process``),
+    the inference config's too where ``local_policy`` runs its policy in collector workers placed here. An owner
+    placed further (a Ray actor, a Slurm job, a worker rank) checks its devices where it builds them."""
+    here = [*device_options(plan.recipe_config, "recipe")] if plan.recipe_config is not None else []
+    for c in plan.components:
+        if c.config is not None and DISTANCE.get(c.placement, Reach.NETWORK) <= Reach.MACHINE:
+            here += device_options(c.config, c.config.path)
+    collector = next((c for c in plan.components if c.name == "collector"), None)
+    if (plan.replica is not None and collector is not None and collector.options.get("local_policy")
+            and DISTANCE.get(collector.placement, Reach.NETWORK) <= Reach.MACHINE):
+        here += device_options(plan.replica, plan.replica.path)
+    return here

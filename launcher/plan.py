@@ -355,12 +355,8 @@ def build_plan(cfg: DictConfig) -> LaunchPlan:
     Raises:
         ConfigurationError: any configuration mistake, before anything starts.
     """
-    from components.config import check_device
-
     check_values(cfg)  # every key known and every value in its declared range, first
     recipe, recipe_cfg = recipe_of(cfg)
-    if getattr(recipe_cfg, "device", None) is not None:
-        check_device(recipe_cfg.device, "recipe.device")
     from components.envs import EnvMaker  # gymnasium and tensordict: only once a recipe is chosen
     from components.logger import logger_class
 

@@ -116,13 +116,14 @@ def _plan_every_job(configs: list[DictConfig]) -> None:
     Raises:
         ConfigurationError: what the plan of a job refuses.
     """
+    from .checks import check_devices_here
     from .plan import build_plan
 
     for cfg in configs:
         if cfg.launcher.dry_run:
             continue
         try:
-            build_plan(cfg)
+            check_devices_here(build_plan(cfg))  # the jobs run here: their devices are this machine's
         except ConfigurationError:
             raise
         except Exception:  # noqa: BLE001 - not a mistake in the config: the job reports it as it runs

@@ -9,7 +9,8 @@ machine. :func:`job_resources` counts, for one composed config and its :class:`~
   one per collector worker) and takes its ``resources.num_cpus``, or 1 when unset. Actors of a joined cluster
   (``ray.address``) run on that cluster's machines and count nothing. The sum, rounded up.
 - ``gpus_per_node``: the sum of those hosts' ``resources.num_gpus``, rounded up, and at least one more than the
-  highest index an owner's ``cuda`` device option names (``policy_device: cuda`` needs one).
+  highest index a ``cuda`` device option of the learner or of those owners names (``recipe.device=cuda`` and
+  ``policy_device: cuda`` need one).
 - ``mem_gb``: 0.6 GB for the driver, each host's ``process_memory_gb`` per process of its own (process and
   distributed 0.35, Ray actors 0.45), what each placement starts besides (the forkserver 0.35, a local Ray
   cluster's daemons 0.6), all measured on CartPole runs and rounded up; plus the replay buffer's capacity times a
@@ -33,6 +34,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from omegaconf import DictConfig
 
+from components.config import device_options
 from components.hosts.submitit import SlurmUnavailable, sinfo
 from transports.errors import ConfigurationError, NotImplementedYetError
 
@@ -120,7 +122,10 @@ def job_resources(plan) -> JobResources:
             continue
         n = int(c.options.get("num_collectors", 1))  # one host per worker
         each = "" if n == 1 else f"{n} x "
-        device_gpus = max([device_gpus, *(_device_count(v) for k, v in c.options.items() if k.endswith("_device"))])
+        devices = device_options(c.config, c.name) if c.config is not None else []
+        if c.options.get("local_policy") and plan.replica is not None:  # the policy runs in the collector's workers
+            devices += device_options(plan.replica, "inference")
+        device_gpus = max([device_gpus, *(_device_count(v) for _, v in devices)])
         if c.resources.num_gpus:
             gpus += n * c.resources.num_gpus
             gpu_parts.append(f"{c.name} {each}{c.resources.num_gpus:g}")
@@ -140,6 +145,8 @@ def job_resources(plan) -> JobResources:
     if capacity and row:
         memory += capacity * row / 1e9
         mem_parts.append(f"replay {capacity:,} rows x {row} bytes")
+    if plan.recipe_config is not None:  # the learner, in the driver
+        device_gpus = max([device_gpus, *(_device_count(v) for _, v in device_options(plan.recipe_config, "recipe"))])
     if device_gpus > gpus:
         gpu_parts.append(f"a cuda device option needs {device_gpus}")
     return JobResources(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
-from components.config import bounded, one_of
+from components.config import bounded, device_option, one_of
 
 ENCODERS = ("auto", "mlp", "nature_cnn", "impala_cnn", "minatar_cnn")
 """The built-in encoders a recipe's ``encoder`` names (:mod:`recipes.networks`)."""
@@ -52,8 +52,9 @@ class PPOConfig:
         clip_rewards: learn from the sign of each reward (Atari's convention); episode returns still count the
             game's own rewards.
         clip_vloss: clip the value loss around the values the batch was collected with, by ``clip_coef``.
-        device: where the learner trains (``cpu``, ``cuda``, ``cuda:1``); a CUDA device this machine lacks is
-            refused while planning. The inference server's device is ``components.inference.policy_device``.
+        device: where the learner trains (``cpu``, ``cuda``, ``cuda:1``); a CUDA device the machine that runs the
+            plan lacks is refused before anything starts (a dry run plans it anywhere). The inference server's device
+            is ``components.inference.policy_device``.
         normalize_observations: standardise observations by running statistics the policy holds and weight sync
             ships (:class:`~recipes.networks.RunningNorm`), as CleanRL's ``NormalizeObservation`` does per worker.
         normalize_rewards: scale rewards by the running standard deviation of each env's discounted return, in the
@@ -83,7 +84,7 @@ class PPOConfig:
     encoder: str = one_of("auto", ENCODERS)
     clip_rewards: bool = False
     clip_vloss: bool = False
-    device: str = "cpu"
+    device: str = device_option("cpu")
     normalize_observations: bool = False
     normalize_rewards: bool = False
 
@@ -136,8 +137,8 @@ class DQNConfig:
             observations and a CNN for images. Ignored when ``network`` is set.
         clip_rewards: learn from the sign of each reward (Atari's convention); episode returns still count the
             game's own rewards.
-        device: where the learner trains (``cpu``, ``cuda``...); a CUDA device this machine lacks is refused while
-            planning.
+        device: where the learner trains (``cpu``, ``cuda``...); a CUDA device the machine that runs the plan lacks
+            is refused before anything starts.
         replay_frames: store observation stacks in replay one frame at a time (``components.replay.frames``):
             ``None`` does so for stacks of pixel frames (uint8 ``[stack, height, width]``, as ``env=atari``
             gives), about 1/8 of the memory of whole stacks.
@@ -168,7 +169,7 @@ class DQNConfig:
     max_grad_norm: float = bounded(10.0, gt=0)
     encoder: str = one_of("auto", ENCODERS)
     clip_rewards: bool = False
-    device: str = "cpu"
+    device: str = device_option("cpu")
     replay_frames: Optional[bool] = None
 
     @property
@@ -218,7 +219,7 @@ class IMPALAConfig:
         init_log_std: initial log standard deviation of continuous actions.
         encoder: the built-in network's encoder, as :class:`PPOConfig`'s.
         clip_rewards: learn from the sign of each reward (Atari's convention).
-        device: where the learner trains (``cpu``, ``cuda``...); refused while planning where this machine lacks it.
+        device: where the learner trains (``cpu``, ``cuda``...), as :class:`PPOConfig`'s.
         normalize_observations: standardise observations by running statistics the policy holds, as
             :class:`PPOConfig`'s.
     """
@@ -251,7 +252,7 @@ class IMPALAConfig:
     init_log_std: float = 0.0
     encoder: str = one_of("auto", ENCODERS)
     clip_rewards: bool = False
-    device: str = "cpu"
+    device: str = device_option("cpu")
     normalize_observations: bool = False
 
     collects_while_learning: ClassVar[bool] = True
@@ -267,6 +268,12 @@ class IMPALAConfig:
     def frames_per_batch(self) -> int:
         """Frames the collector hands over per round of every worker: one unroll of each env."""
         return self.num_envs * self.unroll_length
+
+    @property
+    def replay_row_steps(self) -> int:
+        """Env steps in one row of its replay buffer (a learner queue of whole unrolls), where the launcher sizes the
+        buffer before anything starts (:mod:`launcher.footprint`); a recipe that says nothing stores one per row."""
+        return self.unroll_length
 
     def rules(self) -> tuple[tuple[str, bool, str], ...]:
         """What must hold between fields (each in range), as ``(field to blame, holds, what is wrong)``."""

@@ -1,6 +1,7 @@
 """Typed options with declared ranges: the one mechanism every config dataclass of the project checks with.
 
-A dataclass field declares what it accepts with :func:`bounded` (a numeric range) or :func:`one_of` (a choice);
+A dataclass field declares what it accepts with :func:`bounded` (a numeric range), :func:`one_of` (a choice) or
+:func:`device_option` (a torch device's name);
 :func:`check_fields` checks a mapping of values (a transport's options, a component's config, a composed YAML node)
 against the dataclass: unknown keys, then each declared range, naming the config path, the value and what is
 allowed. The launcher's preflight, the plan, the owners built from Python and the generated configuration reference
@@ -10,6 +11,7 @@ read the same metadata. Plain data: nothing heavy is imported.
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from typing import Any, Iterable, Mapping
 
@@ -39,6 +41,26 @@ def one_of(default: Any, choices: Iterable[str]) -> Any:
     return dataclasses.field(default=default, metadata={"choices": tuple(choices)})
 
 
+DEVICES = ("cpu", "cuda", "cuda:<index>")
+"""The devices a ``*_device`` option names: the CPU, or a CUDA device (the current one, or by index)."""
+
+_DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
+
+
+def device_option(default: str | None) -> Any:
+    """A dataclass field naming a torch device, one of :data:`DEVICES` (``None`` passes an ``Optional`` field).
+
+    Only the name is checked here: whether a machine has the device is checked where the device is used (the
+    launcher's :func:`~launcher.checks.check_here`, the owner's host), since a plan may be made for another node.
+    """
+    return dataclasses.field(default=default, metadata={"device": True})
+
+
+def is_device(f: dataclasses.Field) -> bool:
+    """Whether field ``f`` names a torch device (:func:`device_option`)."""
+    return bool(f.metadata.get("device"))
+
+
 def fields_of(kind: Any) -> dict[str, dataclasses.Field]:
     """The fields of a dataclass type (an empty dict for anything else)."""
     if isinstance(kind, type) and dataclasses.is_dataclass(kind):
@@ -51,6 +73,8 @@ def allowed(f: dataclasses.Field, optional: bool = False) -> str | None:
     when it declares no range."""
     if "choices" in f.metadata:
         text = "one of " + ", ".join(f.metadata["choices"])
+    elif is_device(f):
+        text = "a device (" + ", ".join(DEVICES[:-1]) + " or " + DEVICES[-1] + ")"
     elif f.metadata.get("bounds"):
         text = _describe(f.metadata["bounds"], f.metadata.get("unit", ""))
     else:
@@ -66,6 +90,8 @@ def within(f: dataclasses.Field, value: Any) -> bool:
     """Whether ``value`` lies within what field ``f`` declares (a field without a range accepts anything)."""
     if "choices" in f.metadata:
         return value in f.metadata["choices"]
+    if is_device(f):
+        return isinstance(value, str) and _DEVICE.fullmatch(value) is not None
     bounds = f.metadata.get("bounds")
     if not bounds:
         return True

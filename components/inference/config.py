@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
-from transports.options import bounded
+from transports.options import bounded, device_option
 
-from ..config import ComponentConfig, check_device
+from ..config import ComponentConfig, check_devices
 
 
 @dataclass
@@ -22,7 +22,8 @@ class InferenceServerConfig(ComponentConfig):
         timeout: seconds to wait for ``min_batch_size`` requests before serving what is there.
         collect_stats: keep batch-size, queue-wait and forward-time statistics.
         stats_window: number of recent batches the statistics cover.
-        policy_device: device of the policy forward pass (checked against this machine when a server is built).
+        policy_device: device of the policy forward pass (``cpu``, ``cuda``, ``cuda:<index>``; checked against the
+            machine where the policy is built).
         output_device: device of the tensors handed back to callers (``None``: the request's device).
 
     Example:
@@ -36,8 +37,8 @@ class InferenceServerConfig(ComponentConfig):
     timeout: float = bounded(0.002, ge=0, unit="seconds")  # to wait for min_batch_size requests
     collect_stats: bool = True  # keep batch-size and latency statistics
     stats_window: int = bounded(1000, ge=1)  # batches the statistics cover
-    policy_device: str = "cpu"  # device of the policy forward pass
-    output_device: Optional[str] = None  # device of returned tensors (None: the request's)
+    policy_device: str = device_option("cpu")  # device of the policy forward pass
+    output_device: Optional[str] = device_option(None)  # device of returned tensors (None: the request's)
 
     def rules(self) -> tuple[tuple[str, bool, str], ...]:
         return (("min_batch_size", self.min_batch_size <= self.max_batch_size,
@@ -45,13 +46,10 @@ class InferenceServerConfig(ComponentConfig):
                  f"{self.min_batch_size!r}"),)
 
     def check_devices(self) -> None:
-        """Refuse a device this machine does not have (imports torch: called when a server or replica is built
-        and while planning, not when a config is composed).
+        """Refuse a device this machine does not have (imports torch: called where the policy is built, not when a
+        config is composed or planned: a plan may be made for another node).
 
         Raises:
             ConfigurationError: naming ``components.inference.policy_device`` (or ``output_device``).
         """
-        for name in ("policy_device", "output_device"):
-            value = getattr(self, name)
-            if value is not None:
-                check_device(value, f"{self.path}.{name}")
+        check_devices(self, self.path)

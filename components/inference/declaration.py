@@ -16,11 +16,6 @@ def _process_auto(ctx: TransportContext) -> tuple[str, str]:
     return "queue", "process owner without fixed layouts: pickled payloads over a local socket per client"
 
 
-def check(config: InferenceServerConfig, *, inline: bool = False) -> None:
-    """What the config's own ranges cannot say: its devices exist on this machine."""
-    config.check_devices()
-
-
 DECLARATION = Declaration(
     component="inference",
     cells=(
@@ -34,6 +29,5 @@ DECLARATION = Declaration(
     depends_on=("weight_sync",),
     calls=(Calls("weight_sync"),),
     layouts_up_front=True,
-    check=check,
     config=InferenceServerConfig,
 )

@@ -38,6 +38,7 @@ class ServedPolicy:
 
     def __init__(self, build: Callable[[], torch.nn.Module], server_side: Any, config: InferenceServerConfig,
                  weight_sync: Any = None, collate_fn: Callable | None = None):
+        config.check_devices()  # here, where the policy runs: the plan may have been made on another node
         self.device = torch.device(config.policy_device)
         self.output_device = config.output_device
         self._output = None if config.output_device is None else torch.device(config.output_device)

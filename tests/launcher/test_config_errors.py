@@ -247,6 +247,54 @@ def test_hydra_overrides_are_left_out_of_the_check():
     assert cfg.recipe.num_envs == 16 and "hydra" not in cfg
 
 
+# ---------------------------------------------------------------------------------------------- mistakes of a kind
+def _device_options() -> list[str]:
+    """Every device option a command line sets: the fields of each recipe's and each component's config declared with
+    ``device_option`` (``recipe.device``, ``components.inference.policy_device``...)."""
+    from components import compat
+    from transports.options import is_device
+
+    paths = {f"recipe.{f.name}" for kind in (PPOConfig, DQNConfig, IMPALAConfig) for f in dataclasses.fields(kind)
+             if is_device(f)}
+    paths |= {f"components.{name}.{f.name}" for name in compat.COMPONENTS
+              for f in dataclasses.fields(compat.declaration(name).config) if is_device(f)}
+    return sorted(paths)
+
+
+DEVICE_OPTIONS = _device_options()
+NOT_DEVICES = ["mps", "gpu", "cuda:x", "cuda:-1", "CUDA", "meta", ""]
+"""Names a device option refuses wherever it runs: torch devices the project does not run on (``mps``, ``meta``),
+names torch does not know, and spellings of a CUDA device torch would refuse only once it is used."""
+
+
+def test_every_device_option_is_one_kind():
+    assert {"recipe.device", "components.inference.policy_device",
+            "components.inference.output_device"} <= set(DEVICE_OPTIONS)
+
+
+@pytest.mark.parametrize("path", DEVICE_OPTIONS)
+def test_a_device_option_that_names_no_device_is_refused_with_the_command_line(path):
+    # refused by the preflight with the command line's other mistakes: a dry run too (the name is wrong on any node)
+    for wrong in NOT_DEVICES[:3]:
+        error = outcome("+recipe=ppo", f"{path}={wrong}", "launcher.dry_run=true")
+        assert isinstance(error, ConfigurationError) and error.path == path, error
+        first = str(error).splitlines()[0]
+        assert first.startswith(f"{path} must be a device (cpu, cuda or cuda:<index>)") and first.endswith(
+            f"got {wrong!r}"), first
+
+
+@pytest.mark.parametrize("path", DEVICE_OPTIONS)
+def test_a_device_this_machine_lacks_is_planned_and_refused_where_the_plan_runs(compose_cfg, path):
+    import torch
+
+    absent = f"cuda:{torch.cuda.device_count()}"
+    plan = build_plan(compose_cfg("+recipe=ppo", f"{path}={absent}"))  # a dry run may plan for a GPU node
+    with pytest.raises(ConfigurationError) as info:
+        check_here(plan)
+    assert info.value.path == path
+    assert str(info.value).startswith(f"{path} must be a device this machine has, got {absent!r}: it has ")
+
+
 # ---------------------------------------------------------------------------------------------- drawn from the schema
 def _options(group: str) -> list[str]:
     folder = importlib.resources.files("conf") / group
@@ -401,7 +449,8 @@ CLI_MISTAKES = [
     ("+recipe=ppo", "env=nonexistent"), ("+recipe=ppo", "recipe.num_envs=0"), ("+recipe=ppo", "seed=-1"),
     ("+recipe=ppo", "recipe.lr=-1"), ("+recipe=ppo", "recipe.total_frames=-100"), ("+recipe=ppo", "recipe.window=0"),
     ("+recipe=ppo", "launcher.telemetry_every=-1"), ("+recipe=ppo", "components.inference.max_batch_size=-5"),
-    ("+recipe=ppo", "components.inference.timeout=-1"), ("+recipe=ppo", "components.inference.policy_device=cuda:7"),
+    ("+recipe=ppo", "components.inference.timeout=-1"), ("+recipe=ppo", "components.inference.policy_device=mps"),
+    ("+recipe=ppo", "+env.kwargs.foo=1"),
 ]
 
 
@@ -412,7 +461,7 @@ def _one_short_message(proc, path: str) -> None:
 
 
 QUICK_CLI = {"components.inference.max_batch_size=abc", "service=submitit", "+recipe=nonexistent", "seed=-1",
-             "components.inference.policy_device=cuda:7"}
+             "+env.kwargs.foo=1"}
 """One of each way a mistake is refused (a wrong type, a group option, a range, the plan's own check): the quick
 loop's share; the full suite runs every one."""
 
@@ -421,11 +470,6 @@ loop's share; the full suite runs every one."""
                                   for a in CLI_MISTAKES], ids=[a[-1] for a in CLI_MISTAKES])
 def test_the_cli_exits_2_with_one_short_message(args, tmp_path):
     # the command line's entry point in this process: the same phases a process runs (below, once, as a process)
-    if args[-1].endswith("cuda:7"):
-        import torch
-
-        if torch.cuda.device_count() > 7:
-            pytest.skip("this machine has a cuda:7")
     proc = cli_in_process(*args, "launcher.dry_run=true", cwd=str(tmp_path))
     _one_short_message(proc, args[-1].split("=")[0].lstrip("+"))
     assert list(tmp_path.iterdir()) == []  # nothing started, and no run directory left behind
@@ -435,11 +479,14 @@ def test_the_cli_exits_2_with_one_short_message(args, tmp_path):
 def test_a_real_process_exits_2_with_one_short_message(tmp_path):
     import torch
 
-    cases = [(("+recipe=ppo", "seed=-1"), "seed")]  # refused by the preflight, before Hydra starts
-    if torch.cuda.device_count() <= 7:  # refused by the plan, inside Hydra's job
-        cases.append((("+recipe=ppo", "components.inference.policy_device=cuda:7"), "components.inference.policy_device"))
+    cases = [(("+recipe=ppo", "seed=-1", "launcher.dry_run=true"), "seed"),  # by the preflight, before Hydra starts
+             (("+recipe=ppo", "+env.kwargs.foo=1", "launcher.dry_run=true"), "env.kwargs.foo")]  # the plan, in the job
+    if torch.cuda.device_count() <= 7:  # by what this machine offers, in the job (a dry run would plan it)
+        cases.append((("+recipe=ppo", "components.inference.policy_device=cuda:7", "recipe.total_frames=64"),
+                      "components.inference.policy_device"))
     for args, path in cases:
-        _one_short_message(run_cli(*args, "launcher.dry_run=true", cwd=str(tmp_path)), path)
+        _one_short_message(run_cli(*args, cwd=str(tmp_path)), path)
+        assert list(tmp_path.iterdir()) == []  # and no run directory left behind
 
 
 @pytest.mark.slow  # two runs of Hydra's job: seconds

@@ -11,8 +11,10 @@ BAD = [
     (("components.inference.min_batch_size=100",), "components.inference.min_batch_size", "got 100",
      "in [1, max_batch_size=64]"),
     (("components.inference.timeout=-1",), "components.inference.timeout", "got -1", ">= 0 seconds"),
-    (("components.inference.policy_device=cuda:7",), "components.inference.policy_device", "got 'cuda:7'",
-     "a device this machine has"),
+    (("components.inference.policy_device=cuda:x",), "components.inference.policy_device", "got 'cuda:x'",
+     "a device (cpu, cuda or cuda:<index>)"),
+    (("components.inference.output_device=mps",), "components.inference.output_device", "got 'mps'",
+     "a device (cpu, cuda or cuda:<index>) or null"),
     (("service=thread", "components.collector.num_collectors=3"), "components.collector.num_collectors", "got 3",
      "a divisor of"),
     (("components.collector.num_collectors=2",), "components.collector.num_collectors", "got 2",
@@ -42,6 +44,31 @@ def test_an_owner_built_from_python_runs_the_same_checks():
     with pytest.raises(ConfigurationError) as info:
         InferenceServerConfig(max_batch_size=-5)
     assert "full_key: components.inference.max_batch_size" in str(info.value)
+
+
+def _linear_policy():
+    import torch
+    from tensordict.nn import TensorDictModule
+
+    return TensorDictModule(torch.nn.Linear(4, 2), in_keys=["observation"], out_keys=["action"])
+
+
+def test_an_owner_built_from_python_checks_its_device_where_it_builds_the_policy():
+    import torch
+
+    from components.inference import InferenceServer, InferenceServerConfig
+
+    with pytest.raises(ConfigurationError, match=r"policy_device must be a device \(cpu, cuda or cuda:<index>\), "
+                                                 "got 'mps'"):
+        InferenceServerConfig(policy_device="mps")  # the name: when the config is made
+    absent = f"cuda:{torch.cuda.device_count()}"
+    server = InferenceServer(policy_factory=_linear_policy, config=InferenceServerConfig(policy_device=absent))
+    try:
+        with pytest.raises(ConfigurationError, match=f"got '{absent}': it has ") as info:
+            server.start()  # the device: where the policy is built (it may be made for another node)
+        assert info.value.path == "components.inference.policy_device"
+    finally:
+        server.shutdown()
 
 
 def test_a_partial_fixed_layout_is_refused_at_construction():

@@ -5,7 +5,6 @@ a refusal before submission."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 import pickle
@@ -72,15 +71,14 @@ def test_a_replay_row_is_estimated_from_the_plans_layouts(compose_cfg):
     assert _row_bytes(build_plan(compose_cfg("+recipe=dqn"))) == 2 * 16 + (8 + 8) + 16  # stored: 57
 
 
-def test_a_cuda_device_option_asks_for_a_gpu(compose_cfg):
-    cfg = compose_cfg("+recipe=ppo")
-    plan = build_plan(cfg)  # the plan refuses cuda on a machine without one: set it on the plan's own config
-    inference = plan["inference"]
-    for device, gpus in (("cuda", 1), ("cuda:1", 2), ("cpu", 0)):
-        moved = dataclasses.replace(inference, config=dataclasses.replace(inference.config, policy_device=device))
-        changed = dataclasses.replace(plan, components=tuple(moved if c.name == "inference" else c
-                                                             for c in plan.components))
-        assert job_resources(changed).gpus_per_node == gpus
+@pytest.mark.parametrize("overrides, gpus", [
+    (("components.inference.policy_device=cuda",), 1), (("components.inference.policy_device=cuda:1",), 2),
+    (("components.inference.policy_device=cpu",), 0), (("recipe.device=cuda",), 1),  # the learner, in the driver
+    (("components.collector.local_policy=true", "components.inference.policy_device=cuda:2"), 3),  # in the workers
+])
+def test_a_cuda_device_option_asks_for_a_gpu(compose_cfg, overrides, gpus):
+    # planned on a node without CUDA too (a login node): the node that runs the job checks its devices
+    assert job_resources(build_plan(compose_cfg("+recipe=ppo", *overrides))).gpus_per_node == gpus
 
 
 def test_a_sweep_asks_for_the_largest_of_its_jobs():

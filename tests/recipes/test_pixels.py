@@ -143,9 +143,13 @@ def test_the_mujoco_plan_takes_cleanrl_continuous_settings(compose_cfg):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: recipe.device=cuda is allowed here")
 @pytest.mark.parametrize("recipe", ["ppo", "dqn"])
-def test_a_cuda_learner_without_cuda_is_refused_while_planning(compose_cfg, recipe):
-    with pytest.raises(ConfigurationError, match="recipe.device must be a device this machine has") as info:
-        build_plan(compose_cfg(f"+recipe={recipe}", "recipe.device=cuda"))
+def test_a_cuda_learner_is_planned_anywhere_and_refused_where_there_is_no_cuda(compose_cfg, recipe):
+    from launcher.checks import check_here
+
+    plan = build_plan(compose_cfg(f"+recipe={recipe}", "recipe.device=cuda"))  # a dry run may plan for a GPU node
+    with pytest.raises(ConfigurationError, match="recipe.device must be a device this machine has, got 'cuda': "
+                                                 "it has no CUDA device") as info:
+        check_here(plan)  # the machine that runs it
     assert info.value.path == "recipe.device"
 
 
