@@ -9,6 +9,7 @@ from transports.errors import (
     RemoteError,
     ServiceError,
     ServiceTimeoutError,
+    SharedMemoryFull,
     TransportError,
 )
 
@@ -21,5 +22,6 @@ __all__ = [
     "RemoteError",
     "ServiceError",
     "ServiceTimeoutError",
+    "SharedMemoryFull",
     "TransportError",
 ]

@@ -13,6 +13,7 @@ from transports.descriptor import Reach
 from transports.errors import ConfigurationError, IncompatibleCombinationError, NotImplementedYetError
 from transports.kinds import DISTANCE
 
+from .footprint import check_shared_memory
 from .plan import LaunchPlan, _needs, check_calls, resolve_components
 
 
@@ -43,8 +44,10 @@ def check_placements(cfg: DictConfig) -> None:
 def check_here(plan: LaunchPlan) -> None:
     """What the machine (or cluster) that runs the plan cannot do, refused before anything starts: the devices it uses
     itself (:func:`check_devices_here`), then each placement's :meth:`~components.hosts.base.Host.check_session` (a Ray
-    cluster without the GPUs asked for, a network interface that does not exist, Slurm that does not answer). Not
-    part of :func:`build_plan`: a plan made on a login node for a Slurm job is checked where the job runs.
+    cluster without the GPUs asked for, a network interface that does not exist, Slurm that does not answer), then
+    what the plan holds on this machine (:mod:`launcher.footprint`: its shared-memory segments against the room in
+    the segment directory). Not part of :func:`build_plan`: a plan made on a login node for a Slurm job is checked
+    where the job runs.
 
     Raises:
         ConfigurationError: naming the setting or the resource and what to do.
@@ -56,6 +59,7 @@ def check_here(plan: LaunchPlan) -> None:
     for where, resources in sorted(placed.items()):
         if where in HOSTS:
             host_class(where).check_session(plan.sessions.get(where) or {}, resources)
+    check_shared_memory(plan)
 
 
 def check_devices_here(plan: LaunchPlan) -> None:

@@ -11,10 +11,11 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
-from transports.errors import NO_SPACE, PeerFailureError, RemoteError, ServiceError
+from transports.errors import NO_SPACE, PeerFailureError, RemoteError, ServiceError, SharedMemoryFull, qualified_name
 
 SETTLE_S = 2.0
 """Seconds to wait, after a client saw its peer fail, for the host watching that peer to record why."""
+_SHARED_MEMORY_FULL = qualified_name(SharedMemoryFull)
 
 
 class ServiceDied(ServiceError):
@@ -104,11 +105,14 @@ def ending() -> None:
 
 def no_space(error: BaseException | None) -> str | None:
     """What a run could not write for want of space, where ``error`` (or an error it came from, here or in a
-    service's owner) is a full disk or quota: ``"No space left on device: /path"`` (the path where known); else
-    ``None``."""
+    service's owner) is a full disk or quota: ``"No space left on device: /path"`` (the path where known), or shared
+    memory that ran out (:class:`~transports.errors.SharedMemoryFull`: ``"ran out of shared memory in /dev/shm
+    ..."``); else ``None``."""
     def said(e: BaseException) -> str | None:
         if isinstance(e, OSError) and e.errno in NO_SPACE:
             return e.strerror + (f": {e.filename}" if e.filename else "")
+        if isinstance(e, RemoteError) and e.remote_type == _SHARED_MEMORY_FULL:  # its message says it all
+            return e.remote_message
         if isinstance(e, RemoteError) and e.remote_type in ("OSError", "PermissionError"):
             told = re.match(r"\[Errno (\d+)\] ([^:]+)(?:: '(.*)')?$", e.remote_message.strip())
             if told and int(told[1]) in NO_SPACE:

@@ -30,6 +30,7 @@ from transports.errors import ConfigurationError, IncompatibleCombinationError
 from transports.descriptor import Reach
 from transports.kinds import DISTANCE, reaches, transport_label
 
+from .layouts import policy_layouts
 from .values import check_values
 
 ComponentPlan = Resolved
@@ -61,6 +62,8 @@ class LaunchPlan:
         replica: the inference config whose devices a policy replica uses (``components.collector.local_policy``).
         recipe_sets: what the recipe sets of each component's config (``{"collector": {"sync": False, ...}}``),
             over what the YAML said.
+        step: the layout of one env step as a collector's rollout holds it (:mod:`launcher.layouts`).
+        policy_bytes: bytes of the policy's state. Both size what the run holds (:mod:`launcher.footprint`).
     """
 
     recipe: str
@@ -76,6 +79,8 @@ class LaunchPlan:
     sessions: dict = dataclasses.field(default_factory=dict, compare=False)
     replica: Any = dataclasses.field(default=None, compare=False)
     recipe_sets: dict = dataclasses.field(default_factory=dict, compare=False)
+    step: Any = dataclasses.field(default=None, compare=False)
+    policy_bytes: int = dataclasses.field(default=0, compare=False)
 
     def __getitem__(self, name: str) -> Resolved:
         for c in self.components:
@@ -314,19 +319,6 @@ def _needs(cfg: DictConfig, needs: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(n for n in needs if n != "inference")
 
 
-def _layouts(recipe: Recipe, recipe_cfg: Any, spec, num_envs: int) -> dict[str, dict[str, Any]]:
-    import torch
-    from transports.layout import Layout
-
-    request = spec.request_layout(num_envs)
-    with torch.no_grad():
-        policy = recipe.make_policy(recipe_cfg, spec)
-        out = policy(request.zeros())
-    out.set("policy_version", torch.zeros(out.batch_size, dtype=torch.long))
-    response = Layout.from_tensordict(out.exclude(*request.keys))
-    return {"inference": {"request": request, "response": response}}
-
-
 def _topological(names: tuple[str, ...]) -> tuple[str, ...]:
     order: list[str] = []
     pending = sorted((n for n in compat.COMPONENTS if n in names), key=lambda n: not compat.declaration(n).first)
@@ -367,10 +359,16 @@ def build_plan(cfg: DictConfig) -> LaunchPlan:
         services = recipe.services(recipe_cfg, spec)
     except ValueError as exc:
         raise ConfigurationError(str(exc), path="recipe") from exc
+    from recipes.networks import check_encoder  # torch: the policy is built next
+
+    check_encoder(recipe_cfg, spec.observation_shape,  # frames too small for the encoder name what sized them
+                  None if maker.atari is None else ("env.atari.screen_size", maker.atari.screen_size))
     # one policy request carries the envs of one group of one worker
     split = int(cfg.components.collector.num_collectors) * int(cfg.components.collector.env_groups)
     num_envs = services.get("collector", {}).get("num_envs", 1)
-    layouts = _layouts(recipe, recipe_cfg, spec, num_envs // split if split >= 1 and num_envs % split == 0 else num_envs)
+    derived = policy_layouts(recipe, recipe_cfg, spec,
+                             num_envs // split if split >= 1 and num_envs % split == 0 else num_envs)
+    layouts = {"inference": {"request": derived.request, "response": derived.response}}
     needs = _needs(cfg, recipe.needs)
     resolved = resolve_components(cfg, needs, services, layouts)
     check_calls(resolved)
@@ -393,4 +391,5 @@ def build_plan(cfg: DictConfig) -> LaunchPlan:
                       env=_container(cfg.env), logger=_container(cfg.logger), launcher=launcher,
                       sessions={p: _container(cfg.get(p)) for p in sorted(placements)},
                       replica=OmegaConf.to_object(cfg.components.inference),
-                      recipe_sets={name: dict(services.get(name, {})) for name in needs if services.get(name)})
+                      recipe_sets={name: dict(services.get(name, {})) for name in needs if services.get(name)},
+                      step=derived.step, policy_bytes=derived.state_bytes)

@@ -8,6 +8,7 @@ launcher``), even where some installed distribution ships a top-level ``tests`` 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -104,6 +105,27 @@ PLACEMENT_FIXTURES = {"ray": "ray_cluster", "submitit": "submitit_local"}
 SLOW_PLACEMENTS = frozenset({"ray", "submitit", "distributed", "rpc", "monarch"})
 """Placements whose hosts start seconds-long workers (a Ray actor, a submitit job, a worker rank, an rpc world, a
 Monarch proc: each a fresh interpreter importing torch), so their cases are marked ``slow`` (tests/startup.py)."""
+
+
+@contextlib.contextmanager
+def segment_dir_of(where, size_kb: int, monkeypatch):
+    """A tmpfs of ``size_kb`` KiB mounted at ``where`` and made the segment directory (``RLSVC_SHM_DIR``) for the
+    test: a small ``/dev/shm`` of its own, unmounted afterwards. Skips the test where it cannot be mounted (not
+    root)."""
+    os.makedirs(where, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(where)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        import pytest
+
+        pytest.skip(f"a small tmpfs cannot be mounted here ({mounted.stderr.strip() or 'mount failed'}): the test "
+                    "needs root")
+    try:
+        monkeypatch.setenv("RLSVC_SHM_DIR", str(where))
+        yield str(where)
+    finally:
+        monkeypatch.delenv("RLSVC_SHM_DIR", raising=False)
+        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def cli_in_process(*args: str, cwd: str) -> subprocess.CompletedProcess:

@@ -38,7 +38,7 @@ class _Control:
 
     def __init__(self, num_slots: int, segment: Segment | None = None):
         self.num_slots = num_slots
-        self.segment = segment or Segment(num_slots * (16 + ERROR_BYTES))
+        self.segment = segment or Segment(num_slots * (16 + ERROR_BYTES))  # SlotTransport.shared_memory_bytes
         buf = self.segment.buf
         self.state = np.frombuffer(buf, dtype=np.int64, count=num_slots)
         self.enqueued = np.frombuffer(buf, dtype=np.float64, count=num_slots, offset=8 * num_slots)
@@ -97,6 +97,13 @@ class SlotTransport(RequestReplyTransport):
         self.doorbell = Semaphore(0, context)
         self.answered = [Semaphore(0, context) for _ in range(num_slots)]
         self.status = PeerStatus(name=name)
+
+    @classmethod
+    def shared_memory_bytes(cls, request_layout, response_layout, options) -> int:
+        """The request and response banks and the control block of ``num_slots`` slots."""
+        num_slots = int(options.get("num_slots", SlotOptions.num_slots))
+        return (SlotBank.nbytes(_as_layout(request_layout), num_slots)
+                + SlotBank.nbytes(_as_layout(response_layout), num_slots) + num_slots * (16 + ERROR_BYTES))
 
     def server(self):
         from ._slot_server import SlotServer

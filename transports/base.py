@@ -200,6 +200,12 @@ class RequestReplyTransport(Transport):
     def server(self) -> ServerEndpoint:
         """The serving endpoint; call it where the server runs (after the transport reached that process)."""
 
+    @classmethod
+    def shared_memory_bytes(cls, request_layout: Layout, response_layout: Layout, options: Any) -> int:
+        """Bytes of the shared-memory segments a transport of these layouts and options (a mapping of its keyword
+        options) makes, for the plan to check against the segment directory's room. By default: none."""
+        return 0
+
     def server_side(self) -> Any:
         """What the serving process needs (an object with ``server()``), without the clients' ends: this is
         what travels to a server process."""

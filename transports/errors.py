@@ -13,6 +13,7 @@ boundary with ``raise OurError(...) from exc``.
     │   ├── ServiceTimeoutError (also TimeoutError) no answer in time; the peer may still be alive
     │   └── LayoutError (also ValueError)           a payload does not match its endpoint's wire layout
     └── RemoteError                                 the owner raised; carries remote type, message, traceback
+    SharedMemoryFull (an OSError, errno ENOSPC)     a shared-memory segment does not fit where segments live
 """
 
 from __future__ import annotations
@@ -109,6 +110,26 @@ class LayoutError(TransportError, ValueError):
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 """The ``errno`` of a write that failed because the disk (or the user's quota) is full."""
+
+
+class SharedMemoryFull(OSError):
+    """A shared-memory segment does not fit in the segment directory (:mod:`transports.segment_dir`), found where
+    the segment is made, before any of its pages is touched (a page that could not be backed later would end the
+    process with SIGBUS). An ``OSError`` with ``errno`` ENOSPC; its message names the directory, the room left there
+    and what to do.
+
+    Args:
+        message: the whole message (``str()`` of the error is exactly this).
+    """
+
+    def __init__(self, message: str):
+        super().__init__(errno.ENOSPC, message)
+
+    def __str__(self) -> str:
+        return self.strerror
+
+    def __reduce__(self):
+        return (SharedMemoryFull, (self.strerror,))
 
 
 class RemoteError(ServiceError):

@@ -1,13 +1,18 @@
 """Named shared-memory segments and slot banks: the public pieces of shared memory that services build on.
 
-Segments are named ``rlsvc_<pid>_<n>`` under ``/dev/shm`` (Linux). The creating process unlinks them on
-close and registers them with multiprocessing's resource tracker, so they are removed even if it dies;
-processes that attach by name never unlink. A :class:`SlotBank` lays TensorDicts of one
-:class:`~transports.layout.Layout` out in one segment.
+Segments are files named ``rlsvc_<pid>_<n>`` in the segment directory (:mod:`transports.segment_dir`: ``/dev/shm``
+unless ``RLSVC_SHM_DIR`` names another). Each one's pages are reserved as it is made, so a segment that does not fit
+raises :class:`~transports.errors.SharedMemoryFull` there and then, instead of a SIGBUS when a page is first touched.
+The creating process unlinks them on close; in ``/dev/shm`` it also registers them with multiprocessing's resource
+tracker, so they are removed even if it dies (the tracker unlinks names in ``/dev/shm`` only: elsewhere a dead
+creator's segments are removed by its host, or by the next run's start, :func:`remove_orphans`). Processes that
+attach by name never unlink. A :class:`SlotBank` lays TensorDicts of one :class:`~transports.layout.Layout` out in
+one segment.
 """
 
 from __future__ import annotations
 
+import errno
 import itertools
 import math
 import mmap
@@ -18,10 +23,11 @@ from multiprocessing import resource_tracker
 import torch
 from tensordict import TensorDict
 
+from .errors import NO_SPACE, SharedMemoryFull
 from .layout import Layout
+from .segment_dir import DEFAULT, remedy, room_text, segment_dir, size_text
 
 SHM_PREFIX = "rlsvc_"
-_SHM_DIR = "/dev/shm"
 _counter = itertools.count()
 
 
@@ -31,15 +37,22 @@ class Segment:
     Args:
         size: bytes (rounded up to at least one byte).
         name: attach to this existing segment instead of creating one.
+        directory: where the segment is (default: :func:`~transports.segment_dir.segment_dir`).
+
+    Raises:
+        SharedMemoryFull: a new segment does not fit in the segment directory (nothing of it is left there).
     """
 
-    def __init__(self, size: int, name: str | None = None):
+    def __init__(self, size: int, name: str | None = None, directory: str | None = None):
         self.size = max(int(size), 1)
         self.owner = name is None
         self.name = name or f"{SHM_PREFIX}{os.getpid()}_{next(_counter)}_{os.urandom(3).hex()}"
-        path = os.path.join(_SHM_DIR, self.name)
+        self.directory = directory or segment_dir()
+        # the resource tracker unlinks what a dead creator left with shm_unlink, which reaches /dev/shm only
+        self.tracked = self.owner and self.directory == DEFAULT
+        path = os.path.join(self.directory, self.name)
         flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if self.owner else 0)
-        if self.owner:  # registered before the file exists: a creator killed in between leaves no unknown name for
+        if self.tracked:  # registered before the file exists: a creator killed in between leaves no unknown name for
             resource_tracker.register("/" + self.name, "shared_memory")  # remove_segments_of to unregister
         created = False
         try:
@@ -48,19 +61,20 @@ class Segment:
             try:
                 if self.owner:
                     os.ftruncate(fd, self.size)
+                    _reserve(fd, self.size, self.directory)
                 self._mmap = mmap.mmap(fd, self.size)
             finally:
                 os.close(fd)
         except BaseException:
             if created:
                 os.unlink(path)
-            if self.owner:
+            if self.tracked:
                 resource_tracker.unregister("/" + self.name, "shared_memory")
             raise
         self.buf = memoryview(self._mmap)
 
     def __reduce__(self):
-        return (Segment, (self.size, self.name))
+        return (Segment, (self.size, self.name, self.directory))
 
     def close(self) -> None:
         """Detach; the creator also unlinks the name. Safe to call more than once. Tensors viewing the segment stay
@@ -73,10 +87,25 @@ class Segment:
         self.buf = self._mmap = None
         if self.owner:
             try:
-                os.unlink(os.path.join(_SHM_DIR, self.name))
+                os.unlink(os.path.join(self.directory, self.name))
             except FileNotFoundError:
                 pass
-            resource_tracker.unregister("/" + self.name, "shared_memory")
+            if self.tracked:
+                resource_tracker.unregister("/" + self.name, "shared_memory")
+
+
+def _reserve(fd: int, size: int, directory: str) -> None:
+    """Back every page of a new segment now: a tmpfs without room for them says so here (ENOSPC), where a page
+    first touched later would end whichever process touched it with SIGBUS."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in NO_SPACE:
+            raise SharedMemoryFull(
+                f"ran out of shared memory in {directory} ({room_text(directory)}): a segment of {size_text(size)} "
+                f"does not fit; {remedy(directory)}") from None
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system that cannot reserve: pages on first use
+            raise
 
 
 class SlotBank:
@@ -89,11 +118,7 @@ class SlotBank:
     def __init__(self, layout: Layout, num_slots: int, segment: Segment | None = None):
         self.layout = layout
         self.num_slots = num_slots
-        offsets, total = [], 0
-        for leaf in layout:
-            total = (total + 63) // 64 * 64  # cache-line aligned leaves
-            offsets.append(total)
-            total += num_slots * leaf.nbytes
+        offsets, total = _offsets(layout, num_slots)
         self.segment = segment or Segment(total)
         self.slots = TensorDict(batch_size=(num_slots, *layout.batch_size))
         for leaf, offset in zip(layout, offsets):
@@ -108,6 +133,21 @@ class SlotBank:
         self.slots = None
         self.segment.close()
 
+    @staticmethod
+    def nbytes(layout: Layout, num_slots: int) -> int:
+        """Bytes of the segment a bank of ``num_slots`` TensorDicts of ``layout`` takes."""
+        return _offsets(layout, num_slots)[1]
+
+
+def _offsets(layout: Layout, num_slots: int) -> tuple[list[int], int]:
+    """Where each leaf of a bank starts (cache-line aligned), and the bank's bytes."""
+    offsets, total = [], 0
+    for leaf in layout:
+        total = (total + 63) // 64 * 64
+        offsets.append(total)
+        total += num_slots * leaf.nbytes
+    return offsets, total
+
 
 def creator_of(name: str) -> int | None:
     """The pid of the process that created segment ``name``; ``None`` for a name not of this module."""
@@ -119,7 +159,7 @@ def segments_of(pids) -> list[str]:
     """Names of the segments that processes ``pids`` created and that still exist."""
     prefixes = tuple(f"{SHM_PREFIX}{pid}_" for pid in pids)
     try:
-        return [name for name in os.listdir(_SHM_DIR) if name.startswith(prefixes)]
+        return [name for name in os.listdir(segment_dir()) if name.startswith(prefixes)]
     except FileNotFoundError:
         return []
 
@@ -128,16 +168,16 @@ def remove_orphans() -> list[str]:
     """Unlink every segment whose creating process no longer exists (it was killed before it could, and so was the
     resource tracker that would have); returns their names. A run calls it as it starts: no segment of a dead run
     outlives the next one's start."""
-    removed = []
+    removed, directory = [], segment_dir()
     try:
-        names = os.listdir(_SHM_DIR)
+        names = os.listdir(directory)
     except FileNotFoundError:
         return removed
     for name in names:
         pid = creator_of(name)
         if pid is not None and not pid_alive(pid):
             try:
-                os.unlink(os.path.join(_SHM_DIR, name))
+                os.unlink(os.path.join(directory, name))
                 removed.append(name)
             except OSError:
                 continue
@@ -162,15 +202,15 @@ def remove_segments_of(pid: int, *, tracked_here: bool = True) -> list[str]:
         tracked_here: the process shared this one's resource tracker (a multiprocessing child), whose record of
             each name is dropped too; ``False`` for a process of its own tracker (a Ray actor).
     """
-    removed = []
+    removed, directory = [], segment_dir()
     prefix = f"{SHM_PREFIX}{pid}_"
-    for name in os.listdir(_SHM_DIR):
+    for name in os.listdir(directory):
         if name.startswith(prefix):
             try:
-                os.unlink(os.path.join(_SHM_DIR, name))
+                os.unlink(os.path.join(directory, name))
             except FileNotFoundError:
                 continue
-            if tracked_here:
+            if tracked_here and directory == DEFAULT:
                 resource_tracker.unregister("/" + name, "shared_memory")
             removed.append(name)
     return removed

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Dict, Mapping, Optional, Sequence
 
 from transports.options import bounded, check_instance
+from transports.segment_dir import shortage
 
 from .nice import Niced, refuse_inline_nice
 
@@ -322,11 +323,15 @@ class Host(ABC):
 
 
 def exit_description(code: int | None) -> str:
-    """How a process ended, in words: ``killed by SIGKILL`` for a negative exit code, ``exit code 1`` otherwise."""
+    """How a process ended, in words: ``killed by SIGKILL`` for a negative exit code, ``exit code 1`` otherwise. A
+    SIGBUS is said to be what it is on Linux, a page of shared memory that could not be backed, naming the segment
+    directory and the room left there."""
     import signal
 
     if code is None:
         return "still running"
+    if code == -signal.SIGBUS:
+        return f"killed by SIGBUS: {shortage()}"
     if code < 0:
         try:
             return f"killed by {signal.Signals(-code).name}"

@@ -23,6 +23,8 @@ from typing import Any, Mapping
 
 from transports.peers import pid_runs
 from transports.errors import PeerFailureError, RemoteError, ServiceTimeoutError
+from transports.segment_dir import VARIABLE as SEGMENT_DIR_VARIABLE
+from transports.segment_dir import segment_dir
 
 from .base import DEFAULT_STOP_TIMEOUT, Host, Pending, close_target, exit_description, run_serving_loop
 from .signals import WARNING_SIGNALS, warning_signals_blocked
@@ -123,7 +125,8 @@ class ProcessHost(Host):
     def _launch(self) -> None:
         ctx = context()
         parent_conn, child_conn = ctx.Pipe()
-        self._process = ctx.Process(target=_child_main, args=(self.factory, child_conn), name=self.name, daemon=True)
+        self._process = ctx.Process(target=_child_main, args=(self.factory, child_conn), name=self.name, daemon=True,
+                                    kwargs={"segments": segment_dir()})
         self._process.start()
         child_conn.close()
         self._conn = parent_conn
@@ -289,10 +292,14 @@ def _receive(conn) -> Any:
     return pickle.loads(conn.recv_bytes())
 
 
-def _child_main(factory, conn, *, own_signals: bool = True) -> bool:
+def _child_main(factory, conn, *, own_signals: bool = True, segments: str | None = None) -> bool:
     """Build the target, answer the ready handshake on ``conn``, serve control calls from it until told to stop (or
-    until it closes), then close the target. ``own_signals``: ignore the signals the parent decides on. Returns
-    whether the target was built (its error went to the parent otherwise)."""
+    until it closes), then close the target. ``own_signals``: ignore the signals the parent decides on. ``segments``:
+    the parent's segment directory, made this process's own (a child of the forkserver inherits the environment the
+    forkserver started with, not the parent's now). Returns whether the target was built (its error went to the
+    parent otherwise)."""
+    if segments is not None:
+        os.environ[SEGMENT_DIR_VARIABLE] = segments
     # Ctrl-C (and a SIGTERM or warning signal sent to the job) reaches the whole process group; the parent decides
     # when its services stop and flush, and a child whose parent is gone stops by itself (its control pipe closes).
     if own_signals:

@@ -1,0 +1,73 @@
+"""What a plan holds on the node that runs it, checked against what the node offers before anything starts
+(:mod:`launcher.footprint`): shared-memory segments against the room in the segment directory. And a segment that
+still finds no room during the run is reported as shared memory running out.
+
+The small shared memory is real: a tmpfs mounted for the test and made the segment directory (``RLSVC_SHM_DIR``;
+root only, elsewhere the tests say why they skip).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from components.replay import ReplayBuffer
+from launcher.checks import check_here
+from launcher.conventions import EXIT_CONFIG
+from launcher.failures import no_space
+from launcher.footprint import parts
+from launcher.plan import build_plan
+from transports.errors import ConfigurationError, RemoteError
+from tests.helpers import cli_in_process, segment_dir_of
+
+APPO_ATARI = ("+recipe=appo", "env=atari", "service=process", "components.collector.local_policy=true")
+"""APPO on Atari with every owner in a process of its own: about 70 MB of segments (replay's queue of unrolls, the
+rows of one write, a worker's rollout slot, the policy's state)."""
+
+
+def test_a_plan_whose_segments_do_not_fit_in_the_segment_directory_is_refused_while_planning(compose_cfg, tmp_path,
+                                                                                             monkeypatch):
+    plan = build_plan(compose_cfg(*APPO_ATARI))
+    shared = sum(p.nbytes for p in parts(plan) if p.shared)
+    with segment_dir_of(tmp_path / "shm", 64 * 1024, monkeypatch) as directory:  # Docker's default /dev/shm
+        with pytest.raises(ConfigurationError) as refused:
+            check_here(plan)
+    error = refused.value
+    assert error.path == "RLSVC_SHM_DIR" and len(str(error).splitlines()) == 2
+    need = re.match(rf"the plan needs ([\d.]+) MiB of shared memory in {directory}, which has 64.0 MiB free of "
+                    r"64.0 MiB \(replay ([\d.]+) MiB: storage of 16 rows of 1.7 MiB, a staged write of 8 rows; ",
+                    error.message)
+    assert need and float(need[1]) == round(shared / 2**20, 1) > 64, error.message
+    assert "; collector 13.8 MiB: 1 rollout slot(s) of 13.8 MiB; weight_sync " in error.message
+    assert error.message.endswith(f"give {directory} more room (a container: docker run --shm-size=1g; a tmpfs: "
+                                  f"mount -o remount,size=1g {directory}) or set RLSVC_SHM_DIR to a directory on a "
+                                  "tmpfs with more, before the run starts")
+    with segment_dir_of(tmp_path / "larger", 128 * 1024, monkeypatch):
+        check_here(plan)  # the same plan fits a larger one
+
+
+def test_the_command_line_refuses_it_with_exit_2_and_leaves_no_run_directory(tmp_path, monkeypatch):
+    with segment_dir_of(tmp_path / "shm", 16 * 1024, monkeypatch) as directory:
+        proc = cli_in_process(*APPO_ATARI, cwd=str(tmp_path))
+    assert proc.returncode == EXIT_CONFIG, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert lines[0].startswith("configuration error: the plan needs ") and \
+        f" of shared memory in {directory}, which has 16.0 MiB free of 16.0 MiB (replay " in lines[0], proc.stderr
+    assert lines[1:] == ["    full_key: RLSVC_SHM_DIR"]
+    assert sorted(os.listdir(tmp_path)) == ["shm"]  # nothing started, no run directory
+
+
+def test_a_segment_that_finds_no_room_during_the_run_says_shared_memory_ran_out(tmp_path, monkeypatch):
+    with segment_dir_of(tmp_path / "shm", 1024, monkeypatch) as directory:
+        with ReplayBuffer(capacity=1000, batch_size=4, placement="process", transport="shared_memory") as buffer:
+            client = buffer.client()
+            with pytest.raises(RemoteError) as failed:  # the storage is made by the first write: 16 MiB in 1 MiB
+                client.extend(TensorDict({"observation": torch.zeros(10, 4096)}, [10]))
+            assert failed.value.remote_type == "transports.errors.SharedMemoryFull"
+        assert os.listdir(directory) == []
+    said = no_space(failed.value)  # what the run's last line says (exit 4, as a full disk)
+    assert said.startswith(f"ran out of shared memory in {directory} (") and "does not fit" in said, said
