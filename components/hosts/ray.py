@@ -201,9 +201,9 @@ class RayHost(Host):
                 finally:
                     _warm.value.end()
         finally:
-            # An actor unlinks its segments as it stops, or its resource tracker does once it died; but where the
-            # cluster went down with the run's process group (SIGTERM to all of it), Ray's reaper kills the actors'
-            # process group, trackers included, one second later: what they had not unlinked yet is unlinked here.
+            # An actor unlinks its segments as it stops, or its resource tracker does once it died; but where Ray
+            # killed an actor's whole process group (a worker it took for dead, a cluster that went down under the
+            # run), its tracker went with it: what they had not unlinked yet is unlinked here.
             from transports.segments import remove_segments_left_by  # torch: never loaded by planning alone
 
             if removed := remove_segments_left_by(pids, LEFT_SEGMENTS_WAIT_S):

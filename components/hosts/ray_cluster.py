@@ -20,7 +20,7 @@ from transports.errors import ConfigurationError
 from transports.ray import import_ray
 
 from .base import Resources
-from .signals import warning_signals_blocked
+from .signals import CLUSTER_SIGNALS, signals_blocked
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,8 @@ class _AuthNotice(logging.Filter):
 
 CONTROL_STORE_S = 3.0
 """Seconds a question to the cluster's control store (GCS) may take, once the run is ending on a signal, before its
-answer is taken as "none": the store of a cluster that a SIGTERM to the whole process group reached accepts
+answer is taken as "none": the store of a cluster whose daemons were ended under the run (a locally started one
+blocks SIGTERM, but not SIGKILL or the out-of-memory killer; a joined one is stopped by whoever runs it) accepts
 questions and never answers them. While the run goes on, a question waits as long as the store takes (a slow answer
 under load is no reason to take a live actor for dead)."""
 
@@ -293,16 +294,38 @@ def ray_cluster(config: RayClusterConfig | None = None) -> Iterator[bool]:
             # a short session dir of its own (Ray's Unix sockets live there), removed with the cluster
             remove_dead_clusters()
             temp_dir = config.temp_dir or (own_dir := _own_temp_dir())
-            with warning_signals_blocked():  # in its daemons and workers: a batch system's warning must not end them
+            # in its daemons and workers: neither a batch system's warning nor a SIGTERM to the whole process group
+            # (or job step) ends them; the driver stops its services on the cluster, then the cluster
+            with signals_blocked(CLUSTER_SIGNALS):
                 ray.init(_node_ip_address=LOOPBACK, num_cpus=config.num_cpus, resources=dict(config.resources) or None,
                          include_dashboard=False, _temp_dir=temp_dir, **common)
     try:
         yield not config.address
     finally:
-        # a joined cluster keeps running; only the connection ends
-        ray.shutdown()
+        if config.address:
+            ray.shutdown()  # a joined cluster keeps running; only the connection ends
+        else:
+            _shutdown_started(ray)
         if own_dir is not None:
             shutil.rmtree(own_dir, ignore_errors=True)
+
+
+def _shutdown_started(ray: Any) -> None:
+    """Disconnect from the local cluster this process started, then end every process of it at once (SIGKILL): its
+    daemons and workers block SIGTERM (:data:`~components.hosts.signals.CLUSTER_SIGNALS`), so Ray's own shutdown would
+    give each daemon a second to heed a SIGTERM it never sees. The services on the cluster have stopped by now; its
+    workers and agents (started by the raylet, holding its session's files) go with the daemons."""
+    from ray._private import worker
+
+    node, worker._global_node = worker._global_node, None  # so ray.shutdown only disconnects this driver
+    try:
+        ray.shutdown()
+    finally:
+        if node is not None:
+            node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
+            for pid in filter(_ray_process, _holding(node.get_session_dir_path())):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 def namespace() -> str:
