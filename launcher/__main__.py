@@ -1,3 +1,6 @@
-from launcher.cli import main
+from launcher.cli import exit_now, main
 
-main()
+try:
+    main()
+except SystemExit as ended:  # the run has ended and said how (its exit status): no teardown of the interpreter
+    exit_now(ended.code)
