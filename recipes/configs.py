@@ -47,7 +47,8 @@ class PPOConfig:
         reward_scale: rewards are multiplied by this before advantage estimation.
         init_log_std: initial log standard deviation of continuous actions.
         encoder: the built-in network's encoder (:mod:`recipes.networks`): ``auto`` picks the MLP for flat
-            observations, a CNN for images (``nature_cnn`` for Atari frames, ``minatar_cnn`` for MinAtar grids);
+            observations, a CNN for images (``nature_cnn`` for Atari frames, ``minatar_cnn`` for MinAtar grids,
+            ``impala_cnn`` for frames too small for the Nature CNN);
             with a CNN the actor and the critic share it (one trunk, two heads). Ignored when ``network`` is set.
         clip_rewards: learn from the sign of each reward (Atari's convention); episode returns still count the
             game's own rewards.

@@ -9,8 +9,11 @@
   in Young & Tian 2019.
 
 ``auto`` (every recipe's default) picks ``mlp`` for observations of one dimension, ``minatar_cnn`` for images of at
-most 16x16 cells (MinAtar's grids) and ``nature_cnn`` for larger ones; the channels are an image's smallest
-dimension, first or last. Integer observations travel and are
+most 16x16 cells (MinAtar's grids), ``nature_cnn`` for larger ones it takes (36x36 and up) and ``impala_cnn``, which
+takes images of any size, for those between (``env.atari.screen_size=32``): a smaller frame asks for a run, not for
+a refusal, and IMPALA's network is the one made for small frames (Procgen's 64x64). The channels are an image's
+smallest dimension, first or last. An encoder named outright that cannot take the images (its convolutions would
+leave nothing) is refused while planning, naming the setting that sized them. Integer observations travel and are
 stored as they come (uint8 frames, byte grids); the encoder turns them into floats, scaled by the environment's
 bound (``EnvSpec.observation_scale``: 1/255 for frames), inside the network, wherever the network runs.
 """
@@ -18,6 +21,7 @@ bound (``EnvSpec.observation_scale``: 1/255 for frames), inside the network, whe
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -128,13 +132,37 @@ def is_channels_last(shape: tuple[int, ...]) -> bool:
     return shape[-1] < min(shape[:-1])
 
 
+SHRINKING: dict[str, tuple[tuple[int, int, int], ...]] = {
+    "nature_cnn": ((8, 4, 0), (4, 2, 0), (3, 1, 0)),  # its three convolutions
+    "impala_cnn": ((3, 2, 1),) * 3,  # each section's max-pool (its convolutions keep the size)
+    "minatar_cnn": ((3, 1, 0),),
+}
+"""The layers of each image encoder that shrink an image's side, as ``(kernel, stride, padding)``."""
+
+
+def smallest_side(name: str) -> int:
+    """The smallest image side (height and width) image encoder ``name`` takes: the side whose every layer leaves at
+    least one pixel (``(side + 2 * padding - kernel) // stride + 1 >= 1``, from the last layer back). The Nature CNN's
+    is 36."""
+    side = 1
+    for kernel, stride, padding in reversed(SHRINKING[name]):
+        side = max(1, (side - 1) * stride + kernel - 2 * padding)
+    return side
+
+
 def _flat_size(convs: nn.Module, shape: tuple[int, int, int]) -> int:
     with torch.no_grad():
         return int(convs(torch.zeros(1, *shape)).shape[-1])
 
 
-def choose(encoder: str, shape: tuple[int, ...]) -> str:
+def choose(encoder: str, shape: tuple[int, ...], size: tuple[str, Any] | None = None) -> str:
     """The encoder ``auto`` stands for, given one observation's shape (see the module's docstring).
+
+    Args:
+        encoder: ``recipe.encoder``.
+        shape: one observation's shape.
+        size: the setting that sized the images, as ``(config path, value)`` (``("env.atari.screen_size", 32)``):
+            a refusal names it. ``None``: the env's own size; a refusal names ``recipe.encoder``.
 
     Raises:
         ConfigurationError: an encoder that cannot take observations of this shape.
@@ -143,18 +171,41 @@ def choose(encoder: str, shape: tuple[int, ...]) -> str:
         raise ConfigurationError(f"recipe.encoder={encoder!r} is not an encoder", path="recipe.encoder",
                                  alternatives=ENCODERS)
     image = len(shape) == 3
-    if encoder == "auto":
-        if not image:
-            return "mlp"
-        return "minatar_cnn" if max(channels_first(shape)[1:]) <= 16 else "nature_cnn"
-    if encoder != "mlp" and not image:
+    if encoder == "mlp" or (encoder == "auto" and not image):
+        return "mlp"
+    if not image:
         raise ConfigurationError(f"recipe.encoder={encoder} takes images (3 dimensions), and this env's observations "
                                  f"have shape {tuple(shape)}: use mlp or auto", path="recipe.encoder")
-    if encoder == "nature_cnn" and min(channels_first(shape)[1:]) < 36:
-        raise ConfigurationError(f"recipe.encoder=nature_cnn needs images of at least 36x36 (channels first); this "
-                                 f"env's are {tuple(shape)}: use impala_cnn, minatar_cnn or auto",
-                                 path="recipe.encoder")
-    return encoder
+    sides = channels_first(shape)[1:]
+    fits = [name for name in SHRINKING if min(sides) >= smallest_side(name)]
+    if encoder == "auto":
+        if max(sides) <= 16 and "minatar_cnn" in fits:
+            return "minatar_cnn"
+        return "nature_cnn" if "nature_cnn" in fits else "impala_cnn"
+    if encoder in fits:
+        return encoder
+    least = smallest_side(encoder)
+    others = [*(name for name in fits if name != encoder), "auto"]
+    others = " or ".join([", ".join(others[:-1]), others[-1]] if len(others) > 1 else others)
+    if size is not None:
+        path, value = size
+        raise ConfigurationError(f"{path}={value!r} makes images of {tuple(shape)}, smaller than recipe.encoder={encoder} "
+                                 f"takes (at least {least}x{least}): set {path} to {least} or more, or recipe.encoder "
+                                 f"to {others}", path=path)
+    raise ConfigurationError(f"recipe.encoder={encoder} needs images of at least {least}x{least} (channels first); this "
+                             f"env's are {tuple(shape)}: use {others}", path="recipe.encoder")
+
+
+def check_encoder(config: Any, shape: tuple[int, ...], size: tuple[str, Any] | None = None) -> None:
+    """A recipe config's built-in encoder (its ``encoder``, where its ``network`` is unset) against one observation's
+    shape: the plan calls it before it builds the policy, with the setting that sized the images (see :func:`choose`).
+
+    Raises:
+        ConfigurationError: an encoder that cannot take observations of this shape.
+    """
+    name = getattr(config, "encoder", None)
+    if name in ENCODERS and getattr(config, "network", None) is None:
+        choose(name, shape, size)
 
 
 def encoder(name: str, shape: tuple[int, ...], scale: float) -> nn.Module | None:

@@ -93,6 +93,11 @@ MISTAKES = [
     (("service=direct", "components.collector.resources.nice=19"), "components.collector.resources.nice",
      "nice=19 would lower the caller's own thread: the direct placement runs the owner there"),
     (("+env.kwargs.foo=1",), "env.kwargs.foo", "CartPole-v1 takes no keyword argument 'foo'"),
+    (("env=atari", "env.atari.screen_size=32", "recipe.encoder=nature_cnn"), "env.atari.screen_size",
+     "env.atari.screen_size=32 makes images of (4, 32, 32), smaller than recipe.encoder=nature_cnn takes (at least "
+     "36x36): set env.atari.screen_size to 36 or more"),
+    (("env=minatar", "recipe.encoder=nature_cnn"), "recipe.encoder",
+     "recipe.encoder=nature_cnn needs images of at least 36x36 (channels first); this env's are (10, 10, 4)"),
     (("service=ray", "ray.temp_dir=/tmp/" + "x" * 60), "ray.temp_dir", "use a directory of at most 43 characters"),
     (("service=ray", "components.inference.resources.num_gpus=64"), "components.inference.resources.num_gpus",
      "components.inference.resources.num_gpus=64, but the local Ray cluster has"),

@@ -11,21 +11,61 @@ from components.errors import ConfigurationError
 from launcher.plan import build_plan
 from recipes import get_recipe
 from recipes.configs import DQNConfig, PPOConfig
-from recipes.networks import ImpalaCNN, MinAtarCNN, NatureCNN, choose, encoder
+from recipes.networks import SHRINKING, ImpalaCNN, MinAtarCNN, NatureCNN, choose, encoder, smallest_side
 
 FRAMES = EnvSpec("ALE/Breakout-v5", (4, 84, 84), torch.uint8, True, 4, (), observation_scale=1 / 255)
 GRIDS = EnvSpec("MinAtar/Breakout-v1", (10, 10, 4), torch.uint8, True, 3, ())
 
 
 @pytest.mark.parametrize("shape, chosen", [((4,), "mlp"), ((17,), "mlp"), ((4, 84, 84), "nature_cnn"),
-                                           ((10, 10, 4), "minatar_cnn"), ((3, 64, 64), "nature_cnn")])
+                                           ((10, 10, 4), "minatar_cnn"), ((3, 64, 64), "nature_cnn"),
+                                           ((4, 36, 36), "nature_cnn"), ((4, 35, 35), "impala_cnn"),
+                                           ((4, 32, 32), "impala_cnn"), ((4, 17, 40), "impala_cnn"),
+                                           ((4, 8, 8), "minatar_cnn"), ((1, 2, 2), "impala_cnn")])
 def test_auto_chooses_the_encoder_from_the_observation_shape(shape, chosen):
     assert choose("auto", shape) == chosen
+
+
+ENCODER_CLASSES = {"nature_cnn": NatureCNN, "impala_cnn": ImpalaCNN, "minatar_cnn": MinAtarCNN}
+
+
+@pytest.mark.parametrize("name", sorted(SHRINKING))
+def test_the_smallest_side_is_the_smallest_image_each_encoder_takes(name):
+    # the geometry the plan checks against is the networks' own: the smallest side runs, one pixel less does not
+    side = smallest_side(name)
+    net = ENCODER_CLASSES[name]((4, side, side), 1 / 255, channels_last=False)
+    assert net(torch.zeros(2, 4, side, side, dtype=torch.uint8)).shape == (2, net.out_features)
+    if side > 1:
+        with pytest.raises(RuntimeError):
+            ENCODER_CLASSES[name]((4, side - 1, side - 1), 1 / 255, channels_last=False)
+    assert {"nature_cnn": 36, "impala_cnn": 1, "minatar_cnn": 3}[name] == side
+
+
+@pytest.mark.parametrize("side", [1, 2, 3, 8, 16, 17, 24, 32, 35, 36, 47])
+def test_auto_builds_an_encoder_for_every_image_size(side):
+    net = encoder("auto", (4, side, side), 1 / 255)
+    assert net(torch.zeros(3, 4, side, side, dtype=torch.uint8)).shape == (3, net.out_features)
+
+
+def test_auto_plans_atari_frames_too_small_for_the_nature_cnn(compose_cfg):
+    plan = build_plan(compose_cfg("+recipe=ppo", "env=atari", "env.atari.screen_size=32"))  # IMPALA's network
+    assert plan["inference"].layouts["request"].describe() == "observation [8, 4, 32, 32] uint8"
+
+
+def test_an_encoder_named_for_frames_too_small_names_the_setting_that_sized_them():
+    with pytest.raises(ConfigurationError) as info:
+        choose("nature_cnn", (4, 32, 32), size=("env.atari.screen_size", 32))
+    assert info.value.path == "env.atari.screen_size"
+    assert str(info.value).splitlines()[0] == (
+        "env.atari.screen_size=32 makes images of (4, 32, 32), smaller than recipe.encoder=nature_cnn takes (at least "
+        "36x36): set env.atari.screen_size to 36 or more, or recipe.encoder to impala_cnn, minatar_cnn or auto")
+    assert choose("impala_cnn", (4, 8, 8), size=("env.atari.screen_size", 8)) == "impala_cnn"
 
 
 @pytest.mark.parametrize("name, shape, needle", [
     ("nature_cnn", (4,), "takes images"),
     ("nature_cnn", (10, 10, 4), "at least 36x36"),
+    ("minatar_cnn", (1, 2, 2), r"at least 3x3 \(channels first\); this env's are \(1, 2, 2\): use impala_cnn or auto"),
     ("resnet", (4, 84, 84), "not an encoder"),
 ])
 def test_an_encoder_that_cannot_take_the_observations_is_refused(name, shape, needle):
