@@ -13,7 +13,7 @@ from transports.descriptor import Reach
 from transports.errors import ConfigurationError, IncompatibleCombinationError, NotImplementedYetError
 from transports.kinds import DISTANCE
 
-from .footprint import check_shared_memory
+from .footprint import check_memory, check_shared_memory
 from .plan import LaunchPlan, _needs, check_calls, resolve_components
 
 
@@ -46,8 +46,8 @@ def check_here(plan: LaunchPlan) -> None:
     itself (:func:`check_devices_here`), then each placement's :meth:`~components.hosts.base.Host.check_session` (a Ray
     cluster without the GPUs asked for, a network interface that does not exist, Slurm that does not answer), then
     what the plan holds on this machine (:mod:`launcher.footprint`: its shared-memory segments against the room in
-    the segment directory). Not part of :func:`build_plan`: a plan made on a login node for a Slurm job is checked
-    where the job runs.
+    the segment directory, its replay buffer against the memory available). Not part of :func:`build_plan`: a plan
+    made on a login node for a Slurm job is checked where the job runs.
 
     Raises:
         ConfigurationError: naming the setting or the resource and what to do.
@@ -60,6 +60,7 @@ def check_here(plan: LaunchPlan) -> None:
         if where in HOSTS:
             host_class(where).check_session(plan.sessions.get(where) or {}, resources)
     check_shared_memory(plan)
+    check_memory(plan)
 
 
 def check_devices_here(plan: LaunchPlan) -> None:

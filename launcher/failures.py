@@ -11,7 +11,8 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
-from transports.errors import NO_SPACE, PeerFailureError, RemoteError, ServiceError, SharedMemoryFull, qualified_name
+from transports.errors import (NO_SPACE, PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError,
+                               SharedMemoryFull, qualified_name)
 
 SETTLE_S = 2.0
 """Seconds to wait, after a client saw its peer fail, for the host watching that peer to record why."""
@@ -121,6 +122,19 @@ def no_space(error: BaseException | None) -> str | None:
 
     full = in_chain(error, lambda e: said(e) is not None)
     return None if full is None else said(full)
+
+
+def cause_of(error: BaseException) -> str:
+    """Why an owner did not come up, in one line: our own transport errors (a peer that died, a start that timed out)
+    as they say it, anything else as its type and message, a remote error's as raised where the owner was built (``numpy
+    ..._ArrayMemoryError: Unable to allocate 256. GiB ...``); a traceback stays in ``launcher.log``."""
+    if isinstance(error, (PeerFailureError, ServiceTimeoutError)):
+        return str(error)
+    if isinstance(error, RemoteError):
+        kind, message = error.remote_type, error.remote_message
+    else:
+        kind, message = qualified_name(type(error)), str(error)
+    return f"{kind}: {' '.join(message.split())}" if message.strip() else kind
 
 
 def dead_service(owners: Mapping[str, Any], error: BaseException) -> ServiceDied | None:

@@ -9,6 +9,8 @@ another node).
   replay buffer whose storage is shared (its rows, its ring of frames, the rows of one write staged by its client);
   the rollout slots of each collector worker that hands rollouts over through shared memory (``prefetch`` rollouts of
   its share of a batch). Left out: blocks of a few bytes (status words, doorbells).
+- **Memory** (:func:`check_memory`): the replay buffer (its rows, its ring of frames, its sampler's index, shared or
+  not) against the memory the node has available (:func:`memory_here`).
 
 Sizes come from the plan: one env step as a collector's rollout holds it (:attr:`LaunchPlan.step`), the policy's state
 (:attr:`LaunchPlan.policy_bytes`), the inference server's layouts, each component's options. A replay row is one step,
@@ -108,6 +110,8 @@ def _rows_per_write(plan, steps: int) -> int:
 
 
 def _replay(plan, c) -> list[Part]:
+    from components.replay.samplers import sampler_nbytes
+
     if plan.step is None:
         return []
     o = c.options
@@ -123,6 +127,10 @@ def _replay(plan, c) -> list[Part]:
     if shared:
         rows = _rows_per_write(plan, int(getattr(plan.recipe_config, "replay_row_steps", 1)))
         parts.append(Part(c.name, f"a staged write of {rows:,} rows", rows * row))
+    sampler = sampler_nbytes(o["sampler"], capacity)
+    if sampler:
+        parts.append(Part(c.name, f"the {o['sampler']} sampler's index", sampler, shared=False))
+    parts.append(Part(c.name, "validity flags", capacity, shared=False))
     return parts
 
 
@@ -184,3 +192,73 @@ def _by_component(found: list[Part]) -> str:
         shown = [p.what for p in sorted(group, key=lambda p: -p.nbytes) if p.nbytes * 100 >= total]
         said.append(f"{name} {size_text(sum(p.nbytes for p in group))}" + (f": {', '.join(shown)}" if shown else ""))
     return "; ".join(said)
+
+
+def check_memory(plan) -> None:
+    """Refuse a plan whose replay buffer does not fit in the memory this node has available (:func:`memory_here`),
+    naming what the buffer holds, the memory there is and the settings that size the buffer.
+
+    Raises:
+        ConfigurationError: with ``path`` the first of those settings (``recipe.buffer_size`` for DQN).
+    """
+    replay = [p for p in parts(plan) if p.component == "replay"]
+    need, here = sum(p.nbytes for p in replay), memory_here()
+    if not need or here is None or need <= here[0]:
+        return
+    available, total, source = here
+    capacity = int(plan["replay"].options["capacity"])
+    keys = [f"recipe.{key}" for key in getattr(type(plan.recipe_config), "replay_keys", ())]
+    fits = int(capacity * available / need)
+    fits -= fits % 10 ** max(0, len(str(fits)) - 2)  # two significant digits: an estimate
+    raise ConfigurationError(
+        f"the replay buffer needs {size_text(need)} of memory ({_listed(replay)}) but this "
+        f"machine has {size_text(available)} available ({source}; {size_text(total)} in all): lower "
+        f"{' or '.join(keys) or 'the replay capacity'} (components.replay.capacity={capacity:,}: about {fits:,} rows "
+        "would fit), or run on a machine with more memory", path=(keys or ["components.replay.capacity"])[0])
+
+
+def _listed(found: list[Part]) -> str:
+    """``storage of 16 rows of 1.7 MiB: 27.6 MiB; ...``, the largest first, without those under a hundredth."""
+    total = sum(p.nbytes for p in found)
+    return "; ".join(f"{p.what}: {size_text(p.nbytes)}" for p in sorted(found, key=lambda p: -p.nbytes)
+                     if p.nbytes * 100 >= total)
+
+
+def memory_here() -> tuple[int, int, str] | None:
+    """``(available, total, what the figure is)``: the memory this node can give a run now, in bytes, or ``None``
+    where it cannot be read (no ``/proc/meminfo``).
+
+    The figure is ``MemAvailable`` of ``/proc/meminfo``, what the kernel can give without swapping (free memory and
+    the cache it can drop), not ``MemTotal``: what other processes hold stays theirs while the buffer fills up, and a
+    buffer allocated lazily passes its allocation and is killed when it fills. Under a cgroup memory limit (a
+    container's ``--memory``, a batch job's) the room left under it is the figure where that is less.
+    """
+    try:
+        with open("/proc/meminfo") as f:
+            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.rstrip().endswith("kB")}
+        here = (info["MemAvailable"], info["MemTotal"], "MemAvailable of /proc/meminfo")
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+    limit = _cgroup_limit()
+    if limit is not None and limit[1] - limit[0] < here[0]:
+        return limit[1] - limit[0], limit[1], "the room under this cgroup's memory.max"
+    return here
+
+
+def _cgroup_limit() -> tuple[int, int] | None:
+    """``(used, limit)`` of this process's cgroup (v2) memory, or ``None`` where it has no limit or none is readable."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            path = next((line.strip().split("::", 1)[1] for line in f if line.startswith("0::")), "/")
+        for where in (f"/sys/fs/cgroup{path}", "/sys/fs/cgroup"):
+            try:
+                with open(f"{where}/memory.max") as f:
+                    limit = f.read().strip()
+                with open(f"{where}/memory.current") as f:
+                    used = int(f.read())
+            except OSError:
+                continue
+            return None if limit == "max" else (used, int(limit))
+    except (OSError, ValueError):
+        return None
+    return None

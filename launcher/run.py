@@ -29,12 +29,13 @@ from components.resolution import Resolved
 from components.service import Owner
 from components.weight_sync import WeightSync
 from recipes import Checkpoint, Clients, get_recipe
-from transports.errors import PeerFailureError, RemoteError, ServiceTimeoutError
+from transports.errors import PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError
 from transports.segments import remove_orphans
 
 from . import checkpointing
 from .checkpointing import Resumed
-from .failures import ServiceDied, ServiceFailedToStart, ShutdownShield, Terminated, dead_service, in_chain
+from .failures import (ServiceDied, ServiceFailedToStart, ShutdownShield, Terminated, cause_of, dead_service,
+                       in_chain)
 from .plan import LaunchPlan
 from .report import ProgressLine
 from .telemetry import EdgeReporter
@@ -261,12 +262,17 @@ def _start(run: _Run, stack: ExitStack, owners: dict) -> dict:
             # registered before the launch: a failed start is torn down too
             stack.callback(_shutdown, c.name, owner, float(plan.launcher.shutdown_timeout))
             log.info("starting %s (%s, %s)", c.name, c.placement, c.transport)
-            launched.append((c.name, owner.launch()))
+            try:
+                launched.append((c.name, owner.launch()))
+            except ServiceError:
+                raise
+            except Exception as exc:  # built in this process (direct) and raised: the cause, not the host's absence
+                raise ServiceFailedToStart(c.name, owner.placement, cause_of(exc)) from exc
         for name, owner in launched:
             try:
                 owner.wait_ready()
             except (PeerFailureError, RemoteError, ServiceTimeoutError) as exc:
-                raise ServiceFailedToStart(name, owner.placement, str(exc)) from exc
+                raise ServiceFailedToStart(name, owner.placement, cause_of(exc)) from exc
             clients[name] = owner.client()
             log.info("%s ready (%s, pids %s)", name, owner.placement, _pids(owner) or "-")
     _write_services(run.run_dir, owners)

@@ -89,6 +89,10 @@ class PPOConfig:
     normalize_observations: bool = False
     normalize_rewards: bool = False
 
+    replay_keys: ClassVar[tuple[str, ...]] = ("num_envs", "num_steps")
+    """The settings that size its replay buffer (one batch): named where the buffer does not fit the machine's memory
+    (:mod:`launcher.footprint`)."""
+
     @property
     def frames_per_batch(self) -> int:
         return self.num_envs * self.num_steps
@@ -172,6 +176,9 @@ class DQNConfig:
     clip_rewards: bool = False
     device: str = device_option("cpu")
     replay_frames: Optional[bool] = None
+
+    replay_keys: ClassVar[tuple[str, ...]] = ("buffer_size",)
+    """The setting that sizes its replay buffer, as :attr:`PPOConfig.replay_keys`."""
 
     @property
     def frames_per_batch(self) -> int:
@@ -259,6 +266,9 @@ class IMPALAConfig:
     collects_while_learning: ClassVar[bool] = True
     """Its collector runs ``sync: false`` (``recipes.impala.services``): known before torch loads, where the launcher
     chooses how torch's threads wait."""
+    replay_keys: ClassVar[tuple[str, ...]] = ("batch_size", "num_envs", "unroll_length")
+    """The settings that size its learner queue (``batch_size + num_envs`` unrolls), as
+    :attr:`PPOConfig.replay_keys`."""
 
     @property
     def variant(self) -> str:

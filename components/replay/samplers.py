@@ -262,3 +262,13 @@ def make_sampler(name: str, capacity: int, generator: torch.Generator, alpha: fl
     if name == "fifo":
         return FifoSampler(capacity, generator)
     return PrioritizedSampler(capacity, generator, alpha, beta)
+
+
+def sampler_nbytes(name: str, capacity: int) -> int:
+    """Bytes the sampler ``name`` holds for a buffer of ``capacity`` (what the plan counts against memory): the
+    prioritized sampler's sum tree, the without-replacement sampler's epoch; the others hold none."""
+    if name == "prioritized":
+        return 2 * (1 << max(0, (capacity - 1).bit_length())) * 8  # SumTree: float64, two per leaf
+    if name == "without_replacement":
+        return 8 * capacity  # an epoch: a permutation of int64 positions
+    return 0

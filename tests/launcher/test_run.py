@@ -6,6 +6,7 @@ import pytest
 
 import recipes.ppo
 from components.service import Owner
+from launcher.failures import ServiceFailedToStart
 from launcher.plan import build_plan
 from launcher.run import execute
 
@@ -80,8 +81,10 @@ def test_a_failed_start_tears_down_what_started(compose_cfg, lifecycle_log, tmp_
 
     monkeypatch.setattr(Collector, "_launch", failing_start)
     cfg = compose_cfg(*TINY)
-    with pytest.raises(OSError, match="env creation failed"):
+    with pytest.raises(ServiceFailedToStart, match=r"collector \(direct\) failed to start: OSError: env creation") \
+            as failed:
         execute(build_plan(cfg), str(tmp_path))
+    assert isinstance(failed.value.__cause__, OSError)  # the builder's own error, for launcher.log's traceback
     assert [c for e, c in lifecycle_log if e == "stop"] == ["collector", "inference", "replay", "weight_sync", "logger"]
 
 
