@@ -71,6 +71,30 @@ def envpool_id(env_id: str) -> str:
     return f"{camel}-v5"
 
 
+PREPROCESSING: dict[str, dict[str, str | None]] = {
+    "gymnasium": {"frameskip": "frame_skip", "repeat_action_probability": "repeat_action_probability",
+                  "max_num_frames_per_episode": "max_episode_frames"},
+    "ale_vector": {"frameskip": "frame_skip", "stack_num": "stack", "img_height": "screen_size",
+                   "img_width": "screen_size", "noop_max": "noop_max", "maxpool": None, "grayscale": None,
+                   "repeat_action_probability": "repeat_action_probability", "episodic_life": "terminal_on_life_loss",
+                   "reward_clipping": None, "use_fire_reset": None, "max_num_frames_per_episode": "max_episode_frames"},
+    "envpool": {"frame_skip": "frame_skip", "stack_num": "stack", "img_height": "screen_size",
+                "img_width": "screen_size", "noop_max": "noop_max", "gray_scale": None,
+                "repeat_action_probability": "repeat_action_probability", "episodic_life": "terminal_on_life_loss",
+                "reward_clip": None, "use_fire_reset": None, "max_episode_steps": "max_episode_frames"},
+}
+"""Each backend's keyword arguments that the preprocessing sets itself, and the :class:`AtariConfig` field each comes
+from (``None``: fixed, so that every backend plays the same game): ``env.kwargs`` may not set them
+(:func:`components.env_backends.check_kwargs`). On ``gymnasium`` these go to the ALE env, whose own frame skip is 1
+(``AtariPreprocessing`` skips ``frame_skip`` frames)."""
+
+
+def ale_kwargs(atari: AtariConfig) -> dict[str, Any]:
+    """The ALE env's keyword arguments on the gymnasium backend (``gymnasium.make``), before its wrappers."""
+    return {"frameskip": 1, "repeat_action_probability": atari.repeat_action_probability,
+            "max_num_frames_per_episode": atari.max_episode_frames}
+
+
 def make_one(env_id: str, atari: AtariConfig, kwargs: Mapping[str, Any]):
     """One preprocessed env on the gymnasium backend: the ALE env without its own frame skip, then gymnasium's
     ``AtariPreprocessing`` and ``FrameStackObservation``."""
@@ -78,8 +102,7 @@ def make_one(env_id: str, atari: AtariConfig, kwargs: Mapping[str, Any]):
 
     from .envs import make_env
 
-    env = make_env(env_id, frameskip=1, repeat_action_probability=atari.repeat_action_probability,
-                   max_num_frames_per_episode=atari.max_episode_frames, **kwargs)
+    env = make_env(env_id, **ale_kwargs(atari), **kwargs)
     env = gym.wrappers.AtariPreprocessing(env, noop_max=atari.noop_max, frame_skip=atari.frame_skip,
                                           screen_size=atari.screen_size, terminal_on_life_loss=atari.terminal_on_life_loss,
                                           grayscale_obs=True, scale_obs=False)

@@ -26,6 +26,7 @@ random draws differ, so their episodes do too.
 
 from __future__ import annotations
 
+import inspect
 import warnings
 from typing import Any, Callable, Mapping
 
@@ -35,7 +36,7 @@ from gymnasium.vector.utils import batch_space
 
 from transports.errors import ConfigurationError
 
-from .atari import AtariConfig, vector_kwargs
+from .atari import PREPROCESSING, AtariConfig, vector_kwargs
 
 BACKENDS = ("gymnasium", "vector", "ale_vector", "envpool")
 """The values ``env.backend`` takes."""
@@ -75,6 +76,96 @@ def check_backend(backend: str, env_id: str | None, atari: AtariConfig | None = 
                                      path="env.backend")
     else:
         _envpool_ids(task)
+
+
+SET_HERE: dict[str, dict[str, str]] = {
+    "gymnasium": {"num_envs": "each collector worker's share of recipe.num_envs",
+                  "vectorization_mode": "env.backend", "vector_kwargs": "same-step autoreset", "wrappers": "env.atari"},
+    "vector": {"num_envs": "each collector worker's share of recipe.num_envs",
+               "vectorization_mode": "env.backend", "vector_kwargs": "same-step autoreset", "wrappers": "env.atari"},
+    "ale_vector": {"game": "env.id", "num_envs": "each collector worker's share of recipe.num_envs",
+                   "batch_size": "every env steps together", "autoreset_mode": "same-step autoreset"},
+    "envpool": {"task_id": "env.id", "task": "env.id", "num_envs": "each collector worker's share of recipe.num_envs",
+                "batch_size": "every env steps together", "seed": "seed"},
+}
+"""Each backend's keyword arguments that the collector sets itself, and from what: ``env.kwargs`` may not set them."""
+
+_MAKE_KWARGS = ("max_episode_steps", "disable_env_checker")
+"""What ``gymnasium.make`` takes besides the env's own arguments."""
+
+
+def check_kwargs(backend: str, env_id: str, kwargs: Mapping[str, Any], atari: AtariConfig | None = None) -> None:
+    """Refuse, before anything starts, an ``env.kwargs`` key that the backend's env does not take, or one that the
+    collector (:data:`SET_HERE`) or the Atari preprocessing (:data:`components.atari.PREPROCESSING`) sets itself,
+    where two values for it would clash (``+env.kwargs.frameskip=4`` with ``env=atari``) or one would silently win.
+    What an env takes is read from its constructor's signature (``gymnasium.make``'s entry point, the vector entry
+    point, ``AtariVectorEnv``, EnvPool's config); a constructor taking ``**kwargs`` takes anything here, and making
+    the env then says more (:meth:`components.envs.EnvMaker.spec`).
+
+    Raises:
+        ConfigurationError: naming ``env.kwargs.<key>``, the value, and what to set instead or the keys there are.
+    """
+    preprocessing = PREPROCESSING.get(backend, {}) if atari is not None else {}
+    for key, value in kwargs.items():
+        path = f"env.kwargs.{key}"
+        if key in preprocessing:
+            field = preprocessing[key]
+            then = (f"set env.atari.{field} instead" if field is not None else
+                    "drop it (it is fixed, so that every backend plays the same game)")
+            raise ConfigurationError(f"{path}={value!r} clashes with env.atari, whose preprocessing sets {key} itself on "
+                                     f"env.backend={backend}: {then}", path=path)
+        if key in SET_HERE[backend]:
+            raise ConfigurationError(f"{path}={value!r} clashes with the collector, which sets {key} itself on "
+                                     f"env.backend={backend} (from {SET_HERE[backend][key]}): drop it", path=path)
+    taken = _taken(backend, env_id, atari)
+    if taken is None:
+        return
+    what, names = taken
+    names = sorted(set(names) - set(preprocessing) - set(SET_HERE[backend]))
+    for key in kwargs:
+        if key not in names:
+            raise ConfigurationError(f"{what} takes no keyword argument {key!r} (env.kwargs sets it)",
+                                     path=f"env.kwargs.{key}", alternatives=tuple(names))
+
+
+def _taken(backend: str, env_id: str, atari: AtariConfig | None) -> tuple[str, list[str]] | None:
+    """``(what takes env.kwargs, the keyword arguments it takes)``, or ``None`` where that cannot be told."""
+    if backend == "ale_vector":
+        from ale_py.vector_env import AtariVectorEnv
+
+        return "ale-py's AtariVectorEnv (env.backend=ale_vector)", _parameters(AtariVectorEnv)
+    if backend == "envpool":
+        task = vector_kwargs(env_id, atari, backend)[0] if atari is not None else env_id
+        spec = _envpool().make_spec(task)
+        return f"EnvPool's {task} (env.backend=envpool)", list(spec.config._fields)
+    from .envs import register_namespace
+
+    register_namespace(env_id)
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error:
+        return None  # making the env says what is wrong with the id
+    entry = spec.vector_entry_point if backend == "vector" else spec.entry_point
+    if isinstance(entry, str):
+        entry = gym.envs.registration.load_env_creator(entry)
+    names = _parameters(entry)
+    if names is None:
+        return None
+    if backend == "vector":
+        return f"{env_id}'s vector env (env.backend=vector)", names
+    return env_id, [*names, *_MAKE_KWARGS]
+
+
+def _parameters(creator: Callable) -> list[str] | None:
+    """The keyword arguments ``creator`` takes (a class: its constructor's), ``None`` where it takes ``**kwargs``."""
+    try:
+        parameters = inspect.signature(creator).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return None
+    return [p.name for p in parameters if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                     inspect.Parameter.KEYWORD_ONLY)]
 
 
 def make_vector(backend: str, env_id: str, num_envs: int, kwargs: Mapping[str, Any],

@@ -21,7 +21,7 @@ from transports.errors import ConfigurationError
 from transports.layout import Layout
 
 from .atari import AtariConfig, make_one
-from .env_backends import check_backend, make_vector
+from .env_backends import check_backend, check_kwargs, make_vector
 from .targets import instantiate_target
 
 _log = logging.getLogger(__name__)
@@ -211,7 +211,8 @@ class EnvMaker:
             backend's own implementation (``env=atari`` sets it); ``None``: the env as ``gymnasium.make`` gives it.
 
     Raises:
-        ConfigurationError: neither or both of ``id`` and ``_target_`` are set; a backend that cannot make the env.
+        ConfigurationError: neither or both of ``id`` and ``_target_`` are set; a backend that cannot make the env;
+            a keyword argument the env does not take, or one the collector or ``atari`` sets itself.
 
     Example:
         >>> EnvMaker(_target_="my_envs.make_maze", kwargs={"size": 5}).vector(8)   # a SyncVectorEnv of 8 mazes
@@ -230,6 +231,8 @@ class EnvMaker:
             raise ConfigurationError("env.atari preprocesses an ALE env named by env.id (ALE/Breakout-v5), not an "
                                      "env._target_ callable", path="env.atari")
         check_backend(backend, id, self.atari)
+        if id is not None and kwargs:
+            check_kwargs(backend, id, kwargs, self.atari)
         self.id, self.target, self.kwargs, self.backend = id, _target_, dict(kwargs or {}), backend
 
     @classmethod
@@ -265,19 +268,39 @@ class EnvMaker:
 
     def spec(self) -> EnvSpec:
         """The :class:`EnvSpec`, read from a throwaway instance (closed before returning): one env, or on a fast
-        backend a vector of one (its kwargs are the vector env's)."""
+        backend a vector of one (its kwargs are the vector env's).
+
+        Raises:
+            ConfigurationError: the env cannot be made; where ``kwargs`` are set, whatever making it raises names
+                them (a value the env refuses: ``env.kwargs.mode=99`` for a game without that mode).
+        """
         path = "env.id" if self.id is not None else "env._target_"
-        if self.backend != "gymnasium":
-            env = self.vector(1)
-            try:
-                return spec_from_spaces(self.name, env.single_observation_space, env.single_action_space, path=path)
-            finally:
-                env.close()
-        env = self()
+        vector = self.backend != "gymnasium"
         try:
+            env = self.vector(1) if vector else self()
+        except ConfigurationError as exc:
+            cause = exc.__cause__  # gymnasium's error for a value an env refuses is blamed on env.id by make_env
+            if not self.kwargs or exc.path != "env.id" or not isinstance(cause, gym.error.Error) or isinstance(
+                    cause, (gym.error.UnregisteredEnv, gym.error.DeprecatedEnv, gym.error.DependencyNotInstalled)):
+                raise
+            raise self._refused(cause) from cause
+        except Exception as exc:
+            if not self.kwargs:
+                raise
+            raise self._refused(exc) from exc
+        try:
+            if vector:
+                return spec_from_spaces(self.name, env.single_observation_space, env.single_action_space, path=path)
             return spec_from_spaces(self.name, env.observation_space, env.action_space, path=path)
         finally:
             env.close()
+
+    def _refused(self, exc: BaseException) -> ConfigurationError:
+        """What making the env with :attr:`kwargs` raised, as a configuration error naming them."""
+        where = f"env.kwargs.{next(iter(self.kwargs))}" if len(self.kwargs) == 1 else "env.kwargs"
+        given = ", ".join(f"env.kwargs.{key}={value!r}" for key, value in self.kwargs.items())
+        return ConfigurationError(f"{self.name} cannot be made with {given}: {type(exc).__name__}: "
+                                  f"{' '.join(str(exc).split())}", path=where)
 
     def vector(self, num_envs: int) -> gym.vector.VectorEnv:
         """``num_envs`` environments in one vector env on :attr:`backend`, with same-step autoreset."""

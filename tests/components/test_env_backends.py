@@ -3,14 +3,16 @@ for real; every one with same-step autoreset, so recipes see the same kind of da
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 
 import numpy as np
 import pytest
 import torch
 
+from components.atari import PREPROCESSING, AtariConfig, ale_kwargs, vector_kwargs
 from components.collectors import Collector
-from components.env_backends import BACKENDS, EnvPoolVector, SameStepVector
+from components.env_backends import BACKENDS, SET_HERE, EnvPoolVector, SameStepVector
 
 ENVPOOL_SLOW = pytest.mark.slow  # EnvPool's pools start their C++ threads: seconds per test here
 
@@ -141,3 +143,72 @@ def test_process_collectors_build_fast_backends_where_they_run(backend):
     assert (torch.cat([b["next", "reward"] for b in batches]) == 1).all()
     first = batches[0]["observation"][0]
     assert len({tuple(row.tolist()) for row in first}) == 8  # the two workers' envs differ
+
+
+# ---------------------------------------------------------------------------------------------- env.kwargs
+ATARI = AtariConfig()
+ENV_OF = {"gymnasium": "CartPole-v1", "vector": "CartPole-v1", "ale_vector": "ALE/Breakout-v5", "envpool": "CartPole-v1"}
+
+
+def _maker(backend: str, kwargs: dict, atari: AtariConfig | None = None) -> EnvMaker:
+    atari = ATARI if backend == "ale_vector" else atari
+    return EnvMaker(id="ALE/Breakout-v5" if atari else ENV_OF[backend], kwargs=kwargs, backend=backend, atari=atari)
+
+
+def test_the_preprocessing_table_holds_what_each_backend_is_given():
+    assert set(PREPROCESSING["gymnasium"]) == set(ale_kwargs(ATARI))
+    for backend in ("ale_vector", "envpool"):
+        assert set(PREPROCESSING[backend]) == set(vector_kwargs("ALE/Breakout-v5", ATARI, backend)[1])
+    fields = {f.name for f in dataclasses.fields(AtariConfig)}
+    assert all(field is None or field in fields for keys in PREPROCESSING.values() for field in keys.values())
+
+
+@pytest.mark.parametrize("backend, key, field", [(b, k, f) for b, keys in PREPROCESSING.items() for k, f in keys.items()])
+def test_a_keyword_the_atari_preprocessing_sets_is_refused_naming_its_field(backend, key, field):
+    # +env.kwargs.frameskip=4 on env=atari: two values for one argument (a TypeError), or on a fast backend one that
+    # silently won over env.atari's
+    with pytest.raises(ConfigurationError) as info:
+        _maker(backend, {key: 4}, ATARI)
+    assert info.value.path == f"env.kwargs.{key}"
+    assert str(info.value).startswith(f"env.kwargs.{key}=4 clashes with env.atari, whose preprocessing sets {key} "
+                                      f"itself on env.backend={backend}: ")
+    assert (f"set env.atari.{field} instead" if field else "drop it (it is fixed") in str(info.value)
+
+
+@pytest.mark.parametrize("backend, key", [(b, k) for b, keys in SET_HERE.items() for k in keys])
+def test_a_keyword_the_collector_sets_is_refused(backend, key):
+    with pytest.raises(ConfigurationError) as info:
+        _maker(backend, {key: 2})
+    assert info.value.path == f"env.kwargs.{key}"
+    assert str(info.value).startswith(f"env.kwargs.{key}=2 clashes with the collector, which sets {key} itself on "
+                                      f"env.backend={backend} (from {SET_HERE[backend][key]}): drop it")
+
+
+@pytest.mark.parametrize("backend, atari, what, takes", [
+    ("gymnasium", None, "CartPole-v1", "sutton_barto_reward"),
+    ("gymnasium", ATARI, "ALE/Breakout-v5", "full_action_space"),
+    ("vector", None, "CartPole-v1's vector env (env.backend=vector)", "sutton_barto_reward"),
+    ("ale_vector", ATARI, "ale-py's AtariVectorEnv (env.backend=ale_vector)", "num_threads"),
+    ("envpool", ATARI, "EnvPool's Breakout-v5 (env.backend=envpool)", "num_threads"),
+    ("envpool", None, "EnvPool's CartPole-v1 (env.backend=envpool)", "num_threads"),
+])
+def test_a_keyword_the_env_does_not_take_is_refused_listing_those_it_does(backend, atari, what, takes):
+    with pytest.raises(ConfigurationError) as info:
+        _maker(backend, {"colour": 1}, atari)
+    assert info.value.path == "env.kwargs.colour"
+    assert str(info.value).startswith(f"{what} takes no keyword argument 'colour' (env.kwargs sets it)")
+    assert takes in info.value.alternatives  # and nothing that clashes
+    preprocessing = PREPROCESSING[backend] if atari is not None or backend == "ale_vector" else {}
+    assert not set(info.value.alternatives) & {*preprocessing, *SET_HERE[backend]}
+    _maker(backend, {takes: 1}, atari)  # one it takes is taken
+
+
+def test_a_value_the_env_refuses_names_its_keyword():
+    for kwargs, path, needle in [({"mode": 99}, "env.kwargs.mode", "env.kwargs.mode=99: RuntimeError: Invalid game mode"),
+                                 ({"obs_type": "bogus"}, "env.kwargs.obs_type", "Invalid observation type: bogus")]:
+        with pytest.raises(ConfigurationError) as info:
+            EnvMaker(id="ALE/Breakout-v5", kwargs=kwargs, atari=ATARI).spec()
+        assert info.value.path == path and needle in str(info.value), str(info.value)
+        assert str(info.value).startswith("ALE/Breakout-v5 cannot be made with ")
+    spec = EnvMaker(id="ALE/Breakout-v5", kwargs={"full_action_space": True}, atari=ATARI).spec()
+    assert spec.n_actions == 18 and spec.observation_shape == (4, 84, 84)  # a keyword it takes reaches the env

@@ -98,6 +98,12 @@ MISTAKES = [
      "36x36): set env.atari.screen_size to 36 or more"),
     (("env=minatar", "recipe.encoder=nature_cnn"), "recipe.encoder",
      "recipe.encoder=nature_cnn needs images of at least 36x36 (channels first); this env's are (10, 10, 4)"),
+    (("env=atari", "+env.kwargs.frameskip=4"), "env.kwargs.frameskip", "env.kwargs.frameskip=4 clashes with "
+     "env.atari, whose preprocessing sets frameskip itself on env.backend=gymnasium: set env.atari.frame_skip instead"),
+    (("env=atari", "env.backend=ale_vector", "+env.kwargs.colour=1"), "env.kwargs.colour",
+     "ale-py's AtariVectorEnv (env.backend=ale_vector) takes no keyword argument 'colour'"),
+    (("env=atari", "+env.kwargs.mode=99"), "env.kwargs.mode",
+     "ALE/Breakout-v5 cannot be made with env.kwargs.mode=99: RuntimeError: Invalid game mode requested"),
     (("service=ray", "ray.temp_dir=/tmp/" + "x" * 60), "ray.temp_dir", "use a directory of at most 43 characters"),
     (("service=ray", "components.inference.resources.num_gpus=64"), "components.inference.resources.num_gpus",
      "components.inference.resources.num_gpus=64, but the local Ray cluster has"),
