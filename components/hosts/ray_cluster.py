@@ -286,20 +286,22 @@ def ray_cluster(config: RayClusterConfig | None = None) -> Iterator[bool]:
     own_dir = None
     _AuthNotice.install()
     _Silent.since = _Silent.patience = None
-    with _signals_kept():
-        if config.address:
-            _reachable(config.address, config.connect_timeout)
-            ray.init(address=config.address, **common)
-        else:
-            # a short session dir of its own (Ray's Unix sockets live there), removed with the cluster
-            remove_dead_clusters()
-            temp_dir = config.temp_dir or (own_dir := _own_temp_dir())
-            # in its daemons and workers: neither a batch system's warning nor a SIGTERM to the whole process group
-            # (or job step) ends them; the driver stops its services on the cluster, then the cluster
-            with signals_blocked(CLUSTER_SIGNALS):
-                ray.init(_node_ip_address=LOOPBACK, num_cpus=config.num_cpus, resources=dict(config.resources) or None,
-                         include_dashboard=False, _temp_dir=temp_dir, **common)
-    try:
+    try:  # a SIGTERM that arrived while the cluster started is raised as it ends: the cluster is stopped too
+        with _signals_kept():
+            if config.address:
+                _reachable(config.address, config.connect_timeout)
+                ray.init(address=config.address, **common)
+            else:
+                # a short session dir of its own (Ray's Unix sockets live there), removed with the cluster
+                remove_dead_clusters()
+                temp_dir = config.temp_dir or (own_dir := _own_temp_dir())
+                # in its daemons and workers: neither a batch system's warning nor a SIGTERM to the whole process
+                # group (or job step) ends them; the driver stops its services on the cluster, then the cluster. A
+                # signal that arrives meanwhile reaches this process once its own handlers are back.
+                with signals_blocked(CLUSTER_SIGNALS), _signals_kept():
+                    ray.init(_node_ip_address=LOOPBACK, num_cpus=config.num_cpus,
+                             resources=dict(config.resources) or None, include_dashboard=False, _temp_dir=temp_dir,
+                             **common)
         yield not config.address
     finally:
         if config.address:
