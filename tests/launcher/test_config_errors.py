@@ -1,8 +1,9 @@
 """Every configuration mistake exits 2 with one short message naming its config path, before anything starts.
 
-In this process: the preflight (``launcher.preflight.check_argv``) and the plan, for the mistakes users make and
-for overrides drawn from the schema itself (hypothesis): the outcome is a plan or one short
-:class:`ConfigurationError`, never anything else. As a user runs it (real subprocesses, marked slow): the exit
+In this process: the preflight (``launcher.preflight.check_argv``) and the plan, for the mistakes users make, for
+mistakes of a kind (every device option, encoders against the frames they get, ``env.kwargs`` against what each
+backend's env takes) and for overrides drawn from the schema and from those kinds (hypothesis): the outcome is a plan
+or one short :class:`ConfigurationError`, never anything else. As a user runs it (real subprocesses, marked slow): the exit
 status and stderr, and Hydra's own flags still working.
 """
 
@@ -368,16 +369,92 @@ UNKNOWN_KEYS = ["components.replay.colour=blue", "+components.replay.colour=blue
 UNKNOWN_OPTIONS = ["service=submitit", "env=nonexistent", "transport=carrier_pigeon", "logger=nope"]
 
 
+def _cuda_here(name: str) -> bool:
+    import torch
+
+    return name == "cpu" or int(name.partition(":")[2] or 0) < torch.cuda.device_count()
+
+
+@st.composite
+def device_mistakes(draw, recipe: str, chosen: dict):
+    """``{path: (override, valid)}``: a device option set to a name that is no device (refused with the command line),
+    or to a device (a CUDA one this machine lacks is refused where the plan runs, for what runs on this machine)."""
+    path = draw(st.sampled_from(DEVICE_OPTIONS))
+    if draw(st.booleans()):
+        name, valid = draw(st.sampled_from(NOT_DEVICES)), False
+    else:
+        name = draw(st.sampled_from(["cpu", "cuda", "cuda:0", "cuda:3"]))
+        valid = _cuda_here(name) or (None if path.startswith("components.") else False)  # an owner placed elsewhere
+    return {path: (f"{path}={name}", valid)}
+
+
+@st.composite
+def encoder_mistakes(draw, recipe: str, chosen: dict):
+    """``{path: (override, valid)}``: an encoder against Atari frames of a drawn size (the Nature CNN takes 36x36 and
+    up; ``auto`` fits any)."""
+    chosen["env"] = "atari"
+    side, encoder = draw(st.integers(8, 48)), draw(st.sampled_from(["auto", "nature_cnn", "impala_cnn", "minatar_cnn",
+                                                                     "mlp"]))
+    fits = encoder != "nature_cnn" or side >= 36 or recipe == "ppo_custom_mlp"  # its own network: no encoder
+    return {"env.atari.screen_size": (f"env.atari.screen_size={side}", fits or False),
+            "env.atari.stack": (f"env.atari.stack={draw(st.integers(1, 4))}", True),
+            "recipe.encoder": (f"recipe.encoder={encoder}", True)}
+
+
+ENV_KWARGS = {  # (env, backend) -> keywords its env takes, with a value it takes
+    ("cartpole", "gymnasium"): {"sutton_barto_reward": "true", "max_episode_steps": "50"},
+    ("cartpole", "vector"): {"sutton_barto_reward": "true", "max_episode_steps": "50"},
+    ("cartpole", "envpool"): {"num_threads": "1", "max_episode_steps": "50"},
+    ("atari", "gymnasium"): {"full_action_space": "true", "mode": "0"},
+    ("atari", "ale_vector"): {"num_threads": "1", "full_action_space": "true"},
+    ("atari", "envpool"): {"num_threads": "1"},
+    ("minatar", "gymnasium"): {"sticky_action_prob": "0.0"},
+}
+
+
+@st.composite
+def env_kwargs_mistakes(draw, recipe: str, chosen: dict):
+    """``{path: (override, valid)}``: an ``env.kwargs`` key the env takes, one it does not, one the collector or the
+    Atari preprocessing sets itself, or a value the env refuses (Breakout has no mode 99)."""
+    from components.atari import PREPROCESSING
+    from components.env_backends import SET_HERE
+
+    env, backend = draw(st.sampled_from(sorted(ENV_KWARGS)))
+    chosen["env"] = env
+    extra = {} if backend == "gymnasium" else {"env.backend": (f"env.backend={backend}", True)}
+    kind = draw(st.sampled_from(["takes", "unknown", "collector", "preprocessing", "value"]))
+    if kind == "takes":
+        key, value = draw(st.sampled_from(sorted(ENV_KWARGS[(env, backend)].items())))
+    elif kind == "unknown":
+        key, value = "colour", "1"
+    elif kind == "preprocessing" and env == "atari":
+        key, value = draw(st.sampled_from(sorted(PREPROCESSING[backend]))), "4"
+    elif kind == "value" and (env, backend) == ("atari", "gymnasium"):
+        key, value = "mode", "99"
+    else:
+        key, value = draw(st.sampled_from(sorted(SET_HERE[backend]))), "2"
+    return {**extra, f"env.kwargs.{key}": (f"+env.kwargs.{key}={value}", kind == "takes")}
+
+
+KINDS = [device_mistakes, encoder_mistakes, env_kwargs_mistakes]
+"""Mistakes of a kind the plan refuses: each draws overrides of its kind, with whether each is valid."""
+
+
 @st.composite
 def command_lines(draw):
-    """``(argv, invalid)``: a command line, and the config paths it sets to something the schema refuses."""
+    """``(argv, invalid, unsure)``: a command line, the config paths it sets to something the schema or the plan
+    refuses, and those it sets to something the test cannot tell (a placement the table may refuse)."""
     recipe = draw(st.sampled_from(sorted(RECIPES)))
     logger = draw(st.sampled_from(sorted(LOGGERS)))
     chosen = {"recipe": recipe, "logger": logger}
     for group in ("service", "transport", "env"):
         if draw(st.booleans()):
             chosen[group] = draw(st.sampled_from(_options(group)))
-    overrides = {group: (f"{group}={option}", True) for group, option in chosen.items()}
+    kind = draw(st.sampled_from([None, *KINDS]))
+    of_kind = draw(kind(recipe, chosen)) if kind is not None else {}
+    # a service, transport or env the table or the recipe may refuse (transport=distributed, DQN on pendulum): unsure
+    overrides = {group: (f"{group}={option}", True if group in ("recipe", "logger") else None)
+                 for group, option in chosen.items()}
     leaves = [*_leaves(schema.Config, ""), *_leaves(RECIPES[recipe], "recipe"), *_leaves(LOGGERS[logger], "logger")]
     for path, f, hint in draw(st.lists(st.sampled_from(leaves), max_size=4, unique_by=lambda leaf: leaf[0])):
         text, valid = draw(_value(f, hint))
@@ -388,21 +465,25 @@ def command_lines(draw):
     if draw(st.integers(0, 4)) == 0:
         line = draw(st.sampled_from(UNKNOWN_OPTIONS))
         overrides[line.split("=")[0]] = (line, False)
+    overrides.update(of_kind)
     argv = [line for line, _ in overrides.values()]
-    return draw(st.permutations(argv)), {path for path, (_, valid) in overrides.items() if valid is False}
+    return (draw(st.permutations(argv)), {path for path, (_, valid) in overrides.items() if valid is False},
+            {path for path, (_, valid) in overrides.items() if valid is None})
 
 
-@pytest.mark.slow  # 40 composed command lines: seconds
-@settings(max_examples=40, deadline=None, database=None,
+@pytest.mark.slow  # 48 composed command lines, a third of them planning Atari: seconds
+@settings(max_examples=48, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(command_lines())
 def test_any_command_line_is_a_plan_or_one_short_message(case):
-    argv, invalid = case
+    # drawn from the schema, and from the mistakes of a kind the plan refuses (device names and devices, encoders
+    # against the frames they get, env.kwargs against what the env takes): never another exception
+    argv, invalid, unsure = case
     result = outcome(*argv)
     if isinstance(result, ConfigurationError):
         assert_short(result)
-        if invalid:  # what the schema refuses is what the message names
-            assert result.path in invalid, (str(result), invalid)
+        if invalid:  # what the schema or the plan refuses is what the message names
+            assert result.path in invalid | unsure | {"recipe"}, (str(result), invalid)  # recipe: what it asks of the env
     else:
         assert not invalid, f"{argv} was accepted though {sorted(invalid)} is outside the schema"
         assert len(result) == 1 and result[0].render().startswith("plan: recipe=")
