@@ -48,11 +48,14 @@ def check_backend(backend: str, env_id: str | None, atari: AtariConfig | None = 
     Raises:
         ConfigurationError: an unknown backend; a fast backend without ``env.id``; ``vector`` for an env without a
             vector entry point or without a same-step adapter, or with ``env.atari``; ``ale_vector`` without
-            ``env.atari`` or without ale-py; ``envpool`` not installed or not implementing the id.
+            ``env.atari`` or without ale-py; ``envpool`` not installed or not implementing the id; ``env.atari`` for
+            an id that is no ALE env.
     """
     if backend not in BACKENDS:
         raise ConfigurationError(f"env.backend={backend!r} is not a backend", path="env.backend", alternatives=BACKENDS)
     if backend == "gymnasium":
+        if atari is not None and env_id is not None:
+            _ale_env(env_id)
         return
     if env_id is None:
         raise ConfigurationError(f"env.backend={backend} makes envs by id; an env._target_ callable runs on the "
@@ -126,6 +129,22 @@ def check_kwargs(backend: str, env_id: str, kwargs: Mapping[str, Any], atari: At
         if key not in names:
             raise ConfigurationError(f"{what} takes no keyword argument {key!r} (env.kwargs sets it)",
                                      path=f"env.kwargs.{key}", alternatives=tuple(names))
+
+
+def _ale_env(env_id: str) -> None:
+    """Refuse ``env.atari`` for a registered id that is no ALE env (its preprocessing passes the ALE env's own
+    arguments: CartPole would be blamed for a ``frameskip`` nobody set)."""
+    from .envs import register_namespace
+
+    register_namespace(env_id)
+    try:
+        entry = gym.spec(env_id).entry_point
+    except gym.error.Error:
+        return  # making the env says what is wrong with the id
+    if "ale_py" not in str(getattr(entry, "__module__", entry)):
+        raise ConfigurationError(f"env.atari preprocesses an ALE env, and env.id={env_id!r} is not one: use an ALE id "
+                                 "(ALE/Breakout-v5), or env.atari=null for the env as gymnasium.make gives it",
+                                 path="env.id")
 
 
 def _taken(backend: str, env_id: str, atari: AtariConfig | None) -> tuple[str, list[str]] | None:

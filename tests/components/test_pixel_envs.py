@@ -101,6 +101,9 @@ def test_mujoco_half_cheetah_steps_continuous_actions():
     (dict(id="ALE/NoSuchGame-v5", atari=ATARI, backend="ale_vector"), "env.id", "no ROM 'no_such_game'"),
     (dict(_target_="tests.factories.crashing_envs", atari=ATARI), "env.atari", "not an env._target_"),
     (dict(id="MinAtar/NoSuchGame-v1"), "env.id", "cannot make gymnasium env"),
+    (dict(id="CartPole-v1", atari=ATARI), "env.id", "env.atari preprocesses an ALE env, and env.id='CartPole-v1' is "
+     "not one"),  # not "CartPole-v1 takes no keyword argument 'frameskip'", a keyword nobody set
+    (dict(id="MinAtar/Breakout-v1", atari=ATARI), "env.id", "env.id='MinAtar/Breakout-v1' is not one"),
 ])
 def test_pixel_env_mistakes_are_refused_naming_the_key(kwargs, path, needle):
     with pytest.raises(ConfigurationError, match=needle) as info:
