@@ -289,9 +289,9 @@ class EnvMaker:
                 raise
             raise self._refused(exc) from exc
         try:
-            if vector:
-                return spec_from_spaces(self.name, env.single_observation_space, env.single_action_space, path=path)
-            return spec_from_spaces(self.name, env.observation_space, env.action_space, path=path)
+            spaces = ((env.single_observation_space, env.single_action_space) if vector else
+                      (env.observation_space, env.action_space))
+            return spec_from_spaces(self.name, *spaces, path=path)
         finally:
             env.close()
 
