@@ -1,4 +1,5 @@
-from launcher.cli import exit_now, main
+from launcher.cli import main
+from launcher.endings import exit_now
 
 try:
     main()

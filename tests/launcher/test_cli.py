@@ -280,7 +280,7 @@ def test_a_ray_address_where_nothing_listens_fails_at_once(tmp_path):
 
 
 def test_a_signal_during_a_dead_services_shutdown_still_reports_the_death():
-    from launcher.cli import _died_first
+    from launcher.endings import died_first
     from launcher.failures import ServiceDied, Terminated
 
     died = ServiceDied("collector", "distributed", None, "collector-1-rank2: rank 2 closed its connection")
@@ -290,5 +290,5 @@ def test_a_signal_during_a_dead_services_shutdown_still_reports_the_death():
         except ServiceDied:
             raise Terminated()  # what a SIGTERM raises while the teardown runs
     except Terminated as exc:
-        assert _died_first(exc) is died
-    assert _died_first(Terminated()) is None
+        assert died_first(exc) is died
+    assert died_first(Terminated()) is None
