@@ -374,8 +374,30 @@ class DistributedClient:
             return self._connection
         with self._lock:
             if self._connection is None or self._pid != os.getpid():
-                self._connection, self._pid = self._open(), os.getpid()
+                self._connection, self._pid = self._open_to_the_end(), os.getpid()
             return self._connection
+
+    def _open_to_the_end(self) -> Connection:
+        """:meth:`_open` on a thread of its own, waited for: where the caller is interrupted meanwhile (a signal's
+        exception in the main thread: Ctrl-C, the launcher's SIGTERM), the endpoint is still built to the end and
+        kept, so the server, which admitted it, is not left waiting for its side of the groups (up to
+        ``_gloo.CONNECT_S``) as it shuts down. Not a daemon thread, as the server's: no thread is left inside gloo."""
+        box: list = []
+
+        def open_it() -> None:
+            try:
+                box.append(self._open())
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                box.append(exc)
+                return
+            self._connection, self._pid = box[0], os.getpid()  # kept for the next call, should the caller leave
+
+        thread = threading.Thread(target=open_it, name=f"{self.address.name}-connect", daemon=False)
+        thread.start()
+        thread.join()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
 
     def _open(self) -> Connection:
         a = self.address

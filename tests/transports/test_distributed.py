@@ -308,6 +308,50 @@ def test_a_client_dying_between_announcement_and_groups_delays_nobody_and_leaves
                what="the transport's threads end")
 
 
+class _Interrupted(BaseException):
+    """What this test's signal handler raises in the main thread (as the launcher's SIGTERM raises Terminated)."""
+
+
+def test_a_caller_interrupted_while_its_endpoint_connects_leaves_no_server_waiting(monkeypatch):
+    """A SIGTERM (or Ctrl-C) that lands in the main thread between a client's announcement and its groups: the
+    endpoint is still built to the end, so the server, which admitted it, closes at once instead of waiting for the
+    peer's side of the groups (``CONNECT_S``, 60 s: a Ray run's replay owner overran its stop that way on about one
+    SIGTERM in seven), and the client's next call uses it."""
+    from transports import distributed
+
+    real_groups = distributed.groups
+
+    def interrupted_groups(store, prefix, rank, *args):
+        if rank == 1:  # the client's side (the server builds its side with the same function, on its own thread)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)  # lands in the waiting caller
+        return real_groups(store, prefix, rank, *args)
+
+    def interrupt(signum, frame):
+        raise _Interrupted()
+
+    monkeypatch.setattr(distributed, "groups", interrupted_groups)
+    saved = signal.signal(signal.SIGUSR1, interrupt)
+    transport = DistributedTransport(REQUEST_TD, RESPONSE_TD, name="interrupted")
+    server = EchoServer(transport)
+    try:
+        client = transport.client()
+        with pytest.raises(_Interrupted):
+            client.submit(request(1.0)).result(10)
+        signal.signal(signal.SIGUSR1, saved)
+        wait_until(lambda: client.connected, timeout=10, what="the endpoint built to the end")
+        assert client.submit(request(1.0)).result(10)["action"][0].item() == 3.0
+        started = time.monotonic()
+        server.close()
+        assert time.monotonic() - started < 5.0
+    finally:
+        signal.signal(signal.SIGUSR1, saved)
+        server.close()
+        transport.mark_dead(stopped=True)
+        transport.close()
+    wait_until(lambda: not [t for t in threading.enumerate() if t.name.startswith("interrupted")], timeout=10,
+               what="the transport's threads end")
+
+
 _EXIT_WHILE_CONNECTING = """
 import json, os, sys, time
 sys.path.insert(0, os.getcwd())
