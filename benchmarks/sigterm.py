@@ -140,6 +140,27 @@ def _clean(left: dict[str, list]) -> None:
             os.unlink(os.path.join("/dev/shm", name))
 
 
+def _shutdown_log(run_dir: str) -> str:
+    """The lines of the run's ``launcher.log`` from the first service stopped on (with their times): where a slow exit's
+    seconds went."""
+    try:
+        with open(os.path.join(run_dir, "launcher.log")) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return ""
+    first = next((n for n, line in enumerate(lines) if "stopping " in line), max(0, len(lines) - 10))
+    return "\n".join(lines[max(0, first - 3):])
+
+
+def _named(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return str(pid)
+    return f"{pid} {' '.join(words)[:70].strip()}"
+
+
 def _logged_at(run_dir: str, frames: int | None) -> bool:
     """Whether ``metrics.csv`` holds a row logged at ``frames`` (the step the summary reports)."""
     try:
@@ -208,9 +229,11 @@ def one_try(overrides: list[str], start_timeout: float, exit_timeout: float) -> 
             return {"status": proc.returncode, "seconds": seconds, "said": said,
                     "summary": bool(summary and summary.get("interrupted") and summary.get("signal") == "SIGTERM"),
                     "rows": bool(summary) and _logged_at(run_dir, summary.get("frames")),
-                    "left_at_exit": {k: v for k, v in at_exit.items() if v},
+                    "left_at_exit": {k: [_named(p) for p in v] if k == "processes" else v
+                                     for k, v in at_exit.items() if v},
                     "left": {k: v for k, v in left.items() if v},
-                    "note": "" if proc.returncode == 143 else "\n".join(lines[-25:])}
+                    "note": "\n".join(lines[-25:]) if proc.returncode != 143 else
+                    "" if seconds is not None and seconds < TARGET_S else _shutdown_log(run_dir)}
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)

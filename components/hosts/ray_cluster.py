@@ -325,9 +325,26 @@ def _shutdown_started(ray: Any) -> None:
     finally:
         if node is not None:
             node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
-            for pid in filter(_ray_process, _holding(node.get_session_dir_path())):
+            killed = list(filter(_ray_process, _holding(node.get_session_dir_path())))
+            for pid in killed:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + KILLED_S  # gone before the driver says the run ended
+            while any(map(_running, killed)) and time.monotonic() < deadline:
+                time.sleep(0.01)
+
+
+KILLED_S = 2.0
+"""Seconds a driver waits for the processes of its cluster it killed to end (the kernel frees their memory first)."""
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not ended (a zombie has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def namespace() -> str:
