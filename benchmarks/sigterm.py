@@ -46,6 +46,9 @@ import time
 from _common import ROOT  # benchmarks/_common.py, beside this script
 from _results import Results, say, show  # benchmarks/_results.py: the run as JSON
 
+sys.path.insert(0, ROOT)  # run from anywhere
+from components.hosts.ray_cluster import processes_holding  # noqa: E402
+
 DEFAULT_RUN = ["+recipe=appo", "env=minatar", "service=ray", "transport=distributed"]
 LONG_RUN = ["recipe.total_frames=100000000", "recipe.target_return=null", "launcher.progress=true",
             "launcher.plot=false", "logger.flush_every=1000000", "logger.flush_seconds=1000"]
@@ -85,22 +88,6 @@ def _alive(pid: int) -> bool:
 
 def _group(pgid: int) -> set[int]:
     return {int(e) for e in os.listdir("/proc") if e.isdigit() and (f := _stat(int(e))) and int(f[2]) == pgid}
-
-
-def _holding(where: str) -> set[int]:
-    """Processes with a file, or their working directory, under ``where``."""
-    inside, pids = where.rstrip("/") + "/", set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            links = [os.readlink(f"/proc/{entry}/cwd")]
-            links += [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")]
-        except OSError:
-            continue
-        if any(link.startswith(inside) or link == where for link in links):
-            pids.add(int(entry))
-    return pids
 
 
 def _session_dir(driver: int) -> str | None:
@@ -208,7 +195,7 @@ def one_try(overrides: list[str], start_timeout: float, exit_timeout: float) -> 
             session = _session_dir(proc.pid)
             pids = _group(proc.pid) | {p for s in services.values() for p in s["pids"]}
             if session:
-                pids |= _holding(session)
+                pids |= set(processes_holding(session))
             os.killpg(proc.pid, signal.SIGTERM)
             signalled = time.monotonic()
             said = None  # when the run's last line (how it ended) was out: the rest is the interpreter's exit

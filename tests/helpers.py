@@ -108,10 +108,9 @@ Monarch proc: each a fresh interpreter importing torch), so their cases are mark
 
 
 @contextlib.contextmanager
-def segment_dir_of(where, size_kb: int, monkeypatch):
-    """A tmpfs of ``size_kb`` KiB mounted at ``where`` and made the segment directory (``RLSVC_SHM_DIR``) for the
-    test: a small ``/dev/shm`` of its own, unmounted afterwards. Skips the test where it cannot be mounted (not
-    root)."""
+def tmpfs(where, size_kb: int):
+    """A tmpfs of ``size_kb`` KiB mounted at ``where`` (made if missing), unmounted afterwards. Skips the test where it
+    cannot be mounted (not root)."""
     os.makedirs(where, exist_ok=True)
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(where)],
                              capture_output=True, text=True)
@@ -121,11 +120,21 @@ def segment_dir_of(where, size_kb: int, monkeypatch):
         pytest.skip(f"a small tmpfs cannot be mounted here ({mounted.stderr.strip() or 'mount failed'}): the test "
                     "needs root")
     try:
-        monkeypatch.setenv("RLSVC_SHM_DIR", str(where))
         yield str(where)
     finally:
-        monkeypatch.delenv("RLSVC_SHM_DIR", raising=False)
         subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@contextlib.contextmanager
+def segment_dir_of(where, size_kb: int, monkeypatch):
+    """A tmpfs of ``size_kb`` KiB at ``where`` made the segment directory (``RLSVC_SHM_DIR``) for the test: a small
+    ``/dev/shm`` of its own (:func:`tmpfs`)."""
+    with tmpfs(where, size_kb):
+        monkeypatch.setenv("RLSVC_SHM_DIR", str(where))
+        try:
+            yield str(where)
+        finally:
+            monkeypatch.delenv("RLSVC_SHM_DIR", raising=False)
 
 
 def cli_in_process(*args: str, cwd: str) -> subprocess.CompletedProcess:

@@ -202,7 +202,7 @@ def remove_dead_clusters() -> list[str]:
             continue
         if driver <= 0 and not _untouched(where, ABANDONED_S):  # no driver named: being made, or half removed
             continue
-        holders = _holding(where)
+        holders = processes_holding(where)
         if driver <= 0 and holders:
             continue
         for pid in filter(_ray_process, holders):  # never a process of ours that still holds a file of it (a
@@ -239,7 +239,7 @@ def _ray_process(pid: int) -> bool:
     return args[0].startswith("ray::") or any(f"{os.sep}ray{os.sep}" in arg and "-packages" in arg for arg in args)
 
 
-def _holding(where: str) -> list[int]:
+def processes_holding(where: str) -> list[int]:
     """The processes with a file open, or their working directory, under ``where`` (``/proc``; Linux)."""
     inside, pids = where.rstrip("/") + "/", []
     for entry in os.listdir("/proc"):
@@ -250,7 +250,7 @@ def _holding(where: str) -> list[int]:
             links += [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")]
         except OSError:
             continue
-        if any(link.startswith(inside) for link in links):
+        if any(link.startswith(inside) or link == where for link in links):
             pids.append(int(entry))
     return pids
 
@@ -325,7 +325,7 @@ def _shutdown_started(ray: Any) -> None:
     finally:
         if node is not None:
             node.kill_all_processes(check_alive=False, allow_graceful=False, wait=True)
-            killed = list(filter(_ray_process, _holding(node.get_session_dir_path())))
+            killed = list(filter(_ray_process, processes_holding(node.get_session_dir_path())))
             for pid in killed:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)

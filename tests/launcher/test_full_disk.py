@@ -15,25 +15,17 @@ import pytest
 from components.logger import CSVLogger
 from launcher.conventions import EXIT_NO_SPACE
 from launcher.failures import no_space
+from tests.helpers import tmpfs
 from transports.errors import RemoteError
 
 
 @contextlib.contextmanager
 def small_disk(where, free_kb: int):
     """A tmpfs at ``where`` with about ``free_kb`` KiB left (a file fills the rest), unmounted afterwards."""
-    where.mkdir()
-    size_kb = free_kb + 512
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(where)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"a small tmpfs cannot be mounted here ({mounted.stderr.strip() or 'mount failed'}): the test "
-                    "needs root")
-    try:
+    with tmpfs(where, free_kb + 512):
         with open(where / "filler", "wb") as f:
             f.write(b"\0" * 512 * 1024)
         yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
 
 
 def test_a_full_disk_is_found_in_every_shape_it_arrives_in():
