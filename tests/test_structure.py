@@ -1,5 +1,5 @@
 """The shape the architecture promises, checked on the source: imports run one way, components use only the
-public transport API, placement is decided only by the hosts and the table, no module passes 400 lines."""
+public transport API, placement is decided only by the hosts and the table, no module passes 600 lines."""
 
 import ast
 import os
@@ -56,9 +56,13 @@ def test_placement_is_decided_only_by_the_hosts_and_the_table():
     assert found == []
 
 
+MAX_LINES = 600
+"""Past this a module is rarely one concern; below it, a module is split by concern, never to fit a number."""
+
+
 @pytest.mark.parametrize("package", PACKAGES)
-def test_no_module_passes_400_lines(package):
-    long = [(path, source.count("\n")) for path, source in _modules(package) if source.count("\n") > 400]
+def test_no_module_passes_its_size(package):
+    long = [(path, source.count("\n")) for path, source in _modules(package) if source.count("\n") > MAX_LINES]
     assert long == []
 
 
