@@ -167,27 +167,20 @@ def test_a_second_ctrl_c_does_not_cut_the_shutdown_short(tmp_path):
     _assert_nothing_left(proc, tmp_path, services)
 
 
-RAY_GROUP_TRIES = 3
-"""Runs of the whole-group SIGTERM test: a race between the signal and Ray's daemons showed once in several tries."""
-
-
-@pytest.mark.parametrize("attempt", range(RAY_GROUP_TRIES))
-def test_sigterm_to_a_ray_run_s_whole_group_ends_in_order_within_5_s(tmp_path, attempt):
+def test_sigterm_to_a_ray_run_s_whole_group_ends_in_order(tmp_path):
     # Slurm's preemption, scancel and a terminal signal every process: the local cluster's daemons and workers block
     # SIGTERM, so the driver still stops every service in order (the logger writes every row it held in memory),
-    # writes the summary, stops the cluster and exits, well within a batch system's grace period
+    # writes the summary, stops the cluster and exits, well within a batch system's grace period (how soon, over 20
+    # tries: benchmarks/sigterm.py)
     proc, run_dir, services = _start(tmp_path, "+recipe=ppo", "service=ray", "logger.flush_every=1000000",
                                      "logger.flush_seconds=1000")
     cluster = _ray_processes(proc.pid)
     assert cluster, "no process of the run's Ray cluster found"
     os.killpg(proc.pid, signal.SIGTERM)
-    signalled = time.monotonic()
     _finish(proc, timeout=60)
-    took = time.monotonic() - signalled
     err = (tmp_path / "stderr").read_text()
     assert proc.returncode == 143 and err.rstrip().endswith("terminated (SIGTERM): every service was shut down"), err
     assert "SIGTERM received" not in err and "Traceback" not in err  # not Ray's crash dump
-    assert took < 5.0, f"the run took {took:.1f} s to exit after the SIGTERM"  # about 1 s measured
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["interrupted"] is True and summary["signal"] == "SIGTERM" and summary["frames"] > 0
     assert summary["frames"] in _steps(run_dir, "train/")  # the logger was stopped, not killed with the cluster
@@ -197,16 +190,10 @@ def test_sigterm_to_a_ray_run_s_whole_group_ends_in_order_within_5_s(tmp_path, a
 def _ray_processes(driver: int) -> list[int]:
     """The processes holding files in the session directory of the local Ray cluster ``driver`` started (its daemons,
     agents and workers)."""
-    from components.hosts.ray_cluster import OWN_TEMP_PREFIX
+    from components.hosts.ray_cluster import OWN_TEMP_PREFIX, processes_holding
 
     (where,) = [os.path.dirname(p) for p in glob.glob(f"/tmp/{OWN_TEMP_PREFIX}*/driver.pid") if _read(p) == str(driver)]
-    inside, holders = where + "/", []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        with contextlib.suppress(OSError):
-            links = [os.readlink(f"/proc/{entry}/fd/{fd}") for fd in os.listdir(f"/proc/{entry}/fd")]
-            if any(link.startswith(inside) for link in links):
-                holders.append(int(entry))
-    return holders
+    return processes_holding(where)
 
 
 def test_a_service_that_does_not_start_is_one_line_and_exit_3(tmp_path):
