@@ -178,13 +178,13 @@ def execute(plan: LaunchPlan, run_dir: str, *, on_started: Callable[[dict], None
     resumed = resumed or Resumed(run_dir)
     run = _Run(plan, get_recipe(plan.recipe), EnvMaker.from_config(plan.env).spec(), resumed.run_dir, resumed)
     progress = progress or ProgressLine(getattr(plan.recipe_config, "total_frames", 0), enabled=bool(settings.progress))
-    if shield is not None:
-        return _execute(run, progress, shield, on_started)
-    shield = ShutdownShield(float(settings.shutdown_timeout))
+    own = shield is None
+    shield = shield or ShutdownShield(float(settings.shutdown_timeout))
     try:
         return _execute(run, progress, shield, on_started)
     finally:
-        shield.lower_shield()
+        if own:
+            shield.lower_shield()
 
 
 def _execute(run: _Run, progress: ProgressLine, shield: ShutdownShield,
