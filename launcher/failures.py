@@ -93,9 +93,8 @@ class ShutdownShield:
         name = signal.Signals(signum).name
         self.received.append(name)
         if len(self.received) == 1:  # os.write: the main thread may be inside a print when the signal lands
-            os.write(2, (f"{name} again: the services are already shutting down, each within "
-                         f"{self.timeout:g} s (launcher.shutdown_timeout); kill -9 {os.getpid()} stops at once\n"
-                         ).encode())
+            os.write(2, (f"{name} while the services shut down: each stops within {self.timeout:g} s "
+                         f"(launcher.shutdown_timeout); kill -9 {os.getpid()} stops at once\n").encode())
 
 
 def ending() -> None:

@@ -162,6 +162,7 @@ def test_a_second_ctrl_c_does_not_cut_the_shutdown_short(tmp_path):
     err = (tmp_path / "stderr").read_text()
     assert proc.returncode == 130, err
     assert "resource_tracker" not in err and "leaked" not in err and "Traceback" not in err, err
+    assert "SIGINT while the services shut down: each stops within 10 s" in err, err  # the second one, answered
     assert err.rstrip().endswith("interrupted: every service was shut down"), err
     assert json.loads((run_dir / "summary.json").read_text())["signal"] == "SIGINT"
     _assert_nothing_left(proc, tmp_path, services)
