@@ -14,7 +14,7 @@ from transports.errors import ConfigurationError, IncompatibleCombinationError, 
 from transports.kinds import DISTANCE
 
 from .footprint import check_memory, check_shared_memory
-from .plan import LaunchPlan, _needs, check_calls, resolve_components
+from .plan import LaunchPlan, needed_components, check_calls, resolve_components
 
 
 def check_placements(cfg: DictConfig) -> None:
@@ -33,7 +33,7 @@ def check_placements(cfg: DictConfig) -> None:
     if cfg.get("recipe") is None:
         return
     try:
-        needs = _needs(cfg, needs_of(OmegaConf.get_type(cfg.recipe)))
+        needs = needed_components(cfg, needs_of(OmegaConf.get_type(cfg.recipe)))
         check_calls(resolve_components(cfg, needs, services={}, layouts={}))
     except (IncompatibleCombinationError, NotImplementedYetError):
         raise

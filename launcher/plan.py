@@ -300,7 +300,7 @@ def check_calls(resolved: dict[str, Resolved]) -> None:
         )
 
 
-def _needs(cfg: DictConfig, needs: tuple[str, ...]) -> tuple[str, ...]:
+def needed_components(cfg: DictConfig, needs: tuple[str, ...]) -> tuple[str, ...]:
     """The recipe's components, less the inference server where ``components.collector.local_policy`` runs the policy
     in the collector's workers.
 
@@ -369,7 +369,7 @@ def build_plan(cfg: DictConfig) -> LaunchPlan:
     derived = policy_layouts(recipe, recipe_cfg, spec,
                              num_envs // split if split >= 1 and num_envs % split == 0 else num_envs)
     layouts = {"inference": {"request": derived.request, "response": derived.response}}
-    needs = _needs(cfg, recipe.needs)
+    needs = needed_components(cfg, recipe.needs)
     resolved = resolve_components(cfg, needs, services, layouts)
     check_calls(resolved)
     if needs != recipe.needs:  # the collector's workers run the policy themselves

@@ -34,10 +34,11 @@ from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from transports.errors import ConfigurationError
+from transports.options import fields_of
 
 from . import schema
 from .conventions import EXIT_CONFIG, normalize_argv
-from .values import _fields, _kind, check_values
+from .values import check_values, kind_text
 
 _HANDS_OFF = ("help", "hydra_help", "cfg", "info", "package", "resolve", "shell_completion", "config_path",
               "config_name", "experimental_rerun")
@@ -82,7 +83,7 @@ def check_argv(argv: list[str]) -> list[DictConfig]:
         return []
     argv = normalize_argv(list(argv))
     jobs = sweep_jobs(argv)
-    search = _config_dir(argv)
+    search = config_dir_override(argv)
     configs = []
     for overrides in jobs or ():
         try:
@@ -140,7 +141,7 @@ def _check_hydra(argv: list[str], job: list[str]) -> str | None:
     """
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    overrides = OverridesParser.create().parse_overrides(_hydra_args(argv).overrides)
+    overrides = OverridesParser.create().parse_overrides(hydra_args(argv).overrides)
     own = [o.input_line for o in overrides if o.key_or_group.startswith("hydra.") or o.is_hydra_override()]
     if not own:
         return _RUN_HERE[0]  # the primary config chooses no launcher: Hydra's own
@@ -167,7 +168,7 @@ def _check_writable(path: str, key: str) -> None:
     raise ConfigurationError(f"{key}={path!r} cannot be made: {here} is {what}; choose another directory", path=key)
 
 
-def _config_dir(argv: list[str]) -> list[str]:
+def config_dir_override(argv: list[str]) -> list[str]:
     """``--config-dir`` as the search path override that adds the same directory where Hydra adds it (after the
     launcher's own configs); ``[]`` without one.
 
@@ -175,7 +176,7 @@ def _config_dir(argv: list[str]) -> list[str]:
         ConfigurationError: the directory does not exist, or holds a config file that one of the launcher's (or
             Hydra's) own hides (:func:`_check_hidden`).
     """
-    args = _hydra_args(argv)
+    args = hydra_args(argv)
     if args is None or not args.config_dir:
         return []
     where = os.path.abspath(args.config_dir)
@@ -237,7 +238,7 @@ def sweep_jobs(argv: list[str]) -> list[list[str]] | None:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import OverrideParseException
 
-    args = _hydra_args(argv)
+    args = hydra_args(argv)
     if args is None or any(getattr(args, name, None) for name in _HANDS_OFF):
         return None
     try:
@@ -268,7 +269,7 @@ def sweep_jobs(argv: list[str]) -> list[list[str]] | None:
     return [list(job) for job in itertools.product(*axes.values())]
 
 
-def _hydra_args(argv: list[str]) -> argparse.Namespace | None:
+def hydra_args(argv: list[str]) -> argparse.Namespace | None:
     """The command line as Hydra's own parser reads it (``None`` if it does not parse: Hydra says why)."""
     try:
         from hydra._internal.utils import get_args_parser
@@ -336,7 +337,7 @@ def explain(exc: BaseException) -> ConfigurationError:
     source = re.match(r"In '([^']+)': \w+ raised while composing config", str(exc))
     origin = f" (in {source.group(1)}.yaml)" if source else ""  # the config file that set it, a user's own perhaps
     owner = getattr(cause, "object_type", None)
-    fields = _fields(owner)
+    fields = fields_of(owner)
     if full_key and isinstance(cause, (ConfigKeyError, ConfigAttributeError)):  # a key the schema lacks
         parent = full_key.rpartition(".")[0] or "the config"
         if fields:
@@ -347,7 +348,7 @@ def explain(exc: BaseException) -> ConfigurationError:
         return ConfigurationError(f"{parent} has no key {key!r}: add one with +{full_key}=...", path=full_key)
     if full_key and isinstance(cause, ValidationError) and key in fields:
         hint = typing.get_type_hints(owner).get(key, Any)
-        return ConfigurationError(f"{full_key} must be {_kind(hint)}, got {getattr(cause, 'value', None)!r}{origin}",
-                                  path=full_key)
+        got = getattr(cause, "value", None)
+        return ConfigurationError(f"{full_key} must be {kind_text(hint)}, got {got!r}{origin}", path=full_key)
     text = str(cause if full_key or source else exc).strip().splitlines()
     return ConfigurationError((text[0] if text else type(exc).__name__) + origin, path=full_key or None)

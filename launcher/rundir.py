@@ -49,9 +49,9 @@ def own_run_dir(argv: list[str]) -> list[str]:
     the default run directory (``hydra.sweep.dir=`` for a sweep in the default sweep directory); else ``argv`` as it
     is (a directory the user chose, a command line the preflight leaves to Hydra)."""
     from .conventions import normalize_argv
-    from .preflight import _config_dir, _hydra_args, compose, sweep_jobs
+    from .preflight import config_dir_override, hydra_args, compose, sweep_jobs
 
-    args = _hydra_args(argv)
+    args = hydra_args(argv)
     if args is None or args.config_path or args.config_name:
         return argv
     key = "hydra.sweep.dir" if args.multirun else "hydra.run.dir"
@@ -63,7 +63,7 @@ def own_run_dir(argv: list[str]) -> list[str]:
         overrides = normalize_argv(list(args.overrides))
         if args.multirun:  # Hydra's settings, with the first job's (a sweep's values do not compose as one config)
             overrides = [*jobs[0], *(o for o in overrides if o.lstrip("+~").startswith(("hydra.", "hydra/")))]
-        cfg = compose([*overrides, *_config_dir(argv)], hydra=True)
+        cfg = compose([*overrides, *config_dir_override(argv)], hydra=True)
         path = str(cfg.hydra.sweep.dir if args.multirun else cfg.hydra.run.dir)
     except Exception:  # noqa: BLE001 - a command line Hydra will refuse: it says why, in its own words
         return argv

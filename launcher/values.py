@@ -13,14 +13,12 @@ from omegaconf.errors import OmegaConfBaseException
 from transports import options
 from transports.errors import ConfigurationError
 
-_fields = options.fields_of
 
-
-def _kind(hint: Any) -> str:
+def kind_text(hint: Any) -> str:
     """What a field of this type accepts, in words."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     if typing.get_origin(hint) is typing.Union and len(args) < len(typing.get_args(hint)):
-        return (_kind(args[0]) if len(args) == 1 else "a value") + " or null"
+        return (kind_text(args[0]) if len(args) == 1 else "a value") + " or null"
     if hint is Any:
         return "a value"
     if hint is bool:
@@ -33,8 +31,8 @@ def _kind(hint: Any) -> str:
         return "a string"
     if typing.get_origin(hint) in (dict, list, tuple):
         return "a mapping" if typing.get_origin(hint) is dict else "a list"
-    if _fields(hint):
-        return f"a mapping of {', '.join(_fields(hint))}"
+    if options.fields_of(hint):
+        return f"a mapping of {', '.join(options.fields_of(hint))}"
     return f"a {getattr(hint, '__name__', hint)}"
 
 
@@ -75,7 +73,7 @@ def _join(path: str, key: Any) -> str:
 def _typed_nodes(node: DictConfig, path: str) -> Iterator[tuple[str, DictConfig, type]]:
     """Every node of ``node`` typed by a schema dataclass, as ``(path, node, dataclass)``, parents first."""
     kind = OmegaConf.get_type(node)
-    if _fields(kind):
+    if options.fields_of(kind):
         yield path, node, kind
     for key in node.keys():
         if OmegaConf.is_interpolation(node, key) or OmegaConf.is_missing(node, key):
@@ -86,7 +84,7 @@ def _typed_nodes(node: DictConfig, path: str) -> Iterator[tuple[str, DictConfig,
 
 
 def _check_fields(path: str, node: DictConfig, kind: type, strict: bool) -> None:
-    fields = _fields(kind)
+    fields = options.fields_of(kind)
     for key in node.keys():
         if key not in fields:
             raise ConfigurationError(f"{path or 'the config'} has no key {key!r}", path=_join(path, key),
@@ -95,7 +93,7 @@ def _check_fields(path: str, node: DictConfig, kind: type, strict: bool) -> None
     for name, f in fields.items():
         full = _join(path, name)
         if name not in node or OmegaConf.is_missing(node, name):
-            raise ConfigurationError(f"{full} has no value: set one ({_kind(hints.get(name, Any))})", path=full)
+            raise ConfigurationError(f"{full} has no value: set one ({kind_text(hints.get(name, Any))})", path=full)
         if not options.allowed(f):
             continue
         try:

@@ -1,5 +1,6 @@
 """The shape the architecture promises, checked on the source: imports run one way, components use only the
-public transport API, placement is decided only by the hosts and the table, no module passes 600 lines."""
+public transport API, placement is decided only by the hosts and the table, no package imports itself in a cycle and
+no private name crosses modules."""
 
 import ast
 import os
@@ -56,16 +57,6 @@ def test_placement_is_decided_only_by_the_hosts_and_the_table():
     assert found == []
 
 
-MAX_LINES = 600
-"""Past this a module is rarely one concern; below it, a module is split by concern, never to fit a number."""
-
-
-@pytest.mark.parametrize("package", PACKAGES)
-def test_no_module_passes_its_size(package):
-    long = [(path, source.count("\n")) for path, source in _modules(package) if source.count("\n") > MAX_LINES]
-    assert long == []
-
-
 def _kind_comparisons(source):
     """Comparisons of a transport kind (a name or attribute with ``transport`` or ``kind`` in it) with the name of a
     registered transport."""
@@ -95,40 +86,101 @@ def test_components_and_the_launcher_never_branch_on_a_transport_kind():
     assert found == []
 
 
-def _local_imports(path, source, package):
-    """The modules of ``package`` that ``path`` imports, at module level or inside functions."""
-    here = os.path.splitext(os.path.relpath(path, package))[0].replace(os.sep, ".")
+def _module_name(path):
+    parts = os.path.splitext(path)[0].split(os.sep)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _is_module(name):
+    path = os.path.join(ROOT, *name.split("."))
+    return os.path.exists(path + ".py") or os.path.exists(os.path.join(path, "__init__.py"))
+
+
+def _project_imports(path, source):
+    """``(line, module, name)`` for each import of a project module by ``path``, at module level or inside functions:
+    ``module`` is the dotted module imported from, ``name`` the name taken from it (``None`` for ``import module``)."""
+    here = _module_name(path)
+    package = here if path.endswith("__init__.py") else here.rpartition(".")[0]
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom):
-            if node.level == 1:
-                names = [node.module] if node.module else [alias.name for alias in node.names]
-            elif node.level == 0 and node.module and node.module.split(".")[0] == package:
-                rest = node.module.split(".")[1:]
-                names = [rest[0]] if rest else [alias.name for alias in node.names]
-            else:
-                continue
-            yield from (name.split(".")[0] for name in names if name.split(".")[0] != here)
+            base = package
+            for _ in range(max(node.level - 1, 0)):
+                base = base.rpartition(".")[0]
+            base = (f"{base}.{node.module}" if node.module else base) if node.level else node.module or ""
+            if base.split(".")[0] in PACKAGES:
+                yield from ((node.lineno, base, alias.name) for alias in node.names)
         elif isinstance(node, ast.Import):
-            for alias in node.names:
-                parts = alias.name.split(".")
-                if parts[0] == package and len(parts) > 1 and parts[1] != here:
-                    yield parts[1]
+            yield from ((node.lineno, alias.name, None) for alias in node.names
+                        if alias.name.split(".")[0] in PACKAGES)
 
 
-def test_the_launcher_imports_itself_without_a_cycle():
+def _import_graph():
+    """Every project module -> the project modules it imports (a package import is an edge to its ``__init__``)."""
     graph = {}
-    for path, source in _modules("launcher"):
-        name = os.path.splitext(os.path.basename(path))[0]
-        graph[name] = {m for m in _local_imports(os.path.relpath(path, "launcher"), source, "launcher") if m != name}
-    cycles = []
+    for package in PACKAGES:
+        for path, source in _modules(package):
+            here = _module_name(path)
+            targets = set()
+            for _, module, name in _project_imports(path, source):
+                whole = f"{module}.{name}" if name else module
+                targets.add(whole if name and _is_module(whole) else module)
+            graph[here] = targets - {here}
+    return graph
 
-    def visit(node, trail):
+
+def _cycles(graph):
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
         for nxt in sorted(graph.get(node, ())):
-            if nxt in trail:
-                cycles.append(" -> ".join([*trail[trail.index(nxt):], nxt]))
-            elif nxt in graph:
-                visit(nxt, [*trail, nxt])
+            if nxt not in graph:
+                continue
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while not group or group[-1] != node:
+                group.append(stack.pop())
+                on_stack.discard(group[-1])
+            if len(group) > 1:
+                groups.append(sorted(group))
 
-    for start in sorted(graph):
-        visit(start, [start])
-    assert cycles == []
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def test_no_package_imports_itself_in_a_cycle():
+    # a cycle makes import order matter and the modules one concern in two files; every package, at any depth
+    assert _cycles(_import_graph()) == []
+
+
+def _private(name):
+    return name.startswith("_") and not name.startswith("__")
+
+
+def test_no_private_name_crosses_modules():
+    # a leading underscore means "this module's own": another module that needs it needs a public name. A private
+    # module (``_gloo``) belongs to its package: modules beside it may import it, nothing outside
+    wrong = []
+    for package in PACKAGES:
+        for path, source in _modules(package):
+            folder = os.path.dirname(_module_name(path).replace(".", os.sep) + ".py").replace(os.sep, ".")
+            for line, module, name in _project_imports(path, source):
+                parts = [*module.split("."), *([name] if name else [])]
+                for depth, part in enumerate(parts):
+                    if not _private(part):
+                        continue
+                    owner = ".".join(parts[:depth])
+                    is_module = _is_module(".".join(parts[:depth + 1]))
+                    if not is_module or not (folder == owner or folder.startswith(owner + ".")):
+                        wrong.append(f"{path}:{line} {'.'.join(parts)}")
+    assert wrong == []

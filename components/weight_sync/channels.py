@@ -21,11 +21,17 @@ from ..commands import CommandClient
 StateDict = Mapping[str, torch.Tensor]
 
 
-def _state(weights: nn.Module | StateDict) -> dict[str, torch.Tensor]:
+def state_of(weights: nn.Module | StateDict) -> dict[str, torch.Tensor]:
+    """The named tensors of ``weights``: a module's ``state_dict`` or the mapping itself."""
     return dict(weights.state_dict() if isinstance(weights, nn.Module) else weights)
 
 
-def _copy_into(module: nn.Module, state: StateDict) -> None:
+def copy_into(module: nn.Module, state: StateDict) -> None:
+    """Copy ``state`` into ``module``'s tensors in place, so views others hold of them see the new values.
+
+    Raises:
+        LayoutError: ``state`` lacks one of the module's parameters.
+    """
     with torch.no_grad():
         for name, tensor in module.state_dict().items():
             if name not in state:
@@ -53,7 +59,7 @@ class RayWeights:
         return self._calls._call("_current_version")
 
     def push(self, weights: nn.Module | StateDict) -> int:
-        state = {k: v.detach().cpu() for k, v in _state(weights).items()}
+        state = {k: v.detach().cpu() for k, v in state_of(weights).items()}
         return self._calls._call("push", state)
 
     def poll(self, since: int, into: nn.Module) -> int | None:
@@ -61,7 +67,7 @@ class RayWeights:
         if newer is None:
             return None
         version, state = newer
-        _copy_into(into, state)
+        copy_into(into, state)
         return version
 
     def pull(self) -> tuple[int, StateDict | None]:
@@ -135,7 +141,7 @@ class SharedWeights:
 
     def push(self, weights: nn.Module | StateDict) -> int:
         """Write a new version (one writer at a time: the learner)."""
-        state = _state(weights)
+        state = state_of(weights)
         missing = set(self._views) - set(state)
         if missing:
             raise LayoutError((sorted(missing)[0],), "a parameter of the template", "a missing key")
@@ -164,7 +170,7 @@ class SharedWeights:
         """If a version newer than ``since`` exists, copy it into ``into`` in place and return it."""
         if int(self._counters[0]) == 0 or int(self._counters[1]) <= since:  # nothing pushed yet, or nothing newer
             return None
-        return self._read(lambda: _copy_into(into, self._views))
+        return self._read(lambda: copy_into(into, self._views))
 
     def pull(self) -> tuple[int, StateDict | None]:
         if int(self._counters[0]) == 0:  # nothing pushed yet

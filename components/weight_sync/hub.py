@@ -22,7 +22,7 @@ from transports.base import Batch
 from transports.errors import PeerFailureError, RemoteError
 
 from ..commands import Allowed, CommandClient, CommandLoop
-from .channels import StateDict, _copy_into, _state
+from .channels import StateDict, copy_into, state_of
 
 VERSION = "__version__"
 POLL = 0.05
@@ -137,7 +137,7 @@ class DistributedWeights:
         return self._calls._call("_current_version")
 
     def push(self, weights: nn.Module | StateDict) -> int:
-        td = to_tensordict(_state(weights))
+        td = to_tensordict(state_of(weights))
         if self._push is None:
             self._push = self._payload.bind("push", td, TensorDict({VERSION: torch.tensor(0)}))
         return int(self._push.submit(td).result()[VERSION])
@@ -153,7 +153,7 @@ class DistributedWeights:
                 raise problem
             return None
         version, state = latest
-        _copy_into(into, from_tensordict(state))
+        copy_into(into, from_tensordict(state))
         return version
 
     def pull(self) -> tuple[int, StateDict | None]:
@@ -163,7 +163,7 @@ class DistributedWeights:
         with self._lock:
             if self._subscriber is not None:
                 return
-            template = to_tensordict(_state(into), version=0)
+            template = to_tensordict(state_of(into), version=0)
             channel = self._payload.bind("subscribe", TensorDict({"since": torch.tensor(0)}), template)
             self._subscriber = threading.Thread(target=self._follow, args=(channel,), name="weight-subscriber",
                                                 daemon=True)

@@ -33,7 +33,7 @@ from ..commands import Allowed, CommandTarget
 from ..config import WeightSyncConfig
 from ..resolution import Resolved
 from ..service import Owner
-from .channels import LocalWeights, RayWeights, SharedWeights, StateDict, _copy_into, _state
+from .channels import LocalWeights, RayWeights, SharedWeights, StateDict, copy_into, state_of
 from .hub import DistributedWeights, WeightHub
 
 REMOTE_OPERATIONS = frozenset({"push", "pull", "_newer_than", "_current_version"})
@@ -71,7 +71,7 @@ class WeightSync(Owner["WeightSync"]):
                 "shared memory",
                 path="components.weight_sync",
             )
-        self._template = None if template is None else {k: v.detach() for k, v in _state(template).items()}
+        self._template = None if template is None else {k: v.detach() for k, v in state_of(template).items()}
         if first_version < 0:
             raise ValueError(f"first_version must be >= 0, got {first_version!r}")
         self._first_version = self._version = int(first_version)
@@ -130,7 +130,7 @@ class WeightSync(Owner["WeightSync"]):
         self._require_running()
         if self._shared is not None:
             return self._shared.push(weights)
-        state = _state(weights)
+        state = state_of(weights)
         if not self.inline:  # receivers on other threads: a snapshot, never a state torn by the next step
             state = {k: v.detach().clone() for k, v in state.items()}
         with self._lock:
@@ -146,7 +146,7 @@ class WeightSync(Owner["WeightSync"]):
             version, state = self._version, self._latest
         if version <= since or state is None:
             return None
-        _copy_into(into, state)
+        copy_into(into, state)
         return version
 
     def pull(self) -> tuple[int, StateDict | None]:
