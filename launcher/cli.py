@@ -103,9 +103,7 @@ def prepare(built, cfg: DictConfig, own_dir: str) -> Prepared:
         ConfigurationError: a resume that cannot be done, or a run directory a run still in progress writes into
             (before anything starts).
     """
-    from recipes.checkpoint import remove_leftovers
-
-    from .checkpointing import CHECKPOINT, resolve
+    from .checkpointing import CHECKPOINT, remove_leftovers, resolve
     from .rundir import RunDirLock
     from .run import ensure_runnable
 

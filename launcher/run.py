@@ -28,8 +28,8 @@ from components.replay import ReplayBuffer
 from components.resolution import Resolved
 from components.service import Owner
 from components.weight_sync import WeightSync
-from recipes import Checkpoint, Clients, get_recipe
-from transports.errors import PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError
+from recipes import Clients, get_recipe
+from transports.kernel.errors import PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError
 from transports.segments import remove_orphans
 
 from . import checkpointing
@@ -193,7 +193,7 @@ def _execute(run: _Run, progress: ProgressLine, shield: ShutdownShield,
     lets it run to its end."""
     plan, settings, resumed = run.plan, run.plan.launcher, run.resumed
     owners: dict[str, Any] = {}  # every owner built so far, started or starting
-    checkpoint = Checkpoint()  # writes nothing until the services run
+    checkpoint = checkpointing.Checkpoint()  # writes nothing until the services run
     with ExitStack() as stack:
         stack.callback(progress.close)
         try:

@@ -1,7 +1,6 @@
 """Training recipes: functions of (config, clients) that run unchanged in every placement."""
 
-from .base import Clients, Progress, Recipe
-from .checkpoint import Checkpoint
+from .base import Checkpoint, Clients, NoCheckpoint, Progress, Recipe
 
 RECIPES = ("ppo", "dqn", "impala")
 
@@ -15,4 +14,4 @@ def get_recipe(name: str) -> Recipe:
     return importlib.import_module(f"recipes.{name}").RECIPE
 
 
-__all__ = ["Checkpoint", "Clients", "Progress", "RECIPES", "Recipe", "get_recipe"]
+__all__ = ["Checkpoint", "Clients", "NoCheckpoint", "Progress", "RECIPES", "Recipe", "get_recipe"]

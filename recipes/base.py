@@ -9,13 +9,48 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
-from .checkpoint import Checkpoint  # imports nothing heavy: composing a config still imports no torch
 
 
 class Progress(Protocol):
     """A live progress display the launcher hands to recipes."""
 
-    def update(self, frames: int, **metrics: float) -> None: ...
+    def update(self, frames: int, **metrics: float) -> None:
+        """Show ``frames`` collected so far and the latest ``metrics``."""
+
+
+class Checkpoint(Protocol):
+    """What a recipe calls on the run's checkpoint (the launcher's :class:`launcher.checkpointing.Checkpoint`)."""
+
+    def restore(self) -> Any | None:
+        """The recipe's state as it was saved, or ``None`` for a fresh start."""
+
+    def step(self, frames: int, state: Callable[[], Any], *, policy_version: int | None = None) -> bool:
+        """A batch boundary: keep a copy of ``state()`` (written every so many frames).
+
+        Args:
+            frames: frames collected so far.
+            state: returns the recipe's state (tensors and plain data).
+            policy_version: the weight-sync version of the weights in ``state``.
+
+        Returns:
+            Whether a checkpoint was written.
+        """
+
+
+class NoCheckpoint:
+    """The checkpoint of a recipe run without the launcher: it restores nothing and never writes."""
+
+    def restore(self) -> None:
+        """Always ``None``: a fresh start."""
+        return None
+
+    def step(self, frames: int, state: Callable[[], Any], *, policy_version: int | None = None) -> bool:
+        """Never writes.
+
+        Returns:
+            ``False``.
+        """
+        return False
 
 
 @dataclass
@@ -31,8 +66,8 @@ class Clients:
         env_spec: the environment's spaces as data (:class:`components.envs.EnvSpec`).
         progress: the live progress line.
         seed: the run's seed.
-        checkpoint: the run's :class:`~recipes.checkpoint.Checkpoint`: ``restore()`` once, ``step(...)`` after each
-            batch. The default never saves and restores nothing.
+        checkpoint: the run's :class:`Checkpoint`: ``restore()`` once, ``step(...)`` after each batch. The default
+            (:class:`NoCheckpoint`) never saves and restores nothing.
     """
 
     policy: Callable
@@ -43,7 +78,7 @@ class Clients:
     env_spec: Any
     progress: Progress
     seed: int = 0
-    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    checkpoint: Checkpoint = field(default_factory=NoCheckpoint)
 
 
 @dataclass(frozen=True)

@@ -92,7 +92,7 @@ def test_the_preflight_checks_every_job_and_leaves_hydra_launcher_overrides_to_h
 ])
 def test_a_mistake_in_the_launchers_options_is_a_configuration_error(override, message):
     from launcher.preflight import check_argv
-    from transports.errors import ConfigurationError
+    from transports.kernel.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match=re.escape(message)):
         check_argv(["--multirun", "hydra/launcher=slurm", override, "+recipe=ppo", "seed=0,1"])
@@ -141,7 +141,7 @@ PREEMPTIBLE = ("+recipe=ppo", "recipe.target_return=null", "launcher.progress=fa
 def test_a_requeued_job_resumes_its_own_checkpoint_and_no_other(compose_cfg, tmp_path, monkeypatch):
     from launcher.checkpointing import resolve
     from launcher.plan import build_plan
-    from recipes.checkpoint import Checkpoint
+    from launcher.checkpointing import Checkpoint
 
     def written_by(job: str) -> str:
         run_dir = tmp_path / job
@@ -238,7 +238,7 @@ def _resumed_at(log: str, run_dir: str) -> int | None:
 @pytest.mark.slow
 @pytest.mark.parametrize("service", ["process"])  # the signal reaches every process of the job, the driver's own too
 def test_a_preempted_job_is_requeued_and_resumes_from_its_checkpoint(local_slurm, tmp_path, service):
-    from recipes.checkpoint import load
+    from launcher.checkpointing import load
 
     total = 40_960  # 80 batches of 512 frames
     # one CPU whatever the plan asks: this Slurm binds no process to its CPUs, and its node may have only two
@@ -278,7 +278,7 @@ def test_a_preempted_job_is_requeued_and_resumes_from_its_checkpoint(local_slurm
 @pytest.mark.slurm
 @pytest.mark.slow
 def test_a_job_at_its_time_limit_is_requeued_and_resumes_from_its_checkpoint(local_slurm, tmp_path):
-    from recipes.checkpoint import load
+    from launcher.checkpointing import load
 
     # Slurm signals signal_delay_s before the 1-minute limit, at a tick of its 30-second timer: 15-45 s in
     proc = _submit(tmp_path, local_slurm, "recipe.total_frames=100000000", "hydra.launcher.timeout_min=1",

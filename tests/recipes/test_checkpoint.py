@@ -1,4 +1,4 @@
-"""Checkpoint and resume: the recipe-facing :class:`~recipes.checkpoint.Checkpoint` (snapshots, atomic files, what it
+"""Checkpoint and resume: the :class:`~launcher.checkpointing.Checkpoint` a recipe gets (snapshots, atomic files, what it
 refuses), the services a resumed run starts where the checkpoint left off, and whole runs through the launcher:
 in this process (see test_every_placement.py) and one real ``python -m launcher`` stopped with Ctrl-C, then resumed.
 """
@@ -20,14 +20,13 @@ from tensordict import TensorDict
 from components.errors import ConfigurationError
 from components.logger.csv import drop_rows_after
 from components.weight_sync import WeightSync
-from launcher.checkpointing import resolve
+from launcher.checkpointing import Checkpoint, decode, encode, load, resolve
 from launcher.cli import launch
 from launcher.failures import Terminated
 from launcher.plan import build_plan
 from launcher.preflight import check_argv
 from launcher.run import execute
 from recipes.base import EpisodeStats
-from recipes.checkpoint import Checkpoint, decode, encode, load
 from tests.helpers import ROOT, popen_cli, wait_until
 
 
@@ -86,7 +85,7 @@ class Pickled:
 
 WRITE_PAST_A_SIZE_LIMIT = """
 import os, resource, signal, sys, torch
-from recipes.checkpoint import Checkpoint
+from launcher.checkpointing import Checkpoint
 path = sys.argv[1]
 Checkpoint(path, every=1).step(1, lambda: {"w": torch.zeros(10)})  # a small, good checkpoint
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit, a write fails with EFBIG (as on a full disk)

@@ -78,7 +78,7 @@ def test_the_statistics_travel_with_the_weights_and_every_receiver_normalises_al
 
 @pytest.mark.slow  # trains, with collector processes of their own
 def test_ppo_trains_with_learner_owned_normalisation_in_worker_processes(compose_cfg, tmp_path):
-    from recipes.checkpoint import load
+    from launcher.checkpointing import load
 
     run_dir = tmp_path / "run"
     launch(compose_cfg("+recipe=ppo", "env=pendulum", "recipe.normalize_observations=true",
@@ -116,7 +116,7 @@ def test_frames_are_standardised_per_pixel_in_place_of_the_encoders_scaling():
 
 @pytest.mark.slow  # trains on Atari frames through the launcher
 def test_appo_on_atari_learns_with_per_pixel_statistics_it_folds_in_after_each_update(compose_cfg, tmp_path):
-    from recipes.checkpoint import load
+    from launcher.checkpointing import load
 
     run_dir = tmp_path / "run"
     launch(compose_cfg("+recipe=appo", "env=atari", "recipe.num_envs=2", "recipe.unroll_length=8",

@@ -1,5 +1,5 @@
-"""Checkpoint and resume, the launcher's side: where a resumed run continues and from what, the
-:class:`~recipes.checkpoint.Checkpoint` a recipe gets, and the writes at the end of a run.
+"""Resume: where a resumed run continues and from what, the :class:`~launcher.checkpointing.Checkpoint` a recipe
+gets, and the writes at the end of a run.
 
 ``launcher.checkpoint_every=N`` (frames; ``0``: no checkpoints) writes ``checkpoint.pt`` into the run directory
 every ``N`` frames, and :func:`launcher.run.execute` writes the last batch boundary's state when the recipe returns,
@@ -19,10 +19,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from recipes.checkpoint import Checkpoint, load
-from transports.errors import ConfigurationError
+from transports.kernel.errors import ConfigurationError
 
-from . import requeue
+from .. import requeue
+from .checkpoint import Checkpoint
+from .files import load
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,7 @@ class Resumed:
 
     Attributes:
         run_dir: the run directory: metrics, summary, learning curve and checkpoint go there.
-        state: the checkpoint read there (see :func:`recipes.checkpoint.load`); ``None``: a fresh start.
+        state: the checkpoint read there (see :func:`launcher.checkpointing.files.load`); ``None``: a fresh start.
     """
 
     run_dir: str
