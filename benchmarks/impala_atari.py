@@ -90,7 +90,7 @@ def recipe_phases(recipe: str, updates: int, seed: int, backend: str = "gymnasiu
 
     from components.envs import EnvMaker
     from recipes.impala import learn, time_major, unrolls_of
-    from recipes.ppo import Learner, make_policy
+    from recipes.actor_critic import Learner, make_policy
 
     torch.set_num_threads(1)
     torch.manual_seed(seed)

@@ -22,7 +22,7 @@ from torch import nn
 
 from .base import Clients, EpisodeStats, Recipe
 from .configs import IMPALAConfig  # torch-free, so composing a config never imports torch
-from .ppo import Learner, make_policy  # the same actor and critic: the behaviour policy gives sample_log_prob
+from .actor_critic import Learner, make_policy  # PPO's actor and critic: the behaviour policy gives sample_log_prob
 from .vtrace import vtrace
 
 # ============================================================================ unrolls and their lag

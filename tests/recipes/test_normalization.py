@@ -14,7 +14,8 @@ from components.weight_sync import WeightSync
 from launcher.cli import launch
 from recipes.configs import IMPALAConfig, PPOConfig
 from recipes.networks import RunningNorm
-from recipes.ppo import Learner, ReturnScale, make_policy
+from recipes.actor_critic import Learner, make_policy
+from recipes.ppo import ReturnScale
 
 FRAMES = EnvSpec("ALE/Breakout-v5", (4, 84, 84), torch.uint8, True, 4, (), observation_scale=1 / 255)
 PENDULUM = EnvSpec("Pendulum-v1", (3,), torch.float32, False, 0, (1,), (-2.0,), (2.0,))

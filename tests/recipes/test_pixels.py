@@ -86,7 +86,7 @@ def test_frame_encoders_scale_uint8_frames_inside_the_network(name, kind, featur
 
 @pytest.mark.parametrize("encoder_name", ["nature_cnn", "impala_cnn"])
 def test_the_learner_trains_channels_last_weights_that_act_alike_in_the_behaviour_policy(encoder_name):
-    from recipes.ppo import Learner, make_policy
+    from recipes.actor_critic import Learner, make_policy
 
     cfg = PPOConfig(encoder=encoder_name)
     learner, behaviour = Learner(cfg, FRAMES), make_policy(cfg, FRAMES)
@@ -113,7 +113,7 @@ def test_the_minatar_encoder_reads_channels_last_grids():
 
 def test_ppo_on_frames_shares_one_cnn_between_actor_and_critic():
     recipe = get_recipe("ppo")
-    from recipes.ppo import Learner
+    from recipes.actor_critic import Learner
 
     learner = Learner(PPOConfig(), FRAMES)
     assert learner.critic[0] is learner.policy.actor.encoder
