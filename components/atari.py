@@ -22,8 +22,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from transports.errors import ConfigurationError
-from transports.options import bounded
+from transports.kernel.errors import ConfigurationError
+from transports.kernel.options import bounded
 
 
 @dataclass

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from transports.base import Batch, ServerEndpoint
-from transports.errors import RemoteError, ServiceError
+from transports.kernel.errors import RemoteError, ServiceError
 
 POLL = 0.05
 """Seconds the loop waits for a command before it checks whether it should stop."""

@@ -14,10 +14,11 @@ import importlib
 from typing import Mapping
 
 from transports.config import TransportConfig
-from transports.errors import IncompatibleCombinationError, NotImplementedYetError
-from transports.kinds import PLACEMENTS, transport_kinds
+from transports.kernel.errors import IncompatibleCombinationError, NotImplementedYetError
+from transports.kinds import transport_kinds
 from transports.resolver import Resolution, TransportContext
 
+from .hosts import HOSTS
 from .declaration import NOT_YET, SUPPORTED, Cell, Declaration
 
 DECLARING_MODULES: tuple[str, ...] = (
@@ -84,7 +85,7 @@ def declaration(component: str) -> Declaration:
 def placements_of(component: str) -> tuple[str, ...]:
     """Placements the table lists for ``component`` (built or not)."""
     declaration(component)
-    return tuple(p for p in PLACEMENTS if (component, p) in TABLE)
+    return tuple(p for p in HOSTS if (component, p) in TABLE)
 
 
 def transports_of(component: str) -> tuple[str, ...]:
@@ -197,7 +198,7 @@ def matrix_rows() -> list[tuple[str, str, str, str]]:
     """(component, placement, transports with status, auto) for every cell, in table order."""
     rows = []
     for component in COMPONENTS:
-        for placement in PLACEMENTS:
+        for placement in HOSTS:
             cell = TABLE.get((component, placement))
             if cell is None:
                 rows.append((component, placement, "rejected", ""))

@@ -3,7 +3,7 @@ plan's resolution holds (:attr:`components.resolution.Resolved.config`).
 
 Each component has one dataclass: :class:`ComponentConfig`'s fields (where the owner lives, how clients reach it,
 what its host may use) and the component's own options, each with one default and the range it declares
-(:func:`~transports.options.bounded`, :func:`~transports.options.one_of`); ``rules()`` says what must hold between
+(:func:`~transports.kernel.options.bounded`, :func:`~transports.kernel.options.one_of`); ``rules()`` says what must hold between
 fields. Plain data that imports nothing heavy: ``launcher/schema.py`` registers these classes as the YAML schema, the
 preflight checks a composed config against their ranges, and constructing one from Python checks the same.
 """
@@ -14,8 +14,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, Optional
 
-from transports.errors import ConfigurationError
-from transports.options import bounded, check_instance, check_value, device_option, fields_of, is_device, one_of
+from transports.kernel.errors import ConfigurationError
+from transports.kernel.options import bounded, check_instance, check_value, device_option, fields_of, is_device, one_of
 
 from .hosts.base import Resources
 
@@ -99,7 +99,7 @@ _DEVICE = device_option("cpu")
 
 def device_options(config: Any, path: str) -> list[tuple[str, str]]:
     """Every device a config object names, as ``(config path, device)``: its fields declared with
-    :func:`~transports.options.device_option` (``recipe.device``, ``components.inference.policy_device``...), unset
+    :func:`~transports.kernel.options.device_option` (``recipe.device``, ``components.inference.policy_device``...), unset
     ones left out.
 
     Args:
@@ -119,7 +119,7 @@ def check_devices(config: Any, path: str) -> None:
 
 def check_device(name: str, path: str) -> None:
     """Refuse a device this machine does not have (imports torch). Whether ``name`` is a device at all is the option's
-    own range (:func:`~transports.options.device_option`), checked when a config is composed or made; this is checked
+    own range (:func:`~transports.kernel.options.device_option`), checked when a config is composed or made; this is checked
     where the device is used: on the machine that runs a plan (``launcher.checks.check_here``, skipped by a dry run,
     which may plan for another node) and where an owner builds what runs on it.
 

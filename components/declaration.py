@@ -117,7 +117,7 @@ class Declaration:
             records the others' teardown.
         layouts_up_front: its fixed-layout transports need request and response layouts before it starts (a
             replay buffer's layout, by contrast, is bound by its first write).
-        check: ``check(config, inline=...)`` raises :class:`~transports.errors.ConfigurationError` naming
+        check: ``check(config, inline=...)`` raises :class:`~transports.kernel.errors.ConfigurationError` naming
             ``components.<name>.<option>``, the value and what is allowed, for what the config's own ranges and
             rules cannot say (``inline``: the owner lives in the caller's thread); the owner's constructor runs the
             same.

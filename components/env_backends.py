@@ -34,7 +34,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import batch_space
 
-from transports.errors import ConfigurationError
+from transports.kernel.errors import ConfigurationError
 
 from .atari import PREPROCESSING, AtariConfig, vector_kwargs
 

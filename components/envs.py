@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from transports.errors import ConfigurationError
+from transports.kernel.errors import ConfigurationError
 from transports.layout import Layout
 
 from .atari import AtariConfig, make_one

@@ -1,6 +1,6 @@
-"""The public home of the project's error hierarchy (defined in :mod:`transports.errors`)."""
+"""The public home of the project's error hierarchy (defined in :mod:`transports.kernel.errors`)."""
 
-from transports.errors import (
+from transports.kernel.errors import (
     ConfigurationError,
     IncompatibleCombinationError,
     LayoutError,

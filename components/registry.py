@@ -154,7 +154,7 @@ class RayServiceRegistry(ServiceRegistry):
         self._mine: dict[str, tuple[Any, bool]] = {}  # names this instance registered -> (owner or None, owned)
 
     def _check_owner(self, name: str, owner: Owner) -> None:
-        from transports.descriptor import Reach
+        from transports.kernel.placements import Reach
 
         if owner.descriptor is None or owner.descriptor.reach < Reach.NETWORK:  # e.g. a process owner: clients stay local
             raise ValueError(

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from transports import registry as transport_registry
 from transports.config import TransportConfig
-from transports.errors import ConfigurationError, NotImplementedYetError
+from transports.kernel.errors import ConfigurationError, NotImplementedYetError
 from transports.resolver import TransportContext
 
 from . import compat

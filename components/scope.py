@@ -15,12 +15,25 @@ Example:
 from __future__ import annotations
 
 import contextvars
+import importlib
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
-from transports.kinds import normalize_placement, normalize_transport_kind
+from transports.kernel import placements
+from transports.kinds import normalize_transport_kind
+
+
+def normalize_placement(value: object, *, path: str | None = None) -> str:
+    """The canonical placement name for ``value``, among the registered placements (the built-in ones register
+    when their host modules are imported: here, on first use, so that importing ``components`` stays light).
+
+    Raises:
+        ConfigurationError: ``value`` is not a registered placement.
+    """
+    importlib.import_module("components.hosts")  # registers the built-in placements
+    return placements.normalize_placement(value, path=path)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-from transports.errors import ConfigurationError
+from transports.kernel.errors import ConfigurationError
 
 
 def target_name(node: Mapping[str, Any] | None, path: str) -> str:

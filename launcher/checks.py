@@ -9,9 +9,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from components.config import check_device, device_options
 from components.hosts import HOSTS, host_class
-from transports.descriptor import Reach
-from transports.errors import ConfigurationError, IncompatibleCombinationError, NotImplementedYetError
-from transports.kinds import DISTANCE
+from transports.kernel.errors import ConfigurationError, IncompatibleCombinationError, NotImplementedYetError
+from transports.kernel.placements import Reach, reach_of
 
 from .footprint import check_memory, check_shared_memory
 from .plan import LaunchPlan, needed_components, check_calls, resolve_components
@@ -80,10 +79,10 @@ def devices_here(plan: LaunchPlan) -> list[tuple[str, str]]:
     placed further (a Ray actor, a Slurm job, a worker rank) checks its devices where it builds them."""
     here = [*device_options(plan.recipe_config, "recipe")] if plan.recipe_config is not None else []
     for c in plan.components:
-        if c.config is not None and DISTANCE.get(c.placement, Reach.NETWORK) <= Reach.MACHINE:
+        if c.config is not None and reach_of(c.placement) <= Reach.MACHINE:
             here += device_options(c.config, c.config.path)
     collector = next((c for c in plan.components if c.name == "collector"), None)
     if (plan.replica is not None and collector is not None and collector.options.get("local_policy")
-            and DISTANCE.get(collector.placement, Reach.NETWORK) <= Reach.MACHINE):
+            and reach_of(collector.placement) <= Reach.MACHINE):
         here += device_options(plan.replica, plan.replica.path)
     return here

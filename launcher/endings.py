@@ -18,7 +18,7 @@ from typing import NoReturn
 
 from omegaconf import DictConfig
 
-from transports.errors import ConfigurationError
+from transports.kernel.errors import ConfigurationError
 
 from .conventions import EXIT_CONFIG, EXIT_INTERRUPTED, EXIT_NO_SPACE, EXIT_SERVICE_DIED, EXIT_TERMINATED
 from .failures import ServiceDied, Terminated, ending, in_chain, no_space

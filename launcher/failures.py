@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
-from transports.errors import (NO_SPACE, PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError,
+from transports.kernel.errors import (NO_SPACE, PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError,
                                SharedMemoryFull, qualified_name)
 
 SETTLE_S = 2.0
@@ -106,7 +106,7 @@ def ending() -> None:
 def no_space(error: BaseException | None) -> str | None:
     """What a run could not write for want of space, where ``error`` (or an error it came from, here or in a
     service's owner) is a full disk or quota: ``"No space left on device: /path"`` (the path where known), or shared
-    memory that ran out (:class:`~transports.errors.SharedMemoryFull`: ``"ran out of shared memory in /dev/shm
+    memory that ran out (:class:`~transports.kernel.errors.SharedMemoryFull`: ``"ran out of shared memory in /dev/shm
     ..."``); else ``None``."""
     def said(e: BaseException) -> str | None:
         if isinstance(e, OSError) and e.errno in NO_SPACE:

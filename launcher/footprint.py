@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from components import compat
-from transports.errors import ConfigurationError, NotImplementedYetError
+from transports.kernel.errors import ConfigurationError, NotImplementedYetError
 from transports.segment_dir import VARIABLE, remedy, room, room_text, segment_dir, size_text
 
 

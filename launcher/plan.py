@@ -26,9 +26,9 @@ from components.hosts import HOSTS, Resources, host_class
 from components.resolution import Resolved, resolve_component
 from components.scope import service_backend, transport_backend
 from recipes import RECIPES, Recipe, get_recipe
-from transports.errors import ConfigurationError, IncompatibleCombinationError
-from transports.descriptor import Reach
-from transports.kinds import DISTANCE, reaches, transport_label
+from transports.kernel.errors import ConfigurationError, IncompatibleCombinationError
+from transports.kernel.placements import Reach, reach_of
+from transports.kinds import reaches, transport_label
 
 from .layouts import policy_layouts
 from .values import check_values
@@ -172,7 +172,7 @@ def learner_threads(observation_shape: tuple, collector: Resolved | None, passes
     if len(observation_shape) < 3:
         return 1
     shares = (collector is not None and collector.config is not None and not collector.config.sync
-              and DISTANCE[collector.placement] <= Reach.MACHINE and passes <= 1)
+              and reach_of(collector.placement) <= Reach.MACHINE and passes <= 1)
     return max(1, cores - int(collector.config.num_collectors)) if shares else max(1, cores)
 
 
@@ -276,7 +276,7 @@ def _moves_for_remote_callers(cfg: DictConfig, resolved: dict[str, Resolved]) ->
     moves = []
     for caller, r, service, _ in _unreached(resolved):
         node = cfg.components[service]
-        if node.placement is not None or node.transport is not None or DISTANCE[r.placement] < Reach.NETWORK:
+        if node.placement is not None or node.transport is not None or reach_of(r.placement) < Reach.NETWORK:
             continue
         for nearer in _NEARER:
             cell = compat.TABLE.get((service, nearer))

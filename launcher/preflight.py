@@ -1,12 +1,12 @@
 """Every configuration mistake, found before anything starts: the preflight of ``python -m launcher``.
 
-Two checks, both raising :class:`~transports.errors.ConfigurationError` (the CLI prints it and exits 2):
+Two checks, both raising :class:`~transports.kernel.errors.ConfigurationError` (the CLI prints it and exits 2):
 
 - :func:`check_argv` composes the command line's config the way Hydra will (every job of a ``--multirun``
   sweep), and Hydra's own config with the ``hydra/...`` and ``hydra.*`` overrides (a launcher's fields), and turns
   Hydra's and OmegaConf's errors into one short message: the key or value, its config path, what is allowed there;
 - :func:`launcher.values.check_values` walks a composed config against its schema: the range each field declares
-  (:func:`transports.options.bounded`, :func:`~transports.options.one_of`), keys the schema does not have, then the
+  (:func:`transports.kernel.options.bounded`, :func:`~transports.kernel.options.one_of`), keys the schema does not have, then the
   ``rules()`` between fields (``(field to blame, holds, what is wrong)``).
   ``build_plan`` runs it too, so a config composed in Python is checked the same way, dry run or not.
 
@@ -33,8 +33,8 @@ from typing import Any
 from omegaconf import DictConfig
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
-from transports.errors import ConfigurationError
-from transports.options import fields_of
+from transports.kernel.errors import ConfigurationError
+from transports.kernel.options import fields_of
 
 from . import schema
 from .conventions import EXIT_CONFIG, normalize_argv

@@ -1,8 +1,8 @@
 """The configuration reference and the transports' table, generated from the code that the checks read.
 
 Every row comes from a schema dataclass (:mod:`launcher.schema` and the config dataclasses it registers) or a
-transport's descriptor: a field's type, the range it declares (:func:`transports.options.bounded`,
-:func:`~transports.options.one_of`), its default, and its meaning (the comment on the field's line, or the class
+transport's descriptor: a field's type, the range it declares (:func:`transports.kernel.options.bounded`,
+:func:`~transports.kernel.options.one_of`), its default, and its meaning (the comment on the field's line, or the class
 docstring's ``Attributes:`` entry). The documentation site renders these (``docs/hooks.py``);
 ``python -m launcher.reference`` prints the configuration reference.
 """
@@ -19,7 +19,7 @@ import typing
 from functools import lru_cache
 from typing import Any, Iterator, Union
 
-from transports import options as field_options
+from transports.kernel import options as field_options
 
 MISSING_TEXT = "(required)"
 

@@ -18,7 +18,7 @@ import contextlib
 import fcntl
 import os
 
-from transports.errors import ConfigurationError
+from transports.kernel.errors import ConfigurationError
 
 LOCK = ".lock"
 """The lock file's name in the run directory (it holds the pid of the run that writes there)."""

@@ -36,7 +36,7 @@ from omegaconf import DictConfig
 
 from components.config import device_options
 from components.hosts.submitit import SlurmUnavailable, sinfo
-from transports.errors import ConfigurationError, NotImplementedYetError
+from transports.kernel.errors import ConfigurationError, NotImplementedYetError
 
 DRIVER_MEMORY_GB = 0.6
 """``python -m launcher`` with torch imported, training CartPole with PPO or DQN: 0.34-0.40 GB peak RSS measured."""

@@ -1,5 +1,5 @@
 """A composed config against its schema: every key known, every value within the range its field declares
-(:func:`transports.options.bounded`, :func:`~transports.options.one_of`), then each dataclass's ``rules()`` between
+(:func:`transports.kernel.options.bounded`, :func:`~transports.kernel.options.one_of`), then each dataclass's ``rules()`` between
 its fields. The preflight runs it on the command line's config, :func:`launcher.plan.build_plan` on any config."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any, Iterator
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from transports import options
-from transports.errors import ConfigurationError
+from transports.kernel import options
+from transports.kernel.errors import ConfigurationError
 
 
 def kind_text(hint: Any) -> str:
@@ -38,7 +38,7 @@ def kind_text(hint: Any) -> str:
 
 def check_values(cfg: DictConfig, *, strict: bool = True) -> None:
     """Check a composed config against its schema: every key known, every value within the range its field
-    declares (:func:`transports.options.bounded`, :func:`~transports.options.one_of`), then each dataclass's ``rules()``
+    declares (:func:`transports.kernel.options.bounded`, :func:`~transports.kernel.options.one_of`), then each dataclass's ``rules()``
     between its fields.
 
     Args:

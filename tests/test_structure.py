@@ -184,3 +184,11 @@ def test_no_private_name_crosses_modules():
                     if not is_module or not (folder == owner or folder.startswith(owner + ".")):
                         wrong.append(f"{path}:{line} {'.'.join(parts)}")
     assert wrong == []
+
+def test_the_kernel_imports_nothing_else_of_the_project():
+    # transports/kernel is below every package (errors, option checks, the placement vocabulary): components and
+    # transports both build on it, so it may import only itself, the standard library and third-party packages
+    wrong = [f"{path}:{line} {module}" for path, source in _modules(os.path.join("transports", "kernel"))
+             for line, module, _ in _project_imports(path, source)
+             if module != "transports.kernel" and not module.startswith("transports.kernel.")]
+    assert wrong == []

@@ -1,9 +1,10 @@
 """Payload transports: how TensorDicts and commands move between clients and owners.
 
-This package knows no domain (no inference, replay or logging): it holds what each transport says about itself
+This package knows no domain (no inference, replay or logging): it holds the kernel every package builds on
+(:mod:`transports.kernel`: errors, option checks, the placement vocabulary), what each transport says about itself
 (:mod:`transports.descriptor`), the vocabulary of kinds derived from it, the ``TransportConfig`` value and the data
-of a transport choice, wire ``Layout`` s, the error hierarchy, shared-memory segments, the registry that builds a
-transport by kind (:mod:`transports.registry`), and one module per transport over :class:`transports.base.Transport`.
+of a transport choice, wire ``Layout`` s, shared-memory segments, the registry that builds a transport by kind
+(:mod:`transports.registry`), and one module or package per transport over :class:`transports.base.Transport`.
 """
 
 from . import _startup
@@ -11,8 +12,8 @@ from . import _startup
 _startup.install()  # first: importing tensordict in this process then skips torch's compiler frontend (see _startup)
 
 from .config import TransportConfig, as_transport_config  # noqa: E402
-from .descriptor import Reach, TransportDescriptor  # noqa: E402
-from .errors import (  # noqa: E402
+from .descriptor import TransportDescriptor  # noqa: E402
+from .kernel.errors import (  # noqa: E402
     ConfigurationError,
     IncompatibleCombinationError,
     LayoutError,
@@ -23,12 +24,17 @@ from .errors import (  # noqa: E402
     ServiceTimeoutError,
     TransportError,
 )
-from .kinds import PLACEMENTS, normalize_placement, normalize_transport_kind, transport_kinds  # noqa: E402
+from .kernel.placements import Reach, normalize_placement  # noqa: E402
+from .kinds import normalize_transport_kind, transport_kinds  # noqa: E402
 from .registry import register  # noqa: E402
 from .resolver import Resolution, TransportContext  # noqa: E402
 
 
 def __getattr__(name: str):
+    if name == "PLACEMENTS":  # the placements registered now (their host modules register them)
+        from .kernel.placements import placement_names
+
+        return placement_names()
     # Layouts and transport classes need torch and tensordict; import them on first use so that
     # configuration checks (and their error messages) stay fast.
     if name in ("Layout", "LeafSpec"):

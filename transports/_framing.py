@@ -23,7 +23,7 @@ import torch
 from tensordict import TensorDict
 
 from ._gloo import IDLE
-from .errors import PeerFailureError, TransportError, error_from_text
+from .kernel.errors import PeerFailureError, TransportError, error_from_text
 from .layout import Layout
 from .local import LocalFuture
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .errors import ConfigurationError, PeerFailureError
+from .kernel.errors import ConfigurationError, PeerFailureError
 from .descriptor import DistributedOptions
 
 IDLE = datetime.timedelta(days=30)

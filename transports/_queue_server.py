@@ -17,7 +17,7 @@ from tensordict import TensorDictBase
 
 from ._shared import AdaptiveSpin
 from .base import Batch, ServerEndpoint
-from .errors import PeerFailureError, RemoteError, ServiceError
+from .kernel.errors import PeerFailureError, RemoteError, ServiceError
 from .wire import frame, from_wire, rows_to_wire
 
 OK, ERR = 0, 1

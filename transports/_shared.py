@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import PeerFailureError, ServiceTimeoutError, TransportError
+from .kernel.errors import PeerFailureError, ServiceTimeoutError, TransportError
 from .segments import Segment, pid_alive
 
 WAIT_SLICE = 0.1
@@ -86,7 +86,7 @@ class EndpointClaims:
 
     A client pickled into two processes would share one reply channel, and each copy could read the other's
     answers. The first process that uses endpoint ``i`` claims it; a copy in another live process is refused
-    at its call site with :class:`~transports.errors.TransportError` instead of waiting forever. A claim by a
+    at its call site with :class:`~transports.kernel.errors.TransportError` instead of waiting forever. A claim by a
     process that has exited is taken over. Pickle with the transport, at process creation.
 
     Args:

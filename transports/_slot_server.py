@@ -14,7 +14,7 @@ from ._slots import (ANSWERED, FAILED, READY, SERVING, VERSION_KEY, _CPU, _ROW_C
                      _Control, _flat, _leaves, _lookup_key)
 from ._shared import AdaptiveSpin
 from .base import Batch, ServerEndpoint
-from .errors import LayoutError, PeerFailureError
+from .kernel.errors import LayoutError, PeerFailureError
 from .layout import Layout
 from .segments import SlotBank
 

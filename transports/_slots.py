@@ -22,7 +22,7 @@ from ._shared import AdaptiveSpin, PeerStatus, wait_for
 from .segments import Segment, SlotBank
 from .base import RequestReplyTransport, ResponseFuture
 from .descriptor import SlotOptions
-from .errors import ConfigurationError, PeerFailureError, error_from_text, error_to_text
+from .kernel.errors import ConfigurationError, PeerFailureError, error_from_text, error_to_text
 from .layout import Layout
 from .sync import Semaphore
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from .base import RequestReplyTransport
 from .descriptor import ActorCallOptions
-from .errors import TransportError
+from .kernel.errors import TransportError
 
 _ids = itertools.count(1)
 _ENDPOINTS: dict[str, tuple[Any, "Sequencer"]] = {}  # endpoint id -> (a client of the in-actor queue, its order)

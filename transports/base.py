@@ -165,12 +165,12 @@ class ServerEndpoint(ABC):
         """Answer every request of ``batch`` with ``error`` (raised again at each call site)."""
 
     def close(self, reason: str = "the server was shut down") -> None:
-        """Fail what is still pending with :class:`~transports.errors.PeerFailureError`; stop accepting."""
+        """Fail what is still pending with :class:`~transports.kernel.errors.PeerFailureError`; stop accepting."""
 
 
 class ResponseFuture(ABC):
     """The answer to one submitted request. ``result()`` waits; a dead server raises
-    :class:`~transports.errors.PeerFailureError`, a deadline :class:`~transports.errors.ServiceTimeoutError`."""
+    :class:`~transports.kernel.errors.PeerFailureError`, a deadline :class:`~transports.kernel.errors.ServiceTimeoutError`."""
 
     @abstractmethod
     def result(self, timeout: float | None = None) -> TensorDictBase: ...

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from .errors import ConfigurationError
+from .kernel.errors import ConfigurationError
 from .kinds import normalize_transport_kind
 
 

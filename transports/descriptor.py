@@ -1,7 +1,7 @@
 """What each transport says about itself: one :class:`TransportDescriptor` per transport class.
 
 A descriptor is plain data and imports nothing heavy: its kind and aliases, how far its clients reach from the owner
-(:class:`Reach`), whether it needs fixed wire layouts before the server starts, which option names the wire it rides,
+(:class:`~transports.kernel.placements.Reach`), whether it needs fixed wire layouts before the server starts, which option names the wire it rides,
 and the dataclass of its keyword options (their types, defaults and ranges). The vocabulary of kinds
 (:mod:`transports.kinds`), the registry that builds a transport (:mod:`transports.registry`), the option checks,
 the plan's reachability checks and the generated documentation all read descriptors, so a plan is checked before
@@ -13,26 +13,11 @@ The built-in transports' descriptors are declared here; each transport class poi
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .options import bounded, check_fields, fields_of, one_of
-
-
-class Reach(enum.IntEnum):
-    """How far a client can travel from its owner and still work (ordered: each reaches what the ones before do)."""
-
-    PROCESS = 0
-    """Threads of the owner's process only."""
-    MACHINE = 1
-    """Any process of the owner's machine (shared memory, local sockets)."""
-    NETWORK = 2
-    """Any process that can reach the owner's address (another machine of a cluster)."""
-
-    @property
-    def words(self) -> str:
-        return {0: "same process", 1: "same machine", 2: "network"}[self.value]
+from .kernel.options import bounded, check_fields, fields_of, one_of
+from .kernel.placements import Reach
 
 
 @dataclass(frozen=True)

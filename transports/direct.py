@@ -16,7 +16,7 @@ from tensordict import TensorDictBase
 from . import local as _local
 from .base import Batch, RequestReplyTransport, ServerEndpoint
 from .descriptor import DIRECT, DirectOptions
-from .errors import PeerFailureError
+from .kernel.errors import PeerFailureError
 
 
 class _Slot:

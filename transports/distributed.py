@@ -14,11 +14,11 @@ Rules:
   allocated once per endpoint; errors are JSON text. Nothing received from the store or the network is
   unpickled: a malformed announcement is refused with a reason, a malformed header drops its channel.
 - Layouts are fixed per endpoint: extra keys are not sent; a missing key or a wrong shape, dtype or device raises
-  :class:`~transports.errors.LayoutError` in the caller, before anything is sent. A server built with layouts
+  :class:`~transports.kernel.errors.LayoutError` in the caller, before anything is sent. A server built with layouts
   accepts only clients announcing the same; one built without (a Ray owner discovering them) accepts what each
   client announces.
 - Shutdown is a message each way; a peer that dies closes its connections, and whoever waits on it gets
-  :class:`~transports.errors.PeerFailureError` at once. A restarted owner is a new store and a new generation.
+  :class:`~transports.kernel.errors.PeerFailureError` at once. A restarted owner is a new store and a new generation.
 
 Security: the store accepts unauthenticated connections on the address it listens on and payloads travel
 unencrypted, as everywhere in torch.distributed; keep ``host`` on loopback or a trusted, isolated network.
@@ -43,7 +43,7 @@ from ._framing import ASKS, BYE, ERROR, REPLY, REQUEST, SEND_TIMEOUT_S, SHUTDOWN
 from ._gloo import POLL_S, Gap, check_backend, check_options, connect_store, groups, open_store, wait_answer
 from .base import Batch, RequestReplyTransport, ServerEndpoint, drain
 from .descriptor import DISTRIBUTED, DistributedOptions
-from .errors import LayoutError, PeerFailureError, TransportError, error_from_text, error_to_text
+from .kernel.errors import LayoutError, PeerFailureError, TransportError, error_from_text, error_to_text
 from .layout import Layout
 from .local import LocalFuture
 

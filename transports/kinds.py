@@ -1,4 +1,4 @@
-"""The two vocabularies: placements (where an owner lives) and transport kinds (how payloads move).
+"""The vocabulary of transport kinds (how payloads move), and whether a kind reaches a placement.
 
 Transport kinds, their aliases and how far their clients reach are the registered transports' own
 (:mod:`transports.registry`, each from its :class:`~transports.descriptor.TransportDescriptor`); this module names
@@ -8,25 +8,8 @@ them in canonical spellings, so every other module compares those.
 from __future__ import annotations
 
 from . import registry
-from .descriptor import Reach
-from .errors import ConfigurationError
-
-PLACEMENTS: tuple[str, ...] = ("direct", "thread", "process", "ray", "distributed", "submitit", "rpc", "monarch")
-"""Where an owner is constructed and runs. ``submitit`` and ``rpc`` apply to collectors only."""
-
-PLACEMENT_ALIASES: dict[str, str] = {"threading": "thread", "multiprocessing": "process"}
-
-DISTANCE: dict[str, Reach] = {
-    "direct": Reach.PROCESS,
-    "thread": Reach.PROCESS,
-    "process": Reach.MACHINE,
-    "ray": Reach.NETWORK,
-    "distributed": Reach.NETWORK,
-    "submitit": Reach.NETWORK,
-    "rpc": Reach.NETWORK,  # rpc workers reach services as workers of any rpc world would: over network transports
-    "monarch": Reach.NETWORK,
-}
-"""How far from the driver each placement puts an owner: what a client it is handed must reach."""
+from .kernel.errors import ConfigurationError
+from .kernel.placements import normalize_name, reach_of
 
 
 def transport_kinds() -> tuple[str, ...]:
@@ -49,26 +32,7 @@ def transport_label(kind: str, options: dict | None = None) -> str:
 
 def reaches(transport: str, placement: str) -> bool:
     """Whether a client over ``transport`` still works when its user is placed at ``placement``."""
-    return registry.describe(transport).reach >= DISTANCE[placement]
-
-
-def _normalize(value: object, vocabulary: tuple[str, ...], aliases: dict[str, str], what: str, path: str | None):
-    if not isinstance(value, str):
-        raise ConfigurationError(f"{what} must be a string, got {value!r}", path=path, alternatives=vocabulary)
-    name = value.strip().lower().replace("-", "_")
-    name = aliases.get(name, name)
-    if name not in vocabulary:
-        raise ConfigurationError(f"unknown {what} {value!r}", path=path, alternatives=vocabulary)
-    return name
-
-
-def normalize_placement(value: object, *, path: str | None = None) -> str:
-    """Return the canonical placement name for ``value`` (aliases accepted).
-
-    Raises:
-        ConfigurationError: ``value`` is not a placement.
-    """
-    return _normalize(value, PLACEMENTS, PLACEMENT_ALIASES, "placement", path)
+    return registry.describe(transport).reach >= reach_of(placement)
 
 
 def normalize_transport_kind(value: object, *, path: str | None = None) -> str:
@@ -79,4 +43,4 @@ def normalize_transport_kind(value: object, *, path: str | None = None) -> str:
     """
     if value is None:
         return "auto"
-    return _normalize(value, transport_kinds(), transport_aliases(), "transport", path)
+    return normalize_name(value, transport_kinds(), transport_aliases(), "transport", path)

@@ -3,7 +3,7 @@
 Fixed-layout transports (shared_memory, process_slot, distributed) preallocate from a :class:`Layout` taken
 from a representative TensorDict. A layout is plain, picklable data: sorted nested keys, and per leaf the
 shape, dtype and device. Validation selects exactly the declared keys (extra keys are dropped, never sent)
-and raises :class:`~transports.errors.LayoutError` naming the key, what was expected and what came.
+and raises :class:`~transports.kernel.errors.LayoutError` naming the key, what was expected and what came.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Iterator
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from .errors import LayoutError
+from .kernel.errors import LayoutError
 
 Key = tuple[str, ...]
 

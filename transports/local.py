@@ -12,7 +12,7 @@ import threading
 import weakref
 
 from .base import ResponseFuture
-from .errors import PeerFailureError, ServiceTimeoutError
+from .kernel.errors import PeerFailureError, ServiceTimeoutError
 
 _REGISTRY: "weakref.WeakValueDictionary[int, object]" = weakref.WeakValueDictionary()
 _tokens = itertools.count(1)

@@ -21,7 +21,7 @@ from typing import Any, Callable
 from .actor_calls import ActorCallTransport, ProducerClient
 from .descriptor import MONARCH
 from .peers import pid_runs
-from .errors import ConfigurationError, PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError, qualified_name
+from .kernel.errors import ConfigurationError, PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError, qualified_name
 
 POLL_S = 0.1
 """How often a waiting caller checks that the actor's process still runs."""

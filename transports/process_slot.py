@@ -14,7 +14,7 @@ from tensordict import TensorDictBase
 from ._shared import EndpointClaims
 from ._slots import FREE, SlotClientBase, SlotFuture, SlotTransport
 from .descriptor import PROCESS_SLOT, SlotOptions
-from .errors import PeerFailureError, TransportError
+from .kernel.errors import PeerFailureError, TransportError
 from .sync import Lock
 
 

@@ -36,7 +36,7 @@ from ._queue_server import ERR as _ERR, OK as _OK, SEND_FLAGS as _SEND_FLAGS, Qu
 from ._shared import WAIT_SLICE, PeerStatus, Spinners, wait_for
 from .base import RequestReplyTransport, ResponseFuture
 from .descriptor import QUEUE, QueueOptions
-from .errors import PeerFailureError, TransportError
+from .kernel.errors import PeerFailureError, TransportError
 from .wire import frame, from_wire, to_wire
 
 CLIENT_SPIN_S = 200e-6

@@ -13,7 +13,7 @@ import importlib
 from typing import Any, Mapping
 
 from .descriptor import BUILT_IN, TransportDescriptor
-from .errors import ConfigurationError
+from .kernel.errors import ConfigurationError
 
 _REGISTERED: dict[str, TransportDescriptor] = {d.kind: d for d in BUILT_IN}
 

@@ -2,7 +2,7 @@
 
 Segments are files named ``rlsvc_<pid>_<n>`` in the segment directory (:mod:`transports.segment_dir`: ``/dev/shm``
 unless ``RLSVC_SHM_DIR`` names another). Each one's pages are reserved as it is made, so a segment that does not fit
-raises :class:`~transports.errors.SharedMemoryFull` there and then, instead of a SIGBUS when a page is first touched.
+raises :class:`~transports.kernel.errors.SharedMemoryFull` there and then, instead of a SIGBUS when a page is first touched.
 The creating process unlinks them on close; in ``/dev/shm`` it also registers them with multiprocessing's resource
 tracker, so they are removed even if it dies (the tracker unlinks names in ``/dev/shm`` only: elsewhere a dead
 creator's segments are removed by its host, or by the next run's start, :func:`remove_orphans`). Processes that
@@ -23,7 +23,7 @@ from multiprocessing import resource_tracker
 import torch
 from tensordict import TensorDict
 
-from .errors import NO_SPACE, SharedMemoryFull
+from .kernel.errors import NO_SPACE, SharedMemoryFull
 from .layout import Layout
 from .segment_dir import DEFAULT, remedy, room_text, segment_dir, size_text
 

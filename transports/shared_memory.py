@@ -1,7 +1,7 @@
 """``shared_memory``: preallocated request/response slots in shared memory; only slot states move.
 
 Rules: fixed layouts (CPU tensors only, declared up front; extra keys are not sent, a missing key or a wrong
-shape or dtype raises :class:`~transports.errors.LayoutError` in the caller). Any client may use any free
+shape or dtype raises :class:`~transports.kernel.errors.LayoutError` in the caller). Any client may use any free
 slot; ``num_slots`` bounds the requests in flight and so gives backpressure. Clients pickle to any process of
 this machine (segments and semaphores reattach by name), and any number of processes may share one. Read every future you submit:
 its slot is free again only once its answer is read.
@@ -14,7 +14,7 @@ from tensordict import TensorDictBase
 from ._shared import wait_for
 from ._slots import CLAIMED, FREE, SlotClientBase, SlotFuture, SlotTransport
 from .descriptor import SHARED_MEMORY, SlotOptions
-from .errors import TransportError
+from .kernel.errors import TransportError
 from .sync import Lock, Semaphore
 
 

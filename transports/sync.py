@@ -21,7 +21,7 @@ def _reopen(cls: type, kind: int, maxvalue: int, name: str):
     try:
         obj._semlock = _multiprocessing.SemLock._rebuild(0, kind, maxvalue, name)
     except FileNotFoundError:
-        from .errors import PeerFailureError
+        from .kernel.errors import PeerFailureError
 
         raise PeerFailureError(f"the process that made semaphore {name} is gone (so is the service it belonged to)") \
             from None

@@ -1,7 +1,7 @@
 """``thread``: clients and a server thread in one process, over a bounded queue and one future per request.
 
 Rules: the server runs in the clients' process; a client pickled and unpickled inside that process works,
-anywhere else it raises :class:`~transports.errors.PeerFailureError`. Any TensorDict may travel (no fixed
+anywhere else it raises :class:`~transports.kernel.errors.PeerFailureError`. Any TensorDict may travel (no fixed
 layout). ``max_queue_size`` bounds pending requests: producers block when it is full.
 """
 
@@ -15,7 +15,7 @@ from tensordict import TensorDictBase
 from . import local as _local
 from .base import Batch, RequestReplyTransport, ServerEndpoint, drain
 from .descriptor import THREAD, ThreadOptions
-from .errors import PeerFailureError
+from .kernel.errors import PeerFailureError
 
 
 class ThreadTransport(RequestReplyTransport):

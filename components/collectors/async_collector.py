@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 import torch
 from tensordict import TensorDict
 
-from transports.errors import ConfigurationError, PeerFailureError
+from transports.kernel.errors import ConfigurationError, PeerFailureError
 from transports.sync import Semaphore
 
 from ..envs import spec_from_spaces

@@ -25,7 +25,7 @@ import gymnasium as gym
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from transports.errors import ConfigurationError, PeerFailureError
+from transports.kernel.errors import ConfigurationError, PeerFailureError
 
 from ..hosts import Done, stop_all
 from ..resolution import Resolved

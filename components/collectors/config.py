@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
-from transports.options import bounded
+from transports.kernel.options import bounded
 
 from ..config import ComponentConfig
 

@@ -3,7 +3,7 @@ writes use the inference and replay endpoints' transports."""
 
 from __future__ import annotations
 
-from transports.errors import ConfigurationError
+from transports.kernel.errors import ConfigurationError
 
 from ..declaration import Calls, Cell, Declaration, S
 from .config import CollectorConfig

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from transports.errors import ConfigurationError
+from transports.kernel.errors import ConfigurationError
 
 from ..envs import NEXT_KEYS, VectorEnvStepper, next_storage
 from .handoff import Handoff, RolloutSlots

@@ -16,7 +16,7 @@ import threading
 import warnings
 from typing import Any, Iterator
 
-from transports.errors import ConfigurationError
+from transports.kernel.errors import ConfigurationError
 
 LEAVE_S = 2.0
 """Seconds the ranks of a world wait for each other when it ends (everyone leaves together: no rank sees another's
@@ -158,7 +158,7 @@ class _Leaving:
 
 def run_call(number: int, method: str, args: tuple) -> tuple[str, Any]:
     """Run on the worker (an rpc thread): ``method(*args)`` on the target, in the order the driver sent the calls."""
-    from transports.errors import RemoteError
+    from transports.kernel.errors import RemoteError
 
     with _Served.turn:
         _Served.turn.wait_for(lambda: _Served.next_call == number)

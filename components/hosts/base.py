@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Dict, Mapping, Optional, Sequence
 
-from transports.options import bounded, check_instance
+from transports.kernel.options import bounded, check_instance
 from transports.segment_dir import shortage
 
 from .nice import Niced, refuse_inline_nice
@@ -102,8 +102,8 @@ class Pending(ABC):
 
     @abstractmethod
     def result(self, timeout: float | None = None) -> Any:
-        """The method's result; raises its error (as :class:`~transports.errors.RemoteError` when it crossed a
-        process boundary), :class:`~transports.errors.PeerFailureError` when the target died."""
+        """The method's result; raises its error (as :class:`~transports.kernel.errors.RemoteError` when it crossed a
+        process boundary), :class:`~transports.kernel.errors.PeerFailureError` when the target died."""
 
 
 class Done(Pending):
@@ -139,8 +139,8 @@ class FuturePending(Pending):
 
 
 class Host(ABC):
-    """Runs one target where a placement puts it. One subclass per placement, registered in
-    :data:`components.hosts.HOSTS`.
+    """Runs one target where a placement puts it. One subclass per placement, registered with its placement
+    (``PLACEMENT = register(Placement(...))`` in its module, :mod:`transports.kernel.placements`).
 
     Args:
         name: names the thread, process or actor (shown by ``ps`` and in messages).

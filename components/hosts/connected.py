@@ -18,7 +18,7 @@ import time
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from typing import Callable
 
-from transports.errors import PeerFailureError, ServiceTimeoutError
+from transports.kernel.errors import PeerFailureError, ServiceTimeoutError
 
 from .base import DEFAULT_STOP_TIMEOUT
 from .process import ProcessHost, _send

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+
+from transports.kernel.placements import Placement, Reach, register
+
 from .base import Done, Host, Pending, close_target
 
 
@@ -43,3 +46,7 @@ class DirectHost(Host):
     @property
     def is_alive(self) -> bool:
         return self.target is not None and not self._stopped
+
+
+PLACEMENT = register(Placement("direct", DirectHost, Reach.PROCESS,
+                                summary="in the caller's thread: plain calls, nothing started"))

@@ -33,7 +33,8 @@ import time
 from multiprocessing.connection import Client
 from typing import Any, Callable, Iterator, Mapping, Optional
 
-from transports.errors import ConfigurationError, PeerFailureError, ServiceTimeoutError
+from transports.kernel.errors import ConfigurationError, PeerFailureError, ServiceTimeoutError
+from transports.kernel.placements import Placement, Reach, register
 
 from .base import Resources, RunSetting
 from .connected import ConnectedHost
@@ -161,6 +162,10 @@ class DistributedHost(ProcessHost):
     @classmethod
     def on_run_machine(cls, settings: Mapping[str, Any]) -> bool:
         return settings_of(settings).ranks == "local"
+
+
+PLACEMENT = register(Placement("distributed", DistributedHost, Reach.NETWORK,
+                                summary="a torch.distributed worker rank of the run's world"))
 
 
 class EnvRankHost(ConnectedHost, DistributedHost):

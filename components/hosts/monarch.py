@@ -1,94 +1,31 @@
 """``monarch``: the target lives in a Monarch actor, in a proc of its own on this machine's host mesh.
 
 ``start()`` returns once the actor built the target (an error there surfaces at ``start()`` as a
-:class:`~transports.errors.RemoteError` with the actor's traceback text); the target's serving loop runs on a thread
-of the actor; control calls run one at a time, in the order sent, on a thread of their own, and answer through an
+:class:`~transports.kernel.errors.RemoteError` with the actor's traceback text); the target's serving loop runs on a
+thread of the actor; control calls run one at a time, in the order sent, on a thread of their own, and answer through an
 explicit response port (the actor keeps taking calls, transport requests among them, while one runs). A proc that
 dies is a peer failure within 0.1 s for a caller waiting on it (its pid is watched; Monarch's own supervision
 reports it seconds later; from the first Monarch host on, this process logs such reports instead of ending the
-driver, which is Monarch's default). ``stop()`` asks the target to close, then stops the proc. Monarch's procs talk over Unix sockets by
-default: nothing listens on the network.
+driver, which is Monarch's default). ``stop()`` asks the target to close, then stops the proc. Monarch's procs talk
+over Unix sockets by default: nothing listens on the network. Monarch is imported when a Monarch owner starts
+(:mod:`components.hosts.monarch_actor` holds the actor), so the placement is known to every plan without it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import queue
-import socket
 import threading
 import time
 from typing import Any, Iterator, Mapping
 
-from transports.errors import PeerFailureError, RemoteError
+from transports.kernel.errors import PeerFailureError, RemoteError
+from transports.kernel.placements import Placement, Reach, register
 from transports.monarch import ActorRef, call, import_monarch, translate
 
-from .base import DEFAULT_STOP_TIMEOUT, FuturePending, Host, Pending, RunSetting, build_and_serve, close_target
+from .base import DEFAULT_STOP_TIMEOUT, FuturePending, Host, Pending, RunSetting
 
-actor_api = import_monarch()
 log = logging.getLogger(__name__)
-
-
-class HostActor(actor_api.Actor):
-    """The body of every hosting actor: builds the target, serves it on a thread, runs control calls on another, and
-    hands transport requests to their endpoints inside the actor."""
-
-    def __init__(self, factory):
-        self.target, self._stop, self._serving = build_and_serve(factory)
-        self._calls: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._run_calls, name="control", daemon=True).start()
-
-    def _run_calls(self) -> None:
-        while (item := self._calls.get()) is not None:
-            port, method, args = item
-            _reply(port, lambda: getattr(self.target, method)(*args), remote=True)
-
-    @actor_api.endpoint
-    def ready(self) -> tuple[int, str]:
-        return os.getpid(), socket.gethostname()
-
-    @actor_api.endpoint(explicit_response_port=True)
-    def call(self, port, method: str, args: tuple) -> None:
-        self._calls.put((port, method, args))
-
-    @actor_api.endpoint(explicit_response_port=True)
-    def deliver(self, port, endpoint_id: str, message: tuple) -> None:
-        """Hand a transport request to its endpoint; the answer goes to ``port`` from the thread that sets it. Never
-        raises: an error escaping an endpoint that answers through its port ends the actor."""
-        from transports.actor_calls import submit_in_order
-
-        try:
-            submit_in_order(endpoint_id, message).add_done_callback(lambda done: _reply(port, done.result))
-        except BaseException as exc:  # noqa: BLE001 - refused before it was queued: the caller raises it
-            port.exception(exc)
-
-    @actor_api.endpoint
-    def finish(self) -> None:
-        """Stop serving and close the target (``stop`` is a name Monarch's actor meshes keep for themselves)."""
-        self._stop.set()
-        if self._serving is not None:
-            self._serving.join(DEFAULT_STOP_TIMEOUT)
-        self._calls.put(None)
-        close_target(self.target)
-
-
-def _reply(port, produce, remote: bool = False) -> None:
-    """Answer ``port`` with ``produce()``, or with its error (``remote``: as a :class:`RemoteError` with the traceback
-    text; otherwise as raised: the transport's errors are ours already). Never raises: an answer that cannot travel
-    (pickled here) becomes the caller's error, and the thread answering (a serving loop's) goes on."""
-    try:
-        value = produce()
-    except BaseException as exc:  # noqa: BLE001 - the caller raises it
-        port.exception(RemoteError.from_exception(exc) if remote else exc)
-        return
-    try:
-        port.send(value)
-    except BaseException as exc:  # noqa: BLE001 - the answer cannot travel
-        try:
-            port.exception(RemoteError.from_exception(exc))
-        except BaseException:  # noqa: BLE001 - nothing more can be sent: the caller's timeout tells
-            log.exception("%s: an answer could not be sent", port)
 
 
 class MonarchHost(Host):
@@ -107,8 +44,10 @@ class MonarchHost(Host):
         self._stopped = False
 
     def _launch(self) -> None:
+        from .monarch_actor import HostActor  # imports Monarch: only where a Monarch owner starts
+
         _faults_to_callers()
-        self._procs = actor_api.this_host().spawn_procs(per_host={"procs": 1})
+        self._procs = import_monarch().this_host().spawn_procs(per_host={"procs": 1})
         self._actor = self._procs.spawn(self.name.replace("-", "_"), HostActor, self.factory)
         self._ready = self._actor.ready.call_one()
 
@@ -119,7 +58,7 @@ class MonarchHost(Host):
         except BaseException as exc:  # noqa: BLE001 - translated below
             self.stop(1.0)
             if isinstance(exc, TimeoutError):
-                from transports.errors import ServiceTimeoutError
+                from transports.kernel.errors import ServiceTimeoutError
 
                 raise ServiceTimeoutError(f"{self.name}: the Monarch actor was not ready within {timeout} s") from None
             text = str(exc)
@@ -195,6 +134,8 @@ class MonarchHost(Host):
         return self._ref
 
 
+PLACEMENT = register(Placement("monarch", MonarchHost, Reach.NETWORK,
+                                summary="a Monarch actor in a proc of its own on this machine's host mesh"))
 
 _stopping = RunSetting(None)  # in a session: the list of threads awaiting procs being stopped
 
@@ -214,6 +155,7 @@ def _faults_to_callers() -> None:
     and nothing handles it; our hosts report such failures to their callers instead (a failed build at ``start()``,
     a dead proc at the next call). Its reports arrive seconds after the failure, when the owner may be gone already,
     so from the first Monarch host on, this process logs them and goes on."""
+    actor_api = import_monarch()
     with _hook_lock:
         if actor_api.unhandled_fault_hook is not _log_fault:
             actor_api.unhandled_fault_hook = _log_fault

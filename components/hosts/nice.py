@@ -7,7 +7,7 @@ import os
 import threading
 from typing import Any, Callable
 
-from transports.errors import ConfigurationError
+from transports.kernel.errors import ConfigurationError
 
 
 def refuse_inline_nice(host_class: type, resources: Any) -> None:

@@ -22,7 +22,8 @@ from multiprocessing.connection import wait
 from typing import Any, Mapping
 
 from transports.peers import pid_runs
-from transports.errors import PeerFailureError, RemoteError, ServiceTimeoutError
+from transports.kernel.errors import PeerFailureError, RemoteError, ServiceTimeoutError
+from transports.kernel.placements import Placement, Reach, register
 from transports.segment_dir import VARIABLE as SEGMENT_DIR_VARIABLE
 from transports.segment_dir import segment_dir
 
@@ -280,6 +281,10 @@ class ProcessHost(Host):
     @property
     def pid(self) -> int | None:
         return None if self._process is None else self._process.pid
+
+
+PLACEMENT = register(Placement("process", ProcessHost, Reach.MACHINE, aliases=("multiprocessing",),
+                                summary="a process of its own on this machine"))
 
 
 def _send(conn, message: Any) -> None:

@@ -15,7 +15,8 @@ import os
 import threading
 from typing import Any, Mapping
 
-from transports.errors import ServiceTimeoutError
+from transports.kernel.errors import ServiceTimeoutError
+from transports.kernel.placements import Placement, Reach, register
 from transports.ray import DELIVER, deliver, get, import_ray, remote
 
 from .base import DEFAULT_STOP_TIMEOUT, FuturePending, Host, Pending, Resources, RunSetting, build_and_serve, close_target
@@ -288,4 +289,8 @@ class RayHost(Host):
     @property
     def handle(self) -> Any:
         return self._handle
+
+
+PLACEMENT = register(Placement("ray", RayHost, Reach.NETWORK,
+                                summary="a Ray actor, anywhere in the Ray cluster"))
 

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
-from transports.errors import ConfigurationError
+from transports.kernel.errors import ConfigurationError
 from transports.ray import import_ray
 
 from .base import Resources

@@ -27,7 +27,8 @@ import threading
 import time
 from typing import Any, ClassVar, Iterator, Mapping
 
-from transports.errors import ConfigurationError, PeerFailureError, ServiceTimeoutError
+from transports.kernel.errors import ConfigurationError, PeerFailureError, ServiceTimeoutError
+from transports.kernel.placements import Placement, Reach, register
 
 from ._rpc_worker import LEAVE_S, RpcSettings, as_rpc_worker, backend_options, leave_world, on_interface, run_call
 from .base import Pending, Resources, RunSetting, exit_description
@@ -271,3 +272,8 @@ class RpcHost(ProcessHost):
         if self._process is None:
             return f"the {self.name} rpc worker (rank {self.rank}) was stopped"
         return f"the {self.name} rpc worker (rank {self.rank}) died ({exit_description(self._exitcode())})"
+
+
+# rpc workers reach services as the workers of any rpc world would: over network transports
+PLACEMENT = register(Placement("rpc", RpcHost, Reach.NETWORK,
+                                summary="collectors only: workers of a torch.distributed.rpc world"))

@@ -31,7 +31,8 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Mapping, Optional
 
-from transports.errors import ConfigurationError
+from transports.kernel.errors import ConfigurationError
+from transports.kernel.placements import Placement, Reach, register
 
 from .base import Resources, RunSetting
 from ._submitit_job import job_main, ray_cluster
@@ -278,3 +279,7 @@ class SubmititHost(ConnectedHost):
     @property
     def job_id(self) -> str | None:
         return None if self.job is None else str(self.job.job_id)
+
+
+PLACEMENT = register(Placement("submitit", SubmititHost, Reach.NETWORK,
+                                summary="collectors only: a Slurm job of its own (submitit)"))

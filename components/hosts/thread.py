@@ -2,7 +2,7 @@
 
 The host thread builds the target (so a thread-affine SDK is built on the thread that uses it) and runs its
 serving loop; control calls run on a second thread, one at a time, in order (an exception they raise comes back
-as :class:`~transports.errors.RemoteError` with its traceback text; our own errors keep their type). If the
+as :class:`~transports.kernel.errors.RemoteError` with its traceback text; our own errors keep their type). If the
 serving loop ends while nobody asked it to, ``on_death`` is called.
 """
 
@@ -13,7 +13,8 @@ import queue
 import threading
 from typing import Any
 
-from transports.errors import PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError
+from transports.kernel.errors import PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError
+from transports.kernel.placements import Placement, Reach, register
 
 from .base import DEFAULT_STOP_TIMEOUT, Host, Pending, close_target, run_serving_loop
 
@@ -128,3 +129,7 @@ class ThreadHost(Host):
     def make_queue(maxsize: int):
         """A bounded queue its targets can put into and the owner can read."""
         return queue.Queue(maxsize=maxsize)
+
+
+PLACEMENT = register(Placement("thread", ThreadHost, Reach.PROCESS, aliases=("threading",),
+                                summary="a thread of the driver's process"))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
-from transports.options import bounded, device_option
+from transports.kernel.options import bounded, device_option
 
 from ..config import ComponentConfig, check_devices
 

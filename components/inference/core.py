@@ -18,7 +18,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from transports.base import Batch, ServerEndpoint
-from transports.errors import RemoteError
+from transports.kernel.errors import RemoteError
 
 from .config import InferenceServerConfig
 

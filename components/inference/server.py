@@ -18,7 +18,7 @@ from tensordict import TensorDictBase
 from torch import nn
 
 from transports import registry as transport_registry
-from transports.errors import ConfigurationError, IncompatibleCombinationError
+from transports.kernel.errors import ConfigurationError, IncompatibleCombinationError
 
 from ..resolution import Resolved
 from ..scope import choose_transport

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 import torch
 
-from transports.errors import NO_SPACE, ConfigurationError
+from transports.kernel.errors import NO_SPACE, ConfigurationError
 
 from ..commands import Allowed, CommandTarget, hosted
 from ..config import LoggerConfig

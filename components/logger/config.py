@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from transports.options import bounded
+from transports.kernel.options import bounded
 
 
 @dataclass

@@ -9,7 +9,7 @@ import os
 import time
 from typing import Any, Mapping
 
-from transports.errors import ConfigurationError
+from transports.kernel.errors import ConfigurationError
 
 from ..resolution import Resolved
 from .base import Logger, quiet_writer_threads

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from transports.errors import ConfigurationError
+from transports.kernel.errors import ConfigurationError
 
 from ..resolution import Resolved
 from .base import Logger, quiet_writer_threads

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from transports.errors import ConfigurationError, IncompatibleCombinationError
+from transports.kernel.errors import ConfigurationError, IncompatibleCombinationError
 
 from .. import compat
 from ..commands import Allowed, CommandTarget

@@ -5,7 +5,7 @@ and ``sample`` do not travel in the command: the client writes rows into its own
 memory and the owner copies them into storage; the owner keeps its storage in shared memory and answers a
 sample with indices only, and the client gathers the rows itself (one copy, as in one process), retrying if a
 concurrent write touched a row while it was copied. The sample layout is fixed per endpoint: a different
-batch size raises :class:`~transports.errors.LayoutError`.
+batch size raises :class:`~transports.kernel.errors.LayoutError`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import threading
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from transports.errors import LayoutError
+from transports.kernel.errors import LayoutError
 from transports.layout import Layout
 
 from ..commands import CommandClient

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, List, Optional
 
-from transports.options import bounded, one_of
+from transports.kernel.options import bounded, one_of
 
 from ..config import ComponentConfig
 

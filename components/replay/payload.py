@@ -3,7 +3,7 @@
 
 Each operation's layout is bound by its first call, which goes over the command channel (and is applied
 there, once); its request and answer fix the layouts of that operation's channel for this client in this
-process. Later calls with another layout raise :class:`~transports.errors.LayoutError` in the caller (other keys,
+process. Later calls with another layout raise :class:`~transports.kernel.errors.LayoutError` in the caller (other keys,
 shapes or dtypes; a ``sample`` of another size): never a silent fallback to commands. ``extend`` batches of a
 new length (a learner's first, shorter n-step batch) bind one more channel each, up to :data:`MAX_EXTEND_SIZES`.
 """
@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from transports.errors import LayoutError
+from transports.kernel.errors import LayoutError
 from transports.layout import Layout
 
 
@@ -64,7 +64,7 @@ def explicit_operations(layouts: Mapping[str, Any]) -> dict[str, tuple[Layout, L
     Raises:
         ConfigurationError: an operation that is not one of these.
     """
-    from transports.errors import ConfigurationError
+    from transports.kernel.errors import ConfigurationError
 
     def layout(value: Any) -> Layout:
         return value if isinstance(value, Layout) else Layout.from_tensordict(value)

@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from transports.errors import ConfigurationError, LayoutError
+from transports.kernel.errors import ConfigurationError, LayoutError
 from transports.layout import Layout, LeafSpec
 from transports.segments import Segment, SlotBank
 

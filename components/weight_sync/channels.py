@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from transports import local as _local
-from transports.errors import LayoutError
+from transports.kernel.errors import LayoutError
 from transports.segments import Segment
 
 from ..commands import CommandClient

@@ -19,7 +19,7 @@ from tensordict import TensorDict
 from torch import nn
 
 from transports.base import Batch
-from transports.errors import PeerFailureError, RemoteError
+from transports.kernel.errors import PeerFailureError, RemoteError
 
 from ..commands import Allowed, CommandClient, CommandLoop
 from .channels import StateDict, copy_into, state_of

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from transports import local as _local
-from transports.errors import ConfigurationError
+from transports.kernel.errors import ConfigurationError
 
 from .. import compat
 from ..commands import Allowed, CommandTarget

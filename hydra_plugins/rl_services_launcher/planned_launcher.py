@@ -27,7 +27,7 @@ if _PluginSlurmLauncher is not None:
         def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Any:
             from launcher.conventions import EXIT_CONFIG
             from launcher.slurm import submission_parameters
-            from transports.errors import ConfigurationError
+            from transports.kernel.errors import ConfigurationError
 
             try:
                 self.params = submission_parameters(self.params, [self._job_config(o) for o in job_overrides])

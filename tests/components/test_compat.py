@@ -7,14 +7,16 @@ import pytest
 
 from components import compat
 from components.errors import IncompatibleCombinationError, NotImplementedYetError
+from components.hosts import HOSTS
 from components.replay import ReplayBuffer
 from components.resolution import resolve_component
 from launcher.matrix import README_BEGIN, README_END
-from transports import PLACEMENTS, TransportConfig, transport_kinds
+from transports import TransportConfig, transport_kinds
 from transports.resolver import TransportContext
 
 from tests.helpers import ROOT
 
+PLACEMENTS = tuple(HOSTS)  # every registered placement
 ALL = list(itertools.product(compat.COMPONENTS, PLACEMENTS, [k for k in transport_kinds() if k != "auto"]))
 
 

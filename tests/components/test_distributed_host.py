@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from components.hosts import host_class
-from transports.errors import PeerFailureError
+from transports.kernel.errors import PeerFailureError
 
 from tests.helpers import process_gone, wait_until
 

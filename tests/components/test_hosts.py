@@ -8,7 +8,7 @@ import pytest
 
 from components.hosts import HOSTS, host_class, stop_all
 from components.hosts.base import Resources
-from transports.errors import ConfigurationError, PeerFailureError, RemoteError
+from transports.kernel.errors import ConfigurationError, PeerFailureError, RemoteError
 
 from tests.helpers import PLACEMENT_FIXTURES, SLOW_PLACEMENTS, process_gone, wait_until
 

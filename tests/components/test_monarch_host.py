@@ -11,7 +11,7 @@ import torch
 from tensordict import TensorDict
 
 from components.inference import InferenceServer, InferenceServerConfig
-from transports.errors import PeerFailureError, RemoteError
+from transports.kernel.errors import PeerFailureError, RemoteError
 
 from tests.factories import echo_factory
 from tests.helpers import process_gone, wait_until

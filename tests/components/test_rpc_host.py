@@ -10,7 +10,7 @@ import pytest
 
 from components.hosts import host_class, stop_all
 from components.hosts.base import Resources
-from transports.errors import ConfigurationError, PeerFailureError
+from transports.kernel.errors import ConfigurationError, PeerFailureError
 
 from tests.helpers import process_gone, wait_until
 

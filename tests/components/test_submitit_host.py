@@ -13,7 +13,7 @@ import pytest
 
 from components.hosts import host_class
 from components.hosts.submitit import SubmititHost, SubmititSettings
-from transports.errors import ConfigurationError, PeerFailureError, RemoteError
+from transports.kernel.errors import ConfigurationError, PeerFailureError, RemoteError
 
 from tests.helpers import process_gone, wait_until
 

@@ -264,7 +264,7 @@ def _device_options() -> list[str]:
     """Every device option a command line sets: the fields of each recipe's and each component's config declared with
     ``device_option`` (``recipe.device``, ``components.inference.policy_device``...)."""
     from components import compat
-    from transports.options import is_device
+    from transports.kernel.options import is_device
 
     paths = {f"recipe.{f.name}" for kind in (PPOConfig, DQNConfig, IMPALAConfig) for f in dataclasses.fields(kind)
              if is_device(f)}

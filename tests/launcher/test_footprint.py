@@ -21,7 +21,7 @@ from launcher.conventions import EXIT_CONFIG
 from launcher.failures import no_space
 from launcher.footprint import parts
 from launcher.plan import build_plan
-from transports.errors import ConfigurationError, RemoteError
+from transports.kernel.errors import ConfigurationError, RemoteError
 from tests.helpers import cli_in_process, segment_dir_of
 
 APPO_ATARI = ("+recipe=appo", "env=atari", "service=process", "components.collector.local_policy=true")
@@ -67,7 +67,7 @@ def test_a_segment_that_finds_no_room_during_the_run_says_shared_memory_ran_out(
             client = buffer.client()
             with pytest.raises(RemoteError) as failed:  # the storage is made by the first write: 16 MiB in 1 MiB
                 client.extend(TensorDict({"observation": torch.zeros(10, 4096)}, [10]))
-            assert failed.value.remote_type == "transports.errors.SharedMemoryFull"
+            assert failed.value.remote_type == "transports.kernel.errors.SharedMemoryFull"
         assert os.listdir(directory) == []
     said = no_space(failed.value)  # what the run's last line says (exit 4, as a full disk)
     assert said.startswith(f"ran out of shared memory in {directory} (") and "does not fit" in said, said

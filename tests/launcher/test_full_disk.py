@@ -16,7 +16,7 @@ from components.logger import CSVLogger
 from launcher.conventions import EXIT_NO_SPACE
 from launcher.failures import no_space
 from tests.helpers import tmpfs
-from transports.errors import RemoteError
+from transports.kernel.errors import RemoteError
 
 
 @contextlib.contextmanager

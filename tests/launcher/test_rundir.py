@@ -10,7 +10,7 @@ import pytest
 
 from launcher.cli import launch
 from launcher.rundir import LOCK, RunDirLock, own_run_dir, unique
-from transports.errors import ConfigurationError
+from transports.kernel.errors import ConfigurationError
 
 from tests.helpers import cli_in_process, popen_cli
 

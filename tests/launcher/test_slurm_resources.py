@@ -18,7 +18,7 @@ from launcher.cli import launch
 from launcher.plan import build_plan
 from launcher.slurm import (JobResources, Node, SlurmUnavailable, _row_bytes, check_fits, job_resources,
                             partition_nodes, submission_parameters)
-from transports.errors import ConfigurationError
+from transports.kernel.errors import ConfigurationError
 from tests.helpers import run_cli, wait_until
 from tests.slurm import JOB_NAME
 

@@ -25,8 +25,8 @@ from components.hosts import host_class
 from components.inference import InferenceServerConfig
 from components.inference.target import ServedPolicy
 from transports import registry
-from transports.errors import LayoutError, PeerFailureError, RemoteError, ServiceTimeoutError
-from transports.options import fields_of
+from transports.kernel.errors import LayoutError, PeerFailureError, RemoteError, ServiceTimeoutError
+from transports.kernel.options import fields_of
 
 from tests.factories import SLOW_PASS_S, echo_factory
 from tests.transports.toy import toy_transport
@@ -133,7 +133,7 @@ def test_the_registry_knows_each_transport_by_its_names():
 
 
 def test_options_are_checked_from_the_descriptor_alone():
-    from transports.errors import ConfigurationError
+    from transports.kernel.errors import ConfigurationError
 
     with pytest.raises(ConfigurationError, match="max_queue_size must be >= 1, got 0") as info:
         registry.check_options("queue", {"max_queue_size": 0}, path="components.inference.transport_options")

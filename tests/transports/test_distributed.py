@@ -19,7 +19,7 @@ from transports import registry
 from transports._gloo import connect_store, groups
 from transports.base import Batch
 from transports.distributed import DistributedTransport
-from transports.errors import ConfigurationError, LayoutError, PeerFailureError, RemoteError, ServiceTimeoutError
+from transports.kernel.errors import ConfigurationError, LayoutError, PeerFailureError, RemoteError, ServiceTimeoutError
 
 from tests.helpers import wait_until
 

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from transports.errors import ServiceTimeoutError
+from transports.kernel.errors import ServiceTimeoutError
 from transports.local import LocalFuture
 
 

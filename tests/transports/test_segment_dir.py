@@ -16,7 +16,7 @@ import pickle
 import pytest
 
 from components.hosts.process import ProcessHost
-from transports.errors import PeerFailureError, SharedMemoryFull
+from transports.kernel.errors import PeerFailureError, SharedMemoryFull
 from transports.segments import Segment
 from tests.helpers import segment_dir_of
 

@@ -8,7 +8,7 @@ import pytest
 
 from components import compat
 from transports import registry
-from transports.errors import ConfigurationError
+from transports.kernel.errors import ConfigurationError
 from transports.kinds import normalize_transport_kind, transport_kinds
 
 from tests.transports.toy import toy_transport

@@ -22,9 +22,10 @@ import time
 
 from transports import local
 from transports.base import Batch, RequestReplyTransport, ServerEndpoint, drain
-from transports.descriptor import Reach, TransportDescriptor
-from transports.errors import PeerFailureError
-from transports.options import bounded
+from transports.descriptor import TransportDescriptor
+from transports.kernel.placements import Reach
+from transports.kernel.errors import PeerFailureError
+from transports.kernel.options import bounded
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """The project's error hierarchy.
 
-It lives in the lowest layer so that transports can raise it; ``components.errors`` re-exports it as the
-public home. Backend exceptions (``multiprocessing``, Ray, torch.distributed) are mapped into these at the
-boundary with ``raise OurError(...) from exc``.
+It lives in the kernel, under every package, so that transports and components raise the same errors;
+``components.errors`` and ``transports`` re-export it. Backend exceptions (``multiprocessing``, Ray,
+torch.distributed) are mapped into these at the boundary with ``raise OurError(...) from exc``.
 
     ServiceError
     ├── ConfigurationError (also ValueError)        a configuration mistake, raised before anything starts
