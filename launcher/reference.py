@@ -153,6 +153,7 @@ def _escape(text: str) -> str:
 def configuration() -> str:
     """Every YAML key of ``python -m launcher``, node by node, as Markdown."""
     from components import compat
+    from components.hosts.settings import settings_classes
 
     from . import schema
 
@@ -167,8 +168,7 @@ def configuration() -> str:
         cls = compat.declaration(name).config
         parts.append(table(cls, f"components.{name}", f"### `components.{name}` ({cls.__name__})"))
     parts.append("## Placement settings")
-    for name, cls in (("ray", schema.RayConf), ("submitit", schema.SubmititConf), ("distributed", schema.DistributedConf),
-                      ("rpc", schema.RpcConf), ("launcher", schema.LauncherConf)):
+    for name, cls in (*settings_classes().items(), ("launcher", schema.LauncherConf)):
         parts.append(table(cls, name, f"### `{name}`"))
     parts.append("## Groups")
     for group, options in schema.SCHEMAS.items():

@@ -8,17 +8,21 @@ is imported. ``tests/launcher/test_config_parity.py`` keeps each schema in step 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, make_dataclass
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from components.atari import AtariConfig
+from components.envs.family import configurable
 from components.collectors.config import CollectorConfig
-from components.config import LoggerConfig, WeightSyncConfig, bounded
+from components.config import bounded
+from components.hosts.settings import settings_classes
 from components.inference.config import InferenceServerConfig
-from components.logger.config import CSVLoggerConfig, TensorBoardLoggerConfig
+from components.logger.config import LoggerConfig
+from components.logger.csv import CSVLogger
+from components.logger.tensorboard import TensorBoardLogger
+from components.weight_sync.config import WeightSyncConfig
 from components.replay.config import ReplayConfig
 from recipes.configs import DQNConfig, IMPALAConfig, PPOConfig
 
@@ -49,60 +53,6 @@ class RayServiceConf(ServiceConf):
 
 
 @dataclass
-class RayConf:
-    """`ray.*`: the cluster that components placed on `ray` use (whatever `service` is)."""
-
-    address: Optional[str] = None  # join this cluster ("host:port" or "auto"); None starts a local one on 127.0.0.1
-    namespace: str = "rl_services"  # Ray namespace of named actors
-    num_cpus: Optional[float] = bounded(None, ge=0)  # CPUs a locally started cluster advertises (None: the machine's)
-    resources: Dict[str, float] = field(default_factory=dict)  # custom resources of a locally started head node
-    temp_dir: Optional[str] = None  # Ray's session dir for a locally started cluster (short path; None: a fresh one)
-    connect_timeout: float = bounded(5.0, gt=0, unit="seconds")  # seconds to wait for the cluster at `address` to answer
-
-    def rules(self):
-        from components.hosts.ray_cluster import SOCKET_ROOM
-
-        return (("temp_dir", self.temp_dir is None or len(self.temp_dir) <= SOCKET_ROOM,
-                 f"ray.temp_dir is {len(self.temp_dir or '')} characters long; Ray makes Unix sockets under it, whose "
-                 f"paths may not exceed 107 bytes: use a directory of at most {SOCKET_ROOM} characters "
-                 "(e.g. /tmp/ray_mine), or leave it unset"),)
-
-
-@dataclass
-class SubmititConf:
-    """`submitit.*`: how targets placed on `submitit` (collector workers) are submitted, as one job array."""
-
-    cluster: str = "slurm"  # slurm (sbatch) | local (submitit's local subprocesses, on this machine)
-    folder: Optional[str] = None  # submitit's job folder (scripts, logs); None: <run dir>/submitit
-    host: str = "127.0.0.1"  # the address jobs connect back to; on a cluster: one of the driver node's
-    connect_timeout: float = bounded(300.0, gt=0, unit="seconds")  # for every job to connect, queueing included
-    partition: Optional[str] = None  # None: the cluster's default partition
-    timeout_min: int = bounded(60, ge=1, unit="minutes")  # each collector job's time limit
-    mem_gb: float = bounded(2.0, gt=0, unit="GB")  # each collector job's memory
-    job_name: str = "rl_collector"
-    setup: List[str] = field(default_factory=list)  # shell lines before the job's Python (module load ...)
-    slurm_additional_parameters: Dict[str, Any] = field(default_factory=dict)  # any other sbatch option
-
-
-@dataclass
-class DistributedConf:
-    """`distributed.*`: who starts the ranks of the `distributed` placement (collector workers)."""
-
-    ranks: str = "local"  # local: the launcher spawns them | env: torchrun/srun did; rank 0 drives, rank r is worker r-1
-    host: Optional[str] = None  # env: the address ranks dial the driver at (None: MASTER_ADDR)
-    port: Optional[int] = bounded(None, ge=1, le=65535)  # env: rank r dials port + r - 1 (None: MASTER_PORT + 1)
-    connect_timeout: float = bounded(120.0, gt=0, unit="seconds")  # env: for each rank to connect
-
-
-@dataclass
-class RpcConf:
-    """`rpc.*`: the `rpc` placement's world (collector workers driven through torch.distributed.rpc)."""
-
-    interface: str = "lo"  # the network interface rpc agents listen on (lo: this machine only)
-    threads: int = bounded(4, ge=2)  # rpc threads per process
-
-
-@dataclass
 class TransportConf:
     """`transport=<name>`: the default transport of components that take that kind."""
 
@@ -117,8 +67,16 @@ class EnvConf:
     id: Optional[str] = None  # gymnasium id, e.g. CartPole-v1
     _target_: Optional[str] = None  # instead of id: dotted name of a callable (**kwargs) -> gymnasium.Env
     kwargs: Dict[str, Any] = field(default_factory=dict)  # keyword arguments of gymnasium.make, or of _target_
-    backend: str = "gymnasium"  # how collectors vectorize envs: gymnasium | vector | ale_vector | envpool (components.env_backends)
-    atari: Optional[AtariConfig] = None  # the DeepMind preprocessing of an ALE id (env=atari sets it); null: none
+    backend: str = "gymnasium"  # how collectors vectorize envs: gymnasium | vector | ale_vector | envpool (components.envs.backends)
+
+
+def env_schema() -> type:
+    """:class:`EnvConf` with one optional node per env family that has a preprocessing, typed by its config dataclass
+    and named after the family (``env.atari``: the DeepMind preprocessing of an ALE id, ``env=atari`` sets it; null:
+    none), so a family registered in its own module needs no field here."""
+    families = [(name, Optional[config], field(default=None)) for name, config in configurable().items()]
+    return make_dataclass("EnvConf", families, bases=(EnvConf,), namespace={"__doc__": EnvConf.__doc__,
+                                                                           "__module__": __name__})
 
 
 @dataclass
@@ -137,21 +95,40 @@ class LauncherConf:
 
 @dataclass
 class Config:
+    """The top-level config; :func:`config_schema` adds each placement's session settings (``ray:``, ``submitit:``...),
+    whose dataclasses their host modules declare (:mod:`components.hosts.settings`)."""
+
     service: Any = MISSING
     transport: Any = MISSING
     env: Any = MISSING
     logger: Any = MISSING
     recipe: Any = None
     components: ComponentsConf = field(default_factory=ComponentsConf)
-    ray: RayConf = field(default_factory=RayConf)
-    submitit: SubmititConf = field(default_factory=SubmititConf)
-    distributed: DistributedConf = field(default_factory=DistributedConf)
-    rpc: RpcConf = field(default_factory=RpcConf)
     launcher: LauncherConf = field(default_factory=LauncherConf)
     seed: int = bounded(0, ge=0, le=2**32 - 1)  # seeds torch and the environments
 
 
+def config_schema() -> type:
+    """:class:`Config` with one node per placement's session settings (each typed by its host's settings dataclass),
+    placed before ``launcher``."""
+    head = [(f.name, f.type, f) for f in fields(Config) if f.name not in ("launcher", "seed")]
+    sessions = [(name, cls, field(default_factory=cls)) for name, cls in settings_classes().items()]
+    tail = [(f.name, f.type, f) for f in fields(Config) if f.name in ("launcher", "seed")]
+    return make_dataclass("Config", head + sessions + tail, namespace={"__doc__": Config.__doc__,
+                                                                       "__module__": __name__})
+
+
 # ---------------------------------------------------------------------------------------------- registry
+def backend_schema(backend: type) -> type:
+    """The schema of a ``logger`` group option: the backend dataclass's fields after ``_target_``, which names it."""
+    target = f"components.logger.{backend.__name__}"
+    copied = [(f.name, f.type, field(default=f.default, default_factory=f.default_factory, metadata=f.metadata))
+              for f in fields(backend)]
+    return make_dataclass(backend.__name__, [("_target_", str, field(default=target))] + copied,
+                          namespace={"__doc__": backend.__doc__, "__module__": backend.__module__,
+                                     "backend": backend})
+
+
 SCHEMAS: Dict[str, Dict[str, type]] = {
     "service": {
         "base_direct": ServiceConf,
@@ -161,27 +138,23 @@ SCHEMAS: Dict[str, Dict[str, type]] = {
         "base_monarch": ServiceConf,
     },
     "transport": {"base_transport": TransportConf},
-    "env": {"base_env": EnvConf},
-    "logger": {"base_csv": CSVLoggerConfig, "base_tensorboard": TensorBoardLoggerConfig},
+    "env": {"base_env": env_schema()},
+    "logger": {"base_csv": backend_schema(CSVLogger), "base_tensorboard": backend_schema(TensorBoardLogger)},
     "recipe": {"base_ppo": PPOConfig, "base_dqn": DQNConfig, "base_impala": IMPALAConfig},
 }
 
 # Which constructor each schema configures (checked by the parity test): schema -> (callables, ignored fields). The
 # components' own configs need no entry: their owners take the config object itself.
 PARITY: List[tuple] = [
-    (CSVLoggerConfig, ("components.logger.CSVLogger",), ("_target_",)),
-    (TensorBoardLoggerConfig, ("components.logger.TensorBoardLogger",), ("_target_",)),
     (EnvConf, ("components.envs.EnvMaker",), ()),  # _target_ is an argument here: the env's own callable
-    (SubmititConf, ("components.hosts.submitit.SubmititSettings",), ()),
-    (DistributedConf, ("components.hosts.distributed.DistributedSettings",), ()),
-    (RpcConf, ("components.hosts._rpc_worker.RpcSettings",), ()),
 ]
 
 
 def register() -> None:
     """Register every schema with Hydra's ConfigStore (idempotent)."""
     cs = ConfigStore.instance()
-    cs.store(name="base_config", node=Config)
+    cs.store(name="base_config", node=config_schema())
+    SCHEMAS["env"]["base_env"] = env_schema()  # with the env families registered since this module was imported
     for group, nodes in SCHEMAS.items():
         for name, node in nodes.items():
             cs.store(group=group, name=name, node=node)

@@ -5,18 +5,14 @@ See :mod:`components.hosts.rpc`."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import re
-import socket
 import sys
 import tempfile
 import threading
 import warnings
 from typing import Any, Iterator
-
-from transports.kernel.errors import ConfigurationError
 
 LEAVE_S = 2.0
 """Seconds the ranks of a world wait for each other when it ends (everyone leaves together: no rank sees another's
@@ -24,27 +20,6 @@ connection drop). Where a rank died the others wait this long at most, then leav
 
 # torch's rpc builds its own gloo group through an API it deprecated itself: nothing a user can act on
 warnings.filterwarnings("ignore", message="You are using a Backend .* as a ProcessGroup", category=UserWarning)
-
-
-@dataclasses.dataclass(frozen=True)
-class RpcSettings:
-    """``rpc.*`` in YAML.
-
-    Attributes:
-        interface: the network interface the rpc agents listen on (``lo``: this machine only).
-        threads: rpc worker threads per process (calls in flight at once).
-    """
-
-    interface: str = "lo"
-    threads: int = 4
-
-    def __post_init__(self):
-        if self.threads < 2:
-            raise ConfigurationError(f"rpc.threads must be >= 2, got {self.threads!r}", path="rpc.threads")
-        interfaces = sorted(name for _, name in socket.if_nameindex())
-        if self.interface not in interfaces:
-            raise ConfigurationError(f"rpc.interface={self.interface!r} is no network interface of this machine",
-                                     path="rpc.interface", alternatives=tuple(interfaces))
 
 
 @contextlib.contextmanager
@@ -119,9 +94,9 @@ class _Served:
 
 
 def as_rpc_worker(factory, name: str, rank: int, size: int, init_method: str, counter: int,
-                   settings: RpcSettings, timeout: float) -> Any:
-    """In the child: join the rpc world as ``name`` (rank ``rank``), then build the target; its ``close`` leaves the
-    world."""
+                   settings: Any, timeout: float) -> Any:
+    """In the child: join the rpc world as ``name`` (rank ``rank``) with the run's ``settings``
+    (:class:`~components.hosts.rpc.RpcSettings`), then build the target; its ``close`` leaves the world."""
     from torch.distributed import rpc
 
     rpc._init_counter = counter

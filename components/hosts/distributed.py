@@ -34,11 +34,13 @@ from multiprocessing.connection import Client
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 from transports.kernel.errors import ConfigurationError, PeerFailureError, ServiceTimeoutError
+from transports.kernel.options import bounded, check_instance
 from transports.kernel.placements import Placement, Reach, register
 
 from .base import Resources, RunSetting
 from .connected import ConnectedHost
 from .process import ProcessHost, _child_main
+from .settings import settings_of as settings_from
 
 log = logging.getLogger(__name__)
 
@@ -46,23 +48,25 @@ KEY_VARIABLE = "RLSVC_RANK_KEY"
 RANKS = ("local", "env")
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class DistributedSettings:
-    """``distributed.*`` in YAML: who starts the ``distributed`` placement's ranks.
+    """``distributed.*`` in YAML: who starts the ranks of the ``distributed`` placement (collector workers).
 
     Attributes:
-        ranks: ``local`` (the launcher, as child processes) or ``env`` (``torchrun`` / ``srun``; this process is rank 0).
-        host: where ranks dial the driver (``env``); ``None``: ``MASTER_ADDR``.
-        port: the port rank 1 dials, rank ``r`` dials ``port + r - 1`` (``env``); ``None``: ``MASTER_PORT + 1``.
-        connect_timeout: seconds the driver waits for each rank to connect (``env``).
+        ranks: ``local``: the launcher spawns them, as child processes | ``env``: torchrun/srun did; rank 0 drives,
+            rank ``r`` is worker ``r - 1``.
+        host: ``env``: the address ranks dial the driver at (``None``: ``MASTER_ADDR``).
+        port: ``env``: rank ``r`` dials ``port + r - 1`` (``None``: ``MASTER_PORT + 1``).
+        connect_timeout: ``env``: seconds the driver waits for each rank to connect.
     """
 
     ranks: str = "local"
     host: Optional[str] = None
-    port: Optional[int] = None
-    connect_timeout: float = 120.0
+    port: Optional[int] = bounded(None, ge=1, le=65535)
+    connect_timeout: float = bounded(120.0, gt=0, unit="seconds")
 
     def __post_init__(self):
+        check_instance(self, path="distributed")
         if self.ranks not in RANKS:
             raise ConfigurationError(f"distributed.ranks must be one of {', '.join(RANKS)}, got {self.ranks!r}",
                                      path="distributed.ranks", alternatives=RANKS)
@@ -101,8 +105,8 @@ def rank_key() -> bytes:
 
 
 def settings_of(node: Mapping[str, Any] | None) -> DistributedSettings:
-    fields = {k: v for k, v in dict(node or {}).items() if v is not None}
-    return DistributedSettings(**fields)
+    """The run's ``distributed.*`` from its YAML node (unset values: the defaults)."""
+    return settings_from(DistributedSettings, node)
 
 
 _current = RunSetting(DistributedSettings())

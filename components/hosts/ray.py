@@ -22,6 +22,7 @@ from transports.ray import DELIVER, deliver, get, import_ray, remote
 from .base import DEFAULT_STOP_TIMEOUT, FuturePending, Host, Pending, Resources, RunSetting, build_and_serve, close_target
 from .ray_cluster import (RayClusterConfig, _answered, _reachable, check_resources_offered, namespace,
                           ray_cluster, require_connection, winding_down)
+from .settings import settings_of
 
 log = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ class RayHost(Host):
         """Join the cluster at ``settings['address']`` (left running) or start a local one on 127.0.0.1 (stopped at
         the end); ``settings`` holds :class:`RayClusterConfig` fields (``ray.*`` in YAML). Actors started warm
         (:meth:`warm`) and not taken by a host are ended with the session."""
-        config = RayClusterConfig(**{k: v for k, v in settings.items() if v is not None})
+        config = settings_of(RayClusterConfig, settings)
         pids: list[int] = []
         try:
             with ray_cluster(config) as started, _warm.holding(WarmActors()), \

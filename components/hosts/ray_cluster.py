@@ -14,9 +14,10 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional
 
 from transports.kernel.errors import ConfigurationError
+from transports.kernel.options import bounded, check_instance
 from transports.ray import import_ray
 
 from .base import Resources
@@ -30,27 +31,40 @@ DEFAULT_NAMESPACE = "rl_services"
 
 
 # ---------------------------------------------------------------------------------------------- cluster
-@dataclass(frozen=True)
+@dataclass
 class RayClusterConfig:
-    """Where Ray owners run: ``address`` joins a running cluster; ``None`` starts a local one on loopback.
+    """``ray.*`` in YAML: the cluster that components placed on ``ray`` use (whatever ``service`` is). ``address``
+    joins a running cluster; ``None`` starts a local one on loopback.
 
-    Args:
-        address: ``host:port`` of a running cluster (``"auto"`` finds one started with ``ray start``).
-        namespace: namespace of named actors (registries, named owners).
+    Attributes:
+        address: join this cluster (``host:port``, or ``auto`` for one started with ``ray start``); ``None`` starts a
+            local one on 127.0.0.1.
+        namespace: Ray namespace of named actors (registries, named owners).
         num_cpus: CPUs a locally started cluster advertises (``None``: the machine's).
-        resources: custom resources a locally started head node advertises.
-        temp_dir: Ray's session directory for a locally started cluster (short paths only: Unix sockets
-            live there).
-        connect_timeout: seconds to wait for the cluster at ``address`` to answer before giving up (raise it to wait
-            for a cluster that is still starting).
+        resources: custom resources of a locally started head node.
+        temp_dir: Ray's session dir for a locally started cluster (short path: Unix sockets live there; ``None``: a
+            fresh one).
+        connect_timeout: seconds to wait for the cluster at ``address`` to answer (raise it to wait for a cluster that
+            is still starting).
     """
 
-    address: str | None = None
+    address: Optional[str] = None
     namespace: str = DEFAULT_NAMESPACE
-    num_cpus: float | None = None
-    resources: Mapping[str, float] = field(default_factory=dict)
-    temp_dir: str | None = None
-    connect_timeout: float = 5.0
+    num_cpus: Optional[float] = bounded(None, ge=0)
+    resources: Dict[str, float] = field(default_factory=dict)
+    temp_dir: Optional[str] = None
+    connect_timeout: float = bounded(5.0, gt=0, unit="seconds")
+
+    def __post_init__(self):
+        check_instance(self, path="ray")
+
+    def rules(self) -> tuple[tuple[str, bool, str], ...]:
+        """What must hold between fields, as ``(field to blame, holds, what is wrong)``: a ``temp_dir`` short enough
+        for the Unix sockets Ray makes under it."""
+        return (("temp_dir", self.temp_dir is None or len(self.temp_dir) <= SOCKET_ROOM,
+                 f"ray.temp_dir is {len(self.temp_dir or '')} characters long; Ray makes Unix sockets under it, whose "
+                 f"paths may not exceed 107 bytes: use a directory of at most {SOCKET_ROOM} characters "
+                 "(e.g. /tmp/ray_mine), or leave it unset"),)
 
 
 SOCKET_ROOM = 107 - len("/session_2026-12-03_07-07-38_184296_4194304/sockets/plasma_store")

@@ -17,22 +17,54 @@ at once (its rpc connection closes and its process's sentinel fires).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import os
 import pickle
 import shutil
+import socket
 import tempfile
 import threading
 import time
 from typing import Any, ClassVar, Iterator, Mapping
 
 from transports.kernel.errors import ConfigurationError, PeerFailureError, ServiceTimeoutError
+from transports.kernel.options import bounded, check_instance
 from transports.kernel.placements import Placement, Reach, register
 
-from ._rpc_worker import LEAVE_S, RpcSettings, as_rpc_worker, backend_options, leave_world, on_interface, run_call
+from ._rpc_worker import LEAVE_S, as_rpc_worker, backend_options, leave_world, on_interface, run_call
 from .base import Pending, Resources, RunSetting, exit_description
 from .process import ProcessHost
+from .settings import settings_of
+
+
+@dataclasses.dataclass
+class RpcSettings:
+    """``rpc.*`` in YAML: the ``rpc`` placement's world (collector workers driven through torch.distributed.rpc).
+
+    Attributes:
+        interface: the network interface rpc agents listen on (``lo``: this machine only).
+        threads: rpc worker threads per process (calls in flight at once).
+    """
+
+    interface: str = "lo"
+    threads: int = bounded(4, ge=2)
+
+    def __post_init__(self):
+        check_instance(self, path="rpc")
+
+    def check_here(self) -> None:
+        """Refuse an ``interface`` this machine does not have (checked where the world is made, not while planning).
+
+        Raises:
+            ConfigurationError: naming ``rpc.interface`` and the machine's interfaces.
+        """
+        interfaces = sorted(name for _, name in socket.if_nameindex())
+        if self.interface not in interfaces:
+            raise ConfigurationError(f"rpc.interface={self.interface!r} is no network interface of this machine",
+                                     path="rpc.interface", alternatives=tuple(interfaces))
+
 
 _settings = RunSetting(RpcSettings())
 _WORLDS = itertools.count()
@@ -203,13 +235,15 @@ class RpcHost(ProcessHost):
 
     @classmethod
     def check_session(cls, settings: Mapping[str, Any], placed: Mapping[str, Resources]) -> None:
-        RpcSettings(**{k: v for k, v in dict(settings or {}).items() if v is not None})  # its interface exists
+        settings_of(RpcSettings, settings).check_here()
 
     @classmethod
     @contextlib.contextmanager
     def session(cls, settings: Mapping[str, Any], *, run_dir: str | None = None) -> Iterator[None]:
         """The run's ``rpc.*``."""
-        with _settings.holding(RpcSettings(**{k: v for k, v in dict(settings or {}).items() if v is not None})):
+        run = settings_of(RpcSettings, settings)
+        run.check_here()
+        with _settings.holding(run):
             yield
 
     def _launch(self) -> None:

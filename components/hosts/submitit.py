@@ -29,27 +29,32 @@ import socket
 import subprocess
 import threading
 import time
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 
 from transports.kernel.errors import ConfigurationError
+from transports.kernel.options import bounded, check_instance
 from transports.kernel.placements import Placement, Reach, register
 
 from .base import Resources, RunSetting
 from ._submitit_job import job_main, ray_cluster
 from .connected import ConnectedHost
+from .settings import settings_of
 
 log = logging.getLogger(__name__)
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class SubmititSettings:
-    """``submitit.*`` in YAML: where and how targets on the ``submitit`` placement are submitted.
+    """``submitit.*`` in YAML: how targets placed on ``submitit`` (collector workers) are submitted, as one job array.
 
     Attributes:
         cluster: ``slurm`` (sbatch), or ``local`` (submitit's local subprocesses, on this machine).
         folder: submitit's job folder (scripts, pickled functions, logs); ``None``: ``<run dir>/submitit``.
-        host: the address the jobs connect back to (loopback unless set; a cluster needs the driver node's).
-        connect_timeout: seconds a job has to connect, waiting in the queue included.
-        partition, timeout_min, mem_gb, job_name: the job's Slurm settings (``None`` partition: the default one).
+        host: the address jobs connect back to (loopback unless set; on a cluster: one of the driver node's).
+        connect_timeout: seconds for every job to connect, waiting in the queue included.
+        partition: the Slurm partition (``None``: the cluster's default one).
+        timeout_min: each collector job's time limit.
+        mem_gb: each collector job's memory.
+        job_name: the Slurm job name.
         setup: shell lines run before the job's Python (``module load ...``, activating an environment).
         slurm_additional_parameters: any other sbatch option, ``{"account": "rl"}``.
     """
@@ -57,15 +62,16 @@ class SubmititSettings:
     cluster: str = "slurm"
     folder: Optional[str] = None
     host: str = "127.0.0.1"
-    connect_timeout: float = 300.0
+    connect_timeout: float = bounded(300.0, gt=0, unit="seconds")
     partition: Optional[str] = None
-    timeout_min: int = 60
-    mem_gb: float = 2.0
+    timeout_min: int = bounded(60, ge=1, unit="minutes")
+    mem_gb: float = bounded(2.0, gt=0, unit="GB")
     job_name: str = "rl_collector"
-    setup: tuple[str, ...] = ()
-    slurm_additional_parameters: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    setup: List[str] = dataclasses.field(default_factory=list)
+    slurm_additional_parameters: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
+        check_instance(self, path="submitit")
         if self.cluster not in ("slurm", "local"):
             raise ConfigurationError(f"submitit.cluster must be 'slurm' or 'local', got {self.cluster!r}",
                                      path="submitit.cluster", alternatives=("slurm", "local"))
@@ -129,10 +135,7 @@ def job_parameters(settings: SubmititSettings, resources: Resources) -> dict[str
 
 
 def _settings(settings: Mapping[str, Any]) -> SubmititSettings:
-    fields = {k: v for k, v in settings.items() if v is not None}
-    if "setup" in fields:
-        fields["setup"] = tuple(fields["setup"])
-    return SubmititSettings(**fields)
+    return settings_of(SubmititSettings, settings)
 
 
 class _Session:
