@@ -76,21 +76,7 @@ class ComponentConfig:
         return dataclasses.replace(self, **changes)
 
 
-@dataclass
-class LoggerConfig(ComponentConfig):
-    """``components.logger``: where the logger lives (its backend and options are the ``logger`` group's)."""
-
-    component: ClassVar[str] = "logger"
-
-
-@dataclass
-class WeightSyncConfig(ComponentConfig):
-    """``components.weight_sync``: where the versions of the weights live and how receivers reach them."""
-
-    component: ClassVar[str] = "weight_sync"
-
-
-__all__ = ["CONNECTION_FIELDS", "ComponentConfig", "LoggerConfig", "Resources", "WeightSyncConfig", "bounded",
+__all__ = ["CONNECTION_FIELDS", "ComponentConfig", "Resources", "bounded",
            "device_option", "one_of"]
 
 

@@ -350,11 +350,11 @@ def build_plan(cfg: DictConfig) -> LaunchPlan:
     check_values(cfg)  # every key known and every value in its declared range, first
     recipe, recipe_cfg = recipe_of(cfg)
     from components.envs import EnvMaker  # gymnasium and tensordict: only once a recipe is chosen
-    from components.logger import logger_class
+    from components.logger import backend_class
 
     maker = EnvMaker.from_config(cfg.env)
     spec = maker.spec()
-    logger_class(cfg.logger)  # a logger _target_ that does not fit fails here, before anything starts
+    backend_class(cfg.logger)  # a logger _target_ that does not fit fails here, before anything starts
     try:
         services = recipe.services(recipe_cfg, spec)
     except ValueError as exc:
@@ -362,7 +362,7 @@ def build_plan(cfg: DictConfig) -> LaunchPlan:
     from recipes.networks import check_encoder  # torch: the policy is built next
 
     check_encoder(recipe_cfg, spec.observation_shape,  # frames too small for the encoder name what sized them
-                  None if maker.atari is None else ("env.atari.screen_size", maker.atari.screen_size))
+                  maker.image_size, preferred=spec.encoder)
     # one policy request carries the envs of one group of one worker
     split = int(cfg.components.collector.num_collectors) * int(cfg.components.collector.env_groups)
     num_envs = services.get("collector", {}).get("num_envs", 1)

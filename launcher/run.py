@@ -10,7 +10,6 @@ before the first owner starts and left after the last one stopped.
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import os
@@ -19,14 +18,15 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Mapping
 
-import hydra
-
 from components.collectors import Collector
 from components.envs import EnvMaker
 from components.inference import InferenceServer, PolicyReplica
+from components.logger import Logger
+from components.logger.backend import backend_class, takes
 from components.replay import ReplayBuffer
 from components.resolution import Resolved
 from components.service import Owner
+from components.targets import instantiate_target
 from components.weight_sync import WeightSync
 from recipes import Clients, get_recipe
 from transports.kernel.errors import PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError
@@ -70,23 +70,14 @@ class _Run:
 # dependencies) -> an owner not started yet. Each owner takes its config from its resolution.
 def _logger(r: Resolved, run: _Run, deps: dict):
     node = dict(run.plan.logger)
-    factory = hydra.utils.instantiate(node, log_dir=os.path.join(run.run_dir, node["log_dir"]), _partial_=True)
-    extra = {}
+    extra = {"log_dir": os.path.join(run.run_dir, node["log_dir"])}
     if run.resumed.state is not None:  # what was logged after the checkpoint goes
-        if _takes(factory.func, "resume_step"):
+        if takes(backend_class(node), "resume_step"):
             extra["resume_step"] = run.resumed.frames
         else:
             log.warning("%s takes no resume_step: values it logged after frame %d stay", node["_target_"],
                         run.resumed.frames)
-    if _takes(factory.func, "resolved"):
-        return factory(resolved=r, **extra)
-    # a user's logger that takes only placement and transport: it resolves the same values again
-    return factory(placement=r.placement, transport=r.transport_config, **extra).with_resources(r.resources)
-
-
-def _takes(cls: type, name: str) -> bool:
-    params = inspect.signature(cls).parameters
-    return name in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+    return Logger(r.config, backend=instantiate_target(node, "logger", **extra), resolved=r)
 
 
 def _weight_sync(r: Resolved, run: _Run, deps: dict):
@@ -121,10 +112,9 @@ def _collector(r: Resolved, run: _Run, deps: dict):
 # Dependencies handed over as owners rather than clients: the collector makes one inference client per worker.
 OWNER_DEPENDENCIES: Mapping[str, tuple[str, ...]] = {"collector": ("inference",)}
 
-# The owner class each builder makes, for the hosts it will launch (Owner.hosts_of); the logger's is the user's choice
-# and hosts one target, as Owner does.
-OWNER_TYPES: Mapping[str, type] = {"weight_sync": WeightSync, "replay": ReplayBuffer, "inference": InferenceServer,
-                                   "collector": Collector}
+# The owner class each builder makes, for the hosts it will launch (Owner.hosts_of).
+OWNER_TYPES: Mapping[str, type] = {"logger": Logger, "weight_sync": WeightSync, "replay": ReplayBuffer,
+                                   "inference": InferenceServer, "collector": Collector}
 
 BUILDERS: Mapping[str, Callable[..., Any]] = {
     "logger": _logger,

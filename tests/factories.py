@@ -10,7 +10,7 @@ from torch import nn
 from components.collectors import Collector
 from components.envs import make_vector_env
 from components.inference import InferenceServer, InferenceServerConfig
-from components.logger import CSVLogger, TensorBoardLogger
+from components.logger import CSVLogger, Logger, LoggerConfig, TensorBoardLogger
 from components.replay import ReplayBuffer
 from components.weight_sync import WeightSync
 
@@ -39,8 +39,8 @@ def owner_factories(tmp_path, placement: str = "direct") -> dict:
     return {
         "inference": lambda: InferenceServer(policy_factory=CartPolePolicy, config=InferenceServerConfig(placement=placement)),
         "replay": lambda: ReplayBuffer(capacity=64, batch_size=8, placement=placement),
-        "logger/csv": lambda: CSVLogger(str(tmp_path / "csv"), placement=placement),
-        "logger/tensorboard": lambda: TensorBoardLogger(str(tmp_path / "tb"), placement=placement),
+        "logger/csv": lambda: Logger(LoggerConfig(placement=placement), backend=CSVLogger(str(tmp_path / "csv"))),
+        "logger/tensorboard": lambda: Logger(LoggerConfig(placement=placement), backend=TensorBoardLogger(str(tmp_path / "tb"))),
         "weight_sync": lambda: WeightSync(CartPolePolicy(), placement=placement),
         "collector": lambda: Collector(cartpole_envs(2), _direct_policy(), frames_per_batch=8, total_frames=16,
                                        placement=placement),

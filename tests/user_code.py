@@ -9,8 +9,6 @@ import gymnasium as gym
 import numpy as np
 from torch import nn
 
-from components.logger import Logger
-
 
 def two_layer_net(in_features: int, out_features: int, width: int = 8) -> nn.Module:
     """A network factory with the signature recipes call: ``(in_features, out_features, **kwargs)``."""
@@ -57,25 +55,24 @@ class NotALogger:
         self.log_dir = log_dir
 
 
-class JsonLinesLogger(Logger):
+class JsonLinesLogger:
     """A logger backend of one's own, with an option of its own: one JSON object per scalar in ``filename``."""
 
-    def __init__(self, log_dir: str = ".", filename: str = "scalars.jsonl", *, placement=None, transport=None):
-        super().__init__(log_dir, placement=placement, transport=transport, filename=filename)
-        self.filename = filename
+    def __init__(self, log_dir: str = ".", filename: str = "scalars.jsonl"):
+        self.log_dir, self.filename = log_dir, filename
         self._file = None
 
-    def _open(self) -> None:
+    def open(self) -> None:
         self._file = open(os.path.join(self.log_dir, self.filename), "a")
 
-    def _close(self) -> None:
+    def close(self) -> None:
         self._file.close()
 
-    def _write_scalar(self, name: str, value: float, step) -> None:
+    def write_scalar(self, name: str, value: float, step) -> None:
         self._file.write(json.dumps({"name": name, "value": value, "step": step}) + "\n")
 
-    def _write_hparams(self, hparams) -> None:
+    def write_hparams(self, hparams) -> None:
         self._file.write(json.dumps({"hparams": dict(hparams)}) + "\n")
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         self._file.flush()

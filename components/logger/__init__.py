@@ -1,7 +1,9 @@
-"""The logger service: acknowledged ``log_*`` calls into a logging SDK built where the logger lives.
+"""The logger service: acknowledged ``log_*`` calls into a backend opened where the logger lives.
 
-Its place in the compatibility table is :mod:`components.logger.declaration` (imported without torch); the
-loggers load on first use. Name your own logger class (a subclass of :class:`Logger`) by ``_target_`` in YAML.
+:class:`Logger` is the owner (``Logger(LoggerConfig(placement=...), backend=CSVLogger(log_dir))``); its backend is
+:class:`CSVLogger`, :class:`TensorBoardLogger` or a class of yours with the small protocol of
+:class:`LoggerBackend`, named by ``_target_`` in YAML. Its place in the compatibility table is
+:mod:`components.logger.declaration` (imported without torch); the owner loads on first use.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from ..exports import lazy_exports
 
 _EXPORTS = {
     "Logger": "base",
-    "logger_class": "base",
     "CLIENT_OPERATIONS": "base",
-    "_as_float": "base",
+    "LoggerBackend": "backend",
+    "backend_class": "backend",
+    "LoggerConfig": "config",
     "LoggerClient": "client",
     "CSVLogger": "csv",
     "TensorBoardLogger": "tensorboard",

@@ -8,19 +8,19 @@ from typing import Any, Mapping
 import torch
 
 from ..commands import CommandClient
-from .base import _as_float
+from .backend import as_float
 from .video import video_frames
 
 
 class LoggerClient(CommandClient):
-    """The client of a thread- or process-placed logger: every ``log_*`` method of the concrete logger,
-    acknowledged, with its return value."""
+    """The client of a thread- or process-placed logger: every ``log_*`` operation of the logger (and of its
+    backend), acknowledged, with its return value."""
 
     def log_scalar(self, name: str, value: Any, step: int | None = None) -> None:
-        return self._call("log_scalar", name, _as_float(name, value), step)
+        return self._call("log_scalar", name, as_float(name, value), step)
 
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
-        return self._call("log_metrics", {k: _as_float(k, v) for k, v in metrics.items()}, step)
+        return self._call("log_metrics", {k: as_float(k, v) for k, v in metrics.items()}, step)
 
     def log_hparams(self, hparams: Mapping[str, Any]) -> None:
         return self._call("log_hparams", dict(hparams))

@@ -1,4 +1,5 @@
-"""``CSVLogger``: scalars to a CSV file (and TensorBoard event files beside it, when tensorboard is installed)."""
+"""``CSVLogger``: the logger backend that writes scalars to a CSV file (and TensorBoard event files beside it, when
+tensorboard is installed)."""
 
 from __future__ import annotations
 
@@ -7,44 +8,40 @@ import json
 import math
 import os
 import time
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
 
-from transports.kernel.errors import ConfigurationError
+from transports.kernel.options import bounded, check_instance
 
-from ..resolution import Resolved
-from .base import Logger, quiet_writer_threads
-from .config import CSVLoggerConfig
+from .backend import quiet_writer_threads
 
 
-class CSVLogger(Logger):
-    """Scalars to ``<log_dir>/metrics.csv`` (columns: tag, step, value, wall_time), hparams to ``hparams.json``,
-    videos to ``<log_dir>/videos/*.gif``; with ``tensorboard`` also TensorBoard event files under
-    ``<log_dir>/tensorboard`` when the tensorboard package is installed.
+@dataclass
+class CSVLogger:
+    """``logger=csv``: scalars to ``<log_dir>/metrics.csv`` (columns: tag, step, value, wall_time), hparams to
+    ``hparams.json``; with ``tensorboard`` also TensorBoard event files under ``<log_dir>/tensorboard`` when the
+    tensorboard package is installed. A logger backend (:class:`~components.logger.LoggerBackend`), and the schema of
+    ``logger=csv`` in YAML.
 
-    Args:
-        log_dir: output directory.
-        flush_every: flush the file after this many rows (shutdown always flushes).
-        flush_seconds: and at least this often, on a thread where the logger lives: a logger whose process is
-            killed loses at most the rows of its last ``flush_seconds`` (and never more than ``flush_every``).
-        tensorboard: also write TensorBoard event files (skipped quietly if tensorboard is not installed).
+    Attributes:
+        log_dir: output directory (in YAML: relative to the run directory).
+        flush_every: rows between flushes (shutdown always flushes).
+        flush_seconds: and at least this often, on a thread where the logger lives: a logger whose process is killed
+            loses at most the rows of its last ``flush_seconds`` (and never more than ``flush_every``).
+        tensorboard: also TensorBoard event files under ``<log_dir>/tensorboard``, if tensorboard is installed
+            (skipped quietly if not).
         resume_step: the step a resumed run continues after (set by the launcher): rows of an existing
             ``metrics.csv`` with a later step are dropped when it opens, and TensorBoard hides later events.
-        placement: where the logger lives.
-        transport: transport kind.
     """
 
-    def __init__(self, log_dir: str = CSVLoggerConfig.log_dir, flush_every: int = CSVLoggerConfig.flush_every,
-                 tensorboard: bool = CSVLoggerConfig.tensorboard, resume_step: int | None = CSVLoggerConfig.resume_step,
-                 flush_seconds: float = CSVLoggerConfig.flush_seconds,
-                 *, placement: str | None = None, transport=None, resolved: Resolved | None = None):
-        if flush_every < 1:
-            raise ConfigurationError(f"flush_every must be >= 1, got {flush_every!r}", path="logger.flush_every")
-        super().__init__(log_dir, placement=placement, transport=transport, resolved=resolved,
-                         flush_every=flush_every, tensorboard=tensorboard, resume_step=resume_step,
-                         flush_seconds=flush_seconds)
-        self.flush_every, self.flush_seconds = flush_every, flush_seconds
-        self.tensorboard = tensorboard
-        self.resume_step = resume_step
+    log_dir: str = "."
+    flush_every: int = bounded(100, ge=1)
+    flush_seconds: float = bounded(5.0, gt=0, unit="seconds")
+    tensorboard: bool = True
+    resume_step: Optional[int] = bounded(None, ge=0)
+
+    def __post_init__(self):
+        check_instance(self, path="logger")
         self._file = None
         self._writer = None
         self._events = None  # a TensorBoard SummaryWriter beside the CSV, when the package is installed
@@ -52,9 +49,11 @@ class CSVLogger(Logger):
 
     @property
     def path(self) -> str:
+        """The CSV file's path."""
         return os.path.join(self.log_dir, "metrics.csv")
 
-    def _open(self) -> None:
+    def open(self) -> None:
+        """Open ``metrics.csv`` (dropping rows after ``resume_step``) and the TensorBoard writer."""
         new = not os.path.exists(self.path)
         if not new and self.resume_step is not None:
             drop_rows_after(self.path, self.resume_step)
@@ -72,7 +71,8 @@ class CSVLogger(Logger):
             self._events = SummaryWriter(log_dir=os.path.join(self.log_dir, "tensorboard"), purge_step=after,
                                          flush_secs=max(1, math.ceil(self.flush_seconds)))
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """Flush and close the file and the writer."""
         file, events, self._file, self._events = self._file, self._events, None, None
         try:
             if file is not None:
@@ -81,22 +81,25 @@ class CSVLogger(Logger):
             if events is not None:
                 events.close()
 
-    def _write_scalar(self, name: str, value: float, step: int | None) -> None:
+    def write_scalar(self, name: str, value: float, step: int | None) -> None:
+        """One CSV row (and one TensorBoard scalar)."""
         self._writer.writerow([name, "" if step is None else int(step), repr(value) if math.isfinite(value) else str(value),
                                f"{time.time():.3f}"])
         if self._events is not None:
             self._events.add_scalar(name, value, global_step=step)
         self._pending += 1
         if self._pending >= self.flush_every:
-            self._flush()
+            self.flush()
 
-    def _write_hparams(self, hparams: Mapping[str, Any]) -> None:
+    def write_hparams(self, hparams: Mapping[str, Any]) -> None:
+        """``hparams.json`` (and a TensorBoard text)."""
         with open(os.path.join(self.log_dir, "hparams.json"), "w") as f:
             json.dump(hparams, f, indent=2, sort_keys=True)
         if self._events is not None:
             self._events.add_text("hparams", json.dumps(hparams, indent=2, sort_keys=True))
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Push buffered rows and events to disk."""
         if self._file is not None:
             self._file.flush()
         if self._events is not None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..config import LoggerConfig
+from .config import LoggerConfig
 from ..declaration import DIRECT, MONARCH, RAY, THREAD, Cell, Declaration, S, fixed
 
 DECLARATION = Declaration(

@@ -1,40 +1,45 @@
-"""``TensorBoardLogger``: scalars and hyperparameters to TensorBoard event files (the ``tensorboard`` extra)."""
+"""``TensorBoardLogger``: the logger backend that writes scalars and hyperparameters to TensorBoard event files (the
+``tensorboard`` extra)."""
 
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
 
 from transports.kernel.errors import ConfigurationError
+from transports.kernel.options import bounded, check_instance
 
-from ..resolution import Resolved
-from .base import Logger, quiet_writer_threads
-from .config import TensorBoardLoggerConfig
+from .backend import quiet_writer_threads
 
 
-class TensorBoardLogger(Logger):
-    """Scalars and hparams to TensorBoard event files in ``log_dir`` (needs the ``tensorboard`` extra);
-    videos to ``<log_dir>/videos/*.gif``.
+@dataclass
+class TensorBoardLogger:
+    """``logger=tensorboard``: scalars and hparams to TensorBoard event files in ``log_dir`` (needs the
+    ``tensorboard`` extra). A logger backend (:class:`~components.logger.LoggerBackend`), and the schema of
+    ``logger=tensorboard`` in YAML.
 
-    Args:
-        log_dir: output directory of the event files.
-        resume_step: the step a resumed run continues after (set by the launcher): TensorBoard hides the events
-            an earlier run wrote after it (``purge_step``).
+    Attributes:
+        log_dir: output directory of the event files (in YAML: relative to the run directory).
         flush_seconds: events reach the disk at least this often.
-        placement: where the logger lives.
-        transport: transport kind.
+        resume_step: the step a resumed run continues after (set by the launcher): TensorBoard hides the events an
+            earlier run wrote after it (``purge_step``).
     """
 
-    def __init__(self, log_dir: str = TensorBoardLoggerConfig.log_dir,
-                 resume_step: int | None = TensorBoardLoggerConfig.resume_step,
-                 flush_seconds: float = TensorBoardLoggerConfig.flush_seconds, *, placement: str | None = None,
-                 transport=None, resolved: Resolved | None = None):
-        super().__init__(log_dir, placement=placement, transport=transport, resolved=resolved, resume_step=resume_step,
-                         flush_seconds=flush_seconds)
-        self.resume_step, self.flush_seconds = resume_step, flush_seconds
+    log_dir: str = "tensorboard"
+    flush_seconds: float = bounded(5.0, gt=0, unit="seconds")
+    resume_step: Optional[int] = bounded(None, ge=0)
+
+    def __post_init__(self):
+        check_instance(self, path="logger")
         self._writer = None
 
-    def _open(self) -> None:
+    def open(self) -> None:
+        """Open the event writer.
+
+        Raises:
+            ConfigurationError: the tensorboard package is not installed.
+        """
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:  # pragma: no cover - depends on the install
@@ -47,18 +52,20 @@ class TensorBoardLogger(Logger):
         quiet_writer_threads()
         self._writer = SummaryWriter(log_dir=self.log_dir, purge_step=after)
 
-    def _close(self) -> None:
+    def close(self) -> None:
+        """Flush and close the writer."""
         writer, self._writer = self._writer, None
         if writer is not None:
             writer.close()  # flushes first
 
-    def _write_scalar(self, name: str, value: float, step: int | None) -> None:
+    def write_scalar(self, name: str, value: float, step: int | None) -> None:
+        """One scalar event."""
         self._writer.add_scalar(name, value, global_step=step)
 
-    def _write_hparams(self, hparams: Mapping[str, Any]) -> None:
+    def write_hparams(self, hparams: Mapping[str, Any]) -> None:
+        """The hparams as a text event."""
         self._writer.add_text("hparams", json.dumps(hparams, indent=2, sort_keys=True))
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Push buffered events to disk."""
         self._writer.flush()
-
-

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..exports import lazy_exports
 
-_EXPORTS = {"WeightSync": "sync", "LocalWeights": "channels", "RayWeights": "channels", "SharedWeights": "channels",
+_EXPORTS = {"WeightSync": "sync", "WeightSyncConfig": "config", "LocalWeights": "channels", "RayWeights": "channels", "SharedWeights": "channels",
             "DistributedWeights": "hub"}
 
 __getattr__ = lazy_exports(__name__, _EXPORTS)

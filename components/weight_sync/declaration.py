@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..config import WeightSyncConfig
+from .config import WeightSyncConfig
 from ..declaration import COMMANDS, DISTRIBUTED, Binding, Cell, Declaration, S, fixed
 
 DECLARATION = Declaration(

@@ -30,7 +30,7 @@ from transports.kernel.errors import ConfigurationError
 
 from .. import compat
 from ..commands import Allowed, CommandTarget
-from ..config import WeightSyncConfig
+from .config import WeightSyncConfig
 from ..resolution import Resolved
 from ..service import Owner
 from .channels import LocalWeights, RayWeights, SharedWeights, StateDict, copy_into, state_of
@@ -47,7 +47,7 @@ class WeightSync(Owner["WeightSync"]):
             memory: ``shared_memory``).
         first_version: the version before the first push (a resumed run's: its versions go on from there).
         config: where the versions live and how receivers reach them
-            (:class:`~components.config.WeightSyncConfig`; ``None``: from ``placement`` and ``transport``).
+            (:class:`~components.weight_sync.config.WeightSyncConfig`; ``None``: from ``placement`` and ``transport``).
         placement: where the versions live; ``None`` takes the ``service_backend`` context, else ``direct``.
         transport: overrides ``config.transport``; ``None`` takes the ``transport_backend`` context, else ``auto``.
         resolved: the plan's resolution of this channel (it holds the config).

@@ -13,7 +13,7 @@ import torch
 from tensordict import TensorDict
 
 from components.inference import InferenceServer, InferenceServerConfig
-from components.logger import CSVLogger
+from components.logger import CSVLogger, Logger, LoggerConfig
 from components.replay import ReplayBuffer
 from transports.config import TransportConfig
 from components.hosts.process import context as process_context
@@ -76,7 +76,7 @@ def test_a_pickled_replay_client_writes_from_every_process_of_a_pool(pool, trans
 
 
 def test_a_pickled_logger_client_logs_from_every_process_of_a_pool(pool, tmp_path):
-    logger = CSVLogger(str(tmp_path), placement="process").start()
+    logger = Logger(LoggerConfig(placement="process"), backend=CSVLogger(str(tmp_path))).start()
     try:
         blob = pickle.dumps(logger.client())
         list(pool.map(_log, [blob] * 4, range(4)))

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from components.logger import CSVLogger, TensorBoardLogger
+from components.logger import CSVLogger, Logger, LoggerConfig, TensorBoardLogger
 
 
 def _rows(path):
@@ -16,7 +16,7 @@ def _rows(path):
 
 
 def test_csv_logger_writes_scalars_metrics_and_hparams(tmp_path):
-    with CSVLogger(str(tmp_path), flush_every=1000) as logger:
+    with Logger(LoggerConfig(), backend=CSVLogger(str(tmp_path), flush_every=1000)) as logger:
         logger.log_scalar("train/loss", torch.tensor(0.5), step=1)
         logger.log_metrics({"a": 1, "b": 2.5}, step=2)
         logger.log_hparams({"lr": 0.001, "layers": [64, 64]})
@@ -26,7 +26,7 @@ def test_csv_logger_writes_scalars_metrics_and_hparams(tmp_path):
 
 
 def test_csv_logger_flushes_on_shutdown_after_an_exception(tmp_path):
-    logger = CSVLogger(str(tmp_path), flush_every=1000).start()
+    logger = Logger(LoggerConfig(), backend=CSVLogger(str(tmp_path), flush_every=1000)).start()
     with pytest.raises(ZeroDivisionError):
         try:
             for step in range(10):
@@ -38,7 +38,7 @@ def test_csv_logger_flushes_on_shutdown_after_an_exception(tmp_path):
 
 
 def test_csv_logger_raises_at_the_call_site_and_keeps_serving(tmp_path):
-    with CSVLogger(str(tmp_path)) as logger:
+    with Logger(LoggerConfig(), backend=CSVLogger(str(tmp_path))) as logger:
         with pytest.raises(TypeError, match="must be a number"):
             logger.log_scalar("bad", "not a number")
         logger.log_scalar("good", float("nan"), step=0)
@@ -49,7 +49,7 @@ def test_csv_logger_raises_at_the_call_site_and_keeps_serving(tmp_path):
 def test_tensorboard_logger_event_files_read_back(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    with TensorBoardLogger(str(tmp_path)) as logger:
+    with Logger(LoggerConfig(), backend=TensorBoardLogger(str(tmp_path))) as logger:
         for step in range(5):
             logger.log_scalar("train/return", step * 10.0, step=step)
         logger.log_metrics({"loss/value": 3.0}, step=4)
@@ -63,12 +63,12 @@ def test_tensorboard_logger_event_files_read_back(tmp_path):
 def test_csv_logger_also_writes_tensorboard_events(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    with CSVLogger(str(tmp_path)) as logger:
+    with Logger(LoggerConfig(), backend=CSVLogger(str(tmp_path))) as logger:
         logger.log_metrics({"train/mean_return": 10.0}, step=5)
     assert _rows(tmp_path / "metrics.csv")[0]["value"] == "10.0"
     acc = EventAccumulator(str(tmp_path / "tensorboard"))
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars("train/mean_return")] == [(5, 10.0)]
-    with CSVLogger(str(tmp_path / "plain"), tensorboard=False) as logger:
+    with Logger(LoggerConfig(), backend=CSVLogger(str(tmp_path / "plain"), tensorboard=False)) as logger:
         logger.log_scalar("x", 1.0)
     assert not (tmp_path / "plain" / "tensorboard").exists()

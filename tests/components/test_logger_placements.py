@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from components.errors import PeerFailureError, RemoteError
-from components.logger import CSVLogger, TensorBoardLogger, VideoRecorder
+from components.logger import CSVLogger, Logger, LoggerConfig, TensorBoardLogger, VideoRecorder
 
 from tests.helpers import ROOT, default_sigint, wait_until
 from tests.loggers import CustomLogger
@@ -26,7 +26,7 @@ def _rows(path):
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_calls_are_acknowledged_with_return_values_and_errors(placement, tmp_path):
-    with CustomLogger(str(tmp_path), flush_every=1, placement=placement) as owner:
+    with Logger(LoggerConfig(placement=placement), backend=CustomLogger(str(tmp_path), flush_every=1)) as owner:
         client = owner.client()
         assert client.log_scalar("loss", torch.tensor(1.5), step=3) is None
         # acknowledged: once the call returns, the row is on disk
@@ -42,7 +42,7 @@ def test_calls_are_acknowledged_with_return_values_and_errors(placement, tmp_pat
 
 @pytest.mark.parametrize("placement", ["thread", "process"])
 def test_clients_cannot_call_anything_but_logging(placement, tmp_path):
-    with CSVLogger(str(tmp_path), placement=placement) as owner:
+    with Logger(LoggerConfig(placement=placement), backend=CSVLogger(str(tmp_path))) as owner:
         client = owner.client()
         assert not hasattr(client, "shutdown") and not hasattr(client, "start")
         with pytest.raises(RemoteError, match="is not a client operation"):
@@ -52,7 +52,7 @@ def test_clients_cannot_call_anything_but_logging(placement, tmp_path):
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_shutdown_flushes_after_an_exception(placement, tmp_path):
-    owner = CSVLogger(str(tmp_path), flush_every=10_000, placement=placement).start()
+    owner = Logger(LoggerConfig(placement=placement), backend=CSVLogger(str(tmp_path), flush_every=10_000)).start()
     with pytest.raises(ZeroDivisionError):
         try:
             client = owner.client()
@@ -68,7 +68,7 @@ def test_shutdown_flushes_after_an_exception(placement, tmp_path):
 def test_tensorboard_in_every_placement_reads_back(placement, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    with TensorBoardLogger(str(tmp_path), placement=placement) as owner:
+    with Logger(LoggerConfig(placement=placement), backend=TensorBoardLogger(str(tmp_path))) as owner:
         client = owner.client()
         for step in range(3):
             client.log_scalar("r", float(step), step=step)
@@ -81,7 +81,7 @@ def test_tensorboard_in_every_placement_reads_back(placement, tmp_path):
 def test_log_video_writes_the_artifact_before_returning(placement, tmp_path):
     from PIL import Image
 
-    with CSVLogger(str(tmp_path), placement=placement) as owner:
+    with Logger(LoggerConfig(placement=placement), backend=CSVLogger(str(tmp_path))) as owner:
         client = owner.client()
         video = torch.randint(0, 255, (5, 3, 16, 12), dtype=torch.uint8)
         path = client.log_video("eval/video", video, step=7, fps=10)
@@ -98,7 +98,7 @@ def test_log_video_writes_the_artifact_before_returning(placement, tmp_path):
 def test_video_recorder_uses_an_owners_client(tmp_path):
     from PIL import Image
 
-    with CSVLogger(str(tmp_path), placement="process") as owner:
+    with Logger(LoggerConfig(placement="process"), backend=CSVLogger(str(tmp_path))) as owner:
         recorder = VideoRecorder(owner, tag="rollout", fps=20)
         assert not hasattr(recorder.logger, "shutdown")
         for t in range(6):
@@ -110,7 +110,7 @@ def test_video_recorder_uses_an_owners_client(tmp_path):
 
 
 def test_peer_failure_after_kill_9(tmp_path):
-    owner = CSVLogger(str(tmp_path), placement="process").start()
+    owner = Logger(LoggerConfig(placement="process"), backend=CSVLogger(str(tmp_path))).start()
     try:
         client = owner.client()
         client.log_scalar("a", 1.0)
@@ -127,7 +127,7 @@ def test_peer_failure_after_kill_9(tmp_path):
 def test_rows_reach_the_disk_every_flush_seconds_and_survive_a_kill(placement, tmp_path):
     # flush_every alone would hold these rows in memory: the logger's own thread writes them out within
     # flush_seconds, so a logger process killed outright loses only its last seconds
-    owner = CSVLogger(str(tmp_path), flush_every=1_000_000, flush_seconds=0.2, placement=placement).start()
+    owner = Logger(LoggerConfig(placement=placement), backend=CSVLogger(str(tmp_path), flush_every=1_000_000, flush_seconds=0.2)).start()
     try:
         client = owner.client()
         for step in range(5):
@@ -144,8 +144,8 @@ def test_rows_reach_the_disk_every_flush_seconds_and_survive_a_kill(placement, t
 
 SIGINT_SCRIPT = """
 import sys, time
-from components.logger import CSVLogger
-owner = CSVLogger(sys.argv[1], flush_every=100000, placement="process").start()
+from components.logger import CSVLogger, Logger, LoggerConfig
+owner = Logger(LoggerConfig(placement="process"), backend=CSVLogger(sys.argv[1], flush_every=100000)).start()
 client = owner.client()
 try:
     for step in range(10**9):

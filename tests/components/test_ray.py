@@ -15,7 +15,7 @@ from tensordict import TensorDict
 from components.collectors import Collector
 from components.errors import PeerFailureError, RemoteError, ServiceTimeoutError
 from components.inference import InferenceServer, InferenceServerConfig
-from components.logger import CSVLogger
+from components.logger import CSVLogger, Logger, LoggerConfig
 from components.hosts import Resources
 from components.registry import RayServiceRegistry
 from components.replay import ReplayBuffer
@@ -149,7 +149,7 @@ def test_replay_in_an_actor_loses_no_write_of_8_concurrent_producers():
 
 
 def test_logger_in_an_actor_writes_files_that_read_back(tmp_path):
-    with CSVLogger(str(tmp_path), placement="ray") as logger:
+    with Logger(LoggerConfig(placement="ray"), backend=CSVLogger(str(tmp_path))) as logger:
         client = logger.client()
         for step in range(5):
             client.log_scalar("loss", 1.0 / (step + 1), step=step)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from components.errors import ConfigurationError, PeerFailureError
-from components.logger import CSVLogger
+from components.logger import CSVLogger, Logger, LoggerConfig
 from components.registry import ServiceRegistry
 from components.replay import ReplayBuffer
 from components.weight_sync import WeightSync
@@ -17,7 +17,7 @@ from tests.factories import CartPolePolicy
 
 def test_registry_owns_what_it_creates_and_never_what_it_was_given(tmp_path):
     registry = ServiceRegistry()
-    external = CSVLogger(str(tmp_path)).start()
+    external = Logger(LoggerConfig(), backend=CSVLogger(str(tmp_path))).start()
     try:
         replay_client = registry.register("replay", ReplayBuffer, capacity=16, batch_size=2)
         assert registry.register("logger", external) is external  # a direct owner is its own client
@@ -40,14 +40,14 @@ def test_registry_owns_what_it_creates_and_never_what_it_was_given(tmp_path):
 def test_registry_refuses_owners_that_are_not_running(tmp_path):
     registry = ServiceRegistry()
     with pytest.raises(ValueError, match="it is not running"):
-        registry.register("logger", CSVLogger(str(tmp_path)))
+        registry.register("logger", Logger(LoggerConfig(), backend=CSVLogger(str(tmp_path))))
     with pytest.raises(TypeError, match="running owner or a factory"):
         registry.register("x", 42)
 
 
 def test_registering_a_process_owner_stores_its_restricted_client(tmp_path):
     registry = ServiceRegistry()
-    with CSVLogger(str(tmp_path), placement="process") as owner:
+    with Logger(LoggerConfig(placement="process"), backend=CSVLogger(str(tmp_path))) as owner:
         client = registry.register("logger", owner)
         assert not hasattr(client, "shutdown")
         registry.get_client("logger").log_scalar("x", 1.0)

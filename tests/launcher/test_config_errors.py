@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from components.errors import ConfigurationError
+from components.logger import CSVLogger, TensorBoardLogger
 from launcher import schema
 from launcher.conventions import EXIT_CONFIG
 from launcher.checks import check_here
@@ -315,7 +316,7 @@ def _options(group: str) -> list[str]:
 
 RECIPES = {"ppo": PPOConfig, "ppo_custom_mlp": PPOConfig, "dqn": DQNConfig, "impala": IMPALAConfig,
            "appo": IMPALAConfig}
-LOGGERS = {"csv": schema.CSVLoggerConfig, "tensorboard": schema.TensorBoardLoggerConfig}
+LOGGERS = {"csv": CSVLogger, "tensorboard": TensorBoardLogger}
 PLACES = ("direct", "thread", "process", "ray", "distributed", "nowhere")
 SKIPPED = {"dry_run", "name", "id", "log_dir", "address", "namespace", "temp_dir", "policy_device", "output_device"}
 
@@ -416,8 +417,8 @@ ENV_KWARGS = {  # (env, backend) -> keywords its env takes, with a value it take
 def env_kwargs_mistakes(draw, recipe: str, chosen: dict):
     """``{path: (override, valid)}``: an ``env.kwargs`` key the env takes, one it does not, one the collector or the
     Atari preprocessing sets itself, or a value the env refuses (Breakout has no mode 99)."""
-    from components.atari import PREPROCESSING
-    from components.env_backends import SET_HERE
+    from components.envs.families.atari import PREPROCESSING
+    from components.envs.backends import SET_HERE
 
     env, backend = draw(st.sampled_from(sorted(ENV_KWARGS)))
     chosen["env"] = env
@@ -455,7 +456,7 @@ def command_lines(draw):
     # a service, transport or env the table or the recipe may refuse (transport=distributed, DQN on pendulum): unsure
     overrides = {group: (f"{group}={option}", True if group in ("recipe", "logger") else None)
                  for group, option in chosen.items()}
-    leaves = [*_leaves(schema.Config, ""), *_leaves(RECIPES[recipe], "recipe"), *_leaves(LOGGERS[logger], "logger")]
+    leaves = [*_leaves(schema.config_schema(), ""), *_leaves(RECIPES[recipe], "recipe"), *_leaves(LOGGERS[logger], "logger")]
     for path, f, hint in draw(st.lists(st.sampled_from(leaves), max_size=4, unique_by=lambda leaf: leaf[0])):
         text, valid = draw(_value(f, hint))
         overrides[path] = (f"{path}={text}", valid)

@@ -16,7 +16,7 @@ from torch import nn
 
 from components.envs import EnvMaker, spec_of
 from components.errors import ConfigurationError
-from components.logger import logger_class
+from components.logger import backend_class
 from launcher.plan import build_plan
 from launcher.run import execute
 from recipes import get_recipe
@@ -170,7 +170,7 @@ def test_a_user_logger_class_named_on_the_command_line_is_used(compose_cfg, tmp_
     cfg = compose_cfg(*TINY, "logger._target_=tests.loggers.CustomLogger")
     owners = {}
     execute(build_plan(cfg), str(tmp_path), on_started=owners.update)
-    assert type(owners["logger"]) is CustomLogger
+    assert type(owners["logger"].backend) is CustomLogger
     assert "train/mean_return" in (tmp_path / "metrics.csv").read_text()
 
 
@@ -182,14 +182,14 @@ def test_a_user_logger_yaml_with_options_of_its_own_is_used(compose_cfg, tmp_pat
     cfg = compose_cfg(*TINY, f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "logger=jsonl")
     owners = {}
     execute(build_plan(cfg), str(tmp_path / "run"), on_started=owners.update)
-    assert type(owners["logger"]) is JsonLinesLogger
+    assert type(owners["logger"].backend) is JsonLinesLogger
     rows = [json.loads(line) for line in (tmp_path / "run" / "logs" / "scalars.jsonl").read_text().splitlines()]
     assert {"hparams"} <= set(rows[0]) and any(r.get("name") == "train/mean_return" for r in rows)
 
 
 @pytest.mark.parametrize("overrides, path, needle", [
     (("logger._target_=tests.loggers.NoSuchLogger",), "logger._target_", "cannot import 'tests.loggers.NoSuchLogger'"),
-    (("logger._target_=tests.user_code.NotALogger",), "logger._target_", "is not a subclass of components.logger"),
+    (("logger._target_=tests.user_code.NotALogger",), "logger._target_", "is not a logger backend"),
     (("logger._target_=components.logger.TensorBoardLogger",), "logger",  # csv's options, TensorBoard's class
      "does not take the options ['flush_every', 'flush_seconds', 'log_dir', 'resume_step', 'tensorboard']"),
 ], ids=["not-importable", "not-a-logger", "wrong-options"])
@@ -201,9 +201,9 @@ def test_a_bad_logger_fails_at_planning_naming_its_config_path(compose_cfg, over
 
 def test_an_untyped_logger_yaml_without_log_dir_is_refused():
     with pytest.raises(ConfigurationError, match="logger.log_dir is missing") as info:
-        logger_class({"_target_": "tests.user_code.JsonLinesLogger", "filename": "x.jsonl"})
+        backend_class({"_target_": "tests.user_code.JsonLinesLogger", "filename": "x.jsonl"})
     assert info.value.path == "logger.log_dir"
-    assert logger_class({"_target_": "tests.user_code.JsonLinesLogger", "log_dir": "."}) is JsonLinesLogger
+    assert backend_class({"_target_": "tests.user_code.JsonLinesLogger", "log_dir": "."}) is JsonLinesLogger
 
 
 # ---------------------------------------------------------------------------------------------- all three, elsewhere
