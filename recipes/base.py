@@ -1,4 +1,5 @@
-"""What a recipe is: a config dataclass, a policy factory, the services it needs, and ``run``.
+"""What a recipe is: a config dataclass, a policy factory, the services it needs, and ``run``; and what every ``run``
+does around its training loop (:class:`Loop`).
 
 A recipe never starts, stops or chooses anything about placement or transport: the launcher reads its
 :class:`Recipe` declaration, builds the services, and calls ``run(config, clients)``.
@@ -7,8 +8,7 @@ A recipe never starts, stops or chooses anything about placement or transport: t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Protocol
-
+from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol
 
 
 class Progress(Protocol):
@@ -210,3 +210,114 @@ class EpisodeStats:
             "solved_at_frames": self.solved_at,
             "curve": self.curve,
         }
+
+
+class Loop:
+    """What every recipe does around its training loop, so that ``run`` holds the algorithm only.
+
+    Built first (it seeds torch's generator, which the networks are then built from); :meth:`start` restores a
+    resumed run, pushes the first weights and logs the hyperparameters; :meth:`batches` counts every collected batch
+    (frames, episodes, the recent mean return: :attr:`stats`); :meth:`end_batch` logs, shows progress, keeps the
+    checkpoint's snapshot and says whether training is done; :meth:`result` is what ``run`` returns.
+
+    Args:
+        cfg: the recipe's config (a :class:`~recipes.configs.RecipeConfig`: ``window``, ``target_return`` and
+            ``total_frames`` are read).
+        clients: the run's clients.
+
+    Example:
+        >>> loop = Loop(cfg, clients)
+        >>> net = make_net(cfg, clients.env_spec)
+        >>> optimizer = torch.optim.Adam(net.parameters())
+        >>> updates = loop.start(net, net=net, optimizer=optimizer).get("updates", 0)
+        >>> for batch in loop.batches():
+        ...     updates += learn(batch)
+        ...     loop.push(net)
+        ...     if loop.end_batch({"train/mean_return": loop.stats.mean_return}, updates=updates):
+        ...         break
+        >>> return loop.result()
+    """
+
+    def __init__(self, cfg: Any, clients: Clients):
+        import torch
+
+        torch.manual_seed(clients.seed)
+        self.cfg, self.clients = cfg, clients
+        self.stats = EpisodeStats(cfg.window)
+        self.version = 0
+        self._kept: dict[str, Any] = {}
+
+    def start(self, policy: Any, **kept: Any) -> dict:
+        """Restore a resumed run's state, push ``policy`` (the inference server starts from the learner's initial
+        or restored weights) and log the config as the run's hyperparameters.
+
+        Args:
+            policy: the module weight sync publishes.
+            **kept: what the checkpoint keeps by name: objects with ``state_dict`` and ``load_state_dict``
+                (modules, optimizers); ``None`` is left out.
+
+        Returns:
+            The values the resumed run last gave :meth:`end_batch` (counters, a pending tail...), by name; empty
+            for a fresh start.
+        """
+        import torch
+
+        self._kept = {name: obj for name, obj in kept.items() if obj is not None}
+        self.stats = EpisodeStats(self.cfg.window)  # its clock starts with training, once the networks are built
+        restored = self.clients.checkpoint.restore()  # None for a fresh start
+        values: dict = {}
+        if restored is not None:
+            for name, obj in self._kept.items():
+                obj.load_state_dict(restored[name])  # onto the object's device
+            self.stats.load_state_dict(restored["stats"])
+            torch.set_rng_state(restored["rng"])
+            values = {k: v for k, v in restored.items() if k not in self._kept and k not in ("stats", "rng")}
+        self.push(policy)
+        self.clients.logger.log_hparams({k: getattr(self.cfg, k) for k in self.cfg.__dataclass_fields__})
+        return values
+
+    def batches(self) -> Iterator[Any]:
+        """The collector's batches, each counted in :attr:`stats` before it is handed over."""
+        for batch in self.clients.collector:
+            self.stats.update(batch)
+            yield batch
+
+    def push(self, policy: Any) -> int:
+        """Publish ``policy``'s weights through weight sync; their version (also :attr:`version`)."""
+        self.version = self.clients.weight_sync.push(policy)
+        return self.version
+
+    def end_batch(self, metrics: Mapping[str, Any] | None, *, progress: Mapping[str, float] | None = None,
+                  **values: Any) -> bool:
+        """A batch boundary: log ``metrics`` at the frames collected so far (``None``: nothing this batch), update
+        the progress line, and keep the checkpoint's snapshot of the kept objects, the episode statistics, torch's
+        generator and ``values``.
+
+        Args:
+            metrics: the batch's metrics, or ``None``.
+            progress: more figures for the progress line beside the mean return.
+            **values: tensors and plain data the checkpoint keeps beside the objects (counters, a pending tail),
+                handed back by :meth:`start` when the run resumes.
+
+        Returns:
+            Whether training is done: ``target_return`` reached or ``total_frames`` spent.
+        """
+        import torch
+
+        frames = self.stats.frames
+        if metrics is not None:
+            self.clients.logger.log_metrics(dict(metrics), step=frames)
+        self.clients.progress.update(frames, mean_return=self.stats.mean_return, **(progress or {}))
+        done = self.stats.reached(self.cfg.target_return) or frames >= self.cfg.total_frames
+
+        def state() -> dict:  # read only when the checkpoint keeps a snapshot
+            return {**{name: obj.state_dict() for name, obj in self._kept.items()}, "stats": self.stats.state_dict(),
+                    "rng": torch.get_rng_state(), **values}
+
+        self.clients.checkpoint.step(frames, state, policy_version=self.version)
+        return done
+
+    def result(self) -> dict:
+        """What ``run`` returns (:meth:`EpisodeStats.result`)."""
+        return self.stats.result()
+

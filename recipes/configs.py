@@ -19,73 +19,83 @@ ENCODERS = ("auto", "mlp", "nature_cnn", "impala_cnn", "minatar_cnn")
 
 
 @dataclass
-class PPOConfig:
-    """PPO hyperparameters.
+class RecipeConfig:
+    """The fields every recipe's config holds; each recipe's config extends it (and may change a default).
 
     Attributes:
-        num_envs: parallel environments in the collector's vector env.
-        num_steps: steps per environment per batch (a batch holds ``num_envs * num_steps`` frames).
+        num_envs: parallel environments (over every collector worker).
         total_frames: frame budget; training stops earlier once ``target_return`` is reached.
         target_return: stop when the mean return of the last ``window`` episodes reaches this (``None``: never).
         window: how many recent episodes the mean return covers.
         lr: Adam learning rate.
-        anneal_lr: decay the learning rate linearly to 0 over ``total_frames``.
         gamma: discount factor.
+        hidden: width of the two hidden layers of the built-in MLP.
+        network: your own network instead of the built-in MLP: a node whose ``_target_`` names a callable
+            ``(in_features: int, out_features: int, **kwargs) -> nn.Module``, called with the node's other keys where
+            the policy is built (each recipe says for which of its networks). ``None``: the built-in MLP of
+            ``hidden`` units.
+        max_grad_norm: gradient norm clipping.
+        encoder: the built-in network's encoder (:mod:`recipes.networks`): ``auto`` picks the MLP for flat
+            observations, a CNN for images (``nature_cnn`` for Atari frames, ``minatar_cnn`` for MinAtar grids,
+            ``impala_cnn`` for frames too small for the Nature CNN). Ignored when ``network`` is set.
+        clip_rewards: learn from the sign of each reward (Atari's convention); episode returns still count the
+            game's own rewards.
+        device: where the learner trains (``cpu``, ``cuda``, ``cuda:1``); a CUDA device the machine that runs the
+            plan lacks is refused before anything starts (a dry run plans it anywhere). The inference server's device
+            is ``components.inference.policy_device``.
+    """
+
+    num_envs: int = bounded(16, ge=1)
+    total_frames: int = bounded(200_000, ge=1)
+    target_return: Optional[float] = 475.0
+    window: int = bounded(20, ge=1)
+    lr: float = bounded(5e-3, gt=0)
+    gamma: float = bounded(0.99, ge=0, le=1)
+    hidden: int = bounded(64, ge=1)
+    network: Optional[Any] = None  # a _target_ node (Any: a None Dict field cannot be set from the CLI)
+    max_grad_norm: float = bounded(0.5, gt=0)
+    encoder: str = one_of("auto", ENCODERS)
+    clip_rewards: bool = False
+    device: str = device_option("cpu")
+
+
+@dataclass
+class PPOConfig(RecipeConfig):
+    """PPO hyperparameters, beside :class:`RecipeConfig`'s (whose ``network`` is called once for the actor,
+    ``out_features``: actions or action dimensions, and once for the critic, ``out_features`` = 1; with a CNN
+    ``encoder`` the actor and the critic share it: one trunk, two heads).
+
+    Attributes:
+        num_steps: steps per environment per batch (a batch holds ``num_envs * num_steps`` frames).
+        anneal_lr: decay the learning rate linearly to 0 over ``total_frames``.
         gae_lambda: GAE lambda.
         num_minibatches: minibatches per epoch.
         update_epochs: passes over each batch.
         clip_coef: PPO ratio clipping.
         ent_coef: entropy bonus coefficient.
         vf_coef: value loss coefficient.
-        max_grad_norm: gradient norm clipping.
-        hidden: width of the two hidden layers of the built-in actor and critic.
-        network: your own network instead of the built-in MLP: a node whose ``_target_`` names a callable
-            ``(in_features: int, out_features: int, **kwargs) -> nn.Module``, called with the node's other keys
-            once for the actor (``out_features``: actions) and once for the critic (``out_features`` = 1), where
-            the policy is built. ``None``: the built-in MLP of ``hidden`` units.
         norm_adv: normalise advantages within each minibatch.
         reward_scale: rewards are multiplied by this before advantage estimation.
         init_log_std: initial log standard deviation of continuous actions.
-        encoder: the built-in network's encoder (:mod:`recipes.networks`): ``auto`` picks the MLP for flat
-            observations, a CNN for images (``nature_cnn`` for Atari frames, ``minatar_cnn`` for MinAtar grids,
-            ``impala_cnn`` for frames too small for the Nature CNN);
-            with a CNN the actor and the critic share it (one trunk, two heads). Ignored when ``network`` is set.
-        clip_rewards: learn from the sign of each reward (Atari's convention); episode returns still count the
-            game's own rewards.
         clip_vloss: clip the value loss around the values the batch was collected with, by ``clip_coef``.
-        device: where the learner trains (``cpu``, ``cuda``, ``cuda:1``); a CUDA device the machine that runs the
-            plan lacks is refused before anything starts (a dry run plans it anywhere). The inference server's device
-            is ``components.inference.policy_device``.
         normalize_observations: standardise observations by running statistics the policy holds and weight sync
             ships (:class:`~recipes.networks.RunningNorm`), as CleanRL's ``NormalizeObservation`` does per worker.
         normalize_rewards: scale rewards by the running standard deviation of each env's discounted return, in the
             learner (CleanRL's ``NormalizeReward``); episode returns still count the env's own rewards.
     """
 
-    num_envs: int = bounded(16, ge=1)
     num_steps: int = bounded(32, ge=1)
-    total_frames: int = bounded(200_000, ge=1)
-    target_return: Optional[float] = 475.0
-    window: int = bounded(20, ge=1)
-    lr: float = bounded(5e-3, gt=0)
     anneal_lr: bool = True
-    gamma: float = bounded(0.99, ge=0, le=1)
     gae_lambda: float = bounded(0.95, ge=0, le=1)
     num_minibatches: int = bounded(4, ge=1)
     update_epochs: int = bounded(4, ge=1)
     clip_coef: float = bounded(0.2, gt=0)
     ent_coef: float = bounded(0.01, ge=0)
     vf_coef: float = bounded(0.5, ge=0)
-    max_grad_norm: float = bounded(0.5, gt=0)
-    hidden: int = bounded(64, ge=1)
-    network: Optional[Any] = None  # a _target_ node (Any: a None Dict field cannot be set from the CLI)
     norm_adv: bool = True
     reward_scale: float = bounded(1.0, gt=0)
     init_log_std: float = 0.0
-    encoder: str = one_of("auto", ENCODERS)
-    clip_rewards: bool = False
     clip_vloss: bool = False
-    device: str = device_option("cpu")
     normalize_observations: bool = False
     normalize_rewards: bool = False
 
@@ -109,21 +119,17 @@ class PPOConfig:
 
 
 @dataclass
-class DQNConfig:
-    """DQN hyperparameters.
+class DQNConfig(RecipeConfig):
+    """DQN hyperparameters, beside :class:`RecipeConfig`'s (whose ``network`` is the Q-network, ``out_features``:
+    actions, called for the online and the target network; 8 envs, lr 1e-3, 128 hidden units and gradients clipped
+    at 10 by default).
 
     Attributes:
-        num_envs: parallel environments in the collector's vector env.
         num_steps: steps per environment per collected batch.
-        total_frames: frame budget; training stops earlier once ``target_return`` is reached.
-        target_return: stop when the mean return of the last ``window`` episodes reaches this (``None``: never).
-        window: how many recent episodes the mean return covers.
         buffer_size: replay capacity (transitions).
         batch_size: minibatch size.
         learning_starts: frames collected before learning begins.
         updates_per_batch: gradient steps after each collected batch.
-        lr: Adam learning rate.
-        gamma: discount factor.
         n_step: steps summed into each TD target (1: one-step Q-learning); an episode's end cuts the sum short.
         tau: soft target-network update rate per gradient step (1.0: hard copy every ``target_every`` steps).
         target_every: gradient steps between target updates.
@@ -133,33 +139,20 @@ class DQNConfig:
         alpha: prioritized replay exponent.
         beta: importance-sampling exponent.
         max_policy_lag: transitions from behaviour policies more than this many pushes old are not sampled.
-        hidden: width of the two hidden layers of the built-in Q-network.
-        network: your own Q-network instead of the built-in MLP: a node whose ``_target_`` names a callable
-            ``(in_features: int, out_features: int, **kwargs) -> nn.Module`` (``out_features``: actions), called
-            with the node's other keys for the online and the target network. ``None``: the built-in MLP.
-        max_grad_norm: gradient norm clipping.
-        encoder: the built-in Q-network's encoder (:mod:`recipes.networks`): ``auto`` picks the MLP for flat
-            observations and a CNN for images. Ignored when ``network`` is set.
-        clip_rewards: learn from the sign of each reward (Atari's convention); episode returns still count the
-            game's own rewards.
-        device: where the learner trains (``cpu``, ``cuda``...); a CUDA device the machine that runs the plan lacks
-            is refused before anything starts.
         replay_frames: store observation stacks in replay one frame at a time (``components.replay.frames``):
             ``None`` does so for stacks of pixel frames (uint8 ``[stack, height, width]``, as ``env=atari``
             gives), about 1/8 of the memory of whole stacks.
     """
 
     num_envs: int = bounded(8, ge=1)
+    lr: float = bounded(1e-3, gt=0)
+    hidden: int = bounded(128, ge=1)
+    max_grad_norm: float = bounded(10.0, gt=0)
     num_steps: int = bounded(8, ge=1)
-    total_frames: int = bounded(200_000, ge=1)
-    target_return: Optional[float] = 475.0
-    window: int = bounded(20, ge=1)
     buffer_size: int = bounded(50_000, ge=1)
     batch_size: int = bounded(128, ge=1)
     learning_starts: int = bounded(1_000, ge=0)
     updates_per_batch: int = bounded(2, ge=1)
-    lr: float = bounded(1e-3, gt=0)
-    gamma: float = bounded(0.99, ge=0, le=1)
     n_step: int = bounded(20, ge=1)
     tau: float = bounded(0.01, gt=0, le=1)
     target_every: int = bounded(1, ge=1)
@@ -169,12 +162,6 @@ class DQNConfig:
     alpha: float = bounded(0.6, ge=0)
     beta: float = bounded(0.4, ge=0, le=1)
     max_policy_lag: int = bounded(2_000, ge=0)
-    hidden: int = bounded(128, ge=1)
-    network: Optional[Any] = None  # a _target_ node (Any: a None Dict field cannot be set from the CLI)
-    max_grad_norm: float = bounded(10.0, gt=0)
-    encoder: str = one_of("auto", ENCODERS)
-    clip_rewards: bool = False
-    device: str = device_option("cpu")
     replay_frames: Optional[bool] = None
 
     replay_keys: ClassVar[tuple[str, ...]] = ("buffer_size",)
@@ -186,8 +173,9 @@ class DQNConfig:
 
 
 @dataclass
-class IMPALAConfig:
-    """IMPALA hyperparameters: an actor-critic learning from unrolls as they arrive, corrected for the lag of the
+class IMPALAConfig(RecipeConfig):
+    """IMPALA hyperparameters, beside :class:`RecipeConfig`'s (its ``network`` as :class:`PPOConfig`'s; 300,000
+    frames by default): an actor-critic learning from unrolls as they arrive, corrected for the lag of the
     policy that acted them by V-trace (:mod:`recipes.vtrace`); with ``clip_coef`` set, APPO (Sample Factory's
     asynchronous PPO: the clipped surrogate over V-trace's targets).
 
@@ -197,12 +185,7 @@ class IMPALAConfig:
             each of its envs, and V-trace runs over each unroll.
         batch_size: unrolls per learner update (``batch_size * unroll_length`` frames); an update starts as soon as
             this many unrolls wait in the learner queue, whichever workers they came from.
-        total_frames: frame budget; training stops earlier once ``target_return`` is reached.
-        target_return: stop when the mean return of the last ``window`` episodes reaches this (``None``: never).
-        window: how many recent episodes the mean return covers.
-        lr: Adam learning rate.
         anneal_lr: decay the learning rate linearly to 0 over ``total_frames``.
-        gamma: discount factor.
         rho_bar: clip of the importance ratios in V-trace's value targets.
         c_bar: clip of V-trace's traces (how far a correction reaches back).
         pg_rho_bar: clip of the ratios weighting the policy-gradient advantages.
@@ -214,7 +197,6 @@ class IMPALAConfig:
         norm_adv: normalise advantages within each minibatch.
         ent_coef: entropy bonus coefficient.
         vf_coef: value loss coefficient.
-        max_grad_norm: gradient norm clipping.
         push_every: learner updates between weight pushes to the actors' policy.
         max_policy_lag: unrolls whose oldest step was acted by a policy more than this many versions behind the
             learner's are dropped before learning (counted in ``lag/dropped``); ``None``: V-trace corrects any lag.
@@ -222,25 +204,15 @@ class IMPALAConfig:
             (``components.collector.prefetch``). 1: a worker collects its next unroll while the learner trains; an
             update that takes ``k`` rounds of every env's unroll (``batch_size = k * num_envs``) finds them all
             waiting with ``k``, at up to ``k - 1`` more versions of lag.
-        hidden: width of the two hidden layers of the built-in actor and critic.
-        network: your own network, as :class:`PPOConfig`'s.
         init_log_std: initial log standard deviation of continuous actions.
-        encoder: the built-in network's encoder, as :class:`PPOConfig`'s.
-        clip_rewards: learn from the sign of each reward (Atari's convention).
-        device: where the learner trains (``cpu``, ``cuda``...), as :class:`PPOConfig`'s.
         normalize_observations: standardise observations by running statistics the policy holds, as
             :class:`PPOConfig`'s.
     """
 
-    num_envs: int = bounded(16, ge=1)
+    total_frames: int = bounded(300_000, ge=1)
     unroll_length: int = bounded(32, ge=1)
     batch_size: int = bounded(16, ge=1)
-    total_frames: int = bounded(300_000, ge=1)
-    target_return: Optional[float] = 475.0
-    window: int = bounded(20, ge=1)
-    lr: float = bounded(5e-3, gt=0)
     anneal_lr: bool = True
-    gamma: float = bounded(0.99, ge=0, le=1)
     rho_bar: float = bounded(1.0, gt=0)
     c_bar: float = bounded(1.0, gt=0)
     pg_rho_bar: float = bounded(1.0, gt=0)
@@ -251,16 +223,10 @@ class IMPALAConfig:
     norm_adv: bool = False
     ent_coef: float = bounded(0.01, ge=0)
     vf_coef: float = bounded(0.5, ge=0)
-    max_grad_norm: float = bounded(0.5, gt=0)
     push_every: int = bounded(1, ge=1)
     max_policy_lag: Optional[int] = bounded(10, ge=0)
     prefetch: int = bounded(1, ge=1)
-    hidden: int = bounded(64, ge=1)
-    network: Optional[Any] = None  # a _target_ node (Any: a None Dict field cannot be set from the CLI)
     init_log_std: float = 0.0
-    encoder: str = one_of("auto", ENCODERS)
-    clip_rewards: bool = False
-    device: str = device_option("cpu")
     normalize_observations: bool = False
 
     collects_while_learning: ClassVar[bool] = True

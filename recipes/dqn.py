@@ -20,7 +20,7 @@ from torch.nn import functional as F
 from components.inference.sampling import SAMPLE_SEED, uniform
 from components.targets import instantiate_target
 
-from .base import Clients, EpisodeStats, Recipe
+from .base import Clients, Loop, Recipe
 from .configs import DQNConfig  # torch-free, so composing a config never imports torch
 from .networks import encoder, flat_features
 
@@ -35,7 +35,7 @@ def q_network(cfg: DQNConfig, spec) -> nn.Module:
     if cfg.network is not None:  # takes flat float features, whatever the observations
         return flat_features(spec, instantiate_target(cfg.network, "recipe.network", expect=nn.Module,
                                                       in_features=obs, out_features=spec.n_actions))
-    trunk = encoder(cfg.encoder, spec.observation_shape, spec.observation_scale)
+    trunk = encoder(cfg.encoder, spec.observation_shape, spec.observation_scale, spec.encoder)
     if trunk is not None:
         return nn.Sequential(trunk, nn.Linear(trunk.out_features, spec.n_actions))
     return flat_features(spec, nn.Sequential(nn.Linear(obs, cfg.hidden), nn.ReLU(), nn.Linear(cfg.hidden, cfg.hidden),
@@ -101,59 +101,56 @@ def n_step_transitions(seq, cfg: DQNConfig):
 # ============================================================================ loss
 
 
-def td_loss(mb, online: nn.Module, target: nn.Module, cfg: DQNConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Double-DQN TD loss weighted by importance weights; returns (loss, |TD error|)."""
-    obs, nxt = mb["observation"], mb["next"]
-    q = online(obs).gather(-1, mb["action"].unsqueeze(-1)).squeeze(-1)
+def td_loss(rows, weight: torch.Tensor, online: nn.Module, target: nn.Module,
+            cfg: DQNConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Double-DQN TD loss weighted by importance weights.
+
+    Args:
+        rows: a minibatch of n-step transitions.
+        weight: each transition's importance weight.
+        online: the Q-network that learns (and picks the next action).
+        target: the target Q-network (values the next action).
+        cfg: the recipe's config.
+
+    Returns:
+        The loss and each transition's ``|TD error|`` (its new priority).
+    """
+    obs, nxt = rows["observation"], rows["next"]
+    q = online(obs).gather(-1, rows["action"].unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
         next_action = online(nxt["observation"]).argmax(-1, keepdim=True)
         next_q = target(nxt["observation"]).gather(-1, next_action).squeeze(-1)
         y = nxt["reward"] + nxt["discount"] * (~nxt["terminated"]).float() * next_q
     error = q - y
-    loss = (mb.get("_weight", torch.ones_like(error)) * F.smooth_l1_loss(q, y, reduction="none")).mean()
+    loss = (weight * F.smooth_l1_loss(q, y, reduction="none")).mean()
     return loss, error.detach().abs()
 
 
 # ============================================================================ training loop
 
+TRANSITION_KEYS = ("observation", "action", "policy_version", ("next", "observation"), ("next", "reward"),
+                   ("next", "terminated"), ("next", "done"))
+"""What the learner keeps of each step."""
+
 
 def run(cfg: DQNConfig, clients: Clients) -> dict:
     """Train until ``target_return`` or ``total_frames``; return the result and learning curve."""
-    torch.manual_seed(clients.seed)
+    loop = Loop(cfg, clients)  # seeds torch: the networks are built from its generator
     device = torch.device(cfg.device)
     behaviour = make_policy(cfg, clients.env_spec).to(device)
     target = q_network(cfg, clients.env_spec).to(device)
     target.load_state_dict(behaviour.q.state_dict())
     optimizer = torch.optim.Adam(behaviour.q.parameters(), lr=cfg.lr)
-    stats = EpisodeStats(cfg.window)
-    updates, stored = 0, 0
-    keys = ["observation", "action", "policy_version", ("next", "observation"), ("next", "reward"), ("next", "terminated"),
-            ("next", "done")]
-    pending = None  # the last n_step - 1 steps, which start no complete n-step window yet
-    losses: dict = {}
-    restored = clients.checkpoint.restore()  # None for a fresh start
-    if restored is not None:
-        behaviour.load_state_dict(restored["behaviour"])
-        target.load_state_dict(restored["target"])
-        optimizer.load_state_dict(restored["optimizer"])
-        stats.load_state_dict(restored["stats"])
-        torch.set_rng_state(restored["rng"])
-        updates, stored, losses = restored["updates"], restored["stored"], restored["losses"]
-        pending = restored["pending"]
-        if pending is not None:  # the environments restart their episodes: the tail's windows end at its last step
-            pending["next", "done"][-1] = True
-    clients.weight_sync.push(behaviour)
-    clients.logger.log_hparams({k: getattr(cfg, k) for k in cfg.__dataclass_fields__})
+    saved = loop.start(behaviour, behaviour=behaviour, target=target, optimizer=optimizer)
+    updates, stored, losses = saved.get("updates", 0), saved.get("stored", 0), saved.get("losses", {})
+    pending = saved.get("pending")  # the last n_step - 1 steps, which start no complete n-step window yet
+    if pending is not None:  # the environments restart their episodes: the tail's windows end at its last step
+        pending["next", "done"][-1] = True
 
-    def state() -> dict:  # what a checkpoint keeps at a batch boundary
-        return {"behaviour": behaviour.state_dict(), "target": target.state_dict(), "optimizer": optimizer.state_dict(),
-                "stats": stats.state_dict(), "rng": torch.get_rng_state(), "updates": updates, "stored": stored,
-                "losses": losses, "pending": pending}
-
-    for batch in clients.collector:
-        mean_return = stats.update(batch)
-        frames = stats.frames
-        seq = batch.select(*keys) if pending is None else torch.cat([pending, batch.select(*keys)], dim=0)
+    for batch in loop.batches():
+        frames = loop.stats.frames
+        seq = batch.select(*TRANSITION_KEYS)
+        seq = seq if pending is None else torch.cat([pending, seq], dim=0)
         if seq.shape[0] >= cfg.n_step:
             transitions = n_step_transitions(seq, cfg).exclude(("next", "done")).reshape(-1)
             stored += len(clients.replay.extend(transitions))  # the positions written (filters may drop rows)
@@ -162,13 +159,13 @@ def run(cfg: DQNConfig, clients: Clients) -> dict:
         # ---- learn
         if frames >= cfg.learning_starts and stored:
             for _ in range(cfg.updates_per_batch):
-                mb = clients.replay.sample(cfg.batch_size)
-                loss, error = td_loss(mb.to(device), behaviour.q, target, cfg)
+                sample = clients.replay.sample_prioritized(cfg.batch_size)
+                loss, error = td_loss(sample.rows.to(device), sample.weight.to(device), behaviour.q, target, cfg)
                 optimizer.zero_grad()
                 loss.backward()
                 nn.utils.clip_grad_norm_(behaviour.q.parameters(), cfg.max_grad_norm)
                 optimizer.step()
-                clients.replay.update_priority(mb["index"], error.to("cpu"))
+                clients.replay.update_priority(sample.index, error.to("cpu"))
                 updates += 1
                 if updates % cfg.target_every == 0:
                     with torch.no_grad():
@@ -176,21 +173,17 @@ def run(cfg: DQNConfig, clients: Clients) -> dict:
                             t.lerp_(o, cfg.tau)
             losses = {"loss/td": loss.item(), "q/mean_abs_td": error.mean().item()}
         behaviour.epsilon.fill_(max(cfg.eps_end, cfg.eps_start - (cfg.eps_start - cfg.eps_end) * frames / cfg.eps_frames))
-        version = clients.weight_sync.push(behaviour)
+        version = loop.push(behaviour)
 
         # ---- report
-        if stats.episodes and frames % (cfg.frames_per_batch * 25) == 0:
-            clients.logger.log_metrics({**losses, "train/mean_return": mean_return, "train/fps": stats.fps,
-                                        "train/epsilon": float(behaviour.epsilon), "train/policy_version": version},
-                                       step=frames)
-        clients.progress.update(frames, mean_return=mean_return)
-        done = stats.reached(cfg.target_return) or frames >= cfg.total_frames
-        clients.checkpoint.step(frames, state, policy_version=version)
-        if done:
+        every = loop.stats.episodes and frames % (cfg.frames_per_batch * 25) == 0
+        metrics = {**losses, "train/mean_return": loop.stats.mean_return, "train/fps": loop.stats.fps,
+                   "train/epsilon": float(behaviour.epsilon), "train/policy_version": version} if every else None
+        if loop.end_batch(metrics, updates=updates, stored=stored, losses=losses, pending=pending):
             break
 
-    clients.logger.log_metrics({"train/mean_return": stats.mean_return}, step=stats.frames)
-    return stats.result()
+    clients.logger.log_metrics({"train/mean_return": loop.stats.mean_return}, step=loop.stats.frames)
+    return loop.result()
 
 
 def services(cfg: DQNConfig, spec) -> dict:

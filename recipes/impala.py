@@ -20,7 +20,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from .base import Clients, EpisodeStats, Recipe
+from .base import Clients, Loop, Recipe
 from .configs import IMPALAConfig  # torch-free, so composing a config never imports torch
 from .actor_critic import Learner, make_policy  # PPO's actor and critic: the behaviour policy gives sample_log_prob
 from .vtrace import vtrace
@@ -150,62 +150,44 @@ def learn(steps: TensorDictBase, learner: Learner, optimizer: torch.optim.Optimi
 
 def run(cfg: IMPALAConfig, clients: Clients) -> dict:
     """Train until ``target_return`` or ``total_frames``; return the result and learning curve."""
-    torch.manual_seed(clients.seed)
+    loop = Loop(cfg, clients)  # seeds torch: the networks are built from its generator
     device = torch.device(cfg.device)
     learner = Learner(cfg, clients.env_spec).to(device)
     optimizer = learner.optimizer(cfg.lr)
-    stats = EpisodeStats(cfg.window)
-    updates, dropped, idle = 0, 0, 0.0
-    restored = clients.checkpoint.restore()  # None for a fresh start
-    if restored is not None:
-        learner.load_state_dict(restored["learner"])
-        optimizer.load_state_dict(restored["optimizer"])
-        stats.load_state_dict(restored["stats"])
-        torch.set_rng_state(restored["rng"])
-        updates, dropped = restored["updates"], restored["dropped"]
-    version = clients.weight_sync.push(learner.policy)  # the actors start from the learner's weights
-    clients.logger.log_hparams({k: getattr(cfg, k) for k in cfg.__dataclass_fields__})
-
-    def state() -> dict:  # what a checkpoint keeps between chunks
-        return {"learner": learner.state_dict(), "optimizer": optimizer.state_dict(), "stats": stats.state_dict(),
-                "rng": torch.get_rng_state(), "updates": updates, "dropped": dropped}
+    saved = loop.start(learner.policy, learner=learner, optimizer=optimizer)  # the actors start from these weights
+    updates, dropped, idle = saved.get("updates", 0), saved.get("dropped", 0), 0.0
 
     metrics: dict = {}
     waiting_since = time.perf_counter()
-    for chunk in clients.collector:  # one worker's unrolls, as soon as they are collected
+    for chunk in loop.batches():  # one worker's unrolls, as soon as they are collected
         idle += time.perf_counter() - waiting_since
-        mean_return = stats.update(chunk)
         clients.replay.extend(unrolls_of(chunk))
         depth = waiting = len(clients.replay)  # the queue's only reader: one question per chunk, not per batch
 
         # ---- learn from every full batch of unrolls waiting
         while waiting >= cfg.batch_size:
             waiting -= cfg.batch_size
-            unrolls, lags, gone = within_lag(clients.replay.sample(cfg.batch_size), version, cfg.max_policy_lag)
+            unrolls, lags, gone = within_lag(clients.replay.take(cfg.batch_size), loop.version, cfg.max_policy_lag)
             dropped += gone
             metrics.update(lag_metrics(lags))
             if len(unrolls):
                 if cfg.anneal_lr:
-                    optimizer.param_groups[0]["lr"] = cfg.lr * max(0.0, 1.0 - stats.frames / cfg.total_frames)
-                steps = time_major(unrolls.exclude("index")).to(device)
-                metrics.update(learn(steps, learner, optimizer, cfg))
+                    optimizer.param_groups[0]["lr"] = cfg.lr * max(0.0, 1.0 - loop.stats.frames / cfg.total_frames)
+                metrics.update(learn(time_major(unrolls).to(device), learner, optimizer, cfg))
             updates += 1
             if updates % cfg.push_every == 0:
-                version = clients.weight_sync.push(learner.policy)
+                loop.push(learner.policy)
 
         # ---- report
-        clients.logger.log_metrics({
-            **metrics, "lag/dropped": dropped, "queue/depth": depth, "train/mean_return": mean_return,
-            "train/fps": stats.fps, "train/policy_version": version, "train/updates": updates,
-            "learner/idle_fraction": idle / max(1e-9, time.perf_counter() - stats.start),
-        }, step=stats.frames)
-        clients.progress.update(stats.frames, mean_return=mean_return, lag=metrics.get("lag/mean", 0.0))
-        done = stats.reached(cfg.target_return) or stats.frames >= cfg.total_frames
-        clients.checkpoint.step(stats.frames, state, policy_version=version)
+        done = loop.end_batch({
+            **metrics, "lag/dropped": dropped, "queue/depth": depth, "train/mean_return": loop.stats.mean_return,
+            "train/fps": loop.stats.fps, "train/policy_version": loop.version, "train/updates": updates,
+            "learner/idle_fraction": idle / max(1e-9, time.perf_counter() - loop.stats.start),
+        }, progress={"lag": metrics.get("lag/mean", 0.0)}, updates=updates, dropped=dropped)
         if done:
             break
         waiting_since = time.perf_counter()
-    return stats.result()
+    return loop.result()
 
 
 def services(cfg: IMPALAConfig, spec) -> dict:

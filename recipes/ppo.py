@@ -1,22 +1,19 @@
 """Proximal Policy Optimization (clipped objective, GAE), written against service clients only.
 
 Reads top to bottom: the config (``PPOConfig``, plain data in ``recipes/configs.py``; the actor and critic are
-:mod:`recipes.actor_critic`'s), advantage estimation, the loss, then ``run``: collect a batch through the collector (which calls the inference client),
-estimate advantages, write the batch to the replay buffer, optimise on minibatches of each epoch the buffer
-samples without replacement, push the new weights to the inference server.
+:mod:`recipes.actor_critic`'s), advantage estimation, the loss, then ``run``: collect a batch through the collector
+(which calls the inference client), estimate advantages, write the batch to the replay buffer, optimise on the
+minibatches of each epoch the buffer samples without replacement, push the new weights to the inference server.
 Nothing here knows where those services live.
 """
 
 from __future__ import annotations
 
-from typing import Iterator
-
 import torch
 from torch import nn
-from tensordict import TensorDictBase
 
 from .actor_critic import Learner, make_policy
-from .base import Clients, EpisodeStats, Recipe
+from .base import Clients, Loop, Recipe
 from .configs import PPOConfig  # torch-free, so composing a config never imports torch
 from .networks import RunningNorm
 
@@ -110,102 +107,43 @@ def ppo_loss(mb, learner: Learner, cfg: PPOConfig) -> tuple[torch.Tensor, dict]:
 # ============================================================================ training loop
 
 
-SAMPLE_BYTES = 64 << 20
-"""The most bytes :func:`minibatches` asks the replay buffer for in one call."""
-
-
-def rows_per_call(batch_rows: int, cfg: PPOConfig, row_bytes: int = 0) -> int:
-    """How many rows :func:`minibatches` asks the buffer for at once, from the run's first batch (``row_bytes``: the
-    bytes of one of its rows). When minibatches tile the batch: as many of an update's minibatches as fit in
-    :data:`SAMPLE_BYTES` (every one of them, with small observations: a buffer in another process then costs one
-    round trip per update), a number that divides them; else one minibatch. Fixed for the run (a shared-memory or
-    distributed endpoint binds its sample layout on the first call)."""
-    if batch_rows % cfg.minibatch_size:
-        return cfg.minibatch_size
-    count = cfg.update_epochs * cfg.num_minibatches
-    fit = max(1, SAMPLE_BYTES // max(1, row_bytes * cfg.minibatch_size))
-    return max(m for m in range(1, count + 1) if count % m == 0 and m <= fit) * cfg.minibatch_size
-
-
-def minibatches(replay, cfg: PPOConfig, per_call: int) -> Iterator[TensorDictBase]:
-    """The ``update_epochs * num_minibatches`` minibatches of one update, in order.
-
-    The buffer samples without replacement, one permutation of what it holds at a time, and a call for more rows
-    than it holds continues through the next permutations (see
-    :class:`~components.replay.samplers.WithoutReplacementSampler`). It holds the batch just written (or with
-    ``sync=false`` and several workers also the batches before it, up to its capacity: a multiple of a batch), so
-    ``per_call`` rows (several minibatches, see :func:`rows_per_call`) at once, split here, are the rows
-    ``minibatch_size`` calls would give one by one, in the same order; a replay buffer in another process then
-    costs a round trip per update (or per :data:`SAMPLE_BYTES`) rather than per minibatch.
-    """
-    left = cfg.update_epochs * cfg.num_minibatches
-    while left > 0:
-        for minibatch in replay.sample(per_call).split(cfg.minibatch_size)[:left]:
-            left -= 1
-            yield minibatch
-
-
 def run(cfg: PPOConfig, clients: Clients) -> dict:
     """Train until ``target_return`` or ``total_frames``; return the result and learning curve."""
-    torch.manual_seed(clients.seed)
+    loop = Loop(cfg, clients)  # seeds torch: the networks are built from its generator
     device = torch.device(cfg.device)
     learner = Learner(cfg, clients.env_spec).to(device)
     optimizer = learner.optimizer(cfg.lr)
-    stats = EpisodeStats(cfg.window)
     scale = ReturnScale(cfg.gamma) if cfg.normalize_rewards else None
-    restored = clients.checkpoint.restore()  # None for a fresh start
-    if restored is not None:
-        learner.load_state_dict(restored["learner"])  # onto the learner's device (observation statistics too)
-        optimizer.load_state_dict(restored["optimizer"])
-        stats.load_state_dict(restored["stats"])
-        torch.set_rng_state(restored["rng"])
-        if scale is not None:
-            scale.load_state_dict(restored["reward_scale"])
-    clients.weight_sync.push(learner.policy)  # the server starts from the learner's (initial or restored) weights
-    clients.logger.log_hparams({k: getattr(cfg, k) for k in cfg.__dataclass_fields__})
+    loop.start(learner.policy, learner=learner, optimizer=optimizer, reward_scale=scale)
 
-    def state() -> dict:  # what a checkpoint keeps at a batch boundary
-        return {"learner": learner.state_dict(), "optimizer": optimizer.state_dict(), "stats": stats.state_dict(),
-                "rng": torch.get_rng_state(), **({"reward_scale": scale.state_dict()} if scale is not None else {})}
-
-    per_call = 0  # rows per replay sample: set by the first batch
-    for batch in clients.collector:
-        mean_return = stats.update(batch)
-
+    for batch in loop.batches():
         # ---- learn
         if cfg.anneal_lr:
-            optimizer.param_groups[0]["lr"] = cfg.lr * max(0.0, 1.0 - stats.frames / cfg.total_frames)
+            optimizer.param_groups[0]["lr"] = cfg.lr * max(0.0, 1.0 - loop.stats.frames / cfg.total_frames)
         # on the learner's device, once (.to is a no-op on the CPU); the replay buffer holds the rows on the host
         batch = batch.to(device)
-        rows = estimate_advantages(batch, learner, cfg, scale).reshape(-1).to("cpu")
-        clients.replay.extend(rows)
+        clients.replay.extend(estimate_advantages(batch, learner, cfg, scale).reshape(-1).to("cpu"))
         losses = {}
-        per_call = per_call or rows_per_call(rows.numel(), cfg, rows.bytes() // max(1, rows.numel()))
-        for minibatch in minibatches(clients.replay, cfg, per_call):
+        for minibatch in clients.replay.minibatches(cfg.update_epochs * cfg.num_minibatches, cfg.minibatch_size):
             loss, losses = ppo_loss(minibatch.to(device), learner, cfg)
             optimizer.zero_grad()
             loss.backward()
             nn.utils.clip_grad_norm_(learner.parameters(), cfg.max_grad_norm)
             optimizer.step()
         learner.fold_in(batch["observation"])  # after learning from the batch with the statistics it was acted with
-        version = clients.weight_sync.push(learner.policy)
+        version = loop.push(learner.policy)
 
         # ---- report
-        clients.logger.log_metrics(
-            {**losses, "train/mean_return": mean_return, "train/fps": stats.fps, "train/policy_version": version},
-            step=stats.frames,
-        )
-        clients.progress.update(stats.frames, mean_return=mean_return)
-        done = stats.reached(cfg.target_return) or stats.frames >= cfg.total_frames
-        clients.checkpoint.step(stats.frames, state, policy_version=version)
-        if done:
+        if loop.end_batch({**losses, "train/mean_return": loop.stats.mean_return, "train/fps": loop.stats.fps,
+                           "train/policy_version": version}):
             break
-    return stats.result()
+    return loop.result()
 
 
 def services(cfg: PPOConfig, spec) -> dict:
     """PPO's needs: a collector batch of ``num_envs * num_steps`` frames, and a replay buffer holding exactly
-    one batch, sampled without replacement (see :func:`minibatches`)."""
+    one batch, sampled without replacement
+    (:meth:`~components.replay.operations.ReplayOperations.minibatches`)."""
     if cfg.frames_per_batch % cfg.num_minibatches:
         raise ValueError(
             f"num_envs * num_steps = {cfg.frames_per_batch} must be divisible by num_minibatches={cfg.num_minibatches}"

@@ -22,6 +22,7 @@ from ..resolution import Resolved
 from ..service import Owner
 from .config import ReplayConfig
 from .filters import PolicyAgeFilter
+from .operations import ReplayOperations
 from .payload import SERVER_OPS, explicit_operations
 from .storage import ReplayStorage
 
@@ -37,7 +38,7 @@ CLIENT_OPERATIONS = frozenset({
 })
 
 
-class ReplayBuffer(Owner["ReplayBuffer"]):
+class ReplayBuffer(ReplayOperations, Owner["ReplayBuffer"]):
     """A replay buffer owner (and, placed ``direct``, its own client).
 
     Args:
@@ -155,6 +156,7 @@ class ReplayBuffer(Owner["ReplayBuffer"]):
         Raises:
             LayoutError: ``batch`` does not match the layout fixed by the first write.
         """
+        self.note_write(batch)
         return self._storage().extend(batch)
 
     def sample(self, batch_size: int | None = None) -> TensorDict:

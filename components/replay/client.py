@@ -20,14 +20,24 @@ from transports.layout import Layout
 
 from ..commands import CommandClient
 from .frames import FramePool
+from .operations import ReplayOperations
 from .payload import PayloadChannels
 
 
 MAX_RETRIES = 10
 
 
-class ReplayClient(CommandClient):
-    """``add``, ``extend``, ``sample``, ``update_priority``, ``len``, ``empty``, ``state_dict``, ``load_state_dict``."""
+class ReplayClient(ReplayOperations, CommandClient):
+    """``add``, ``extend``, ``sample``, ``update_priority``, ``len``, ``empty``, ``state_dict``, ``load_state_dict``, and
+    the domain operations of :class:`~components.replay.operations.ReplayOperations` over them.
+
+    Args:
+        endpoint: the owner's command endpoint.
+        shared_memory: rows travel through shared memory (the owner's storage and this client's staging slots).
+        batch_size: rows per ``sample`` when none is given.
+        payload: the payload endpoint of a ``distributed`` owner, or ``None``.
+        operations: the explicit layouts of the payload endpoint's operations, or ``None``.
+    """
 
     def __init__(self, endpoint, *, shared_memory: bool = False, batch_size: int = 256, payload=None,
                  operations=None):
@@ -61,6 +71,7 @@ class ReplayClient(CommandClient):
 
     def extend(self, batch: TensorDictBase) -> torch.Tensor:
         """Write the rows of ``batch``; the storage positions written, in row order (a 1-D int64 tensor)."""
+        self.note_write(batch)
         if self._channels is not None:
             return self._channels.extend(batch)
         if not self.shared_memory:

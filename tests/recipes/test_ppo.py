@@ -6,7 +6,7 @@ from tensordict import TensorDict
 
 from launcher.plan import build_plan
 from launcher.run import execute
-from recipes.ppo import SAMPLE_BYTES, PPOConfig, estimate_advantages
+from recipes.ppo import PPOConfig, estimate_advantages
 
 
 class ValueFromObservation:
@@ -65,42 +65,3 @@ def test_ppo_solves_cartpole_with_default_settings(compose_cfg, tmp_path):
     assert result["solved"], result
     assert result["final_mean_return"] >= 475
     assert result["frames"] <= cfg.recipe.total_frames
-
-
-@pytest.mark.parametrize("row_bytes, per_update", [(8, 12), (SAMPLE_BYTES // (5 * 32), 4)])
-def test_minibatches_are_what_one_call_per_minibatch_gives_while_the_buffer_fills(row_bytes, per_update):
-    # sync=false with two collectors: each batch is half the buffer, which holds one, then two of them; an update's
-    # 12 minibatches come in one call (small rows), or in calls of 4 when only 5 minibatches fit in SAMPLE_BYTES
-    from components.replay import ReplayBuffer
-    from recipes.ppo import minibatches, rows_per_call
-
-    cfg = PPOConfig(num_envs=4, num_steps=32, num_minibatches=4, update_epochs=3)  # minibatches of 32 rows
-    half = cfg.frames_per_batch // 2
-    per_call = rows_per_call(half, cfg, row_bytes)
-    assert per_call == per_update * cfg.minibatch_size
-    got, expected, calls = [], [], []
-    for out, one_call in ((got, True), (expected, False)):
-        with ReplayBuffer(capacity=cfg.frames_per_batch, sampler="without_replacement", batch_size=cfg.minibatch_size,
-                          seed=5) as rb:
-            for start in (0, 1000, 2000):  # the buffer holds 64, then 128, then 128 rows
-                rb.extend(TensorDict({"action": torch.arange(start, start + half)}, [half]))
-                if one_call:
-                    counting = _Counting(rb)
-                    out += [mb["action"] for mb in minibatches(counting, cfg, per_call)]
-                    calls.append(counting.calls)
-                else:
-                    out += [rb.sample()["action"] for _ in range(cfg.update_epochs * cfg.num_minibatches)]
-    assert len(got) == 3 * 12 and all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
-    assert calls == [12 // per_update] * 3
-    assert rows_per_call(100, cfg) == cfg.minibatch_size  # minibatches that do not tile a batch: one per call
-
-
-class _Counting:
-    """A replay buffer's ``sample``, counted."""
-
-    def __init__(self, rb):
-        self.rb, self.calls = rb, 0
-
-    def sample(self, n):
-        self.calls += 1
-        return self.rb.sample(n)
