@@ -1,6 +1,6 @@
 """Acknowledged ``log_scalar`` latency per logger placement, beside the floors under it; medians.
 
-For every logger built today (:class:`components.logger.CSVLogger`, and
+For every logger backend built today (:class:`components.logger.CSVLogger`, and
 :class:`components.logger.TensorBoardLogger` when ``torch.utils.tensorboard`` imports) and every placement
 (``direct``, ``thread``, ``process`` with its ``queue`` transport), a real logger writing into a temporary
 directory is started and ``owner.client().log_scalar("train/loss", value, step)`` is called repeatedly; each
@@ -49,13 +49,12 @@ import time
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
-
-from components.logger import CSVLogger  # noqa: E402
-from components.hosts.process import context as mp_context  # noqa: E402
-from transports.segments import segments_of  # noqa: E402
-from _common import start_owner, stop_child  # noqa: E402  (benchmarks/_common.py, beside this script)
-from _results import Results, say, with_floors  # noqa: E402  (benchmarks/_results.py: the run as JSON)
+from _harness import (  # first: the checkout on sys.path (benchmarks/_harness.py)
+    interleaved, latency, start_owner, stop_child)
+from _results import Results, say, with_floors
+from components.logger import CSVLogger, Logger, LoggerConfig
+from components.hosts.process import context as mp_context
+from transports.segments import segments_of
 
 PLACEMENTS = ["direct", "thread", "process"]
 CALLS = 5000  # measured log_scalar calls per row in a full run
@@ -72,37 +71,6 @@ def tensorboard_logger():
     except Exception:  # noqa: BLE001 - an optional extra
         return None
     return TensorBoardLogger
-
-
-# ---------------------------------------------------------------------------------------------- measuring
-def interleaved(calls: dict, warmup: int, n: int, rounds: int = 5, budget: float = BUDGET_S) -> dict:
-    """Latencies (us) and wall seconds of up to ``n`` calls of each named callable ``call(i)``, measured in
-    ``rounds`` alternating blocks; a row stops early once its measured calls took ``budget`` seconds."""
-    clock = time.perf_counter
-    for call in calls.values():
-        for i in range(warmup):
-            call(i)
-    lat = {name: [] for name in calls}
-    wall = dict.fromkeys(calls, 0.0)
-    per_round = max(1, n // rounds)
-    step = warmup
-    for _ in range(rounds):
-        for name, call in calls.items():
-            if wall[name] > budget:
-                continue
-            start = clock()
-            for i in range(step, step + per_round):
-                t0 = clock()
-                call(i)
-                lat[name].append(clock() - t0)
-            wall[name] += clock() - start
-        step += per_round
-    return {name: (np.asarray(v) * 1e6, wall[name]) for name, v in lat.items()}
-
-
-def stats(lat: np.ndarray, wall: float) -> dict:
-    return {"p50": float(np.percentile(lat, 50)), "p95": float(np.percentile(lat, 95)), "rate": len(lat) / wall,
-            "n": len(lat)}
 
 
 # ---------------------------------------------------------------------------------------------- floors
@@ -188,16 +156,16 @@ def run_logger(name: str, cls, placements, directory: str, n: int, ctx, pids: se
             rows["floor: Pipe round trip (2 processes)"] = pipe_floor(ctx, stack, pids)
         clients = {}
         for placement in placements:
-            owner = cls(os.path.join(directory, f"{name}-{placement}"), placement=placement)
+            owner = Logger(LoggerConfig(placement=placement), backend=cls(os.path.join(directory, f"{name}-{placement}")))
             stack.callback(owner.shutdown)
             took = start_owner(owner, pids)
             client = owner.client()
             clients[placement] = client
             rows[f"{name} / {placement}"] = (lambda i, c=client: c.log_scalar(TAG, 0.5, i))
             print(f"  started {name}/{placement} in {took:.1f} s", file=sys.stderr, flush=True)
-        measured = interleaved(rows, max(20, n // 20), n)
+        measured = interleaved(rows, max(20, n // 20), n, budget=BUDGET_S, numbered=True)
         for row, (lat, wall) in measured.items():
-            results[row] = stats(lat, wall)
+            results[row] = latency(lat, wall)
             print(f"  measured {row:<40} p50 {results[row]['p50']:8.1f} us", file=sys.stderr, flush=True)
         if "process" in clients:
             profiles[name] = profile_process(name, clients["process"], ctx, stack, pids, n)
@@ -205,18 +173,18 @@ def run_logger(name: str, cls, placements, directory: str, n: int, ctx, pids: se
 
 def profile_process(name: str, client, ctx, stack, pids: set, n: int) -> dict:
     """Pieces of one process log_scalar, interleaved with the call itself, and a cProfile of the caller."""
-    from components.logger import _as_float
-    from transports.wire import to_wire
+    from components.logger.backend import as_float
+    from transports.queue.wire import to_wire
 
     pieces = {
         "mp.Queue request + Pipe reply, echo child (the transport's mechanism)": queue_mechanism(ctx, stack, pids),
-        "client: _as_float + to_wire + pickle.dumps of the command":
-            lambda i: pickle.dumps(to_wire(("log_scalar", (TAG, _as_float(TAG, 0.5), i), {})),
+        "client: as_float + to_wire + pickle.dumps of the command":
+            lambda i: pickle.dumps(to_wire(("log_scalar", (TAG, as_float(TAG, 0.5), i), {})),
                                    protocol=pickle.HIGHEST_PROTOCOL),
         "client: PeerStatus.problem() (os.kill probe) per submit": lambda i: client._endpoint.status.problem(),
         "TOTAL": lambda i: client.log_scalar(TAG, 0.5, i),
     }
-    measured = interleaved(pieces, 20, max(200, n // 5), budget=5.0)
+    measured = interleaved(pieces, 20, max(200, n // 5), budget=5.0, numbered=True)
     prof = cProfile.Profile()
     prof.enable()
     for i in range(min(1000, n // 5)):

@@ -72,3 +72,63 @@ def test_csv_logger_also_writes_tensorboard_events(tmp_path):
     with Logger(LoggerConfig(), backend=CSVLogger(str(tmp_path / "plain"), tensorboard=False)) as logger:
         logger.log_scalar("x", 1.0)
     assert not (tmp_path / "plain" / "tensorboard").exists()
+
+
+USER_BACKEND = '''
+import os
+
+
+class Lines:
+    """A user's logger backend: one line per scalar."""
+
+    def __init__(self, log_dir=".", prefix=""):
+        self.log_dir, self.prefix, self.file = log_dir, prefix, None
+
+    def open(self):
+        self.file = open(os.path.join(self.log_dir, "lines.txt"), "a")
+
+    def close(self):
+        self.file.close()
+
+    def write_scalar(self, name, value, step):
+        self.file.write(f"{self.prefix}{name} {value} {step}\\n")
+
+    def write_hparams(self, hparams):
+        self.file.write(f"{self.prefix}hparams {sorted(hparams)}\\n")
+
+    def log_twice(self, name, value):
+        self.write_scalar(name, value, None)
+        self.write_scalar(name, value, None)
+        return 2
+'''
+
+
+@pytest.mark.parametrize("placement", ["direct", "thread"])
+def test_a_user_backend_from_a_module_of_its_own_is_selected_in_yaml_written_to_and_read_back(
+        compose_cfg, tmp_path, monkeypatch, placement):
+    from components.logger import Logger, LoggerConfig, backend_class
+    from components.targets import instantiate_target
+
+    module = f"user_backend_{placement}"
+    (tmp_path / f"{module}.py").write_text(USER_BACKEND)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "conf" / "logger").mkdir(parents=True)
+    (tmp_path / "conf" / "logger" / "lines.yaml").write_text(f"_target_: {module}.Lines\nlog_dir: .\nprefix: 'u/'\n")
+    cfg = compose_cfg("+recipe=ppo", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "logger=lines")
+    assert backend_class(cfg.logger).__module__ == module
+    backend = instantiate_target(cfg.logger, "logger", log_dir=str(tmp_path / "run"))
+    with Logger(LoggerConfig(placement=placement), backend=backend) as logger:
+        client = logger.client()
+        client.log_scalar("loss", torch.tensor(0.5), step=3)
+        client.log_hparams({"lr": 0.1})
+        assert client.log_twice("x", 1.0) == 2  # the backend's own log_* method, through the client
+    lines = (tmp_path / "run" / "lines.txt").read_text().splitlines()
+    assert lines == ["u/loss 0.5 3", "u/hparams ['lr']", "u/x 1.0 None", "u/x 1.0 None"]
+
+
+def test_an_object_without_the_backend_protocol_is_refused(tmp_path):
+    from components.errors import ConfigurationError
+    from components.logger import Logger
+
+    with pytest.raises(ConfigurationError, match="lacks open, close, write_scalar, write_hparams"):
+        Logger(backend=object())
