@@ -137,7 +137,7 @@ class GlooFloor:
 
     def group(self, size: str, rank: int):
         if size not in self.groups:
-            from transports._gloo import connect_store, pair
+            from transports.distributed.gloo import connect_store, pair
 
             store = connect_store(*self.address, 60, "gloo floor")
             self.groups[size] = (store, pair(store, f"floor/{size}/", rank, self.address[0]))
@@ -153,8 +153,8 @@ class GlooFloor:
         """(f): this transport's wire over a pair of groups of its own (the request layout both ways)."""
         key = ("wire", size)
         if key not in self.groups:
-            from transports._framing import Wire
-            from transports._gloo import connect_store, groups
+            from transports.distributed.framing import Wire
+            from transports.distributed.gloo import connect_store, groups
             from transports.layout import Layout
 
             store = connect_store(*self.address, 60, "gloo floor")
@@ -164,7 +164,7 @@ class GlooFloor:
         return self.groups[key][1]
 
     def wire_echo(self, size: str, n: int) -> None:
-        from transports._framing import REPLY, REQUEST
+        from transports.distributed.framing import REPLY, REQUEST
 
         wire = self.wire(size, 0)
         for _ in range(n):
@@ -172,7 +172,7 @@ class GlooFloor:
             wire.send(REPLY, rid, td)
 
     def wire_call(self, size: str):
-        from transports._framing import REPLY, REQUEST
+        from transports.distributed.framing import REPLY, REQUEST
 
         wire, td, expect = self.wire(size, 1), request_td(size), frozenset({REPLY})
 
@@ -223,7 +223,7 @@ def _floor_server(conn, channels: dict, gloo: GlooFloor) -> None:
 
 def start_floor_server(stack: contextlib.ExitStack, ctx, channels: dict) -> tuple:
     """The process that echoes the floors' round trips (stopped by ``stack``): ``(its pipe, the gloo floor)``."""
-    from transports._gloo import open_store
+    from transports.distributed.gloo import open_store
 
     floor_store, port = open_store("127.0.0.1", 0, 60)
     stack.callback(lambda: floor_store)  # referenced until the floors are done, then released

@@ -63,7 +63,7 @@ from components.replay import ReplayBuffer  # noqa: E402
 from transports.segments import segments_of  # noqa: E402
 from _common import start_owner  # noqa: E402  (benchmarks/_common.py, beside this script)
 from _results import Results, say, show, with_floors  # noqa: E402  (benchmarks/_results.py: the run as JSON)
-from transports.wire import from_wire, to_wire  # noqa: E402
+from transports.queue.wire import from_wire, to_wire  # noqa: E402
 
 BATCH = 256
 # label -> (description, dtype, shape, capacity, (extend calls, sample calls) of a full run)
@@ -161,7 +161,7 @@ def ray_floor(obs: str, stack: contextlib.ExitStack):
 
 def _gloo_echo(address, nbytes: int) -> None:
     """The gloo floor's other rank: answers each 8-byte request with ``nbytes`` bytes until told 0."""
-    from transports._gloo import connect_store, pair
+    from transports.distributed.gloo import connect_store, pair
 
     torch.set_num_threads(1)
     store = connect_store(*address, 60, "gloo floor")
@@ -177,7 +177,7 @@ def _gloo_echo(address, nbytes: int) -> None:
 def gloo_floor(obs: str, stack: contextlib.ExitStack):
     import multiprocessing as mp
 
-    from transports._gloo import connect_store, open_store, pair
+    from transports.distributed.gloo import connect_store, open_store, pair
 
     nbytes = sum(t.numel() * t.element_size() for t in make_batch(obs).values())
     store, port = open_store("127.0.0.1", 0, 60)

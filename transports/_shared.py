@@ -73,6 +73,11 @@ class PeerStatus:
 _pid = os.getpid()  # this process's pid, kept by a fork hook: os.getpid is a system call, a per-request cost
 
 
+def current_pid() -> int:
+    """This process's pid, read from memory (a child's since the fork)."""
+    return _pid
+
+
 def _forked() -> None:
     global _pid
     _pid = os.getpid()
@@ -131,8 +136,8 @@ the only one in flight (many spinning clients would take the cores the server ne
 longer where a waiter's own recent waits say the answer comes within :data:`SPIN_MAX_S`."""
 YIELD_EVERY = 8
 """Spin turns between two yields of the core: a peer that shares it runs within a few microseconds instead of after
-our time slice, while a yield every turn would add its system call to every wake-up (about 1 us of a 17 us round
-trip)."""
+our time slice, while a yield every turn would add its system call to every wake-up, a share of a small round trip
+worth keeping (see the inference benchmark's page)."""
 
 
 def spin(ready: Callable[[], bool], seconds: float = SPIN_S) -> bool:

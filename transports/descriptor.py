@@ -136,19 +136,19 @@ THREAD = TransportDescriptor(
     "thread", "transports.thread:ThreadTransport", Reach.PROCESS, ThreadOptions, aliases=("threading",),
     summary="a bounded in-process queue and one future per request")
 QUEUE = TransportDescriptor(
-    "queue", "transports.queue:QueueTransport", Reach.MACHINE, QueueOptions, aliases=("multiprocessing", "process"),
+    "queue", "transports.queue.transport:QueueTransport", Reach.MACHINE, QueueOptions, aliases=("multiprocessing", "process"),
     summary="pickled payloads of any layout over one local socket per client process")
 SHARED_MEMORY = TransportDescriptor(
-    "shared_memory", "transports.shared_memory:SharedMemoryTransport", Reach.MACHINE, SlotOptions, fixed_layout=True,
+    "shared_memory", "transports.slots.shared_memory:SharedMemoryTransport", Reach.MACHINE, SlotOptions, fixed_layout=True,
     aliases=("shm",), summary="preallocated request/response slots in shared memory; only slot states move")
 PROCESS_SLOT = TransportDescriptor(
-    "process_slot", "transports.process_slot:ProcessSlotTransport", Reach.MACHINE, SlotOptions, fixed_layout=True,
+    "process_slot", "transports.slots.process_slot:ProcessSlotTransport", Reach.MACHINE, SlotOptions, fixed_layout=True,
     summary="one fixed shared-memory slot per worker process, a doorbell, batched sweeps")
 RAY = TransportDescriptor(
     "ray", "transports.ray:RayTransport", Reach.NETWORK, ActorCallOptions,
     summary="Ray actor calls to the hosting actor; tensors through the object store")
 DISTRIBUTED = TransportDescriptor(
-    "distributed", "transports.distributed:DistributedTransport", Reach.NETWORK, DistributedOptions,
+    "distributed", "transports.distributed.transport:DistributedTransport", Reach.NETWORK, DistributedOptions,
     fixed_layout=True, wire="backend", checks_more=True,
     summary="fixed-layout tensors over standalone torch.distributed point-to-point groups (gloo or NCCL)")
 MONARCH = TransportDescriptor(

@@ -11,7 +11,7 @@ import sys
 import time
 from multiprocessing.connection import Client
 
-from .process import _child_main
+from .child import child_main
 
 
 def ray_cluster() -> tuple[str, str] | None:
@@ -48,7 +48,7 @@ def job_main(factory: bytes, address: tuple[str, int], key: bytes, name: str,
         import ray
 
         ray.init(address=ray_at[0], namespace=ray_at[1], log_to_driver=False)
-    served = _child_main(pickle.loads(factory), conn, own_signals=False)
+    served = child_main(pickle.loads(factory), conn, own_signals=False)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()

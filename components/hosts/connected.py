@@ -21,7 +21,8 @@ from typing import Callable
 from transports.kernel.errors import PeerFailureError, ServiceTimeoutError
 
 from .base import DEFAULT_STOP_TIMEOUT
-from .process import ProcessHost, _send
+from .child import receive, send
+from .process import ProcessHost
 
 log = logging.getLogger(__name__)
 
@@ -99,14 +100,12 @@ class ConnectedHost(ProcessHost):
     def _ready(self, before: str) -> None:
         """After the connection: wait for the peer's ready handshake (``resources.startup_timeout``) and start
         watching it; a build error is raised as the peer reported it, a lost peer as a peer failure."""
-        from .process import _receive
-
         try:
             timeout = self.resources.startup_timeout
             if not self._conn.poll(timeout):
                 raise ServiceTimeoutError(f"{self.name}: connected, but not ready within {timeout:g} s "
                                           "(resources.startup_timeout)")
-            kind, value = _receive(self._conn)
+            kind, value = receive(self._conn)
         except ServiceTimeoutError:  # before OSError: it is a TimeoutError
             self._force_stop(0.0)
             raise
@@ -152,7 +151,7 @@ class ConnectedHost(ProcessHost):
         self._stopping = True
         if self._conn is not None:
             try:
-                _send(self._conn, ("stop", None))
+                send(self._conn, ("stop", None))
             except (OSError, ValueError):
                 pass
 

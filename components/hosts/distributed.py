@@ -39,7 +39,8 @@ from transports.kernel.placements import Placement, Reach, register
 
 from .base import Resources, RunSetting
 from .connected import ConnectedHost
-from .process import ProcessHost, _child_main
+from .child import child_main
+from .process import ProcessHost
 from .settings import settings_of as settings_from
 
 log = logging.getLogger(__name__)
@@ -258,7 +259,7 @@ def serve_rank(node: Mapping[str, Any] | None, rank: int) -> None:
             time.sleep(0.5)
     log.info("rank %d: connected to the driver at %s:%d", rank, *address)
     factory = pickle.loads(conn.recv_bytes())  # from the driver, which proved it holds the key
-    served = _child_main(factory, conn, own_signals=False)
+    served = child_main(factory, conn, own_signals=False)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         stream.flush()

@@ -13,22 +13,20 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import pickle
 import signal
 import threading
 import time
-import traceback
 from multiprocessing.connection import wait
 from typing import Any, Mapping
 
 from transports.peers import pid_runs
-from transports.kernel.errors import PeerFailureError, RemoteError, ServiceTimeoutError
+from transports.kernel.errors import PeerFailureError, ServiceTimeoutError
 from transports.kernel.placements import Placement, Reach, register
-from transports.segment_dir import VARIABLE as SEGMENT_DIR_VARIABLE
 from transports.segment_dir import segment_dir
 
-from .base import DEFAULT_STOP_TIMEOUT, Host, Pending, close_target, exit_description, run_serving_loop
-from .signals import WARNING_SIGNALS, warning_signals_blocked
+from .base import DEFAULT_STOP_TIMEOUT, Host, Pending, exit_description
+from .child import child_main, receive, send
+from .signals import warning_signals_blocked
 
 PRELOAD = ["transports", "torch", "tensordict", "components.hosts.process", "components.inference.target", "components.replay.storage",
            "components.commands"]
@@ -79,7 +77,7 @@ class _Reply(Pending):
             while True:
                 step = 0.1 if deadline is None else max(0.0, min(0.1, deadline - time.monotonic()))
                 if conn.poll(step):
-                    kind, value = _receive(conn)
+                    kind, value = receive(conn)
                     break
                 if not host._peer_alive():
                     raise PeerFailureError(f"{host._lost()} during {self.method!r}")
@@ -126,7 +124,7 @@ class ProcessHost(Host):
     def _launch(self) -> None:
         ctx = context()
         parent_conn, child_conn = ctx.Pipe()
-        self._process = ctx.Process(target=_child_main, args=(self.factory, child_conn), name=self.name, daemon=True,
+        self._process = ctx.Process(target=child_main, args=(self.factory, child_conn), name=self.name, daemon=True,
                                     kwargs={"segments": segment_dir()})
         self._process.start()
         child_conn.close()
@@ -140,7 +138,7 @@ class ProcessHost(Host):
             ready = wait([conn, process.sentinel], timeout=max(0.0, deadline - time.monotonic()))
             if conn in ready:
                 try:
-                    kind, value = _receive(conn)
+                    kind, value = receive(conn)
                 except (EOFError, OSError):
                     kind, value = "died", None
                 break
@@ -213,7 +211,7 @@ class ProcessHost(Host):
             raise PeerFailureError(self.death or f"{self.name} is not running")
         self._busy.acquire()
         try:
-            _send(self._conn, (method, args))
+            send(self._conn, (method, args))
         except (BrokenPipeError, ConnectionResetError, OSError) as exc:
             self._busy.release()
             raise PeerFailureError(f"the {self.name} process died before {method!r}") from exc
@@ -226,7 +224,7 @@ class ProcessHost(Host):
         self._stopping = True
         if self._runs():
             try:
-                _send(self._conn, ("stop", None))
+                send(self._conn, ("stop", None))
             except (OSError, ValueError):
                 pass
 
@@ -285,76 +283,3 @@ class ProcessHost(Host):
 
 PLACEMENT = register(Placement("process", ProcessHost, Reach.MACHINE, aliases=("multiprocessing",),
                                 summary="a process of its own on this machine"))
-
-
-def _send(conn, message: Any) -> None:
-    # plain pickle: tensors travel as bytes (multiprocessing's own pickler would move each tensor's storage into
-    # a shared-memory file and pass descriptors, far slower for rollouts and answers)
-    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
-
-
-def _receive(conn) -> Any:
-    return pickle.loads(conn.recv_bytes())
-
-
-def _child_main(factory, conn, *, own_signals: bool = True, segments: str | None = None) -> bool:
-    """Build the target, answer the ready handshake on ``conn``, serve control calls from it until told to stop (or
-    until it closes), then close the target. ``own_signals``: ignore the signals the parent decides on. ``segments``:
-    the parent's segment directory, made this process's own (a child of the forkserver inherits the environment the
-    forkserver started with, not the parent's now). Returns whether the target was built (its error went to the
-    parent otherwise)."""
-    if segments is not None:
-        os.environ[SEGMENT_DIR_VARIABLE] = segments
-    # Ctrl-C (and a SIGTERM or warning signal sent to the job) reaches the whole process group; the parent decides
-    # when its services stop and flush, and a child whose parent is gone stops by itself (its control pipe closes).
-    if own_signals:
-        for signum in (signal.SIGINT, signal.SIGTERM, *WARNING_SIGNALS):
-            signal.signal(signum, signal.SIG_IGN)
-    import torch
-
-    torch.set_num_threads(1)
-    try:
-        target = factory()
-    except BaseException as exc:  # the parent raises it at start()
-        try:
-            _send(conn, ("error", RemoteError.from_exception(exc)))
-        finally:
-            conn.close()
-        return False
-    stop = threading.Event()
-
-    def control() -> None:
-        while not stop.is_set():
-            try:
-                method, args = _receive(conn)
-            except (EOFError, OSError):  # the parent died or closed: stop serving
-                stop.set()
-                return
-            if method == "stop":
-                stop.set()
-                return
-            try:
-                reply = ("ok", getattr(target, method)(*args))
-            except BaseException as exc:  # noqa: BLE001 - every error goes back to the caller
-                reply = ("error", RemoteError.from_exception(exc))
-            try:
-                try:
-                    _send(conn, reply)
-                except (pickle.PicklingError, TypeError, AttributeError) as exc:  # an answer that cannot travel
-                    _send(conn, ("error", RemoteError.from_exception(exc)))
-            except (OSError, ValueError):
-                stop.set()
-                return
-
-    _send(conn, ("ready", os.getpid()))
-    thread = threading.Thread(target=control, name="control", daemon=True)
-    thread.start()
-    try:
-        run_serving_loop(target, stop)
-    except Exception:  # a signal turned into an exception (a rank torchrun ends) unwinds without a traceback
-        traceback.print_exc()
-        raise
-    finally:
-        stop.set()
-        close_target(target)
-    return True

@@ -20,8 +20,8 @@ from transports.kernel.placements import Placement, Reach, register
 from transports.ray import DELIVER, deliver, get, import_ray, remote
 
 from .base import DEFAULT_STOP_TIMEOUT, FuturePending, Host, Pending, Resources, RunSetting, build_and_serve, close_target
-from .ray_cluster import (RayClusterConfig, _answered, _reachable, check_resources_offered, namespace,
-                          ray_cluster, require_connection, winding_down)
+from .ray_cluster import (RayClusterConfig, answered, check_resources_offered, namespace, ray_cluster, reachable,
+                          require_connection, winding_down)
 from .settings import settings_of
 
 log = logging.getLogger(__name__)
@@ -233,7 +233,7 @@ class RayHost(Host):
     def check_session(cls, settings: Mapping[str, Any], placed: Mapping[str, Resources]) -> None:
         check_resources_offered(settings, placed)
         if settings.get("address"):  # a cluster that does not answer is refused now, not after the run started
-            _reachable(str(settings["address"]), float(settings.get("connect_timeout") or 5.0))
+            reachable(str(settings["address"]), float(settings.get("connect_timeout") or 5.0))
 
     @classmethod
     def on_run_machine(cls, settings: Mapping[str, Any]) -> bool:
@@ -280,7 +280,7 @@ class RayHost(Host):
         from ray._private import state
 
         actor_id = self._handle._actor_id.hex()
-        info = _answered(lambda: state.actors(actor_id=actor_id))
+        info = answered(lambda: state.actors(actor_id=actor_id))
         return bool(info) and info.get("State") == "ALIVE"
 
     @property

@@ -104,7 +104,7 @@ def _gpus() -> int:
     return torch.cuda.device_count() if torch is not None and torch.cuda.is_available() else 0
 
 
-def _reachable(address: str, timeout: float) -> None:
+def reachable(address: str, timeout: float) -> None:
     """Wait until something listens at ``host:port`` (Ray's own connect retries for minutes: a mistyped
     address would hang the run), else raise naming the address: at once where the connection is refused (nothing
     listens), after ``timeout`` where it goes unanswered. ``auto`` is left to Ray (it fails fast)."""
@@ -171,7 +171,7 @@ def winding_down() -> None:
     _Silent.patience = CONTROL_STORE_S
 
 
-def _answered(ask: Callable[[], Any]) -> Any:
+def answered(ask: Callable[[], Any]) -> Any:
     """``ask()``'s answer; once the run is winding down, ``None`` where it takes longer than its patience or the store
     has not answered a question before (the question is left to finish on a daemon thread, which does not keep the
     process from ending)."""
@@ -303,7 +303,7 @@ def ray_cluster(config: RayClusterConfig | None = None) -> Iterator[bool]:
     try:  # a SIGTERM that arrived while the cluster started is raised as it ends: the cluster is stopped too
         with _signals_kept():
             if config.address:
-                _reachable(config.address, config.connect_timeout)
+                reachable(config.address, config.connect_timeout)
                 ray.init(address=config.address, **common)
             else:
                 # a short session dir of its own (Ray's Unix sockets live there), removed with the cluster

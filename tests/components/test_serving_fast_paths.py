@@ -11,8 +11,8 @@ from torch import nn
 from components.errors import LayoutError
 from components.inference.config import InferenceServerConfig
 from components.inference.core import ServingCore
-from transports.process_slot import ProcessSlotTransport
-from transports.shared_memory import SharedMemoryTransport
+from transports.slots.process_slot import ProcessSlotTransport
+from transports.slots.shared_memory import SharedMemoryTransport
 
 REQUEST = TensorDict({"observation": torch.zeros(4)})
 RESPONSE = TensorDict({"action": torch.zeros(4), "policy_version": torch.zeros((), dtype=torch.long)})
@@ -192,7 +192,7 @@ def test_serving_outside_the_loop_still_runs_without_gradients(kind):
 def _rebuilt(wire):
     import pickle
 
-    from transports.wire import from_wire
+    from transports.queue.wire import from_wire
 
     return from_wire(pickle.loads(pickle.dumps(wire, protocol=pickle.HIGHEST_PROTOCOL)))
 
@@ -222,7 +222,7 @@ def _same(a, b) -> bool:
     TensorDict({"b": torch.randn(2, 3).to(torch.bfloat16), "flag": torch.tensor([True, False])}, [2]),
 ], ids=["flat", "strided-cpu", "nested", "non-tensor", "one-row", "one-row-strided-bfloat16", "bfloat16-bool"])
 def test_queue_rows_travel_as_their_row_tensordicts_would(answer):
-    from transports.wire import rows_to_wire, to_wire
+    from transports.queue.wire import rows_to_wire, to_wire
 
     n = answer.batch_size[0]
     for row, wire in zip(range(n), rows_to_wire(answer, n)):

@@ -112,12 +112,12 @@ def test_questions_to_a_silent_control_store_stop_waiting_only_once_the_run_wind
     saved = (ray_cluster._Silent.patience, ray_cluster._Silent.since)
     try:
         ray_cluster._Silent.patience = ray_cluster._Silent.since = None
-        assert ray_cluster._answered(lambda: "alive") == "alive"  # while the run goes on: asked here, answered
+        assert ray_cluster.answered(lambda: "alive") == "alive"  # while the run goes on: asked here, answered
         ray_cluster.winding_down()
         ray_cluster._Silent.patience = 0.05  # the bound itself, shortened for the test
-        assert ray_cluster._answered(lambda: never.wait() and "late") is None
+        assert ray_cluster.answered(lambda: never.wait() and "late") is None
         assert ray_cluster._Silent.since is not None
-        assert ray_cluster._answered(lambda: "alive") is None  # silent once: no later question waits
+        assert ray_cluster.answered(lambda: "alive") is None  # silent once: no later question waits
     finally:
         never.set()
         ray_cluster._Silent.patience, ray_cluster._Silent.since = saved

@@ -16,7 +16,7 @@ from tensordict import TensorDict
 
 from components.hosts.process import context as process_context
 from transports import registry
-from transports._gloo import connect_store, groups
+from transports.distributed.gloo import connect_store, groups
 from transports.base import Batch
 from transports.distributed import DistributedTransport
 from transports.kernel.errors import ConfigurationError, LayoutError, PeerFailureError, RemoteError, ServiceTimeoutError
@@ -285,7 +285,7 @@ def test_a_client_dying_between_announcement_and_groups_delays_nobody_and_leaves
     """A client accepted by the server that never builds its side (killed in between) must neither hold up other
     clients nor leave a thread inside gloo's rendezvous when the server closes (a thread there when the process
     ends aborts it)."""
-    monkeypatch.setattr("transports._gloo.CONNECT_S", 1.0)
+    monkeypatch.setattr("transports.distributed.gloo.CONNECT_S", 1.0)
     transport = DistributedTransport(REQUEST_TD, RESPONSE_TD, name="halfway")
     server = EchoServer(transport)
     try:
@@ -317,7 +317,7 @@ def test_a_caller_interrupted_while_its_endpoint_connects_leaves_no_server_waiti
     endpoint is still built to the end, so the server, which admitted it, closes at once instead of waiting for the
     peer's side of the groups (``CONNECT_S``, 60 s: a Ray run's replay owner overran its stop that way on about one
     SIGTERM in seven), and the client's next call uses it."""
-    from transports import distributed
+    from transports.distributed import transport as distributed
 
     real_groups = distributed.groups
 
@@ -357,11 +357,11 @@ import json, os, sys, time
 sys.path.insert(0, os.getcwd())
 import torch
 from tensordict import TensorDict
-import transports._gloo
-from transports._gloo import connect_store
+import transports.distributed.gloo
+from transports.distributed.gloo import connect_store
 from transports.distributed import DistributedTransport
 from tests.transports.test_distributed import announce
-transports._gloo.CONNECT_S = 3.0  # how long the abandoned endpoint waits (and the exit with it)
+transports.distributed.gloo.CONNECT_S = 3.0  # how long the abandoned endpoint waits (and the exit with it)
 request, response = TensorDict({"obs": torch.zeros(2)}, []), TensorDict({"act": torch.zeros(1)}, [])
 transport = DistributedTransport(request, response, name="leaving")
 server = transport.server()

@@ -17,7 +17,7 @@ from tensordict import TensorDict
 from components.errors import PeerFailureError
 from components.inference import InferenceServer, InferenceServerConfig
 from transports.config import TransportConfig
-from transports.wire import frame
+from transports.queue.wire import frame
 
 from tests.factories import echo_factory
 from tests.helpers import wait_until

@@ -38,14 +38,14 @@ from typing import Any, Mapping
 
 from tensordict import TensorDict, TensorDictBase
 
-from . import _gloo
-from ._framing import ASKS, BYE, ERROR, REPLY, REQUEST, SEND_TIMEOUT_S, SHUTDOWN, Connection, MalformedMessage, Wire
-from ._gloo import POLL_S, Gap, check_backend, check_options, connect_store, groups, open_store, wait_answer
-from .base import Batch, RequestReplyTransport, ServerEndpoint, drain
-from .descriptor import DISTRIBUTED, DistributedOptions
-from .kernel.errors import LayoutError, PeerFailureError, TransportError, error_from_text, error_to_text
-from .layout import Layout
-from .local import LocalFuture
+from . import gloo
+from .framing import ASKS, BYE, ERROR, REPLY, REQUEST, SEND_TIMEOUT_S, SHUTDOWN, Connection, MalformedMessage, Wire
+from .gloo import POLL_S, Gap, check_backend, check_options, connect_store, groups, open_store, wait_answer
+from ..base import Batch, RequestReplyTransport, ServerEndpoint, drain
+from ..descriptor import DISTRIBUTED, DistributedOptions
+from ..kernel.errors import LayoutError, PeerFailureError, TransportError, error_from_text, error_to_text
+from ..layout import Layout
+from ..local import LocalFuture
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +225,7 @@ class DistributedServer(ServerEndpoint):
 
     def _connect(self, channel: _Channel) -> None:
         """Build the endpoint's groups, then receive on a daemon thread. This thread is not a daemon: a process
-        that ends while it waits in gloo's rendezvous waits for it (at most ``_gloo.CONNECT_S``) instead of
+        that ends while it waits in gloo's rendezvous waits for it (at most ``gloo.CONNECT_S``) instead of
         aborting (a daemon thread inside gloo when the interpreter finalizes kills the process)."""
         a = self.address
         try:
@@ -299,7 +299,7 @@ class DistributedServer(ServerEndpoint):
     def close(self, reason: str = "the server was shut down", timeout: float = 2.0) -> None:
         """Stop accepting, tell every connected client (which answers BYE), and wait for the channels to end (an
         endpoint still building its groups is waited for as long as the others; it ends on its own within
-        ``_gloo.CONNECT_S``, and the process, if it ends first, waits for it: no thread is left inside gloo)."""
+        ``gloo.CONNECT_S``, and the process, if it ends first, waits for it: no thread is left inside gloo)."""
         self._reason = reason
         self._stop.set()
         self._accepting.join(timeout)
@@ -309,7 +309,7 @@ class DistributedServer(ServerEndpoint):
         deadline = time.monotonic() + timeout
         for channel in channels:
             if channel.connecting is not None:  # gives up within CONNECT_S when its peer never connects
-                channel.connecting.join(max(0.0, deadline - time.monotonic()) + _gloo.CONNECT_S)
+                channel.connecting.join(max(0.0, deadline - time.monotonic()) + gloo.CONNECT_S)
             if channel.thread is not None:
                 channel.thread.join(max(0.0, deadline - time.monotonic()))
         if any(channel.connecting is not None and channel.wire is None for channel in channels):
@@ -381,7 +381,7 @@ class DistributedClient:
         """:meth:`_open` on a thread of its own, waited for: where the caller is interrupted meanwhile (a signal's
         exception in the main thread: Ctrl-C, the launcher's SIGTERM), the endpoint is still built to the end and
         kept, so the server, which admitted it, is not left waiting for its side of the groups (up to
-        ``_gloo.CONNECT_S``) as it shuts down. Not a daemon thread, as the server's: no thread is left inside gloo."""
+        ``gloo.CONNECT_S``) as it shuts down. Not a daemon thread, as the server's: no thread is left inside gloo."""
         box: list = []
 
         def open_it() -> None:

@@ -1,5 +1,5 @@
 """The serving side of the slot transports: sweeps READY slots in submission order, gathers them in one pass and
-scatters the answers in one pass (see :mod:`transports._slots` for the slot states)."""
+scatters the answers in one pass (see :mod:`transports.slots.control` for the slot states)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,16 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from ._slots import (ANSWERED, FAILED, READY, SERVING, VERSION_KEY, _CPU, _ROW_COPY_BYTES, SlotTransport, _clones,
-                     _Control, _flat, _leaves, _lookup_key)
-from ._shared import AdaptiveSpin
-from .base import Batch, ServerEndpoint
-from .kernel.errors import LayoutError, PeerFailureError
-from .layout import Layout
-from .segments import SlotBank
+from .._shared import AdaptiveSpin
+from ..base import Batch, ServerEndpoint
+from ..kernel.errors import LayoutError, PeerFailureError
+from ..layout import Layout
+from ..segments import SlotBank
+from .control import ANSWERED, FAILED, READY, SERVING, VERSION_KEY, Control
+from .rows import clones, flat, leaves, lookup_key
+
+_CPU = torch.device("cpu")
+_ROW_COPY_BYTES = 8192  # answer rows at least this large are scattered row by row (see SlotServer.reply)
 
 
 class SlotServerSide:
@@ -34,11 +37,10 @@ class SlotServer(ServerEndpoint):
 
     stamps_version = True
 
-    def __init__(self, transport: SlotTransport):
-        shared = transport._shared() if isinstance(transport, SlotTransport) else transport
+    def __init__(self, shared: dict):
         self.requests: SlotBank = shared["requests"]
         self.responses: SlotBank = shared["responses"]
-        self.control: _Control = shared["control"]
+        self.control: Control = shared["control"]
         self.doorbell = shared["doorbell"]
         self.answered = shared["answered"]
         self._spin, self._rung = AdaptiveSpin(), functools.partial(self.doorbell.acquire, False)
@@ -50,13 +52,13 @@ class SlotServer(ServerEndpoint):
         # costing more than the rest of a small round trip. ``to`` keeps the shared-memory views (no copy).
         self._req_all = self.requests.slots.to("cpu")
         self._req_one = [self._req_all[slot : slot + 1] for slot in range(self.requests.num_slots)]
-        # A flat request layout builds a one-request batch from clones of the slot's leaf views (see _clones).
+        # A flat request layout builds a one-request batch from clones of the slot's leaf views (see clones).
         request_layout = self.requests.layout
         self._one_size = torch.Size((1, *request_layout.batch_size))
         self._req_one_leaves = None
-        if _flat(request_layout):
+        if flat(request_layout):
             self._req_banks = [(leaf.key[0], self.requests.slots.get(leaf.key)) for leaf in request_layout]
-            self._req_one_leaves = [_leaves((key, bank[slot : slot + 1]) for key, bank in self._req_banks)
+            self._req_one_leaves = [leaves((key, bank[slot : slot + 1]) for key, bank in self._req_banks)
                                     for slot in range(self.requests.num_slots)]
         # ``policy_version`` is not copied out of ``out``: reply writes the batch's version into the slots' integers
         # (stamps_version), which costs less than the loop setting a version tensor and reply copying it.
@@ -66,10 +68,10 @@ class SlotServer(ServerEndpoint):
             self._versions = self.responses.slots.get(VERSION_KEY).numpy()
             answered = Layout(tuple(leaf for leaf in answered if leaf.key != VERSION_KEY), answered.batch_size)
         self._answered = answered  # what ``out`` must hold
-        self._resp_banks = [(_lookup_key(leaf.key), torch.Size(leaf.shape), leaf.dtype,
+        self._resp_banks = [(lookup_key(leaf.key), torch.Size(leaf.shape), leaf.dtype,
                              self.responses.slots.get(leaf.key)) for leaf in answered]
         # Scattering answers: index_copy_ for small rows (one call for the batch); row by row for large ones, where
-        # index_copy_ goes element by element (4 rows of 1 MiB: 3.3 ms against 0.13 ms copied row by row).
+        # index_copy_ goes element by element (measured on the inference benchmark's page).
         self._stacked_shapes: dict = {}  # batch size -> the shape of each answer leaf stacked for it
         self._resp_by_row = [bank[0].nbytes >= _ROW_COPY_BYTES for *_, bank in self._resp_banks]
         self._resp_one = [[bank[slot : slot + 1] for *_, bank in self._resp_banks]
@@ -114,7 +116,7 @@ class SlotServer(ServerEndpoint):
 
     def _gather(self, index: torch.Tensor) -> TensorDictBase:
         """A copy of the slots ``index`` as one batch. ``index_select`` copies rows as blocks; indexing with a
-        tensor goes element by element (4 slots of 1 MiB: 0.1 ms against 2.5 ms)."""
+        tensor goes element by element (see the inference benchmark's page)."""
         size = torch.Size((len(index), *self._one_size[1:]))
         if self._req_one_leaves is None:  # nested keys
             return self._req_all.apply(lambda leaf: leaf.index_select(0, index), batch_size=size)
@@ -125,7 +127,7 @@ class SlotServer(ServerEndpoint):
         """A copy of slot ``slot`` as a batch of one (device "cpu", like every batch)."""
         if self._req_one_leaves is None:  # nested keys: the general copy
             return self._req_one[slot].clone()
-        return _clones(self._req_one_leaves[slot], self._one_size, _CPU)
+        return clones(self._req_one_leaves[slot], self._one_size, _CPU)
 
     def _answers(self, out: TensorDictBase, n: int) -> list | None:
         """The answer leaves in layout order if ``out`` matches the response layout for ``n`` requests."""

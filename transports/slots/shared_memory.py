@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from tensordict import TensorDictBase
 
-from ._shared import wait_for
-from ._slots import CLAIMED, FREE, SlotClientBase, SlotFuture, SlotTransport
-from .descriptor import SHARED_MEMORY, SlotOptions
-from .kernel.errors import TransportError
-from .sync import Lock, Semaphore
+from .._shared import wait_for
+from .control import CLAIMED, FREE
+from .transport import SlotClientBase, SlotFuture, SlotTransport
+from ..descriptor import SHARED_MEMORY, SlotOptions
+from ..kernel.errors import TransportError
+from ..sync import Lock, Semaphore
 
 
 class SharedMemoryTransport(SlotTransport):
@@ -38,7 +39,7 @@ class SharedMemoryTransport(SlotTransport):
         self.claim_lock = Lock(context)
 
     def client(self) -> "SharedMemoryClient":
-        return SharedMemoryClient({**self._shared(), "free": self.free, "claim_lock": self.claim_lock})
+        return SharedMemoryClient({**self.shared(), "free": self.free, "claim_lock": self.claim_lock})
 
 
 class SharedMemoryClient(SlotClientBase):

@@ -1,12 +1,9 @@
-"""Slot banks in shared memory with semaphore doorbells: the mechanism under ``shared_memory`` and
+"""Slot banks in shared memory with semaphore doorbells: the transport and client under ``shared_memory`` and
 ``process_slot``.
 
-Requests and responses live in two :class:`~transports._shared.SlotBank` s (fixed layouts, tensors only);
-only slot states and semaphore posts move between processes. A control block holds per slot its state,
-its submission time and room for an error text (errors travel as text, never pickled).
-
-Slot states: FREE -> CLAIMED (a client holds it) -> READY (request written, server notified) -> SERVING
-(gathered into a batch) -> ANSWERED / FAILED (response written, client notified) -> FREE.
+Requests and responses live in two :class:`~transports.segments.SlotBank` s (fixed layouts, tensors only);
+only slot states and semaphore posts move between processes. A control block (:mod:`.control`) holds per slot its
+state, its submission time and room for an error text; the serving side is :mod:`.server`.
 """
 
 from __future__ import annotations
@@ -16,52 +13,18 @@ import time
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
-from ._shared import AdaptiveSpin, PeerStatus, wait_for
-from .segments import Segment, SlotBank
-from .base import RequestReplyTransport, ResponseFuture
-from .descriptor import SlotOptions
-from .kernel.errors import ConfigurationError, PeerFailureError, error_from_text, error_to_text
-from .layout import Layout
-from .sync import Semaphore
-
-FREE, CLAIMED, READY, SERVING, ANSWERED, FAILED = range(6)
-ERROR_BYTES = 8192
-_CPU = torch.device("cpu")
-VERSION_KEY = ("policy_version",)
-_ROW_COPY_BYTES = 8192  # answer rows at least this large are scattered row by row (see SlotServer.reply)
-
-
-class _Control:
-    """Per-slot state (int64), submission time (float64) and error text, in one shared segment."""
-
-    def __init__(self, num_slots: int, segment: Segment | None = None):
-        self.num_slots = num_slots
-        self.segment = segment or Segment(num_slots * (16 + ERROR_BYTES))  # SlotTransport.shared_memory_bytes
-        buf = self.segment.buf
-        self.state = np.frombuffer(buf, dtype=np.int64, count=num_slots)
-        self.enqueued = np.frombuffer(buf, dtype=np.float64, count=num_slots, offset=8 * num_slots)
-        self.errors = np.frombuffer(buf, dtype=np.uint8, count=num_slots * ERROR_BYTES, offset=16 * num_slots).reshape(
-            num_slots, ERROR_BYTES
-        )
-
-    def __reduce__(self):
-        return (_Control, (self.num_slots, self.segment))
-
-    def write_error(self, slot: int, error: BaseException) -> None:
-        data = error_to_text(error, ERROR_BYTES - 8).encode()[: ERROR_BYTES - 8]
-        self.errors[slot, :8] = np.frombuffer(len(data).to_bytes(8, "little"), dtype=np.uint8)
-        self.errors[slot, 8 : 8 + len(data)] = np.frombuffer(data, dtype=np.uint8)
-
-    def read_error(self, slot: int) -> BaseException:
-        n = int.from_bytes(self.errors[slot, :8].tobytes(), "little")
-        return error_from_text(self.errors[slot, 8 : 8 + n].tobytes())
-
-    def close(self) -> None:
-        self.state = self.enqueued = self.errors = None
-        self.segment.close()
-
+from .._shared import AdaptiveSpin, PeerStatus, wait_for
+from ..base import RequestReplyTransport, ResponseFuture
+from ..descriptor import SlotOptions
+from ..kernel.errors import ConfigurationError, PeerFailureError
+from ..layout import Layout
+from ..segments import SlotBank
+from ..sync import Semaphore
+from .control import ANSWERED, ERROR_BYTES, FAILED, READY, VERSION_KEY, Control
+from .rows import clones, flat, leaves, lookup_key
+from .server import SlotServer, SlotServerSide
 
 class SlotTransport(RequestReplyTransport):
     """Base of the fixed-layout slot transports.
@@ -93,7 +56,7 @@ class SlotTransport(RequestReplyTransport):
         self.options = SlotOptions(num_slots, context)
         self.requests = SlotBank(self.request_layout, num_slots)
         self.responses = SlotBank(self.response_layout, num_slots)
-        self.control = _Control(num_slots)
+        self.control = Control(num_slots)
         self.doorbell = Semaphore(0, context)
         self.answered = [Semaphore(0, context) for _ in range(num_slots)]
         self.status = PeerStatus(name=name)
@@ -106,14 +69,10 @@ class SlotTransport(RequestReplyTransport):
                 + SlotBank.nbytes(_as_layout(response_layout), num_slots) + num_slots * (16 + ERROR_BYTES))
 
     def server(self):
-        from ._slot_server import SlotServer
-
-        return SlotServer(self)
+        return SlotServer(self.shared())
 
     def server_side(self):
-        from ._slot_server import SlotServerSide
-
-        return SlotServerSide(self._shared())
+        return SlotServerSide(self.shared())
 
     def mark_serving(self, pid: int) -> None:
         self.status.set_serving(pid)
@@ -128,7 +87,8 @@ class SlotTransport(RequestReplyTransport):
         for part in (self.requests, self.responses, self.control, self.status):
             part.close()
 
-    def _shared(self) -> dict:
+    def shared(self) -> dict:
+        """The pieces in shared memory that clients and the server attach to (picklable)."""
         return {
             "request_layout": self.request_layout,
             "requests": self.requests,
@@ -138,41 +98,6 @@ class SlotTransport(RequestReplyTransport):
             "answered": self.answered,
             "status": self.status,
         }
-
-
-def _lookup_key(key: tuple):
-    """The cheapest TensorDict key for a layout key: a string for a top-level key."""
-    return key[0] if len(key) == 1 else key
-
-
-def _flat(layout: Layout) -> bool:
-    """Whether every leaf of ``layout`` is a top-level key."""
-    return all(len(leaf.key) == 1 for leaf in layout)
-
-
-def _copier(view: torch.Tensor):
-    """A function returning a fresh copy of ``view`` (a slot's leaf in shared memory). Through numpy where the dtype
-    allows: ``Tensor.clone`` of a small tensor costs about twice a numpy copy wrapped by ``torch.from_numpy``.
-    Such a copy owns its memory and pickles and shares like any tensor, but cannot be resized in place."""
-    try:
-        array = view.numpy()
-    except (TypeError, RuntimeError):  # a dtype numpy lacks (bfloat16...): the torch copy
-        return view.clone
-    from_numpy = torch.from_numpy
-    return lambda: from_numpy(array.copy())
-
-
-def _leaves(pairs) -> list:
-    """``(key, copier)`` for ``(key, view)`` pairs: the input of :func:`_clones`."""
-    return [(key, _copier(view)) for key, view in pairs]
-
-
-def _clones(leaves: list, batch_size: torch.Size, device) -> TensorDictBase:
-    """A TensorDict of fresh copies of a flat layout's leaves (``(key, copier)`` pairs, see :func:`_leaves`),
-    built directly: TensorDict.clone costs several times the copies of a small payload. tensordict is pinned;
-    ``_new_unsafe`` skips the checks a TensorDict of fresh CPU copies does not need."""
-    return TensorDict._new_unsafe({key: copy() for key, copy in leaves}, batch_size=batch_size, device=device,
-                                  nested=False)
 
 
 def _as_layout(value) -> Layout:
@@ -209,7 +134,7 @@ class SlotClientBase:
         self.request_layout: Layout = shared["request_layout"]
         self.requests: SlotBank = shared["requests"]
         self.responses: SlotBank = shared["responses"]
-        self.control: _Control = shared["control"]
+        self.control: Control = shared["control"]
         self.doorbell = shared["doorbell"]
         self.answered = shared["answered"]
         self.status: PeerStatus = shared["status"]
@@ -217,17 +142,17 @@ class SlotClientBase:
         # Hot-path state, built once: the checks of each request leaf, and per slot the request leaf views and
         # the response TensorDict view (indexing a TensorDict costs more than the whole copy of a small payload).
         # Slot layouts are CPU-only (_cpu_only), so ``is_cpu`` is the device check; a flat key is looked up as a string.
-        self._checks = [(_lookup_key(leaf.key), torch.Size(leaf.shape), leaf.dtype) for leaf in self.request_layout]
+        self._checks = [(lookup_key(leaf.key), torch.Size(leaf.shape), leaf.dtype) for leaf in self.request_layout]
         banks = [self.requests.slots.get(leaf.key) for leaf in self.request_layout]
         self._req_rows = [[bank[slot] for bank in banks] for slot in range(self.requests.num_slots)]
         self._resp_rows = [self.responses.slots[slot] for slot in range(self.responses.num_slots)]
-        # A flat response layout answers with clones of the slot's leaf views (see _clones); nested keys take the
+        # A flat response layout answers with clones of the slot's leaf views (see clones); nested keys take the
         # general clone.
         layout = self.responses.layout
         self._resp_leaves = None
-        if _flat(layout):
+        if flat(layout):
             self._resp_size, self._resp_device = torch.Size(layout.batch_size), self._resp_rows[0].device
-            self._resp_leaves = [_leaves((leaf.key[0], row.get(leaf.key[0])) for leaf in layout)
+            self._resp_leaves = [leaves((leaf.key[0], row.get(leaf.key[0])) for leaf in layout)
                                  for row in self._resp_rows]
 
     def __getstate__(self):
@@ -269,7 +194,7 @@ class SlotClientBase:
         """A private copy of slot ``slot``'s answer."""
         if self._resp_leaves is None:
             return self._resp_rows[slot].clone()
-        return _clones(self._resp_leaves[slot], self._resp_size, self._resp_device)
+        return clones(self._resp_leaves[slot], self._resp_size, self._resp_device)
 
     def _release(self, slot: int) -> None:
         """Give the slot back once its answer was read."""

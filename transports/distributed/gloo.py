@@ -1,5 +1,5 @@
 """The mechanics under the ``distributed`` transport: a rendezvous store bound where we say and standalone
-point-to-point process groups (the framing of a message on a pair of them: :mod:`transports._framing`).
+point-to-point process groups (the framing of a message on a pair of them: :mod:`transports.distributed.framing`).
 
 Nothing here touches the application's default process group: every group is built directly from a store of
 its own (``ProcessGroupGloo(store, rank, 2, options)``), so ``init_process_group`` / ``destroy_process_group``
@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from .kernel.errors import ConfigurationError, PeerFailureError
-from .descriptor import DistributedOptions
+from ..kernel.errors import ConfigurationError, PeerFailureError
+from ..descriptor import DistributedOptions
 
 IDLE = datetime.timedelta(days=30)
 """How long a receive waits (passed to every receive). An idle gloo receive that times out closes its pair, and a channel waits for

@@ -30,13 +30,13 @@ from multiprocessing.connection import Connection
 
 from tensordict import TensorDictBase
 
-from . import _shared
-from ._queue_server import ERR as _ERR, OK as _OK, SEND_FLAGS as _SEND_FLAGS, QueueServer, QueueServerSide, \
+from .. import _shared
+from .server import ERR as _ERR, OK as _OK, SEND_FLAGS as _SEND_FLAGS, QueueServer, QueueServerSide, \
     socket_of as _socket_of
-from ._shared import WAIT_SLICE, PeerStatus, Spinners, wait_for
-from .base import RequestReplyTransport, ResponseFuture
-from .descriptor import QUEUE, QueueOptions
-from .kernel.errors import PeerFailureError, TransportError
+from .._shared import WAIT_SLICE, PeerStatus, Spinners, wait_for
+from ..base import RequestReplyTransport, ResponseFuture
+from ..descriptor import QUEUE, QueueOptions
+from ..kernel.errors import PeerFailureError, TransportError
 from .wire import frame, from_wire, to_wire
 
 CLIENT_SPIN_S = 200e-6
@@ -149,10 +149,10 @@ class QueueClient:
 
     def _connect(self) -> None:
         """Connect this process's channel (once per process; a copy inherited by ``fork`` connects anew)."""
-        if self._pid is not None and self._pid != _shared._pid:  # inherited by fork: the channel stays the parent's
+        if self._pid is not None and self._pid != _shared.current_pid():  # inherited by fork: the channel stays the parent's
             self._reset()
         with self._write_lock:
-            if self._pid == _shared._pid:
+            if self._pid == _shared.current_pid():
                 return
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
@@ -161,13 +161,13 @@ class QueueClient:
                 sock.close()
                 raise PeerFailureError(self.status.problem() or f"the {self.status.name} server's socket does not "
                                        f"answer ({exc.strerror or exc})") from None
-            self.conn, self._pid = Connection(sock.detach()), _shared._pid
+            self.conn, self._pid = Connection(sock.detach()), _shared.current_pid()
 
     def submit(self, td: TensorDictBase) -> _QueueFuture:
         problem = self.status.problem(probe=False)
         if problem is not None:
             raise PeerFailureError(problem)
-        if self._pid != _shared._pid:
+        if self._pid != _shared.current_pid():
             self._connect()
         wire = to_wire(td)
         while self._in_flight >= self.max_in_flight:  # backpressure: read answers until there is room

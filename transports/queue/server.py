@@ -1,4 +1,4 @@
-"""The serving side of ``queue`` (see :mod:`transports.queue`): one ``poll`` over the listening socket and every
+"""The serving side of ``queue`` (see :mod:`transports.queue.transport`): one ``poll`` over the listening socket and every
 channel, admission of same-user processes only, and outboxes so the server never blocks on a slow reader."""
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from multiprocessing.connection import Connection
 
 from tensordict import TensorDictBase
 
-from ._shared import AdaptiveSpin
-from .base import Batch, ServerEndpoint
-from .kernel.errors import PeerFailureError, RemoteError, ServiceError
+from .._shared import AdaptiveSpin
+from ..base import Batch, ServerEndpoint
+from ..kernel.errors import PeerFailureError, RemoteError, ServiceError
 from .wire import frame, from_wire, rows_to_wire
 
 OK, ERR = 0, 1

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from tensordict import TensorDictBase
 
-from ._shared import EndpointClaims
-from ._slots import FREE, SlotClientBase, SlotFuture, SlotTransport
-from .descriptor import PROCESS_SLOT, SlotOptions
-from .kernel.errors import PeerFailureError, TransportError
-from .sync import Lock
+from .._shared import EndpointClaims
+from .control import FREE
+from .transport import SlotClientBase, SlotFuture, SlotTransport
+from ..descriptor import PROCESS_SLOT, SlotOptions
+from ..kernel.errors import PeerFailureError, TransportError
+from ..sync import Lock
 
 
 class ProcessSlotTransport(SlotTransport):
@@ -41,7 +42,7 @@ class ProcessSlotTransport(SlotTransport):
         if self._next >= self.num_slots:
             raise TransportError(f"all {self.num_slots} process slots are taken; raise num_slots")
         slot, self._next = self._next, self._next + 1
-        return ProcessSlotClient({**self._shared(), "claims": self.claims}, slot)
+        return ProcessSlotClient({**self.shared(), "claims": self.claims}, slot)
 
     def _close(self) -> None:
         super()._close()

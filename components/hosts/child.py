@@ -1,0 +1,103 @@
+"""The child side of a host that runs its target in a process of its own: what such a process runs (build the
+target, answer the ready handshake, serve control calls until told to stop), and the messages of the control pipe
+between it and its host. :class:`~components.hosts.process.ProcessHost` starts it as a child process; the
+``distributed`` ranks and ``submitit`` jobs run it once they have connected back to their host."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import threading
+import traceback
+from typing import Any
+
+from transports.kernel.errors import RemoteError
+from transports.segment_dir import VARIABLE as SEGMENT_DIR_VARIABLE
+
+from .base import close_target, run_serving_loop
+from .signals import WARNING_SIGNALS
+
+
+def send(conn, message: Any) -> None:
+    """Send ``message`` on a control pipe, pickled."""
+    # plain pickle: tensors travel as bytes (multiprocessing's own pickler would move each tensor's storage into
+    # a shared-memory file and pass descriptors, far slower for rollouts and answers)
+    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def receive(conn) -> Any:
+    """The next message on a control pipe."""
+    return pickle.loads(conn.recv_bytes())
+
+
+def child_main(factory, conn, *, own_signals: bool = True, segments: str | None = None) -> bool:
+    """Build the target, answer the ready handshake on ``conn``, serve control calls from it until told to stop (or
+    until it closes), then close the target.
+
+    Args:
+        factory: builds the target (picklable: it travelled here).
+        conn: the control pipe to the host that started this process (or connected to it).
+        own_signals: ignore the signals the parent decides on (a child of ours); ``False`` where this process is a
+            job or rank of its own, whose signals its launcher sends.
+        segments: the parent's segment directory, made this process's own (a child of the forkserver inherits the
+            environment the forkserver started with, not the parent's now).
+
+    Returns:
+        Whether the target was built (its error went to the parent otherwise).
+    """
+    if segments is not None:
+        os.environ[SEGMENT_DIR_VARIABLE] = segments
+    # Ctrl-C (and a SIGTERM or warning signal sent to the job) reaches the whole process group; the parent decides
+    # when its services stop and flush, and a child whose parent is gone stops by itself (its control pipe closes).
+    if own_signals:
+        for signum in (signal.SIGINT, signal.SIGTERM, *WARNING_SIGNALS):
+            signal.signal(signum, signal.SIG_IGN)
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        target = factory()
+    except BaseException as exc:  # the parent raises it at start()
+        try:
+            send(conn, ("error", RemoteError.from_exception(exc)))
+        finally:
+            conn.close()
+        return False
+    stop = threading.Event()
+
+    def control() -> None:
+        while not stop.is_set():
+            try:
+                method, args = receive(conn)
+            except (EOFError, OSError):  # the parent died or closed: stop serving
+                stop.set()
+                return
+            if method == "stop":
+                stop.set()
+                return
+            try:
+                reply = ("ok", getattr(target, method)(*args))
+            except BaseException as exc:  # noqa: BLE001 - every error goes back to the caller
+                reply = ("error", RemoteError.from_exception(exc))
+            try:
+                try:
+                    send(conn, reply)
+                except (pickle.PicklingError, TypeError, AttributeError) as exc:  # an answer that cannot travel
+                    send(conn, ("error", RemoteError.from_exception(exc)))
+            except (OSError, ValueError):
+                stop.set()
+                return
+
+    send(conn, ("ready", os.getpid()))
+    thread = threading.Thread(target=control, name="control", daemon=True)
+    thread.start()
+    try:
+        run_serving_loop(target, stop)
+    except Exception:  # a signal turned into an exception (a rank torchrun ends) unwinds without a traceback
+        traceback.print_exc()
+        raise
+    finally:
+        stop.set()
+        close_target(target)
+    return True
