@@ -25,7 +25,8 @@ from components import compat
 from components.hosts import HOSTS, Resources, host_class
 from components.resolution import Resolved, resolve_component
 from components.scope import service_backend, transport_backend
-from recipes import RECIPES, Recipe, get_recipe
+from recipes import RECIPES, Recipe
+from recipes.registry import recipe_for_config
 from transports.kernel.errors import ConfigurationError, IncompatibleCombinationError
 from transports.kernel.placements import Reach, reach_of
 from transports.kinds import reaches, transport_label
@@ -180,18 +181,17 @@ def recipe_of(cfg: DictConfig) -> tuple[Recipe, Any]:
     """The selected :class:`Recipe` and its config object.
 
     Raises:
-        ConfigurationError: no recipe was selected.
+        ConfigurationError: no recipe was selected, or none takes the selected config's type.
     """
     if cfg.get("recipe") is None:
-        raise ConfigurationError("no recipe selected: add one on the command line, e.g. +recipe=ppo",
-                                 path="recipe", alternatives=RECIPES)
+        raise ConfigurationError("no recipe selected: add one on the command line, e.g. +recipe=ppo, or your own "
+                                 "as +recipe=my_pkg.my_module:RECIPE", path="recipe", alternatives=RECIPES)
     recipe_cfg = OmegaConf.to_object(cfg.recipe)
-    name = type(recipe_cfg).__name__
-    for candidate in RECIPES:
-        recipe = get_recipe(candidate)
-        if isinstance(recipe_cfg, recipe.config):
-            return recipe, recipe_cfg
-    raise ConfigurationError(f"no recipe takes a config of type {name}", path="recipe", alternatives=RECIPES)
+    recipe = recipe_for_config(recipe_cfg)
+    if recipe is None:
+        raise ConfigurationError(f"no recipe takes a config of type {type(recipe_cfg).__name__}", path="recipe",
+                                 alternatives=RECIPES)
+    return recipe, recipe_cfg
 
 
 def component_config(cfg: DictConfig, name: str, needs: dict) -> Any:

@@ -78,7 +78,9 @@ def check_argv(argv: list[str]) -> list[DictConfig]:
             wrong type or out of range, naming its config path and what is allowed.
     """
     from .checks import check_placements
+    from .references import register_references
 
+    register_references(argv)  # a recipe named by module:attribute is an option of the recipe group from now on
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         return []
     argv = normalize_argv(list(argv))

@@ -1,17 +1,12 @@
-"""Training recipes: functions of (config, clients) that run unchanged in every placement."""
+"""Training recipes: functions of (config, clients) that run unchanged in every placement.
 
-from .base import Checkpoint, Clients, NoCheckpoint, Progress, Recipe
+Built-in recipes are named (``+recipe=ppo``); a recipe of your own lives in your own module and is named by
+reference (``+recipe=my_pkg.my_module:RECIPE``, :mod:`recipes.registry`).
+"""
 
-RECIPES = ("ppo", "dqn", "impala")
+from .base import Checkpoint, Clients, Loop, NoCheckpoint, Progress, Recipe
+from .configs import RecipeConfig
+from .registry import RECIPES, RecipeNotFoundError, get_recipe, load_recipe
 
-
-def get_recipe(name: str) -> Recipe:
-    """Import and return the :class:`Recipe` declared by ``recipes/<name>.py``."""
-    import importlib
-
-    if name not in RECIPES:
-        raise KeyError(name)
-    return importlib.import_module(f"recipes.{name}").RECIPE
-
-
-__all__ = ["Checkpoint", "Clients", "NoCheckpoint", "Progress", "RECIPES", "Recipe", "get_recipe"]
+__all__ = ["Checkpoint", "Clients", "Loop", "NoCheckpoint", "Progress", "RECIPES", "Recipe", "RecipeConfig",
+           "RecipeNotFoundError", "get_recipe", "load_recipe"]

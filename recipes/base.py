@@ -247,7 +247,7 @@ class Loop:
         self.version = 0
         self._kept: dict[str, Any] = {}
 
-    def start(self, policy: Any, **kept: Any) -> dict:
+    def start(self, policy: Any, /, **kept: Any) -> dict:
         """Restore a resumed run's state, push ``policy`` (the inference server starts from the learner's initial
         or restored weights) and log the config as the run's hyperparameters.
 
@@ -287,7 +287,7 @@ class Loop:
         self.version = self.clients.weight_sync.push(policy)
         return self.version
 
-    def end_batch(self, metrics: Mapping[str, Any] | None, *, progress: Mapping[str, float] | None = None,
+    def end_batch(self, metrics: Mapping[str, Any] | None, /, *, progress: Mapping[str, float] | None = None,
                   **values: Any) -> bool:
         """A batch boundary: log ``metrics`` at the frames collected so far (``None``: nothing this batch), update
         the progress line, and keep the checkpoint's snapshot of the kept objects, the episode statistics, torch's

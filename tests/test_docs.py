@@ -16,6 +16,7 @@ import textwrap
 import pytest
 
 from tests.helpers import ROOT, cli_in_process
+from tests.user_code import OWN_RECIPE
 
 README = os.path.join(ROOT, "README.md")
 PAGES = sorted(glob.glob(os.path.join(ROOT, "docs", "pages", "**", "*.md"), recursive=True))
@@ -29,6 +30,7 @@ MY_PKG = {
     "envs.py": "from tests.user_code import make_corridor\n\n\ndef make_maze(size=5):\n    return make_corridor(size)\n",
     "logs.py": "from components.logger import CSVLogger\nfrom tests.user_code import JsonLinesLogger  # noqa: F401\n\n\n"
                "class MyLogger(CSVLogger):\n    pass\n",
+    "my_recipe.py": OWN_RECIPE,
 }
 MY_CONF = {
     "recipe/ppo_mine.yaml": "defaults: [base_ppo, _self_]\nnetwork: {_target_: my_pkg.nets.make_net, width: 128}\n",

@@ -76,3 +76,68 @@ class JsonLinesLogger:
 
     def flush(self) -> None:
         self._file.flush()
+
+
+OWN_RECIPE = '''
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from recipes import Loop, Recipe, RecipeConfig
+
+
+@dataclass
+class TinyConfig(RecipeConfig):
+    num_steps: int = 8
+    total_frames: int = 64
+    target_return: Optional[float] = None
+
+
+class FirstAction(nn.Module):
+    """Always the first action, through a weight the learner pushes."""
+
+    def __init__(self, n_actions):
+        super().__init__()
+        self.logits = nn.Parameter(torch.zeros(n_actions))
+
+    def forward(self, td):
+        obs = td.get("observation")
+        td.set("action", self.logits.expand(*obs.shape[:-1], -1).argmax(-1))
+        return td
+
+
+def make_policy(cfg, spec):
+    return FirstAction(spec.n_actions)
+
+
+def services(cfg, spec):
+    frames = cfg.num_envs * cfg.num_steps
+    return {"collector": {"num_envs": cfg.num_envs, "frames_per_batch": frames, "total_frames": cfg.total_frames},
+            "replay": {"capacity": frames, "batch_size": frames}}
+
+
+def run(cfg, clients):
+    loop = Loop(cfg, clients)
+    policy = make_policy(cfg, clients.env_spec)
+    loop.start(policy, policy=policy)
+    for batch in loop.batches():
+        clients.replay.extend(batch.reshape(-1).select("observation", "action"))
+        loop.push(policy)
+        if loop.end_batch({"own/rows": len(clients.replay)}):
+            break
+    return loop.result()
+
+
+RECIPE = Recipe(name="tiny", config=TinyConfig, make_policy=make_policy, services=services, run=run)
+
+
+def register():
+    return RECIPE
+
+
+NOT_A_RECIPE = 3
+'''
+"""The source of a recipe module of one's own (``RECIPE``, also returned by ``register()``), written outside the
+repository and named ``+recipe=<module>:RECIPE``."""
