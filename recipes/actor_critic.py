@@ -51,7 +51,7 @@ class Actor(nn.Module):
         super().__init__()
         self.discrete = spec.discrete
         self.encoder = None if cfg.network is not None else encoder(cfg.encoder, spec.observation_shape,
-                                                                     spec.observation_scale)
+                                                                     spec.observation_scale, spec.encoder)
         if self.discrete:
             self.net = _network(cfg, spec, spec.n_actions, 0.01, self.encoder)
         else:
@@ -122,6 +122,7 @@ class BehaviourPolicy(nn.Module):
         self.actor = actor
 
     def forward(self, td):
+        """Set ``action`` and ``sample_log_prob`` of each row of ``td`` from its ``observation``."""
         # collectors send one seed per env and step: the same draw in every placement
         action, log_prob = self.actor.act(td.get("observation"), td.get(SAMPLE_SEED, None))
         td.set("action", action)

@@ -108,6 +108,7 @@ class Recipe:
 
     @property
     def needs(self) -> tuple[str, ...]:
+        """The services it needs (:func:`needs_of` its config class)."""
         return needs_of(self.config)
 
 
@@ -159,10 +160,12 @@ class EpisodeStats:
 
     @property
     def mean_return(self) -> float:
+        """The mean return of the recent episodes (NaN before the first)."""
         return sum(self.returns) / len(self.returns) if self.returns else float("nan")
 
     @property
     def fps(self) -> float:
+        """Frames per second since the start (training time only, on a resumed run)."""
         elapsed = self._clock() - self.start
         return self.frames / elapsed if elapsed > 0 else 0.0
 

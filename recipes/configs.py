@@ -105,10 +105,12 @@ class PPOConfig(RecipeConfig):
 
     @property
     def frames_per_batch(self) -> int:
+        """Frames per collected batch: ``num_envs * num_steps``."""
         return self.num_envs * self.num_steps
 
     @property
     def minibatch_size(self) -> int:
+        """Rows per minibatch: the batch over ``num_minibatches``."""
         return self.frames_per_batch // self.num_minibatches
 
     def rules(self) -> tuple[tuple[str, bool, str], ...]:
@@ -169,6 +171,7 @@ class DQNConfig(RecipeConfig):
 
     @property
     def frames_per_batch(self) -> int:
+        """Frames per collected batch: ``num_envs * num_steps``."""
         return self.num_envs * self.num_steps
 
 

@@ -30,7 +30,12 @@ from .networks import encoder, flat_features
 
 def q_network(cfg: DQNConfig, spec) -> nn.Module:
     """The built-in network (a CNN encoder and a linear head for images, the MLP for flat observations), or the
-    module ``cfg.network`` names by ``_target_`` (built here, where the policy lives)."""
+    module ``cfg.network`` names by ``_target_`` (built here, where the policy lives).
+
+    Args:
+        cfg: the recipe's config.
+        spec: the environment's spaces.
+    """
     obs = math.prod(spec.observation_shape)
     if cfg.network is not None:  # takes flat float features, whatever the observations
         return flat_features(spec, instantiate_target(cfg.network, "recipe.network", expect=nn.Module,
@@ -46,6 +51,10 @@ class EpsilonGreedy(nn.Module):
     """The behaviour policy the inference server owns: ``observation`` -> ``action`` (epsilon-greedy).
 
     ``epsilon`` is a buffer, so it travels with the weights through weight sync.
+
+    Args:
+        cfg: the recipe's config.
+        spec: the environment's spaces.
     """
 
     def __init__(self, cfg: DQNConfig, spec):
@@ -54,6 +63,7 @@ class EpsilonGreedy(nn.Module):
         self.register_buffer("epsilon", torch.tensor(cfg.eps_start))
 
     def forward(self, td):
+        """Set each row's ``action``: greedy, or with probability ``epsilon`` one drawn uniformly."""
         q = self.q(td.get("observation"))
         greedy = q.argmax(-1)
         seed = td.get(SAMPLE_SEED, None)
@@ -68,6 +78,15 @@ class EpsilonGreedy(nn.Module):
 
 
 def make_policy(cfg: DQNConfig, spec) -> EpsilonGreedy:
+    """The behaviour policy for the inference server.
+
+    Args:
+        cfg: the recipe's config.
+        spec: the environment's spaces.
+
+    Raises:
+        ValueError: the environment's actions are continuous.
+    """
     if not spec.discrete:
         raise ValueError(f"dqn needs discrete actions; {spec.env_id} has continuous ones")
     return EpsilonGreedy(cfg, spec)
@@ -80,7 +99,12 @@ def n_step_transitions(seq, cfg: DQNConfig):
     """Fold ``[time, env]`` steps into ``n_step`` transitions: one per start step whose next ``n_step`` steps
     are all in ``seq`` (the last ``n_step - 1`` steps start none yet). ``next`` gets the discounted reward sum,
     the observation and ``terminated`` of the window's last step (the episode's end if it comes first), and
-    ``discount``: ``gamma ** steps`` for bootstrapping."""
+    ``discount``: ``gamma ** steps`` for bootstrapping.
+
+    Args:
+        seq: ``[time, env]`` steps (the previous batch's pending tail first).
+        cfg: the recipe's config (``n_step``, ``gamma``, ``clip_rewards``).
+    """
     count = seq.shape[0] - (cfg.n_step - 1)
     out = seq[:count].clone()
     nxt = seq["next"]
@@ -134,7 +158,16 @@ TRANSITION_KEYS = ("observation", "action", "policy_version", ("next", "observat
 
 
 def run(cfg: DQNConfig, clients: Clients) -> dict:
-    """Train until ``target_return`` or ``total_frames``; return the result and learning curve."""
+    """Train until ``target_return`` or ``total_frames``; return the result and learning curve.
+
+    Args:
+        cfg: the recipe's config.
+        clients: the running services' clients.
+
+    Returns:
+        :meth:`~recipes.base.EpisodeStats.result`: frames, wall seconds, frames/s, episodes, mean return, solved,
+        the learning curve.
+    """
     loop = Loop(cfg, clients)  # seeds torch: the networks are built from its generator
     device = torch.device(cfg.device)
     behaviour = make_policy(cfg, clients.env_spec).to(device)
@@ -188,7 +221,15 @@ def run(cfg: DQNConfig, clients: Clients) -> dict:
 
 def services(cfg: DQNConfig, spec) -> dict:
     """DQN's needs: small collector batches, and a prioritized buffer that drops transitions of stale policies
-    at sampling time and keeps stacks of pixel frames one frame at a time."""
+    at sampling time and keeps stacks of pixel frames one frame at a time.
+
+    Args:
+        cfg: the recipe's config.
+        spec: the environment's spaces.
+
+    Returns:
+        Each service's options, by component.
+    """
     if not spec.discrete:
         raise ValueError(f"dqn needs discrete actions; {spec.env_id} has continuous ones")
     frames = cfg.replay_frames

@@ -65,7 +65,13 @@ def unrolls_at(steps: TensorDictBase, columns: torch.Tensor) -> TensorDict:
 def within_lag(unrolls: TensorDictBase, version: int, max_policy_lag: int | None) -> tuple[TensorDictBase, torch.Tensor,
                                                                                            int]:
     """The unrolls no step of which was acted more than ``max_policy_lag`` versions behind ``version``, the lag of
-    every step of the batch (``version - policy_version``), and how many unrolls were dropped."""
+    every step of the batch (``version - policy_version``), and how many unrolls were dropped.
+
+    Args:
+        unrolls: ``[unroll]`` rows of ``[time, ...]`` leaves.
+        version: the learner's policy version.
+        max_policy_lag: the most versions behind a kept unroll's steps may be (``None``: every unroll is kept).
+    """
     lags = version - unrolls.get("policy_version")
     if max_policy_lag is None:
         return unrolls, lags, 0
@@ -88,7 +94,16 @@ def lag_metrics(lags: torch.Tensor) -> dict:
 
 def impala_loss(steps: TensorDictBase, learner: Learner, cfg: IMPALAConfig) -> tuple[torch.Tensor, dict]:
     """V-trace actor-critic loss on a ``[time, unroll]`` batch: the policy gradient (or APPO's clipped surrogate)
-    with V-trace's advantages, the value regressed onto V-trace's targets, minus the entropy bonus."""
+    with V-trace's advantages, the value regressed onto V-trace's targets, minus the entropy bonus.
+
+    Args:
+        steps: a ``[time, unroll]`` batch.
+        learner: the actor and critic being trained.
+        cfg: the recipe's config.
+
+    Returns:
+        The loss and its parts (and V-trace's ratios) as metrics.
+    """
     actor = learner.policy.actor
     length, width = steps.shape
     obs, nxt = steps.get("observation"), steps.get("next")
@@ -132,7 +147,14 @@ def learn(steps: TensorDictBase, learner: Learner, optimizer: torch.optim.Optimi
     """One learner update on a ``[time, unroll]`` batch: ``update_epochs`` passes of ``num_minibatches`` minibatches
     of whole unrolls (V-trace recomputed with the current weights each time), then the batch's observations folded
     into the policy's running statistics where it normalises them (after learning with the statistics it was acted
-    with); the last minibatch's losses."""
+    with); the last minibatch's losses.
+
+    Args:
+        steps: a ``[time, unroll]`` batch on the learner's device.
+        learner: the actor and critic being trained.
+        optimizer: the learner's optimizer.
+        cfg: the recipe's config.
+    """
     per_minibatch = steps.shape[1] // cfg.num_minibatches
     for _ in range(cfg.update_epochs):
         for columns in torch.randperm(steps.shape[1]).split(per_minibatch):
@@ -149,7 +171,16 @@ def learn(steps: TensorDictBase, learner: Learner, optimizer: torch.optim.Optimi
 
 
 def run(cfg: IMPALAConfig, clients: Clients) -> dict:
-    """Train until ``target_return`` or ``total_frames``; return the result and learning curve."""
+    """Train until ``target_return`` or ``total_frames``; return the result and learning curve.
+
+    Args:
+        cfg: the recipe's config.
+        clients: the running services' clients.
+
+    Returns:
+        :meth:`~recipes.base.EpisodeStats.result`: frames, wall seconds, frames/s, episodes, mean return, solved,
+        the learning curve.
+    """
     loop = Loop(cfg, clients)  # seeds torch: the networks are built from its generator
     device = torch.device(cfg.device)
     learner = Learner(cfg, clients.env_spec).to(device)
@@ -193,7 +224,15 @@ def run(cfg: IMPALAConfig, clients: Clients) -> dict:
 def services(cfg: IMPALAConfig, spec) -> dict:
     """IMPALA's needs: collector workers that each hand over an unroll of their envs as soon as it is collected
     (``sync: false``), up to ``prefetch`` of them collected ahead, and a learner queue: a FIFO replay buffer of
-    whole unrolls, room for a batch and a round of every worker's unrolls."""
+    whole unrolls, room for a batch and a round of every worker's unrolls.
+
+    Args:
+        cfg: the recipe's config.
+        spec: the environment's spaces.
+
+    Returns:
+        Each service's options, by component.
+    """
     return {
         "collector": {"num_envs": cfg.num_envs, "frames_per_batch": cfg.frames_per_batch,
                       "total_frames": cfg.total_frames, "sync": False, "prefetch": cfg.prefetch},

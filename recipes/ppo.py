@@ -23,7 +23,12 @@ from .networks import RunningNorm
 
 class ReturnScale:
     """Rewards divided by the running standard deviation of each env's discounted return (the learner's own
-    statistics: it sees every batch, env columns in the same order each time)."""
+    statistics: it sees every batch, env columns in the same order each time).
+
+    Args:
+        gamma: the discount of the return whose spread scales the rewards.
+        eps: added to the variance before its square root.
+    """
 
     def __init__(self, gamma: float, eps: float = 1e-8):
         self.gamma, self.eps = gamma, eps
@@ -43,9 +48,11 @@ class ReturnScale:
         return reward / (self.stats.var + self.eps).sqrt()
 
     def state_dict(self) -> dict:
+        """The running returns and their statistics."""
         return {"returns": self.returns, "stats": self.stats.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict`'s values."""
         self.returns = state["returns"]
         self.stats.load_state_dict(state["stats"])
 
@@ -53,7 +60,17 @@ class ReturnScale:
 @torch.no_grad()
 def estimate_advantages(batch, learner: Learner, cfg: PPOConfig, scale: ReturnScale | None = None):
     """GAE over a ``[time, env]`` batch; bootstraps from the final observation on truncation, not on termination;
-    ``scale`` (``normalize_rewards``) divides the rewards by the running spread of the discounted return."""
+    ``scale`` (``normalize_rewards``) divides the rewards by the running spread of the discounted return.
+
+    Args:
+        batch: a collected ``[time, env]`` batch.
+        learner: values the observations.
+        cfg: the recipe's config.
+        scale: the reward scale, or ``None``.
+
+    Returns:
+        The batch's rows for learning: observation, action, log-probability, advantage, value target (and value).
+    """
     obs, nxt = batch["observation"], batch["next"]
     values = learner.value(obs)
     if not learner.reuses_values:
@@ -85,7 +102,16 @@ def estimate_advantages(batch, learner: Learner, cfg: PPOConfig, scale: ReturnSc
 
 
 def ppo_loss(mb, learner: Learner, cfg: PPOConfig) -> tuple[torch.Tensor, dict]:
-    """Clipped surrogate + value loss - entropy bonus on one minibatch."""
+    """Clipped surrogate + value loss - entropy bonus on one minibatch.
+
+    Args:
+        mb: rows of :func:`estimate_advantages`.
+        learner: the actor and critic being trained.
+        cfg: the recipe's config.
+
+    Returns:
+        The loss and its parts as metrics.
+    """
     actor = learner.policy.actor
     dist, value = learner.dist_and_value(mb["observation"])
     log_prob = actor.log_prob(dist, mb["action"])
@@ -108,7 +134,16 @@ def ppo_loss(mb, learner: Learner, cfg: PPOConfig) -> tuple[torch.Tensor, dict]:
 
 
 def run(cfg: PPOConfig, clients: Clients) -> dict:
-    """Train until ``target_return`` or ``total_frames``; return the result and learning curve."""
+    """Train until ``target_return`` or ``total_frames``; return the result and learning curve.
+
+    Args:
+        cfg: the recipe's config.
+        clients: the running services' clients.
+
+    Returns:
+        :meth:`~recipes.base.EpisodeStats.result`: frames, wall seconds, frames/s, episodes, mean return, solved,
+        the learning curve.
+    """
     loop = Loop(cfg, clients)  # seeds torch: the networks are built from its generator
     device = torch.device(cfg.device)
     learner = Learner(cfg, clients.env_spec).to(device)
@@ -143,7 +178,15 @@ def run(cfg: PPOConfig, clients: Clients) -> dict:
 def services(cfg: PPOConfig, spec) -> dict:
     """PPO's needs: a collector batch of ``num_envs * num_steps`` frames, and a replay buffer holding exactly
     one batch, sampled without replacement
-    (:meth:`~components.replay.operations.ReplayOperations.minibatches`)."""
+    (:meth:`~components.replay.operations.ReplayOperations.minibatches`).
+
+    Args:
+        cfg: the recipe's config.
+        spec: the environment's spaces.
+
+    Returns:
+        Each service's options, by component.
+    """
     if cfg.frames_per_batch % cfg.num_minibatches:
         raise ValueError(
             f"num_envs * num_steps = {cfg.frames_per_batch} must be divisible by num_minibatches={cfg.num_minibatches}"
