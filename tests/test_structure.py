@@ -173,7 +173,8 @@ def test_no_private_name_crosses_modules():
     wrong = []
     for package in PACKAGES:
         for path, source in _modules(package):
-            folder = os.path.dirname(_module_name(path).replace(".", os.sep) + ".py").replace(os.sep, ".")
+            here = _module_name(path)
+            folder = here if path.endswith("__init__.py") else here.rpartition(".")[0]
             for line, module, name in _project_imports(path, source):
                 parts = [*module.split("."), *([name] if name else [])]
                 for depth, part in enumerate(parts):
@@ -184,6 +185,7 @@ def test_no_private_name_crosses_modules():
                     if not is_module or not (folder == owner or folder.startswith(owner + ".")):
                         wrong.append(f"{path}:{line} {'.'.join(parts)}")
     assert wrong == []
+
 
 def test_the_kernel_imports_nothing_else_of_the_project():
     # transports/kernel is below every package (errors, option checks, the placement vocabulary): components and
