@@ -35,7 +35,7 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from benchmarks._common import stop_child
+from _harness import stop_child  # first: the checkout on sys.path (benchmarks/_harness.py)
 from components.inference import InferenceServer, InferenceServerConfig
 from components.replay import ReplayBuffer
 from transports.config import TransportConfig

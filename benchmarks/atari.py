@@ -26,11 +26,8 @@ import statistics
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from _common import in_child, launcher_summary  # noqa: E402 (benchmarks/_common.py, beside this script)
-from _results import Results, say, show  # noqa: E402 (benchmarks/_results.py, beside this script)
+from _harness import in_child, launcher_run, spread  # first: the checkout on sys.path (benchmarks/_harness.py)
+from _results import Results, say, show
 
 ENV_ID = "ALE/Breakout-v5"
 PLACEMENTS = [
@@ -145,8 +142,8 @@ def loop_in_child(updates: int, threads: int | None, seed: int, timeout: float) 
 
 # ---------------------------------------------------------------------------------------------- our rows
 def run_ours(overrides: list[str], updates: int, seed: int, timeout: float) -> dict:
-    return launcher_summary(["+recipe=ppo", "env=atari", f"seed={seed}", f"recipe.total_frames={updates * 8 * 128}",
-                             "launcher.progress=false", "launcher.plot=false", *overrides], timeout)
+    return launcher_run(["+recipe=ppo", "env=atari", f"seed={seed}", f"recipe.total_frames={updates * 8 * 128}",
+                         "launcher.progress=false", "launcher.plot=false", *overrides], timeout)[0]
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -191,7 +188,8 @@ def main() -> None:
              f"frames/s [range], beside the CleanRL-style loop and the overlap bound ({bound:,.0f} frames/s)")
     columns = ["row", "frames/s", "range", "x loop", "of the bound"]
     loop_fps = med(rows[0][1])
-    table = [[label, med(v), f"{min(v):,.0f}-{max(v):,.0f}", med(v) / loop_fps, med(v) / bound] for label, v in rows]
+    spreads = [(label, spread(v)) for label, v in rows]
+    table = [[label, s.median, s.range(), s.median / loop_fps, s.median / bound] for label, s in spreads]
     show(rec, title, columns, table)
     rec.note(f"Overlap bound: C1 = {c1:.2f} s collect and L1 = {l1:.2f} s learn per update, each on one torch thread "
              f"(the CleanRL-style loop), {cores} cores: 1,024 frames / ((C1 + L1) / {cores}) = {bound:,.0f} frames/s.")

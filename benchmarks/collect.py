@@ -107,18 +107,16 @@ from typing import Any, Callable
 import gymnasium as gym
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
-
-from components.collectors import AsyncBatchedCollector, Collector  # noqa: E402
-from components.atari import AtariConfig, make_one  # noqa: E402
-from components.envs import EnvMaker  # noqa: E402
-from components.hosts import host_class  # noqa: E402
-from components.inference import InferenceServer, InferenceServerConfig, PolicyReplica  # noqa: E402
-from recipes.configs import PPOConfig  # noqa: E402
-from transports.layout import Layout  # noqa: E402
-from transports.segments import segments_of  # noqa: E402
-from _common import OtherLoad, peer_json  # noqa: E402  (benchmarks/_common.py, beside this script)
-from _results import Results, say, with_floors  # noqa: E402  (benchmarks/_results.py: the run as JSON)
+from _harness import HERE, OtherLoad, peer_json, spread  # first: the checkout on sys.path (benchmarks/_harness.py)
+from _results import Results, say, with_floors
+from components.collectors import AsyncBatchedCollector, Collector
+from components.atari import AtariConfig, make_one
+from components.envs import EnvMaker
+from components.hosts import host_class
+from components.inference import InferenceServer, InferenceServerConfig, PolicyReplica
+from recipes.configs import PPOConfig
+from transports.layout import Layout
+from transports.segments import segments_of
 
 ENV_ID = "CartPole-v1"
 ATARI: AtariConfig | None = None  # --env atari: ALE/Breakout-v5 with the DeepMind preprocessing (env=atari)
@@ -448,7 +446,7 @@ def run_peer(python: str, envs: list[int], rounds: int, budget: Budget) -> dict:
         weights = os.path.join(tmp, "actor.pt")
         torch.save(make_policy().actor.net.state_dict(), weights)
         frames = [f"{n}:{budget.frames(n * NUM_STEPS)}" for n in envs if n % 2 == 0]
-        command = [python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrl_collect_peer.py"),
+        command = [python, os.path.join(HERE, "torchrl_collect_peer.py"),
                    "--weights", weights, "--rounds", str(rounds), "--num-steps", str(NUM_STEPS),
                    "--warmup", str(budget.warmup), "--cap", str(budget.cap_s), "--frames", *frames]
         return peer_json(command, PEER_TIMEOUT)  # inside: the weights file lives until the peer is done
@@ -456,8 +454,8 @@ def run_peer(python: str, envs: list[int], rounds: int, budget: Budget) -> dict:
 
 # ---------------------------------------------------------------------------------------------- report
 def summary(ms: list) -> dict:
-    fps = [m.fps if isinstance(m, Measurement) else m for m in ms]
-    return {"median": statistics.median(fps), "min": min(fps), "max": max(fps),
+    fps = spread(m.fps if isinstance(m, Measurement) else m for m in ms)
+    return {"median": fps.median, "min": fps.low, "max": fps.high,
             "capped": any(getattr(m, "capped", False) for m in ms),
             "start": statistics.median(m.start_s for m in ms) if isinstance(ms[0], Measurement) else None}
 

@@ -32,12 +32,10 @@ import statistics
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from _common import (  # noqa: E402 (benchmarks/_common.py)
-    compose_launcher, in_child, launcher_summary, sample_factory_appo, steady_rate)
-from _results import Results, say, show  # noqa: E402 (benchmarks/_results.py, beside this script)
+from _harness import (  # first: the checkout on sys.path (benchmarks/_harness.py)
+    compose_launcher, in_child, launcher_run, spread, steady_rate)
+from _results import Results, say, show
+from _sample_factory import sample_factory_appo
 
 ENV_ID = "ALE/Breakout-v5"
 ROWS = [  # (label, recipe, overrides)
@@ -140,8 +138,8 @@ def recipe_phases(recipe: str, updates: int, seed: int, backend: str = "gymnasiu
 
 # ---------------------------------------------------------------------------------------------- the rows
 def run_ours(recipe: str, overrides: list[str], frames: int, seed: int, timeout: float) -> dict:
-    summary = launcher_summary([f"+recipe={recipe}", "env=atari", f"seed={seed}", f"recipe.total_frames={frames}",
-                                "launcher.progress=false", "launcher.plot=false", *overrides], timeout)
+    summary, _ = launcher_run([f"+recipe={recipe}", "env=atari", f"seed={seed}", f"recipe.total_frames={frames}",
+                               "launcher.progress=false", "launcher.plot=false", *overrides], timeout)
     return {"fps": steady_rate(summary), "whole_fps": summary["fps"],
             "frames": summary["frames"], "return": summary["final_mean_return"], "episodes": summary["episodes"]}
 
@@ -171,16 +169,6 @@ def arguments() -> argparse.ArgumentParser:
 def row_overrides(recipe: str, overrides: list[str], more: list[str]) -> list[str]:
     """A row's launcher overrides: its own, then ``--override``'s unless it is one of PPO's reference rows."""
     return [*overrides, *([] if recipe == "ppo" else more)]
-
-
-def _spread(values: list, fmt: str = ",.0f") -> str:
-    values = [v for v in values if v is not None and v == v]
-    return f"{min(values):{fmt}}-{max(values):{fmt}}" if values else "-"
-
-
-def _median(values: list) -> float | None:
-    values = [v for v in values if v is not None and v == v]
-    return statistics.median(values) if values else None
 
 
 def main() -> None:
@@ -229,19 +217,20 @@ def main() -> None:
         rec.note(f"{key}'s overlap bound: C1 = {c1:.2f} s collect and L1 = {l1:.2f} s learn per update of "
                  f"{timed[0]['frames']} frames, each on one torch thread, {cores} cores: {bounds[key]:,.0f} frames/s.")
     sync = [label for label, recipe, _ in rows if recipe == "ppo"]
-    best_sync = max((_median([r["fps"] for r in results[label]]) for label in sync), default=None)
+    fps_of = {label: spread(r["fps"] for r in results[label]) for label in labels}
+    best_sync = max((fps_of[label].median for label in sync if fps_of[label]), default=None)
     title = (f"IMPALA and APPO on {ENV_ID} from pixels, {args.frames:,} frames per run, seeds {args.seeds}"
              + (f", IMPALA and APPO with {' '.join(args.override)}" if args.override else "")
              + ": median frames/s and mean return of the last 100 episodes [range]")
     columns = ["row", "frames/s", "range", "x best sync PPO", "of own bound", "return", "range"]
     table = []
     for label in labels:
-        fps = [r["fps"] for r in results[label]]
-        returns = [r["return"] for r in results[label]]
+        fps, returns = fps_of[label], spread(r["return"] for r in results[label])
+        median = fps and fps.median
         key = key_of.get(label)
-        table.append([label, _median(fps), _spread(fps), _median(fps) / best_sync if best_sync else None,
-                      _median(fps) / bounds[key] if key in bounds else None, _median(returns),
-                      _spread(returns, ",.1f")])
+        table.append([label, median, fps.range() if fps else "-", median / best_sync if best_sync else None,
+                      median / bounds[key] if key in bounds else None, returns and returns.median,
+                      returns.range(",.1f") if returns else "-"])
     show(rec, title, columns, table)
     rec.plot("fps", f"IMPALA and APPO on {ENV_ID}: median frames/s per row, and each recipe's overlap bound",
              x=[r[0] for r in table] + [f"{k} bound" for k in bounds],

@@ -17,8 +17,8 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from _common import launcher_summary  # (benchmarks/_common.py, beside this script)
-from _results import Results, say  # (benchmarks/_results.py, beside this script)
+from _harness import launcher_run, spread  # first: the checkout on sys.path (benchmarks/_harness.py)
+from _results import Results, say
 
 PLACEMENTS = {
     "direct": ["service=direct"],
@@ -37,11 +37,7 @@ on one machine)."""
 
 
 def run_once(recipe: str, overrides: list[str], seed: int, timeout: float) -> dict:
-    return launcher_summary([f"+recipe={recipe}", f"seed={seed}", "launcher.progress=false", *overrides], timeout)
-
-
-def spread(values: list[float], fmt: str) -> str:
-    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
+    return launcher_run([f"+recipe={recipe}", f"seed={seed}", "launcher.progress=false", *overrides], timeout)[0]
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -73,9 +69,9 @@ def main() -> None:
             runs = results[(recipe, label)]
             frames = [r["frames"] for r in runs]
             ratio = f"{statistics.median(frames) / ppo_frames:.2f}" if ppo_frames else "-"
-            rows.append([label, recipe, f"{sum(r['solved'] for r in runs)}/{len(runs)}", spread(frames, ",.0f"),
-                         ratio, spread([r["wall_seconds"] for r in runs], ".1f"),
-                         spread([r["fps"] for r in runs], ",.0f")])
+            rows.append([label, recipe, f"{sum(r['solved'] for r in runs)}/{len(runs)}", spread(frames).text(",.0f"),
+                         ratio, spread(r["wall_seconds"] for r in runs).text(".1f"),
+                         spread(r["fps"] for r in runs).text(",.0f")])
     columns = ["placement", "recipe", "solved", "frames to solve", "x PPO", "train s", "frames/s"]
     rec.table("CartPole-v1: medians (range) over seeds", columns, rows)
     print("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns))

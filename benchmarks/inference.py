@@ -73,17 +73,15 @@ import numpy as np
 import torch
 from torch import nn
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
-
-from components.inference import InferenceServer, InferenceServerConfig  # noqa: E402
-from transports.segments import Segment  # noqa: E402
-from _common import peer_json, stop_child  # noqa: E402  (benchmarks/_common.py, beside this script)
-from _results import Results, say  # noqa: E402  (benchmarks/_results.py: the run as JSON beside the tables)
-from transports.config import TransportConfig  # noqa: E402
-# The workload and the measuring primitives live in the TorchRL peer script beside this one, which must stand alone
-# in TorchRL's environment: one definition, so both sides measure the same way.
-from torchrl_peer import (  # noqa: E402
-    MIN_PER_CLIENT, SIZES, EchoPolicy, counts, request_td, response_td, round_trips, summarize)
+from _harness import (  # first: the checkout on sys.path (benchmarks/_harness.py)
+    HERE, peer_json, percentiles, round_trips, stop_child, summarize)
+from _results import Results, say
+from components.inference import InferenceServer, InferenceServerConfig
+from transports.config import TransportConfig
+from transports.segments import Segment
+# The workload lives in the TorchRL peer script beside this one, which must stand alone in TorchRL's environment, and
+# both sides measure with benchmarks/_harness.py: one definition, so both sides measure the same way.
+from torchrl_peer import MIN_PER_CLIENT, SIZES, EchoPolicy, counts, request_td, response_td
 
 CELLS = [("thread", "thread"), ("thread", "direct"), ("process", "queue"), ("process", "shared_memory"),
          ("process", "process_slot"), ("process", "distributed"), ("ray", "ray"), ("ray", "distributed"),
@@ -473,8 +471,8 @@ def run_monarch_cells(cells, sizes, client_counts, quick, results, floors) -> No
     endpoint call of an actor in a proc of its own with the same payload, measured in the same run."""
     from monarch.actor import Actor, endpoint, this_host
 
-    here = os.path.dirname(os.path.abspath(__file__))  # procs inherit the environment: they import torchrl_peer too
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    # procs inherit the environment: they import torchrl_peer and _harness too
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p)
 
     class EchoActor(Actor):
         @endpoint
@@ -501,13 +499,12 @@ def per_round(warmup: int, n: int) -> tuple[int, int]:
 
 def _pooled(parts: list) -> dict:
     """:func:`summarize` of one client's sequential rounds: requests/s over the rounds' own durations."""
-    out = summarize(parts)
-    out["rps"] = sum(len(p[0]) for p in parts) / sum(p[2] - p[1] for p in parts)
-    return out
+    return summarize(parts, sequential=True)
 
 
 def _p50(part) -> float:
-    return float(np.percentile(part[0], 50))
+    """The median round trip of one round (a :func:`round_trips` part)."""
+    return percentiles(part[0], (50,))[0]
 
 
 def _stop_process(proc, conn) -> None:
@@ -527,7 +524,7 @@ def run_peer(python: str, quick: bool, client_counts, sizes, transports) -> dict
     Its progress lines pass through to stderr. It runs in a session of its own, so that if it overruns
     PEER_TIMEOUT (or this script is interrupted) every process it started can be stopped: SIGTERM first, which
     it answers by shutting its servers and clients down, then SIGKILL."""
-    command = [python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrl_peer.py"),
+    command = [python, os.path.join(HERE, "torchrl_peer.py"),
                "--clients", *map(str, client_counts), "--sizes", *sizes,
                "--transports", *[PEER_TRANSPORT[t] for t in transports if t in PEER_TRANSPORT]] + (["--quick"] if quick else [])
     return peer_json(command, PEER_TIMEOUT)
@@ -547,8 +544,8 @@ def _row(label, n_clients, r, floor, f) -> list:
     """Print a table row; return it as values (the floor's p50 and the ratio as numbers, None without a floor)."""
     floor_text = f"{f['p50']:.1f} ({floor})" if f else "-"
     ratio = f"{r['p50'] / f['p50']:.2f}" if f else "-"
-    print(f"| {label} | {n_clients} | {r['p50']:.1f} | {r['p95']:.1f} | {r['rps']:.0f} | {floor_text} | {ratio} |")
-    return [label, n_clients, r["p50"], r["p95"], r["rps"], f["p50"] if f else None, r["p50"] / f["p50"] if f else None]
+    print(f"| {label} | {n_clients} | {r['p50']:.1f} | {r['p95']:.1f} | {r['rate']:.0f} | {floor_text} | {ratio} |")
+    return [label, n_clients, r["p50"], r["p95"], r["rate"], f["p50"] if f else None, r["p50"] / f["p50"] if f else None]
 
 
 def report(results, floors, sizes, client_counts, cells, peer, rec: Results) -> bool:
@@ -601,14 +598,14 @@ def report(results, floors, sizes, client_counts, cells, peer, rec: Results) -> 
             continue
         rounds = ours.get("rounds")
         ratio = float(np.median([a / b for a, b in rounds])) if rounds else ours["p50"] / f["p50"]
-        speedup = ours["rps"] / ray_row["rps"]
+        speedup = ours["rate"] / ray_row["rate"]
         ok = ratio <= 1.5 and speedup >= 3.0
         all_pass &= ok
         beside = (f"median of the per-round ratios to floor (d) measured beside it (rounds, p50 us ours/floor: "
                   f"{', '.join(f'{a:.1f}/{b:.1f}' for a, b in rounds)})" if rounds else f"floor (d) {f['p50']:.1f} us")
         say(rec.verdict, f"{'PASS' if ok else 'MISS'} ray/distributed at {size}: p50 {ours['p50']:.1f} us, "
-             f"{ratio:.2f}x: {beside} (target <= 1.50x); {ours['rps']:.0f} req/s = {speedup:.2f}x ray/ray's "
-             f"{ray_row['rps']:.0f} (target >= 3.00x)")
+             f"{ratio:.2f}x: {beside} (target <= 1.50x); {ours['rate']:.0f} req/s = {speedup:.2f}x ray/ray's "
+             f"{ray_row['rate']:.0f} (target >= 3.00x)")
     if peer_rows:
         print(f"\nBeside TorchRL {peer['torchrl']} (16B, 1 client, p50):\n")
         for placement, transport in cells:

@@ -44,15 +44,11 @@ import os
 import shlex
 import statistics
 import sys
-import tempfile
-import time
 from dataclasses import dataclass
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from _common import run_child, sample_factory_appo, steady_rate  # noqa: E402 (benchmarks/_common.py)
-from _results import Results, say, show  # noqa: E402 (benchmarks/_results.py, beside this script)
+from _harness import ROOT, launcher_run, spread, steady_rate  # first: the checkout on sys.path (_harness.py)
+from _results import RESULTS_DIR, Results, load, say, show
+from _sample_factory import sample_factory_appo
 
 
 @dataclass(frozen=True)
@@ -109,16 +105,11 @@ def run_one(preset: Preset, placement: list[str], seed: int, frames: int, extra:
     directory is kept under ``keep`` (``<label>/seed<S>``) where given."""
     from launcher.sweep import read_job
 
-    with tempfile.TemporaryDirectory() as tmp:
-        run_dir = os.path.join(keep, label.replace("/", "_").replace(" ", "_"), f"seed{seed}") if keep else tmp
-        command = [sys.executable, "-m", "launcher", f"+recipe={recipe}", *preset.overrides, *placement,
-                   f"seed={seed}", f"recipe.total_frames={frames}", "launcher.progress=false", "launcher.plot=false",
-                   f"hydra.run.dir={run_dir}", *extra]
-        start = time.monotonic()
-        run_child(command, timeout, quiet=True)
-        job = read_job(run_dir)
-        return {"curve": job.curve, "fps": steady_rate(job.summary), "wall_s": time.monotonic() - start,
-                "frames": job.summary.get("frames")}
+    run_dir = os.path.join(keep, label.replace("/", "_").replace(" ", "_"), f"seed{seed}") if keep else None
+    job, seconds = launcher_run([f"+recipe={recipe}", *preset.overrides, *placement, f"seed={seed}",
+                                 f"recipe.total_frames={frames}", "launcher.progress=false", "launcher.plot=false",
+                                 *extra], timeout, run_dir, read=read_job)
+    return {"curve": job.curve, "fps": steady_rate(job.summary), "wall_s": seconds, "frames": job.summary.get("frames")}
 
 
 def at(curve: list[tuple[float, float]], frames: float) -> float | None:
@@ -136,10 +127,10 @@ def summarise(curves: list[list[tuple[float, float]]], grid: list[int]) -> tuple
     med, low, high = [], [], []
     for g in grid:
         values = [at(c, g) for c in curves]
-        known = None not in values
-        med.append(statistics.median(values) if known else None)
-        low.append(min(values) if known else None)
-        high.append(max(values) if known else None)
+        got = spread(values) if None not in values else None
+        med.append(got and got.median)
+        low.append(got and got.low)
+        high.append(got and got.high)
     return med, low, high
 
 
@@ -175,8 +166,6 @@ def recorded_ppo(preset_name: str, run_number: int, frames: int, seeds: list[int
     """PPO's rows from run ``run_number`` (1 the oldest) of ``learning_<preset>.json`` (in ``directory``, default
     ``benchmarks/results``), per placement: its median curve and band over seeds, its summary row and its per-seed
     rows. Refuses a run whose budget or seeds differ, or that lacks PPO in one of ``placements``."""
-    from _results import RESULTS_DIR, load
-
     path = os.path.join(directory or RESULTS_DIR, f"learning_{preset_name}.json")
     runs = load(path)
     if not 1 <= run_number <= len(runs):
@@ -248,9 +237,9 @@ def main() -> None:
     def add_row(label: str, runs: list[dict]) -> None:  # a row's runs, one per seed: its curve, table rows, frames/s
         med, low, high = summarise([r["curve"] for r in runs], grid)
         series[label], bands[label] = med, (low, high)
-        fps = [r["fps"] for r in runs]
+        fps = spread(r["fps"] for r in runs)
         cells = ["-" if med[i] is None else f"{med[i]:.2f} [{low[i]:.2f}-{high[i]:.2f}]" for i in READ_AT]
-        rows.append([label, *cells, statistics.median(fps), f"{min(fps):,.0f}-{max(fps):,.0f}"])
+        rows.append([label, *cells, fps.median, fps.range()])
         per_seed.extend([label, seed, *(at(r["curve"], grid[i]) for i in READ_AT), r["fps"]]
                         for seed, r in zip(args.seeds, runs))
 

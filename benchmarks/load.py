@@ -32,16 +32,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
-
-from benchmarks._load import (  # noqa: E402
-    INFERENCE_CELLS, MEMORY_BOUND, REPLAY_CELLS, ROWS_PER_EXTEND, Result, Workers, run_cell)
-from benchmarks._results import Results, say  # noqa: E402  (the run as JSON beside the tables)
+from _load import INFERENCE_CELLS, MEMORY_BOUND, REPLAY_CELLS, ROWS_PER_EXTEND, Result, Workers, run_cell
+from _results import Results, say
 
 WORKERS = 4  # client processes of the process owners
 

@@ -20,17 +20,16 @@ measured for CleanRL's ppo.py on these machines are printed for context, marked 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
+from _harness import launcher_run, spread  # first: the checkout on sys.path (benchmarks/_harness.py)
+from _results import Results, say
 from components import compat
-from _results import Results, say  # (benchmarks/_results.py, beside this script: the run as JSON beside the tables)
 
 # (label, overrides): every combination the table says is built today.
 PLACEMENTS = [
@@ -70,20 +69,9 @@ def runnable(overrides: list[str]) -> bool:
 
 
 def run_once(overrides: list[str], seed: int, timeout: float, extra: list[str] = ()) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        start = time.perf_counter()
-        proc = subprocess.run(
-            [sys.executable, "-m", "launcher", "+recipe=ppo", f"seed={seed}", "launcher.progress=false",
-             "launcher.plot=false", f"hydra.run.dir={tmp}", *overrides, *extra],
-            capture_output=True, text=True, timeout=timeout,
-        )
-        elapsed = time.perf_counter() - start
-        if proc.returncode != 0:
-            raise RuntimeError(f"run failed ({' '.join(overrides)} seed={seed}):\n{proc.stderr[-2000:]}")
-        with open(os.path.join(tmp, "summary.json")) as f:
-            summary = json.load(f)
-    summary["process_seconds"] = elapsed
-    return summary
+    summary, seconds = launcher_run(["+recipe=ppo", f"seed={seed}", "launcher.progress=false", "launcher.plot=false",
+                                     *overrides, *extra], timeout)
+    return {**summary, "process_seconds": seconds}
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -187,10 +175,10 @@ def startup_targets(rows: list, rec: Results) -> None:
     print(f"\n### Target: start-up within {STARTUP_TARGET_S:g} s of direct's ({os.cpu_count()} cores; direct "
           f"{direct:.1f} s)\n")
     for label, results in others:
-        seconds = med(startup(r) for r in results)
-        verdict = "PASS" if seconds <= direct + STARTUP_TARGET_S else "MISS"
-        say(rec.verdict, f"{verdict} {label}: start-up {seconds:.1f} s = direct + {seconds - direct:.1f} s "
-            f"[{min(startup(r) for r in results):.1f}-{max(startup(r) for r in results):.1f}]")
+        seconds = spread(startup(r) for r in results)
+        verdict = "PASS" if seconds.median <= direct + STARTUP_TARGET_S else "MISS"
+        say(rec.verdict, f"{verdict} {label}: start-up {seconds.median:.1f} s = direct + "
+            f"{seconds.median - direct:.1f} s [{seconds.range('.1f')}]")
 
 
 def targets(rows: list, rec: Results) -> None:

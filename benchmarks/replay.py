@@ -57,13 +57,12 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
-
-from components.replay import ReplayBuffer  # noqa: E402
-from transports.segments import segments_of  # noqa: E402
-from _common import start_owner  # noqa: E402  (benchmarks/_common.py, beside this script)
-from _results import Results, say, show, with_floors  # noqa: E402  (benchmarks/_results.py: the run as JSON)
-from transports.queue.wire import from_wire, to_wire  # noqa: E402
+from _harness import (  # first: the checkout on sys.path (benchmarks/_harness.py)
+    interleaved, latency, percentiles, start_owner)
+from _results import Results, say, show, with_floors
+from components.replay import ReplayBuffer
+from transports.segments import segments_of
+from transports.queue.wire import from_wire, to_wire
 
 BATCH = 256
 # label -> (description, dtype, shape, capacity, (extend calls, sample calls) of a full run)
@@ -99,36 +98,7 @@ def calls(obs: str, quick: bool) -> tuple[int, int]:
     return max(10, n_extend // div), max(20, n_sample // div)
 
 
-# ---------------------------------------------------------------------------------------------- measuring
-def interleaved(calls: dict, warmup: int, n: int, rounds: int = 5, budget: float = BUDGET_S) -> dict:
-    """Latencies (us) and wall seconds of up to ``n`` calls of each named callable, measured in ``rounds``
-    alternating blocks so that every row sees the same load on a shared machine; a row stops early once its
-    measured calls took ``budget`` seconds."""
-    clock = time.perf_counter
-    for call in calls.values():
-        for _ in range(warmup):
-            call()
-    lat = {name: [] for name in calls}
-    wall = dict.fromkeys(calls, 0.0)
-    per_round = max(1, n // rounds)
-    for _ in range(rounds):
-        for name, call in calls.items():
-            if wall[name] > budget:
-                continue
-            start = clock()
-            for _ in range(per_round):
-                t0 = clock()
-                call()
-                lat[name].append(clock() - t0)
-            wall[name] += clock() - start
-    return {name: (np.asarray(v) * 1e6, wall[name]) for name, v in lat.items()}
-
-
-def stats(lat: np.ndarray, wall: float, per_call: int) -> dict:
-    return {"p50": float(np.percentile(lat, 50)), "p95": float(np.percentile(lat, 95)),
-            "rate": len(lat) * per_call / wall, "n": len(lat)}
-
-
+# ---------------------------------------------------------------------------------------------- floors
 def gather_floor(obs: str):
     """The floor: randint + index_select of 256 rows of every leaf of preallocated storage into new tensors."""
     capacity = OBS[obs][3]
@@ -250,7 +220,7 @@ def run_obs(obs: str, cells, quick: bool, pids: set, results: dict, breakdowns: 
             clients[cell] = owner.client()
             print(f"  started {cell:<22} {obs:>8} in {took:.1f} s", file=sys.stderr, flush=True)
         ext = interleaved({cell: (lambda c=c: c.extend(batch)) for cell, c in clients.items()},
-                          max(2, n_extend // 10), n_extend)
+                          max(2, n_extend // 10), n_extend, budget=BUDGET_S)
         for cell, c in clients.items():
             assert c.sample(BATCH)["observation"].shape == (BATCH, *OBS[obs][2])
         rows = {"floor: torch gather": gather_floor(obs)}
@@ -259,11 +229,11 @@ def run_obs(obs: str, cells, quick: bool, pids: set, results: dict, breakdowns: 
         if any(cell.endswith("/distributed") for cell in clients):
             rows[GLOO_FLOOR] = gloo_floor(obs, stack)
         rows.update({cell: (lambda c=c: c.sample(BATCH)) for cell, c in clients.items()})
-        smp = interleaved(rows, max(3, n_sample // 10), n_sample)
+        smp = interleaved(rows, max(3, n_sample // 10), n_sample, budget=BUDGET_S)
         for name in rows:
-            results[(name, obs)] = {"sample": stats(*smp[name], BATCH)}
+            results[(name, obs)] = {"sample": latency(*smp[name], BATCH)}
             if name in ext:
-                results[(name, obs)]["extend"] = stats(*ext[name], BATCH)
+                results[(name, obs)]["extend"] = latency(*ext[name], BATCH)
             r = results[(name, obs)]
             print(f"  measured {name:<22} {obs:>8}  sample p50 {r['sample']['p50']:9.1f} us", file=sys.stderr, flush=True)
         if obs == TARGET_OBS:
@@ -382,7 +352,7 @@ def frame_stacks(capacity: int, quick: bool, rec: Results) -> None:
         shifted = (out["observation"][:, 1:] == out["next", "observation"][:, :3]).flatten(1).all(1)
         assert bool(shifted.float().mean() > 0.5), "frame-by-frame storage returned stacks that were never written"
         held = store.nbytes
-        ext, smp = np.percentile(extend, [25, 50, 75]) * 1e3, np.percentile(sample, [25, 50, 75]) * 1e3
+        ext, smp = (percentiles(np.asarray(seconds) * 1e3, (25, 50, 75)) for seconds in (extend, sample))
         rows.append([label, round(held / 2**30, 3), round(held / (capacity * frame), 2), round(ext[1], 2),
                      f"{ext[0]:.2f}-{ext[2]:.2f}", round(smp[1], 2), f"{smp[0]:.2f}-{smp[2]:.2f}", store.stale_frames])
         store.close()

@@ -37,17 +37,14 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
-from _common import ROOT  # benchmarks/_common.py, beside this script
-from _results import Results, say, show  # benchmarks/_results.py: the run as JSON
-
-sys.path.insert(0, ROOT)  # run from anywhere
-from components.hosts.ray_cluster import processes_holding  # noqa: E402
+from _harness import launcher_command, read_summary, spread, start_child  # first: the checkout on sys.path
+from _results import Results, say, show
+from components.hosts.ray_cluster import processes_holding
 
 DEFAULT_RUN = ["+recipe=appo", "env=minatar", "service=ray", "transport=distributed"]
 LONG_RUN = ["recipe.total_frames=100000000", "recipe.target_return=null", "launcher.progress=true",
@@ -174,9 +171,8 @@ def one_try(overrides: list[str], start_timeout: float, exit_timeout: float) -> 
         os.mkdir(tmp)
         err_path = os.path.join(where, "stderr")
         with open(os.path.join(where, "stdout"), "w") as out, open(err_path, "w") as err:
-            proc = subprocess.Popen([sys.executable, "-m", "launcher", *overrides, *LONG_RUN,
-                                     f"hydra.run.dir={run_dir}"], cwd=ROOT, stdout=out, stderr=err,
-                                    start_new_session=True, env={**os.environ, "TMPDIR": tmp})
+            proc = start_child(launcher_command([*overrides, *LONG_RUN], run_dir), stdout=out, stderr=err,
+                               env={**os.environ, "TMPDIR": tmp})
 
         def stderr() -> str:
             with open(err_path) as f:
@@ -208,10 +204,7 @@ def one_try(overrides: list[str], start_timeout: float, exit_timeout: float) -> 
             at_exit = _left(pids - {proc.pid} if seconds is not None else pids, session, tmp)
             _wait(lambda: _count(_left(pids, session, tmp)) == 0, SETTLE_S, 0.1)
             left = _left(pids, session, tmp)
-            summary = None
-            if os.path.exists(os.path.join(run_dir, "summary.json")):
-                with open(os.path.join(run_dir, "summary.json")) as f:
-                    summary = json.load(f)
+            summary = read_summary(run_dir)
             lines = [line for line in stderr().splitlines() if line.strip()]
             return {"status": proc.returncode, "seconds": seconds, "said": said,
                     "summary": bool(summary and summary.get("interrupted") and summary.get("signal") == "SIGTERM"),
@@ -248,8 +241,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{got['left_at_exit'] or 'nothing'}, left {got['left'] or 'nothing'}", flush=True)
         if got["note"]:
             print("    " + got["note"].replace("\n", "\n    "), flush=True)
-    times = [t["seconds"] for t in tries if t["seconds"] is not None]
-    said = [t["said"] for t in tries if t["said"] is not None]
+    times, said = spread(t["seconds"] for t in tries), spread(t["said"] for t in tries)
     statuses: dict[str, int] = {}
     for t in tries:
         statuses[str(t["status"])] = statuses.get(str(t["status"]), 0) + 1
@@ -259,8 +251,8 @@ def main(argv: list[str] | None = None) -> int:
          ["tries", "exit statuses", "median s to exit", "max s to exit", "median s to the last line", "summary.json",
           "rows kept", "left at exit", f"left {SETTLE_S:g} s later", "all good"],
          [[len(tries), ", ".join(f"{k}: {v}" for k, v in sorted(statuses.items())),
-           _seconds(statistics.median(times)) if times else None, _seconds(max(times)) if times else None,
-           _seconds(statistics.median(said)) if said else None, sum(t["summary"] for t in tries),
+           _seconds(times and times.median), _seconds(times and times.high), _seconds(said and said.median),
+           sum(t["summary"] for t in tries),
            sum(t["rows"] for t in tries), sum(bool(t["left_at_exit"]) for t in tries),
            sum(bool(t["left"]) for t in tries), len(good)]],
          note="last line: the run's `terminated (SIGTERM)` line, once every service and the cluster were stopped (the "

@@ -1,7 +1,8 @@
 """TorchRL's inference server measured the way ``benchmarks/inference.py`` measures ours; run with TorchRL's python.
 
 TorchRL 0.14.1 needs tensordict<0.15, so it lives in its own virtual environment and this script stands alone:
-it imports torch, tensordict, torchrl, numpy and the standard library, nothing from this project.
+it imports torch, tensordict, torchrl, numpy and the standard library, and from this project only
+``benchmarks/_harness.py`` beside it (numpy and the standard library), whose measuring functions ours use too.
 ``benchmarks/inference.py --peer-python PATH`` runs it and prints its rows beside ours; it can also run alone:
 
     python -m venv /tmp/trl && /tmp/trl/bin/pip install torch==2.13.0 torchrl==0.14.1
@@ -28,7 +29,8 @@ with ``spawn`` and handed their clients as ``Process`` arguments. Process server
 their cells, shut down after them), so an idle server never shares the CPUs with a measured one.
 
 Prints one JSON object on stdout: ``{"torchrl": version, "tensordict": version, "results": [{"transport",
-"size", "clients", "p50", "p95", "rps"}, ...], "skipped": {transport: reason}}`` (latencies in microseconds).
+"size", "clients", "p50", "p95", "rate", "n"}, ...], "skipped": {transport: reason}}`` (latencies in microseconds,
+``rate`` in requests/s).
 Progress goes to stderr, and so does anything a library or a child process writes to stdout.
 """
 
@@ -46,10 +48,11 @@ import threading
 import time
 import traceback
 
-import numpy as np
 import torch
 from tensordict import TensorDict
 from torch import nn
+
+from _harness import round_trips, summarize  # benchmarks/_harness.py, beside this script: as ours are measured
 
 THREAD_TRANSPORTS = ("thread", "direct")
 PROCESS_TRANSPORTS = ("mp", "shared_memory", "process_slot")
@@ -60,8 +63,8 @@ CELL_TIMEOUT = 600.0  # all the round trips of one cell
 STOP_TIMEOUT = 10.0
 
 # ------------------------------------------------------------------------------------- shared with inference.py
-# The workload and the measuring primitives of this section are the ones inference.py uses too: it imports them from
-# this file (which must stand alone in TorchRL's environment), so both sides measure the same way.
+# The workload of this section is the one inference.py uses too: it imports it from this file (which must stand alone
+# in TorchRL's environment), so both sides measure the same thing.
 # label -> (description, dtype, shape, measured round trips per cell over all clients)
 SIZES = {
     "16B": ("observation float32 [4]", torch.float32, (4,), 3000),
@@ -94,26 +97,6 @@ def counts(size: str, clients: int, quick: bool) -> tuple[int, int]:
     total = SIZES[size][3] // (5 if quick else 1)
     per_client = max(MIN_PER_CLIENT // (2 if quick else 1), total // clients)
     return max(10, per_client // 5), per_client
-
-
-def round_trips(call, warmup: int, n: int) -> tuple[np.ndarray, float, float]:
-    """Latencies (us) of ``n`` calls after ``warmup``, and the monotonic start and end of the measured ones."""
-    for _ in range(warmup):
-        call()
-    lat = np.empty(n)
-    clock = time.perf_counter
-    start = time.monotonic()
-    for i in range(n):
-        t0 = clock()
-        call()
-        lat[i] = clock() - t0
-    return lat * 1e6, start, time.monotonic()
-
-
-def summarize(parts: list) -> dict:
-    lat = np.concatenate([p[0] for p in parts])
-    span = max(p[2] for p in parts) - min(p[1] for p in parts)
-    return {"p50": float(np.percentile(lat, 50)), "p95": float(np.percentile(lat, 95)), "rps": len(lat) / span}
 
 
 # ---------------------------------------------------------------------------------------------- TorchRL side

@@ -86,11 +86,11 @@ def test_ppo_s_rows_are_read_from_a_recorded_run_of_the_same_budget_and_seeds_on
 
 
 def test_an_override_of_the_appo_update_reaches_sample_factory_s_update_and_nothing_else_does():
-    import _common
+    import _sample_factory
 
-    base = _common.sample_factory_update()
+    base = _sample_factory.sample_factory_update()
     assert "--num_epochs=3" in base  # conf/recipe_env/appo_atari.yaml's passes
-    changed = _common.sample_factory_update(["recipe.update_epochs=4", "++recipe.num_minibatches=4", "seed=3",
+    changed = _sample_factory.sample_factory_update(["recipe.update_epochs=4", "++recipe.num_minibatches=4", "seed=3",
                                              "components.collector.local_policy=true"])
     assert "--num_epochs=4" in changed
     assert changed[changed.index("--minibatches") + 1] == "4"
@@ -107,7 +107,7 @@ def test_the_impala_atari_override_leaves_ppo_s_reference_rows_alone():
 
 @pytest.mark.slow
 def test_the_impala_atari_override_reaches_the_overlap_bound_s_phases():
-    from _common import in_child
+    from _harness import in_child
 
     # composed with the override, as the rows are: a smaller update times fewer frames
     phases = in_child("impala_atari", "recipe_phases('appo', 2, 0, 'gymnasium', ('recipe.num_envs=2', "

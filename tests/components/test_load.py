@@ -12,12 +12,16 @@ of more than a few KiB per call; the benchmark's full-scale runs are the real me
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
 
-from benchmarks._load import INFERENCE_CELLS, REPLAY_CELLS, Result, Workers, check_answers, check_rows, run_cell
+from tests.helpers import ROOT
 from transports.segments import segments_of
+
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # as `python benchmarks/load.py` finds its modules
+from _load import INFERENCE_CELLS, REPLAY_CELLS, Result, Workers, check_answers, check_rows, run_cell  # noqa: E402
 
 SCALE = {"inference": (64, 100), "replay": (8, 250)}
 RAY_CALLS_SCALE = {"inference": (64, 25), "replay": (8, 100)}  # a Ray call costs milliseconds here
