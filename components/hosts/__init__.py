@@ -15,7 +15,7 @@ from typing import Iterator, Mapping
 from transports.kernel.errors import NotImplementedYetError
 from transports.kernel.placements import placements
 
-from .base import Done, Host, Pending, Resources, stop_all
+from .base import Done, Host, Pending, Resources, shutdown_all
 
 BUILT_IN: tuple[str, ...] = ("direct", "thread", "process", "ray", "distributed", "submitit", "rpc", "monarch")
 """The host modules of this package: importing each registers its placement, in this order (the tables')."""
@@ -56,4 +56,4 @@ def host_class(placement: str) -> type[Host]:
                                      alternatives=tuple(HOSTS)) from None
 
 
-__all__ = ["Done", "HOSTS", "Host", "Pending", "Resources", "host_class", "stop_all"]
+__all__ = ["Done", "HOSTS", "Host", "Pending", "Resources", "host_class", "shutdown_all"]

@@ -225,11 +225,11 @@ class Host(ABC):
         """Run ``method(*args)`` on the target and return its result (or raise its error here)."""
         return self.submit(method, *args).result(timeout)
 
-    def request_stop(self) -> None:
+    def begin_shutdown(self) -> None:
         """Ask the target to stop without waiting (so several hosts wind down at once)."""
 
     @abstractmethod
-    def stop(self, timeout: float | None = None) -> None:
+    def shutdown(self, timeout: float | None = None) -> None:
         """Stop the target within ``timeout`` seconds (ask, then force). Idempotent."""
 
     @classmethod
@@ -340,16 +340,16 @@ def exit_description(code: int | None) -> str:
     return f"exit code {code}"
 
 
-def stop_all(hosts, timeout: float | None = None) -> None:
+def shutdown_all(hosts, timeout: float | None = None) -> None:
     """Stop several hosts within one deadline: every one is asked first, then each is waited for."""
     import time
 
     timeout = DEFAULT_STOP_TIMEOUT if timeout is None else timeout
     deadline = time.monotonic() + timeout
     for host in hosts:
-        host.request_stop()
+        host.begin_shutdown()
     for host in hosts:
-        host.stop(max(0.1, deadline - time.monotonic()))
+        host.shutdown(max(0.1, deadline - time.monotonic()))
 
 
 def run_serving_loop(target: Any, stop: threading.Event) -> None:

@@ -145,7 +145,7 @@ class ConnectedHost(ProcessHost):
         return self.death is None and self._conn is not None
 
     # ------------------------------------------------------------------ stop
-    def request_stop(self) -> None:
+    def begin_shutdown(self) -> None:
         if self._stopping:
             return
         self._stopping = True
@@ -155,12 +155,12 @@ class ConnectedHost(ProcessHost):
             except (OSError, ValueError):
                 pass
 
-    def stop(self, timeout: float | None = None) -> None:
+    def shutdown(self, timeout: float | None = None) -> None:
         if not self._launched or self._server is None:
             return
         timeout = DEFAULT_STOP_TIMEOUT if timeout is None else timeout
         deadline = time.monotonic() + timeout
-        self.request_stop()
+        self.begin_shutdown()
         connected = self._conn is not None
         if connected:  # the peer closes its end once its target closed
             try:

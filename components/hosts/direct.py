@@ -38,7 +38,7 @@ class DirectHost(Host):
     def call(self, method: str, *args: Any, timeout: float | None = None) -> Any:
         return getattr(self.target, method)(*args)
 
-    def stop(self, timeout: float | None = None) -> None:
+    def shutdown(self, timeout: float | None = None) -> None:
         if self.target is not None and not self._stopped:
             self._stopped = True
             close_target(self.target)

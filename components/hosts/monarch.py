@@ -56,7 +56,7 @@ class MonarchHost(Host):
         try:
             pid, hostname = self._ready.get(timeout=timeout)
         except BaseException as exc:  # noqa: BLE001 - translated below
-            self.stop(1.0)
+            self.shutdown(1.0)
             if isinstance(exc, TimeoutError):
                 from transports.kernel.errors import ServiceTimeoutError
 
@@ -80,7 +80,7 @@ class MonarchHost(Host):
         self._died(reason)
         return reason
 
-    def stop(self, timeout: float | None = None) -> None:
+    def shutdown(self, timeout: float | None = None) -> None:
         """Let the target release its resource, then stop the proc (in a run, see :meth:`session`, the proc's end is
         awaited when the run's session ends). Idempotent; never raises for a dead proc."""
         if self._procs is None or self._stopped:

@@ -218,7 +218,7 @@ class ProcessHost(Host):
         return _Reply(self, method)
 
     # ------------------------------------------------------------------ stop
-    def request_stop(self) -> None:
+    def begin_shutdown(self) -> None:
         if self._process is None or self._stopping:
             return
         self._stopping = True
@@ -228,12 +228,12 @@ class ProcessHost(Host):
             except (OSError, ValueError):
                 pass
 
-    def stop(self, timeout: float | None = None) -> None:
+    def shutdown(self, timeout: float | None = None) -> None:
         if self._process is None:
             return
         timeout = DEFAULT_STOP_TIMEOUT if timeout is None else timeout
         deadline = time.monotonic() + timeout
-        self.request_stop()
+        self.begin_shutdown()
         self._wait_ended(max(0.0, 0.6 * (deadline - time.monotonic())))
         self._force_stop(max(0.1, deadline - time.monotonic()))
         self._stop_watcher()

@@ -131,7 +131,7 @@ class HostActor:
     def deliver(self, endpoint_id: str, payload: Any) -> Any:
         return deliver(endpoint_id, payload)
 
-    def stop(self) -> None:
+    def shutdown(self) -> None:
         if self.target is None:  # a warm actor that was never given a target
             return
         self._stop.set()
@@ -251,7 +251,7 @@ class RayHost(Host):
         """The Ray node the actor runs on."""
         return get(self._handle.node_id.remote(), f"{self.name}.node_id", 60.0)
 
-    def stop(self, timeout: float | None = None) -> None:
+    def shutdown(self, timeout: float | None = None) -> None:
         """Let the target release its resource, then end the actor. Idempotent; never raises for a dead actor."""
         if self._handle is None:
             return
@@ -260,7 +260,7 @@ class RayHost(Host):
         if not ray.is_initialized():
             return
         try:
-            ray.get(handle.stop.remote(), timeout=DEFAULT_STOP_TIMEOUT if timeout is None else timeout)
+            ray.get(handle.shutdown.remote(), timeout=DEFAULT_STOP_TIMEOUT if timeout is None else timeout)
         except Exception:  # noqa: BLE001 - dead or stuck: killed below either way
             pass
         try:

@@ -262,7 +262,7 @@ class RpcHost(ProcessHost):
         try:
             self._world.wait(deadline, self)
         except BaseException:
-            self.stop(1.0)
+            self.shutdown(1.0)
             raise
         self._serving = True
 
@@ -281,19 +281,19 @@ class RpcHost(ProcessHost):
             self._calls += 1
         return _Answer(self, method, future)
 
-    def request_stop(self) -> None:
+    def begin_shutdown(self) -> None:
         if self._process is None or self._stopping:
             return  # asked already (stop() asks again)
         serving = self._serving and self._runs() and self.death is None
-        super().request_stop()
+        super().begin_shutdown()
         if self._world is not None:
             self._world.stop_requested(self.rank, serving)
 
-    def stop(self, timeout: float | None = None) -> None:
+    def shutdown(self, timeout: float | None = None) -> None:
         if self._process is None:
             return
         try:
-            super().stop(timeout)
+            super().shutdown(timeout)
         finally:
             self._leave()
 

@@ -12,7 +12,7 @@ answers back; everything the job reaches of the other services goes through thei
 The driver waits for every job to connect within ``submitit.connect_timeout`` seconds (time in the queue
 included). A job that ends before connecting, whose connection closes (``scancel``, a crash, a node lost: TCP
 keep-alive notices within about 30 s) is a peer failure naming its Slurm job id, its state and its log file.
-``stop`` asks by message, waits for the job to return, and cancels it if it has not within the deadline.
+``shutdown`` asks by message, waits for the job to return, and cancels it if it has not within the deadline.
 """
 
 from __future__ import annotations
@@ -261,7 +261,7 @@ class SubmititHost(ConnectedHost):
                 return state
             time.sleep(0.25)
 
-    # ------------------------------------------------------------------ stop
+    # -------------------------------------------------------------- shutdown
     def _force_stop(self, budget: float) -> None:
         """Cancel the job unless it is done within ``budget`` seconds (a job never submitted is dropped)."""
         self._stopping = True

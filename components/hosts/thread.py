@@ -108,10 +108,10 @@ class ThreadHost(Host):
         self._calls.put((method, args, answer))
         return answer
 
-    def request_stop(self) -> None:
+    def begin_shutdown(self) -> None:
         self._stop.set()
 
-    def stop(self, timeout: float | None = None) -> None:
+    def shutdown(self, timeout: float | None = None) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(DEFAULT_STOP_TIMEOUT if timeout is None else timeout)

@@ -45,20 +45,20 @@ def test_a_rank_gets_its_environment_and_its_death_is_reported():
         with pytest.raises(PeerFailureError):
             host.call("read", timeout=10)
     finally:
-        host.stop(5)
+        host.shutdown(5)
     wait_until(lambda: process_gone(pid), timeout=10, what="the rank is reaped")
 
 
 def test_collector_ranks_on_this_machine_hand_rollouts_over_through_shared_memory():
     """A rank may run on another node, so it probes for the driver's segment; a local rank finds it and hands its
     rollouts over through a shared slot, gone with the rank."""
-    from components.collectors import Collector
+    from components.collectors import Collector, CollectorConfig
     from transports.segments import segments_of
 
     from tests.factories import LocalPolicy, cartpole_envs
 
-    with Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=2 * 4 * 2, total_frames=2 * 4 * 2 * 2,
-                   num_collectors=2, placement="distributed",
+    with Collector(CollectorConfig(frames_per_batch=2 * 4 * 2, total_frames=2 * 4 * 2 * 2, num_collectors=2,
+                                   placement="distributed"), create_env_fn=cartpole_envs(2), policy=LocalPolicy(),
                    seed=4) as collector:
         batches = list(collector)
         pids = [host.pid for host in collector.hosts]

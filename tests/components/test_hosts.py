@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from components.hosts import HOSTS, host_class, stop_all
+from components.hosts import HOSTS, host_class, shutdown_all
 from components.hosts.base import Resources
 from transports.kernel.errors import ConfigurationError, PeerFailureError, RemoteError
 
@@ -97,26 +97,26 @@ def test_start_builds_where_the_placement_puts_it_and_control_calls_reach_it(hos
             host.call("boom")
         assert host.call("add", 1, 1) == 2  # still serving
     finally:
-        host.stop()
+        host.shutdown()
     assert not host.is_alive
-    host.stop()  # idempotent
+    host.shutdown()  # idempotent
 
 
 def test_a_builder_error_surfaces_at_start(host_type):
     host = host_type("broken", make_failing, resources=Resources(startup_timeout=60))
     with pytest.raises((RuntimeError, RemoteError), match="cannot build this target here"):
         host.start()
-    host.stop()
+    host.shutdown()
     assert not host.is_alive
 
 
-def test_stop_all_winds_several_hosts_down_together(host_type):
+def test_shutdown_all_winds_several_hosts_down_together(host_type):
     hosts = [host_type(f"many-{i}", make, index=(i, 2)) for i in range(2)]  # one owner's two workers
     for host in hosts:
         host.launch()
     for host in hosts:
         host.wait_ready()
-    stop_all(hosts, timeout=20)
+    shutdown_all(hosts, timeout=20)
     assert not any(h.is_alive for h in hosts)
 
 
@@ -127,7 +127,7 @@ def test_resources_nice_lowers_the_owners_threads_and_nothing_else(placement):
         assert host.call("niceness") == {7}
         assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == 0
     finally:
-        host.stop()
+        host.shutdown()
 
 
 def test_a_nice_level_for_an_owner_in_the_callers_own_thread_is_refused():
@@ -151,7 +151,7 @@ def test_a_killed_child_is_reported_once_and_calls_fail():
         with pytest.raises(PeerFailureError):
             host.call("add", 1, 2)
     finally:
-        host.stop()
+        host.shutdown()
     assert process_gone(pid)
 
 
@@ -173,13 +173,13 @@ def test_a_process_host_outlives_the_forkserver_that_started_it():
         wait_until(lambda: deaths, timeout=10, what="the death report")
         assert deaths[0].startswith("the survivor process died")
     finally:
-        host.stop()
+        host.shutdown()
     assert process_gone(pid)
     second = host_class("process")("after", make).start()  # the next child comes from a new forkserver
     try:
         assert second.call("add", 2, 2) == 4
     finally:
-        second.stop()
+        second.shutdown()
 
 
 def test_a_thread_loop_that_ends_on_its_own_is_reported():
@@ -194,4 +194,4 @@ def test_a_thread_loop_that_ends_on_its_own_is_reported():
         wait_until(lambda: deaths, timeout=10, what="the death report")
         assert "stopped on its own" in deaths[0]
     finally:
-        host.stop()
+        host.shutdown()

@@ -21,8 +21,8 @@ pytestmark = pytest.mark.slow  # a Monarch proc each
 
 def test_a_killed_proc_fails_the_waiting_client_within_5_s_and_every_later_call(tmp_path):
     marker = str(tmp_path / "hung")
-    server = InferenceServer(policy_factory=functools.partial(echo_factory, 0.0, marker),
-                             config=InferenceServerConfig(placement="monarch"), transport="monarch")
+    server = InferenceServer(InferenceServerConfig(placement="monarch"),
+                             policy_factory=functools.partial(echo_factory, 0.0, marker), transport="monarch")
     with server:
         client = server.client()
         answer = client(TensorDict({"observation": torch.ones(4)}))
@@ -46,7 +46,7 @@ def test_a_killed_proc_fails_the_waiting_client_within_5_s_and_every_later_call(
 
 
 def test_the_owners_proc_ends_with_it():
-    server = InferenceServer(policy_factory=echo_factory, config=InferenceServerConfig(placement="monarch"),
+    server = InferenceServer(InferenceServerConfig(placement="monarch"), policy_factory=echo_factory,
                              transport="monarch")
     with server:
         pid = server.host.pid
@@ -75,19 +75,20 @@ def test_an_answer_that_cannot_travel_is_the_callers_error_and_the_actor_keeps_s
             host.call("lock", timeout=30)
         assert host.call("add", 1, 2, timeout=30) == 3
     finally:
-        host.stop(10)
+        host.shutdown(10)
 
 
 def test_collector_workers_hand_rollouts_over_through_shared_memory():
     """A worker's proc runs on this machine: it writes each rollout into a shared slot the driver attaches once, and
     the slot is gone with the worker."""
-    from components.collectors import Collector
+    from components.collectors import Collector, CollectorConfig
     from transports.segments import segments_of
 
     from tests.factories import LocalPolicy, cartpole_envs
 
-    with Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=2 * 4, total_frames=2 * 4 * 2, num_collectors=1,
-                   placement="monarch", seed=2) as collector:
+    with Collector(CollectorConfig(frames_per_batch=2 * 4, total_frames=2 * 4 * 2, num_collectors=1,
+                                   placement="monarch"), create_env_fn=cartpole_envs(2), policy=LocalPolicy(),
+                   seed=2) as collector:
         batches = list(collector)
         pid = collector.hosts[0].pid
         assert list(collector._received.slots) == [0] and len(segments_of([pid])) == 1
@@ -101,7 +102,7 @@ def test_in_a_session_procs_stop_together_and_the_session_waits_for_them():
     from components.hosts import monarch
 
     with monarch.MonarchHost.session({}):
-        servers = [InferenceServer(policy_factory=echo_factory, config=InferenceServerConfig(placement="monarch"),
+        servers = [InferenceServer(InferenceServerConfig(placement="monarch"), policy_factory=echo_factory,
                                    transport="monarch").start() for _ in range(2)]
         pids = [server.host.pid for server in servers]
         for server in servers:

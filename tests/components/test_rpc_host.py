@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from components.hosts import host_class, stop_all
+from components.hosts import host_class, shutdown_all
 from components.hosts.base import Resources
 from transports.kernel.errors import ConfigurationError, PeerFailureError
 
@@ -68,7 +68,7 @@ def test_calls_run_in_the_order_sent_and_a_killed_worker_is_a_peer_failure_namin
             hosts[1].call("read", timeout=10)
         assert hosts[0].call("note", 7, timeout=30) == 7  # the other worker keeps serving
     finally:
-        stop_all(hosts, timeout=20)
+        shutdown_all(hosts, timeout=20)
     wait_until(lambda: process_gone(pid0) and process_gone(pid1), timeout=10, what="the workers are reaped")
     from torch.distributed import rpc
 
@@ -83,7 +83,7 @@ def test_arguments_that_cannot_travel_fail_at_the_call_site_and_later_calls_stil
         assert host.call("note", 1, timeout=30) == 1  # its number was not used: the worker is not left waiting for it
         assert host.call("read", timeout=30)[0] == [1]
     finally:
-        host.stop(10)
+        host.shutdown(10)
 
 
 def test_restarts_are_refused_before_anything_starts():
@@ -101,4 +101,4 @@ def test_one_collector_uses_the_placement_at_a_time():
         first.wait_ready()
         assert first.call("note", 3, timeout=30) == 3
     finally:
-        first.stop(10)
+        first.shutdown(10)

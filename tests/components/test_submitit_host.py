@@ -81,7 +81,7 @@ def test_a_job_serves_calls_and_its_death_names_it(local_session):
         with pytest.raises(PeerFailureError, match=f"job {host.job_id} ended"):
             host.call("where", 1, timeout=10)
     finally:
-        host.stop(10)
+        host.shutdown(10)
     wait_until(lambda: process_gone(pid), timeout=10, what="the job's process is gone")
 
 
@@ -102,7 +102,7 @@ def test_hosts_launched_together_go_out_as_one_batch_and_stop_cleanly(local_sess
     assert len(set(pids)) == 2 and len({h.job_id for h in hosts}) == 2
     jobs = [h.job for h in hosts]
     for host in hosts:
-        host.stop(20)
+        host.shutdown(20)
     for job, pid in zip(jobs, pids):
         assert job.done() and job.state in ("DONE", "FINISHED", "COMPLETED"), job.state  # returned, not cancelled
         wait_until(lambda: process_gone(pid), timeout=10, what="the job's process is gone")
@@ -113,7 +113,7 @@ def test_an_error_while_building_surfaces_at_start(local_session):
     host = host_class("submitit")("collector-0", Broken)
     with pytest.raises(RemoteError, match="no env here"):
         host.start()
-    host.stop(10)
+    host.shutdown(10)
     assert host.job.done()
 
 

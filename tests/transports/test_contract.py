@@ -77,7 +77,7 @@ class Served:
         """Stop the host, then tell the clients (idempotent)."""
         if self.transport.closed:
             return
-        self.host.stop(10)
+        self.host.shutdown(10)
         self.transport.mark_dead(stopped=True)
         self.transport.close()
 

@@ -65,7 +65,7 @@ def test_a_process_killed_by_sigbus_is_said_to_have_run_out_of_shared_memory(tmp
             with pytest.raises(PeerFailureError) as died:
                 host.start()
         finally:
-            host.stop()
+            host.shutdown()
         said = str(died.value)
         assert "killed by SIGBUS: it ran out of shared memory in " + directory + " (" in said, said
         assert " free of 1.0 MiB)" in said, said
