@@ -153,6 +153,11 @@ class ProducerClient:
         return (type(self), (self.handle, self.endpoint_id, self.name))
 
     def submit(self, payload: Any) -> Any:
+        """Send ``payload`` to the actor as this producer's next request.
+
+        Returns:
+            The placement's future of the answer (what :meth:`_deliver` returns).
+        """
         what = f"{self.name} {payload[0]!r}" if isinstance(payload, tuple) and payload and isinstance(payload[0], str) \
             else f"{self.name} request"
         with self._lock:  # numbered and sent together: a number is used only by a request that was sent

@@ -68,6 +68,7 @@ class Transport(ABC):
 
     @property
     def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
         return self._closed
 
     @property
@@ -173,12 +174,23 @@ class ResponseFuture(ABC):
     :class:`~transports.kernel.errors.PeerFailureError`, a deadline :class:`~transports.kernel.errors.ServiceTimeoutError`."""
 
     @abstractmethod
-    def result(self, timeout: float | None = None) -> TensorDictBase: ...
+    def result(self, timeout: float | None = None) -> TensorDictBase:
+        """Wait for the answer and return it.
+
+        Args:
+            timeout: most seconds to wait; ``None`` waits as long as the server lives.
+
+        Raises:
+            PeerFailureError: the server died or was shut down before answering.
+            ServiceTimeoutError: no answer within ``timeout``.
+        """
 
     @abstractmethod
-    def done(self) -> bool: ...
+    def done(self) -> bool:
+        """Whether the answer (or its error) has arrived, without waiting."""
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The error :meth:`result` would raise, or ``None`` once it answers; waits as :meth:`result` does."""
         try:
             self.result(timeout)
         except BaseException as exc:  # noqa: BLE001 - reported, not handled

@@ -57,6 +57,7 @@ class TransportDescriptor:
 
     @property
     def option_names(self) -> tuple[str, ...]:
+        """The names of the transport's keyword options, in declaration order."""
         return tuple(fields_of(self.options))
 
     def defaults(self) -> dict[str, Any]:

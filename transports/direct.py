@@ -81,6 +81,11 @@ def _finish(slot: _Slot, result=None, error: BaseException | None = None) -> Non
 
 
 class DirectSlotClient:
+    """A client endpoint of :class:`DirectSlotTransport`: one slot, at most one request in flight.
+
+    Pickles as a reference to the transport in this process (it cannot leave the process).
+    """
+
     def __init__(self, transport_id: tuple[int, int], index: int):
         self._id, self._index = transport_id, index
         self._transport = _local.lookup(*transport_id, "direct")
@@ -90,6 +95,14 @@ class DirectSlotClient:
         return (DirectSlotClient, (self._id, self._index))
 
     def submit(self, td: TensorDictBase) -> _local.LocalFuture:
+        """Put ``td`` in this client's slot; waits while the previous request is unanswered.
+
+        Returns:
+            The future of the answer.
+
+        Raises:
+            PeerFailureError: the server is gone.
+        """
         transport, slot = self._transport, self._slot
         while not slot.free.wait(0.1):  # one request in flight per client
             if transport.status.reason is not None:
@@ -106,6 +119,8 @@ class DirectSlotClient:
 
 
 class DirectSlotServer(ServerEndpoint):
+    """The serving end of :class:`DirectSlotTransport`: sweeps the filled slots into batches."""
+
     def __init__(self, transport: DirectSlotTransport):
         self.transport = transport
 

@@ -30,10 +30,12 @@ class LeafSpec:
     device: str
 
     def describe(self) -> str:
+        """The leaf's shape, dtype and device, as error messages print them."""
         return f"shape {list(self.shape)} dtype {_dtype_name(self.dtype)} device {self.device}"
 
     @property
     def nbytes(self) -> int:
+        """Bytes one tensor of this leaf occupies."""
         n = 1
         for s in self.shape:
             n *= s
@@ -92,6 +94,7 @@ class Layout:
 
     @property
     def keys(self) -> list[Key]:
+        """The nested keys of the leaves, in layout order."""
         return [leaf.key for leaf in self.leaves]
 
     @property

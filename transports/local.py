@@ -44,6 +44,7 @@ class LocalStatus:
         self.reason: str | None = "the server has not started"
 
     def problem(self) -> str | None:
+        """Why the server does not accept requests, or ``None`` while it does."""
         return self.reason
 
 
@@ -86,9 +87,11 @@ class LocalFuture(ResponseFuture):
             logging.getLogger(__name__).exception("a future's done callback failed")
 
     def set_result(self, value) -> None:
+        """Answer with ``value``, unless an answer was already set."""
         self._set(value, None)
 
     def set_exception(self, error: BaseException) -> None:
+        """Answer with ``error`` (raised by :meth:`result`), unless an answer was already set."""
         self._set(None, error)
 
     def done(self) -> bool:

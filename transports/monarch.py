@@ -71,9 +71,11 @@ class MonarchFuture:
         self.future, self.what, self.ref, self.on_death = future, what, ref, on_death
 
     def done(self) -> bool:
+        """Whether the answer (or the actor's death) has arrived, without waiting."""
         return self.ready(0)
 
     def ready(self, timeout: float) -> bool:
+        """Whether the answer (or the actor's death) arrived within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -88,6 +90,15 @@ class MonarchFuture:
                 return False
 
     def result(self, timeout: float | None = None) -> Any:
+        """Wait for the answer and return it, watching the actor's process meanwhile.
+
+        Args:
+            timeout: most seconds to wait; ``None`` waits as long as the actor lives.
+
+        Raises:
+            PeerFailureError: the actor died.
+            ServiceTimeoutError: no answer within ``timeout`` while the actor lives.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             step = POLL_S if deadline is None else max(1e-3, min(POLL_S, deadline - time.monotonic()))

@@ -83,6 +83,7 @@ class RayFuture:
         self.ref, self.what = ref, what
 
     def done(self) -> bool:
+        """Whether the answer (or the actor's death) has arrived, without waiting."""
         return self.ready(0)
 
     def ready(self, timeout: float) -> bool:
@@ -91,6 +92,12 @@ class RayFuture:
         return bool(ready)
 
     def result(self, timeout: float | None = None) -> Any:
+        """Wait for the answer and return it.
+
+        Raises:
+            PeerFailureError: the actor died.
+            ServiceTimeoutError: no answer within ``timeout`` seconds.
+        """
         return get(self.ref, self.what, timeout)
 
 

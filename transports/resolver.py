@@ -45,4 +45,5 @@ class Resolution:
 
     @property
     def config(self) -> TransportConfig:
+        """The resolved transport as a value (its kind and options)."""
         return TransportConfig(self.kind, dict(self.options))

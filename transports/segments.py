@@ -130,6 +130,7 @@ class SlotBank:
         return (SlotBank, (self.layout, self.num_slots, self.segment))
 
     def close(self) -> None:
+        """Drop the tensor views and close this process's mapping of the segment."""
         self.slots = None
         self.segment.close()
 

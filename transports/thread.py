@@ -78,6 +78,14 @@ class ThreadClient:
         return (ThreadClient, (self._id,))
 
     def submit(self, td: TensorDictBase) -> _local.LocalFuture:
+        """Queue ``td`` for the server thread; waits while the queue is full.
+
+        Returns:
+            The future of the answer.
+
+        Raises:
+            PeerFailureError: the server is gone.
+        """
         transport = self._transport
         future = _local.LocalFuture()
         item = (td, future, time.monotonic())
@@ -94,6 +102,8 @@ class ThreadClient:
 
 
 class ThreadServer(ServerEndpoint):
+    """The serving end of :class:`ThreadTransport`: drains the queue into batches."""
+
     def __init__(self, transport: ThreadTransport):
         self.transport = transport
         self.queue = transport.queue

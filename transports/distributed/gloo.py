@@ -151,6 +151,7 @@ class Gap:
         self.grace, self.number, self.since, self.read = grace, -1, 0.0, 0.0
 
     def skips(self, n: int, store) -> bool:
+        """Whether announcement ``n`` is given up as lost; call it each time the server polls for ``n``."""
         now = time.monotonic()
         if n != self.number:
             self.number, self.since, self.read = n, now, 0.0

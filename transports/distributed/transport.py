@@ -139,6 +139,7 @@ class ServerSpec:
     operations: Mapping[str, tuple] = field(default_factory=dict)
 
     def server(self) -> "DistributedServer":
+        """Build the serving endpoint; call it in the serving process."""
         return DistributedServer(self)
 
 
@@ -344,9 +345,20 @@ class DistributedClient:
 
     @property
     def connected(self) -> bool:
+        """Whether this process holds an open connection to the server (a forked copy does not)."""
         return self._connection is not None and self._pid == os.getpid()
 
     def submit(self, td: TensorDictBase) -> LocalFuture:
+        """Send ``td`` to the server over this process's connection (connecting on first use).
+
+        Returns:
+            The future of the answer.
+
+        Raises:
+            TransportError: no layouts are bound to this endpoint yet.
+            LayoutError: ``td`` does not match the request layout (raised before anything is sent).
+            PeerFailureError: the server is gone or unreachable.
+        """
         if self.request_layout is None or self.response_layout is None:
             raise TransportError(f"the {self.address.name} {self.op!r} endpoint has no layouts bound yet")
         if type(td) is not TensorDict and not isinstance(td, TensorDictBase):  # the exact type first: no ABC check

@@ -83,6 +83,7 @@ def allowed(f: dataclasses.Field, optional: bool = False) -> str | None:
 
 
 def is_optional(hint: Any) -> bool:
+    """Whether the type hint ``hint`` admits ``None`` (``X | None``, ``Optional[X]``)."""
     return type(None) in typing.get_args(hint)
 
 

@@ -46,6 +46,7 @@ class QueueServerSide:
         self.listener = listener
 
     def server(self) -> "QueueServer":
+        """Build the serving endpoint over the listening socket; call it in the serving process."""
         return QueueServer(self.listener)
 
 

@@ -164,6 +164,16 @@ class QueueClient:
             self.conn, self._pid = Connection(sock.detach()), _shared.current_pid()
 
     def submit(self, td: TensorDictBase) -> _QueueFuture:
+        """Send ``td`` to the server (connecting this process's channel on first use).
+
+        Waits while ``max_queue_size`` requests of this client are unanswered.
+
+        Returns:
+            The future of the answer.
+
+        Raises:
+            PeerFailureError: the server is gone or its socket does not answer.
+        """
         problem = self.status.problem(probe=False)
         if problem is not None:
             raise PeerFailureError(problem)

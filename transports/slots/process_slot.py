@@ -63,6 +63,16 @@ class ProcessSlotClient(SlotClientBase):
         self.__init__(*state)
 
     def submit(self, td: TensorDictBase) -> SlotFuture:
+        """Write ``td`` into this worker's slot and ring the server's doorbell.
+
+        Returns:
+            The future of the answer.
+
+        Raises:
+            LayoutError: ``td`` does not match the request layout.
+            TransportError: the slot still holds an unanswered request, or another live process holds the slot.
+            PeerFailureError: the server is gone.
+        """
         values = self._validate(td)
         # a slot serves one worker process: a copy of this client in another live process is refused
         self.claims.claim(self.slot, "process slot")

@@ -29,6 +29,7 @@ class SlotServerSide:
         self.shared = shared
 
     def server(self) -> "SlotServer":
+        """Build the serving endpoint over the shared pieces; call it in the serving process."""
         return SlotServer(self.shared)
 
 

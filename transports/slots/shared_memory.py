@@ -50,6 +50,15 @@ class SharedMemoryClient(SlotClientBase):
         self.free, self.claim_lock = shared["free"], shared["claim_lock"]
 
     def submit(self, td: TensorDictBase) -> SlotFuture:
+        """Claim a free slot (waiting for one when all are in flight) and write ``td`` into it.
+
+        Returns:
+            The future of the answer.
+
+        Raises:
+            LayoutError: ``td`` does not match the request layout.
+            PeerFailureError: the server is gone.
+        """
         values = self._validate(td)
         if not self.free.acquire(False):  # a free slot is the common case: skip the waiting loop's set-up
             wait_for(lambda step: self.free.acquire(timeout=step), self.status, None, "waiting for a free slot")

@@ -201,6 +201,8 @@ class SlotClientBase:
 
 
 class SlotFuture(ResponseFuture):
+    """The answer to one request in a shared-memory slot; reading it gives the slot back."""
+
     def __init__(self, client: SlotClientBase, slot: int):
         self.client, self.slot = client, slot
         self._outcome = None
