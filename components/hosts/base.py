@@ -86,6 +86,7 @@ class RunSetting:
 
     @contextlib.contextmanager
     def holding(self, value: Any):
+        """Make ``value`` the setting inside the ``with`` block; the previous one comes back after it."""
         previous, self.value = self.value, value
         try:
             yield
@@ -298,7 +299,8 @@ class Host(ABC):
     # ------------------------------------------------------------------ introspection
     @property
     @abstractmethod
-    def is_alive(self) -> bool: ...
+    def is_alive(self) -> bool:
+        """Whether the target was started, still runs (its thread, process, actor or job) and is not shutting down."""
 
     @property
     def pid(self) -> int | None:
@@ -376,6 +378,7 @@ def build_and_serve(factory: Callable[[], Any]) -> tuple[Any, threading.Event, t
 
 
 def close_target(target: Any) -> None:
+    """Call the target's ``close()`` where it has one: what it holds is released where it lives."""
     close = getattr(target, "close", None)
     if close is not None:
         close()

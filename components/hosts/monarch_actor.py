@@ -34,10 +34,12 @@ class HostActor(actor_api.Actor):
 
     @actor_api.endpoint
     def ready(self) -> tuple[int, str]:
+        """The actor process's pid and hostname, once the target was built."""
         return os.getpid(), socket.gethostname()
 
     @actor_api.endpoint(explicit_response_port=True)
     def call(self, port, method: str, args: tuple) -> None:
+        """Run ``method(*args)`` on the target, on the actor's control thread; the answer goes to ``port``."""
         self._calls.put((port, method, args))
 
     @actor_api.endpoint(explicit_response_port=True)

@@ -59,6 +59,7 @@ class WarmActors:
         return repr(sorted(options.items()))
 
     def add(self, options: Mapping[str, Any], handle: Any) -> None:
+        """Keep ``handle``, an actor started with ``options``, for the next host that asks for them."""
         with self._lock:
             self._by_options.setdefault(self._key(options), []).append(handle)
 
@@ -118,20 +119,25 @@ class HostActor:
         return os.getpid()
 
     def ready(self) -> int:
+        """The actor's pid, once its target was built (Ray runs calls after the constructor)."""
         return os.getpid()
 
     def node_id(self) -> str:
+        """The id of the Ray node the actor runs on."""
         import ray
 
         return ray.get_runtime_context().get_node_id()
 
     def call(self, method: str, args: tuple) -> Any:
+        """Run ``method(*args)`` on the target and return its answer (a control call of the host)."""
         return getattr(self.target, method)(*args)
 
     def deliver(self, endpoint_id: str, payload: Any) -> Any:
+        """Hand a transport request to its server endpoint inside the actor; returns its future."""
         return deliver(endpoint_id, payload)
 
     def shutdown(self) -> None:
+        """Stop the target's serving loop and close the target (nothing for a warm actor never built)."""
         if self.target is None:  # a warm actor that was never given a target
             return
         self._stop.set()

@@ -368,6 +368,14 @@ def namespace() -> str:
 
 
 def require_connection(what: str) -> Any:
+    """The ``ray`` module, once this process is connected to a cluster.
+
+    Args:
+        what: names the component placed on ``ray``, for the message.
+
+    Raises:
+        ConfigurationError: this process is not connected to a Ray cluster.
+    """
     ray = import_ray()
     if not ray.is_initialized():
         raise ConfigurationError(
