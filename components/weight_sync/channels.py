@@ -52,17 +52,27 @@ class RayWeights:
         return (RayWeights, (self._endpoint,))
 
     def attached(self) -> "RayWeights":
+        """Another client of the same weight sync, sharing no per-process state with this one."""
         return RayWeights(self._endpoint)
 
     @property
     def version(self) -> int:
+        """The latest published version (the owner's ``first_version`` before the first push)."""
         return self._calls._call("_current_version")
 
     def push(self, weights: nn.Module | StateDict) -> int:
+        """Publish ``weights`` (a module or a state dict) as a new version; returns that version.
+
+        The tensors are copied to CPU and sent to the actor in one call.
+        """
         state = {k: v.detach().cpu() for k, v in state_of(weights).items()}
         return self._calls._call("push", state)
 
     def poll(self, since: int, into: nn.Module) -> int | None:
+        """If a version newer than ``since`` exists, copy it into ``into`` in place and return it; else ``None``.
+
+        One actor call, which carries the state only when a newer version exists.
+        """
         newer = self._calls._call("_newer_than", since)
         if newer is None:
             return None
@@ -71,6 +81,7 @@ class RayWeights:
         return version
 
     def pull(self) -> tuple[int, StateDict | None]:
+        """The latest ``(version, state_dict)``; the state is ``None`` before the first push."""
         return self._calls._call("pull")
 
 
@@ -89,15 +100,19 @@ class LocalWeights:
 
     @property
     def version(self) -> int:
+        """The latest published version (the owner's ``first_version`` before the first push)."""
         return self._owner.version
 
     def push(self, weights: nn.Module | StateDict) -> int:
+        """Publish ``weights`` (a module or a state dict) as a new version; returns that version."""
         return self._owner.push(weights)
 
     def poll(self, since: int, into: nn.Module) -> int | None:
+        """If a version newer than ``since`` exists, copy it into ``into`` in place and return it; else ``None``."""
         return self._owner.poll(since, into)
 
     def pull(self) -> tuple[int, StateDict | None]:
+        """The latest ``(version, state_dict)``; the state is ``None`` before the first push."""
         return self._owner.pull()
 
 
@@ -119,6 +134,12 @@ class SharedWeights:
 
     @classmethod
     def create(cls, template: StateDict, first_version: int = 0) -> "SharedWeights":
+        """Allocate the shared segments for state dicts shaped like ``template`` (on the owner's side).
+
+        Args:
+            template: the names, shapes and dtypes every pushed state dict has.
+            first_version: the version before the first push.
+        """
         layout, offset = [], 0
         for name in sorted(template):
             t = template[name]
@@ -130,6 +151,7 @@ class SharedWeights:
         return weights
 
     def attached(self) -> "SharedWeights":
+        """Another client over the same segments, with tensor views of its own."""
         return SharedWeights(self._layout, self._header, self._data)
 
     def __reduce__(self):
@@ -137,6 +159,7 @@ class SharedWeights:
 
     @property
     def version(self) -> int:
+        """The latest published version (the owner's ``first_version`` before the first push)."""
         return int(self._counters[1])
 
     def push(self, weights: nn.Module | StateDict) -> int:
@@ -173,6 +196,10 @@ class SharedWeights:
         return self._read(lambda: copy_into(into, self._views))
 
     def pull(self) -> tuple[int, StateDict | None]:
+        """The latest ``(version, state_dict)``; the state is ``None`` before the first push.
+
+        The tensors are copies, read consistently against a concurrent push.
+        """
         if int(self._counters[0]) == 0:  # nothing pushed yet
             return int(self._counters[1]), None
         out: dict[str, torch.Tensor] = {}

@@ -39,6 +39,7 @@ def to_tensordict(state: StateDict, version: int | None = None) -> TensorDict:
 
 
 def from_tensordict(td: TensorDict) -> dict[str, torch.Tensor]:
+    """The state dict inside a TensorDict of :func:`to_tensordict` (its version left out)."""
     out = {}
     for key, value in td.items(include_nested=True, leaves_only=True):
         name = key if isinstance(key, str) else ".".join(key)
@@ -64,6 +65,7 @@ class WeightHub:
         self.waiting: list = []  # (handle, since, enqueued) of subscriptions not answered yet
 
     def serve(self, stop: threading.Event) -> None:
+        """Serve commands and weight requests until ``stop`` is set; then fail what is still held."""
         thread = threading.Thread(target=self.commands.run, args=(stop,), name="weight-commands", daemon=True)
         thread.start()
         try:
@@ -107,9 +109,11 @@ class WeightHub:
         return self.version
 
     def pull(self) -> tuple[int, StateDict | None]:
+        """The latest ``(version, state_dict)``; the state is ``None`` before the first push."""
         return self.version, None if self.state is None else from_tensordict(self.state)
 
     def close(self) -> None:
+        """Drop the held state and subscriptions (the host calls it after serving ends)."""
         self.state, self.waiting = None, []
 
 
@@ -130,13 +134,22 @@ class DistributedWeights:
         return (DistributedWeights, (self._endpoint, self._payload))
 
     def attached(self) -> "DistributedWeights":
+        """Another client of the same owner, with channels of its own (connected on first use)."""
         return DistributedWeights(self._endpoint, self._payload)
 
     @property
     def version(self) -> int:
+        """The latest published version (the owner's ``first_version`` before the first push).
+
+        One command round trip to the owner.
+        """
         return self._calls._call("_current_version")
 
     def push(self, weights: nn.Module | StateDict) -> int:
+        """Publish ``weights`` (a module or a state dict) as a new version; returns that version.
+
+        Waits until the owner holds the version.
+        """
         td = to_tensordict(state_of(weights))
         if self._push is None:
             self._push = self._payload.bind("push", td, TensorDict({VERSION: torch.tensor(0)}))
@@ -157,6 +170,10 @@ class DistributedWeights:
         return version
 
     def pull(self) -> tuple[int, StateDict | None]:
+        """The latest ``(version, state_dict)``; the state is ``None`` before the first push.
+
+        One command round trip to the owner.
+        """
         return self._calls._call("pull")
 
     def _subscribe(self, into: nn.Module) -> None:
