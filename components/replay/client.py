@@ -97,6 +97,13 @@ class ReplayClient(ReplayOperations, CommandClient):
             return torch.from_numpy(self._call("_extend_from_stage", stage, n))
 
     def sample(self, batch_size: int | None = None) -> TensorDict:
+        """Sample ``batch_size`` (default: the client's ``batch_size``) transitions, with their ``index`` (and
+        ``_weight``, the importance weights, for the prioritized sampler).
+
+        Raises:
+            RuntimeError: nothing valid to sample, or (shared memory) the rows kept being overwritten while read.
+            LayoutError: a shared-memory or ``distributed`` endpoint is asked for another batch size than its first.
+        """
         n = batch_size or self.batch_size
         if self._channels is not None:
             return self._channels.sample(n)
@@ -130,15 +137,19 @@ class ReplayClient(ReplayOperations, CommandClient):
         return out
 
     def update_priority(self, index, priority) -> None:
+        """Set the priorities of the transitions at ``index`` (prioritized sampler only)."""
         if self._channels is not None:
             return self._channels.update_priority(index, priority)
         return self._call("update_priority", index, priority)
 
     def empty(self) -> None:
+        """Forget every stored transition (the layout stays)."""
         return self._call("empty")
 
     def state_dict(self) -> dict:
+        """Everything the owner needs to resume: storage content, write position, validity, sampler state."""
         return self._call("state_dict")
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned into the owner (same capacity)."""
         return self._call("load_state_dict", state)

@@ -77,6 +77,7 @@ class FramePool:
         return self.frames.nbytes + self.serials.nbytes
 
     def close(self) -> None:
+        """Close this process's mapping of a shared ring (nothing for a private one)."""
         if self.bank is not None:
             self.bank.close()
 
@@ -145,9 +146,11 @@ class FramePool:
         return (held == serials).reshape(serials.shape[0], -1).all(dim=1)
 
     def state_dict(self) -> dict:
+        """Copies of the ring's frames and serials, and the next serial, for a checkpoint."""
         return {"frames": self.frames.clone(), "serials": self.serials.clone(), "next_serial": self.next_serial}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned (a ring of the same size and frame layout)."""
         self.frames.copy_(state["frames"])
         self.serials.copy_(state["serials"])
         self.next_serial = int(state["next_serial"])

@@ -111,6 +111,14 @@ class PayloadChannels:
                 self._sample_size = response.batch_size[0]
 
     def extend(self, batch: TensorDictBase) -> torch.Tensor:
+        """Write the rows of ``batch``; the storage positions written, in row order.
+
+        The first extend of a row count goes as a command and binds a channel for that count; later ones of the same
+        count go over the channel.
+
+        Raises:
+            LayoutError: the rows differ from those of the first extend, or a new row count is one too many.
+        """
         rows = tuple(batch.batch_size)
         channel = self._bound.get(("extend", rows))
         if channel is not None:
@@ -134,6 +142,11 @@ class PayloadChannels:
         return index
 
     def sample(self, n: int) -> TensorDictBase:
+        """Sample ``n`` transitions: the first as a command (which binds the sample channel), then over the channel.
+
+        Raises:
+            LayoutError: ``n`` differs from the first sample's size.
+        """
         channel = self._bound.get("sample")
         if channel is not None:
             if n != self._sample_size:
@@ -146,6 +159,7 @@ class PayloadChannels:
         return out
 
     def update_priority(self, index: Any, priority: Any) -> None:
+        """Set the priorities of the transitions at ``index`` (over the channel once one is bound)."""
         request = TensorDict({"index": torch.as_tensor(index), "priority": torch.as_tensor(priority)})
         channel = self._bound.get("update_priority")
         if channel is not None:

@@ -37,15 +37,36 @@ class Sampler:
         return size
 
     def sample(self, n: int, size: int, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Choose ``n`` stored items to return.
+
+        Args:
+            n: how many indices to return.
+            size: how many items the storage holds (positions ``[0, size)``).
+            valid: a boolean mask over positions of the items that may be sampled, or ``None`` when all may.
+
+        Returns:
+            ``(index, weights)``: the positions, and importance weights for them (``None`` for unweighted samplers).
+
+        Raises:
+            RuntimeError: nothing may be sampled (or, for ``fifo``, fewer than ``n`` items are queued).
+        """
         raise NotImplementedError
 
     def update_priority(self, index: torch.Tensor, priority: torch.Tensor) -> None:
+        """Set the priorities of the items at ``index`` (one priority, or one per index).
+
+        Raises:
+            TypeError: the sampler has no priorities (only ``prioritized`` has).
+            ValueError: the counts differ, or a priority is negative or not finite.
+        """
         raise TypeError(f"sampler {type(self).__name__} has no priorities to update")
 
     def state_dict(self) -> dict:
+        """What a checkpoint keeps of the sampler (empty for a sampler with no state of its own)."""
         return {}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` returned."""
         pass
 
 
@@ -57,6 +78,8 @@ def _candidates(size: int, valid: torch.Tensor | None) -> torch.Tensor | None:
 
 
 class UniformSampler(Sampler):
+    """Samples with replacement, uniformly among the valid items."""
+
     def sample(self, n, size, valid):
         pool = _candidates(size, valid)
         count = size if pool is None else len(pool)
@@ -67,6 +90,8 @@ class UniformSampler(Sampler):
 
 
 class WithoutReplacementSampler(Sampler):
+    """Samples epochs: permutations of the valid items; a write or an invalidation starts a new one."""
+
     def __init__(self, capacity, generator):
         super().__init__(capacity, generator)
         self.epoch: torch.Tensor | None = None
@@ -119,6 +144,7 @@ class SumTree:
         self.tree = np.zeros(2 * self.leaves)
 
     def set(self, index: np.ndarray, values: np.ndarray) -> None:
+        """Set the leaves at ``index`` to ``values`` and update their ancestors' sums."""
         pos = np.asarray(index, dtype=np.int64) + self.leaves
         self.tree[pos] = values
         pos = np.unique(pos // 2)
@@ -130,9 +156,11 @@ class SumTree:
 
     @property
     def total(self) -> float:
+        """The sum of every leaf."""
         return float(self.tree[1])
 
     def get(self, index: np.ndarray) -> np.ndarray:
+        """The values of the leaves at ``index``."""
         return self.tree[np.asarray(index) + self.leaves]
 
     def find(self, targets: np.ndarray) -> np.ndarray:
@@ -255,6 +283,15 @@ class FifoSampler(Sampler):
 
 
 def make_sampler(name: str, capacity: int, generator: torch.Generator, alpha: float, beta: float) -> Sampler:
+    """Build the sampler ``name`` (one of :data:`SAMPLERS`) for a buffer of ``capacity`` items.
+
+    Args:
+        name: the sampler's name; an unknown name gives the prioritized sampler (the config checks names first).
+        capacity: the buffer's capacity.
+        generator: the random generator the sampler draws from (seeded by the buffer).
+        alpha: the priority exponent of ``prioritized`` (ignored by the others).
+        beta: the importance-weight exponent of ``prioritized`` (ignored by the others).
+    """
     if name == "uniform":
         return UniformSampler(capacity, generator)
     if name == "without_replacement":
