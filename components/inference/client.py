@@ -66,6 +66,11 @@ class DiscoveringEndpoint:
         return (DiscoveringEndpoint, (self.handle, self.endpoint))
 
     def submit(self, td: TensorDictBase):
+        """Send ``td``; the first call probes the server for the answer's layout and binds the endpoint.
+
+        Returns:
+            The future of the answer.
+        """
         bound = self._bound
         if bound is None:
             with self._lock:
@@ -114,6 +119,10 @@ class PolicyClientModule(TensorDictModuleBase):
         self._slots = threading.BoundedSemaphore(self.max_inflight) if self.max_inflight else None
 
     def forward(self, td: TensorDictBase) -> TensorDictBase:
+        """Send ``td``'s ``in_keys`` to the server and write the answer's ``out_keys`` into ``td``.
+
+        Waits for the answer (and, with ``max_inflight``, for room among this module's requests in flight).
+        """
         request = td.select(*self.in_keys)
         if self._slots is not None:
             with self._slots:

@@ -27,6 +27,7 @@ POLL = 0.05
 
 
 def default_collate(requests: list[TensorDictBase]) -> TensorDictBase:
+    """Stack the requests along a new leading dimension: one row per request."""
     return torch.stack(requests, dim=0)
 
 
@@ -53,6 +54,13 @@ class Stats:
         self.lock = threading.Lock()
 
     def record(self, batch: Batch, started: float, forward: float) -> None:
+        """Count one served batch.
+
+        Args:
+            batch: the batch served (its size and its requests' enqueue times).
+            started: ``time.monotonic()`` when serving it began (the end of each request's queue wait).
+            forward: seconds the forward took.
+        """
         n, enqueued = len(batch), batch.enqueued
         waits = [max(0.0, started - enqueued[0])] if len(enqueued) == 1 else [max(0.0, started - t) for t in enqueued]
         with self.lock:
@@ -63,6 +71,7 @@ class Stats:
             self.forwards.append(forward)
 
     def snapshot(self) -> dict:
+        """Counts, mean batch size, batch-size histogram and p50/p95 of queue waits and forward times."""
         with self.lock:
             sizes, waits, forwards = list(self.sizes), list(self.waits), list(self.forwards)
             batches, requests = self.batches, self.requests
@@ -149,6 +158,10 @@ class ServingCore:
 
     # ------------------------------------------------------------------ serving
     def run(self, stop: threading.Event) -> None:
+        """Collect and serve batches until ``stop`` is set, applying weight updates between them.
+
+        On the way out the pending updates are answered and the endpoint fails what is still waiting.
+        """
         cfg = self.config
         try:
             with torch.no_grad():  # once for the loop (each forward would otherwise switch grad mode on and off)
@@ -164,6 +177,10 @@ class ServingCore:
             self.endpoint.close("the server was shut down")
 
     def serve(self, batch: Batch) -> None:
+        """Run the policy on one collected batch and answer its requests.
+
+        Requests that do not stack together are served one by one, so only the bad ones fail.
+        """
         started = time.monotonic()
         if batch.stacked is not None:
             self._forward(batch, batch.stacked)

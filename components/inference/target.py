@@ -50,13 +50,24 @@ class ServedPolicy:
             self.policy, server_side.server(), config, weight_sync, collate_fn)
 
     def serve(self, stop: threading.Event) -> None:
+        """Run the serving loop until ``stop`` is set (the host calls it on a thread of its own)."""
         self.core.run(stop)
 
     # ------------------------------------------------------------------ control calls
     def version(self) -> int:
+        """The version of the weights the policy holds (0 before any update)."""
         return self._version if self.core is None else self.core.version
 
     def update_weights(self, state: Mapping[str, torch.Tensor], version: int | None) -> int:
+        """Copy ``state`` into the policy; with a serving loop the copy happens between batches.
+
+        Args:
+            state: the new parameters, by name.
+            version: the version to stamp, or ``None`` for one more than the current.
+
+        Returns:
+            The version now served.
+        """
         if self.core is not None:
             return self.core.request_update(state, version).result(UPDATE_TIMEOUT)
         with self._lock:
@@ -65,6 +76,7 @@ class ServedPolicy:
             return self._version
 
     def stats(self) -> dict:
+        """The serving loop's statistics (:meth:`~components.inference.core.Stats.snapshot`); zeros without a loop."""
         if self.core is None:
             return {"batches": 0, "requests": 0, "mean_batch_size": 0.0, "batch_size_histogram": {}}
         return self.core.stats.snapshot()
