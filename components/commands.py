@@ -129,6 +129,7 @@ class CommandTarget:
                                                                      dict(payload_ops or {}), lock)
 
     def serve(self, stop: threading.Event) -> None:
+        """Serve commands (and payload operations, on a second thread) until ``stop`` is set."""
         if self.payload is None:
             self.loop.run(stop)
             return
@@ -141,6 +142,7 @@ class CommandTarget:
             thread.join()
 
     def close(self) -> None:
+        """Release the resource: its ``close()``, or the ``shutdown()`` of an owner served in its host's caller."""
         # a plain resource closes; a twin owner (a logger placed in its host's caller) shuts down
         release = getattr(self.resource, "close", None) or self.resource.shutdown
         release()

@@ -52,6 +52,7 @@ class Cell:
 
     @property
     def takes_transport(self) -> bool:
+        """Whether the component takes a transport of its own in this placement (it has an ``auto`` rule)."""
         return self.auto is not None
 
     @property

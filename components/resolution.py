@@ -52,6 +52,7 @@ class Resolved:
 
     @property
     def name(self) -> str:
+        """The component's name (the plan's key for it)."""
         return self.component
 
     @property
@@ -61,6 +62,7 @@ class Resolved:
 
     @property
     def built(self) -> bool:
+        """Whether this (component, placement, transport) cell is built."""
         return self.status == compat.SUPPORTED
 
     def ensure_built(self) -> None:
@@ -73,6 +75,7 @@ class Resolved:
 
     @property
     def transport_config(self) -> TransportConfig:
+        """The chosen transport as a value (its kind and options)."""
         return TransportConfig(self.transport, dict(self.transport_options))
 
     @property

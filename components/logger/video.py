@@ -63,6 +63,11 @@ class VideoRecorder:
         self.frames: list[torch.Tensor] = []
 
     def record(self, frame) -> None:
+        """Keep one frame (or one frame per vector env) for the next :meth:`flush`.
+
+        Raises:
+            TypeError: ``frame`` is not uint8 ``H x W x C`` or ``N x H x W x C``.
+        """
         frame = torch.as_tensor(frame)
         if frame.dtype != torch.uint8 or frame.dim() not in (3, 4):
             raise TypeError(f"frames must be uint8 H x W x C (or N x H x W x C), got {frame.dtype} {list(frame.shape)}")
