@@ -19,7 +19,7 @@ class ServiceRegistry:
 
     Example:
         >>> registry = ServiceRegistry()
-        >>> registry.register("replay", ReplayBuffer, capacity=10_000)     # the registry owns this one
+        >>> registry.register("replay", ReplayBuffer, ReplayConfig(capacity=10_000))  # the registry owns this one
         >>> registry.register("logger", logger_owner)                      # only its client is stored
         >>> registry.get_client("replay").sample()
         >>> registry.reset()                                               # stops "replay", forgets "logger"

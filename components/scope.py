@@ -7,7 +7,7 @@ ones. Precedence everywhere: explicit argument > scoped default > component defa
 
 Example:
     >>> with service_backend("direct"), transport_backend("auto"):
-    ...     buffer = ReplayBuffer(capacity=1000)
+    ...     buffer = ReplayBuffer(ReplayConfig(capacity=1000))
     >>> buffer.placement
     'direct'
 """

@@ -12,10 +12,17 @@ Owner contract:
 Every owner is built from one :class:`~components.resolution.Resolved` (the plan's, or one it computes from its
 arguments) and runs its resource on the host of its placement: the owner supplies the target to host and,
 where clients reach it through a transport, the endpoint's kind; the host and the transport do the rest.
+
+Every owner is called the same way: ``Owner(config, *, dependencies..., transport=None, resolved=None)``. The
+component's config dataclass is the one positional argument and the one source of its options; what the owner is
+built *with* (a policy, an env factory, a template, a backend, a weight-sync client) comes by keyword.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import threading
 from typing import Any, Callable, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -30,6 +37,43 @@ ClientT = TypeVar("ClientT", covariant=True)
 
 LIFECYCLE_METHODS: tuple[str, ...] = ("start", "shutdown", "close")
 """Names a remote client must not expose: clients never stop shared infrastructure."""
+
+
+def owner_parameters(owner: type) -> list[inspect.Parameter]:
+    """The parameters of owner class ``owner``'s constructor, ``self`` left out."""
+    return list(inspect.signature(owner.__init__).parameters.values())[1:]
+
+
+@functools.lru_cache(maxsize=None)
+def _usage(owner: type) -> str:
+    keywords = [f"{p.name}=" for p in owner_parameters(owner) if p.kind is p.KEYWORD_ONLY]
+    return f"{owner.__name__}(config, *, {', '.join(keywords)})"
+
+
+def check_call(owner: type, args: tuple, kwargs: dict) -> None:
+    """Refuse a call of owner class ``owner`` outside the one convention, naming the owner and the argument.
+
+    Raises:
+        TypeError: more than one positional argument, a first one that is not the component's config, a config
+            field given as a keyword, or a keyword the owner does not take.
+    """
+    if not owner.component:
+        return
+    config_class = compat.declaration(owner.component).config
+    if len(args) > 1:
+        raise TypeError(f"{owner.__name__} takes its config as its one positional argument and every dependency by "
+                        f"keyword: got {len(args)} positional arguments; call {_usage(owner)}")
+    if args and args[0] is not None and not isinstance(args[0], config_class):
+        raise TypeError(f"{owner.__name__}'s positional argument is its config ({config_class.__name__}), got "
+                        f"{type(args[0]).__name__}: pass dependencies by keyword, {_usage(owner)}")
+    taken = {p.name for p in owner_parameters(owner)}
+    for name in kwargs:
+        if name in taken:
+            continue
+        if name in {f.name for f in dataclasses.fields(config_class)}:
+            raise TypeError(f"{owner.__name__} got {name}=, a field of {config_class.__name__}: options live in the "
+                            f"config, {owner.__name__}({config_class.__name__}({name}=...))")
+        raise TypeError(f"{owner.__name__} got an unexpected keyword argument {name!r}; call {_usage(owner)}")
 
 
 @runtime_checkable
@@ -54,6 +98,16 @@ class Owner(Generic[ClientT]):
     with several hosts (collectors) override :meth:`_launch`, :meth:`_finish`, :meth:`_shutdown` and
     :meth:`_alive`.
 
+    One calling convention for every owner: ``Owner(config=None, *, dependencies..., transport=None,
+    resolved=None)``. ``config`` is the component's config dataclass (its declaration's ``config``), positional
+    and optional (``None``: the dataclass's defaults); every other argument is keyword-only: the dependencies the
+    owner is built with (``policy_factory=``, ``create_env_fn=``, ``template=``, ``backend=``...), then
+    ``transport=`` where the component takes one, then ``resolved=``. Options live only in the config: an owner
+    takes no config field as a keyword (``ReplayBuffer(ReplayConfig(capacity=1000))``, not
+    ``ReplayBuffer(capacity=1000)``), so a keyword is always a dependency and a setting has one place. A call
+    outside the convention (a dependency passed positionally, a config field or an unknown keyword) raises a
+    ``TypeError`` naming the owner and the argument before anything is built.
+
     Args:
         config: the component's config object (its declaration's config dataclass; ``None``: its defaults):
             placement (``None`` takes the ``service_backend`` context, else the default), transport (``None`` takes
@@ -70,6 +124,10 @@ class Owner(Generic[ClientT]):
     """
 
     component: ClassVar[str] = ""
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        check_call(cls, args, kwargs)
+        return super().__new__(cls)
 
     def __init__(self, config: Any = None, *, transport: Any = None, layouts_known: bool = False,
                  resolved: Resolved | None = None):
@@ -279,7 +337,7 @@ class Owner(Generic[ClientT]):
 
     def _shutdown(self, timeout: float | None) -> None:
         if self._host is not None:
-            self._host.stop(timeout)
+            self._host.shutdown(timeout)
         for transport in self._transports():
             transport.mark_dead(stopped=True)
             transport.close()

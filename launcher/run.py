@@ -67,7 +67,8 @@ class _Run:
 
 
 # One builder per component: (its resolution, the run, clients (or, per OWNER_DEPENDENCIES, owners) of its
-# dependencies) -> an owner not started yet. Each owner takes its config from its resolution.
+# dependencies) -> an owner not started yet, called as every owner is: its config, its dependencies by keyword, its
+# resolution.
 def _logger(r: Resolved, run: _Run, deps: dict):
     node = dict(run.plan.logger)
     extra = {"log_dir": os.path.join(run.run_dir, node["log_dir"])}
@@ -84,15 +85,16 @@ def _weight_sync(r: Resolved, run: _Run, deps: dict):
     template = run.make_policy() if WeightSync.needs_template(r) else None  # shared state is laid out from it
     # Every recipe publishes its restored weights once before training (the checkpointed version's own weights): that
     # push is the checkpoint's version again, so a resumed run's versions go on with no gap.
-    return WeightSync(template, first_version=max(0, run.resumed.policy_version - 1), resolved=r)
+    return WeightSync(r.config, template=template, first_version=max(0, run.resumed.policy_version - 1), resolved=r)
 
 
 def _replay(r: Resolved, run: _Run, deps: dict):
-    return ReplayBuffer(weight_sync=deps.get("weight_sync"), seed=run.plan.seed, resolved=r)
+    return ReplayBuffer(r.config, weight_sync=deps.get("weight_sync"), seed=run.plan.seed, resolved=r)
 
 
 def _inference(r: Resolved, run: _Run, deps: dict):
-    return InferenceServer(policy_factory=run.policy_factory(), weight_sync=deps.get("weight_sync"), resolved=r)
+    return InferenceServer(r.config, policy_factory=run.policy_factory(), weight_sync=deps.get("weight_sync"),
+                           resolved=r)
 
 
 def _replica(run: _Run, weight_sync) -> PolicyReplica:
@@ -105,8 +107,8 @@ def _collector(r: Resolved, run: _Run, deps: dict):
     # the recipe's envs are split over the workers, so a batch keeps the size the recipe asked for
     envs_per_group = c.num_envs // (c.num_collectors * c.env_groups)
     policy = deps["inference"] if "inference" in deps else _replica(run, deps["weight_sync"])
-    return Collector(partial(EnvMaker.from_config(run.plan.env).vector, envs_per_group), policy, seed=run.plan.seed,
-                     start_frames=run.resumed.frames, resolved=r)
+    return Collector(r.config, create_env_fn=partial(EnvMaker.from_config(run.plan.env).vector, envs_per_group),
+                     policy=policy, seed=run.plan.seed, start_frames=run.resumed.frames, resolved=r)
 
 
 # Dependencies handed over as owners rather than clients: the collector makes one inference client per worker.

@@ -7,12 +7,12 @@ from functools import partial
 import torch
 from torch import nn
 
-from components.collectors import Collector
+from components.collectors import Collector, CollectorConfig
 from components.envs import make_vector_env
 from components.inference import InferenceServer, InferenceServerConfig
 from components.logger import CSVLogger, Logger, LoggerConfig, TensorBoardLogger
-from components.replay import ReplayBuffer
-from components.weight_sync import WeightSync
+from components.replay import ReplayBuffer, ReplayConfig
+from components.weight_sync import WeightSync, WeightSyncConfig
 
 
 class CartPolePolicy(nn.Module):
@@ -37,13 +37,13 @@ def cartpole_envs(num_envs: int = 4):
 def owner_factories(tmp_path, placement: str = "direct") -> dict:
     """One not-yet-started owner factory per component, all at ``placement``."""
     return {
-        "inference": lambda: InferenceServer(policy_factory=CartPolePolicy, config=InferenceServerConfig(placement=placement)),
-        "replay": lambda: ReplayBuffer(capacity=64, batch_size=8, placement=placement),
+        "inference": lambda: InferenceServer(InferenceServerConfig(placement=placement), policy_factory=CartPolePolicy),
+        "replay": lambda: ReplayBuffer(ReplayConfig(capacity=64, batch_size=8, placement=placement)),
         "logger/csv": lambda: Logger(LoggerConfig(placement=placement), backend=CSVLogger(str(tmp_path / "csv"))),
         "logger/tensorboard": lambda: Logger(LoggerConfig(placement=placement), backend=TensorBoardLogger(str(tmp_path / "tb"))),
-        "weight_sync": lambda: WeightSync(CartPolePolicy(), placement=placement),
-        "collector": lambda: Collector(cartpole_envs(2), _direct_policy(), frames_per_batch=8, total_frames=16,
-                                       placement=placement),
+        "weight_sync": lambda: WeightSync(WeightSyncConfig(placement=placement), template=CartPolePolicy()),
+        "collector": lambda: Collector(CollectorConfig(frames_per_batch=8, total_frames=16, placement=placement),
+                                       create_env_fn=cartpole_envs(2), policy=_direct_policy()),
     }
 
 

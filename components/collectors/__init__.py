@@ -12,6 +12,7 @@ _EXPORTS = {
     "CollectorClient": "collector",
     "SEED_STRIDE": "collector",
     "AsyncBatchedCollector": "async_collector",
+    "CollectorConfig": "config",
     "Worker": "worker",
 }
 

@@ -28,9 +28,9 @@ from transports.kernel.errors import ConfigurationError, PeerFailureError
 from transports.sync import Semaphore
 
 from ..envs import spec_from_spaces
-from ..hosts import stop_all
+from ..hosts import shutdown_all
 from ..inference import InferenceServer, InferenceServerConfig
-from ..resolution import resolve_component
+from ..resolution import Resolved, resolve_component
 from ..service import Owner
 from .config import CollectorConfig
 from .handoff import Handoff, Received, RolloutSlots
@@ -84,50 +84,62 @@ class AsyncBatchedCollector(Owner["AsyncBatchedCollector"]):
     """An env pool stepping asynchronously against an inference server.
 
     Args:
+        config: where the env workers run and what a batch is (:class:`~components.collectors.config.CollectorConfig`):
+            ``placement`` ``thread`` or ``process`` (``None``: ``thread``; a server created here is placed alike),
+            ``frames_per_batch`` (transitions per yielded batch, required) and ``total_frames`` (stop after this many
+            frames; ``-1``: never).
         create_env_fn: picklable callable returning a vector env with same-step autoreset (one env group; see
             :func:`components.envs.make_vector_env`, e.g. ``num_envs=1``: one request per env).
-        num_envs: env groups (``create_env_fn()`` vector envs) in all, split evenly over the workers.
-        frames_per_batch: transitions per yielded batch.
-        total_frames: stop after this many frames (``-1``: never).
+        num_groups: env groups (``create_env_fn()`` vector envs) in all, split evenly over the workers.
         policy_factory: builds the policy for a server created here (exclusive with ``server``).
         server: a running inference owner to use instead.
-        env_backend: the placement of the env workers, ``thread`` or ``process`` (a server created here is
-            placed alike).
         server_config: batching settings of a server created here.
         seed: base seed; env ``i`` (over all groups) gets ``seed + i``.
         num_workers: threads or processes stepping the groups (default: one per core but one, which the server
-            takes; at most ``num_envs``).
+            takes; at most ``num_groups``).
         chunk_steps: steps of all of a worker's envs per slot (what a worker hands over at once).
         num_slots: slots per worker: how far a worker may run ahead of the consumer.
+        resolved: the plan's resolution of the collector (it holds the config).
+
+    Raises:
+        ConfigurationError: not exactly one of ``policy_factory`` and ``server``, no ``frames_per_batch``, a
+            placement other than ``thread`` or ``process``, or worker counts that do not split the groups.
     """
 
     component = "collector"
 
-    def __init__(self, create_env_fn: Callable, num_envs: int, frames_per_batch: int, total_frames: int = -1, *,
+    def __init__(self, config: CollectorConfig | None = None, *, create_env_fn: Callable, num_groups: int,
                  policy_factory: Callable | None = None, server: InferenceServer | None = None,
-                 env_backend: str = "thread", server_config: InferenceServerConfig | None = None, seed: int = 0,
-                 num_workers: int | None = None, chunk_steps: int = 16, num_slots: int = 4):
+                 server_config: InferenceServerConfig | None = None, seed: int = 0, num_workers: int | None = None,
+                 chunk_steps: int = 16, num_slots: int = 4, resolved: Resolved | None = None):
         if (policy_factory is None) == (server is None):
             raise ConfigurationError("AsyncBatchedCollector needs exactly one of policy_factory or server")
-        super().__init__(CollectorConfig(placement=env_backend))
+        config = CollectorConfig() if config is None else config
+        if resolved is None and config.placement is None:  # env workers step apart from the driver by default
+            config = dataclasses.replace(config, placement="thread")
+        super().__init__(config, resolved=resolved)
         if not hasattr(self.host_type, "make_queue") or self.inline:
-            raise ConfigurationError(f"env workers cannot run on {env_backend!r}", path="env_backend",
-                                     alternatives=("thread", "process"))
-        workers = num_workers or max(1, min(num_envs, (os.cpu_count() or 2) - 1))
-        while num_envs % workers:  # the default: the most workers (a core each, one core left to the server) that
+            raise ConfigurationError(f"env workers cannot run on {self.placement!r}",
+                                     path=f"{self.config.path}.placement", alternatives=("thread", "process"))
+        frames_per_batch, total_frames = self.config.frames_per_batch, self.config.total_frames
+        if frames_per_batch is None:
+            raise ConfigurationError(f"{self.config.path}.frames_per_batch is not set: say how many transitions each "
+                                     "batch holds", path=f"{self.config.path}.frames_per_batch")
+        workers = num_workers or max(1, min(num_groups, (os.cpu_count() or 2) - 1))
+        while num_groups % workers:  # the default: the most workers (a core each, one core left to the server) that
             # split the groups evenly
             if num_workers is not None:
-                raise ConfigurationError(f"num_workers={num_workers} does not divide num_envs={num_envs}",
+                raise ConfigurationError(f"num_workers={num_workers} does not divide num_groups={num_groups}",
                                          path="num_workers")
             workers -= 1
         for name, value in (("chunk_steps", chunk_steps), ("num_slots", num_slots)):
             if value < 1:
                 raise ConfigurationError(f"{name} must be >= 1, got {value}", path=name)
-        self.create_env_fn, self.num_envs, self.num_workers = create_env_fn, num_envs, workers
+        self.create_env_fn, self.num_groups, self.num_workers = create_env_fn, num_groups, workers
         self.chunk_steps, self.num_slots = chunk_steps, num_slots
         self.frames_per_batch, self.total_frames, self.seed = frames_per_batch, total_frames, seed
         self.policy_factory, self.server = policy_factory, server
-        self.server_config = server_config or InferenceServerConfig(max_batch_size=num_envs)
+        self.server_config = server_config or InferenceServerConfig(max_batch_size=num_groups)
         self.frames = 0
         self.hosts: list = []
         self._own_server: InferenceServer | None = None
@@ -154,16 +166,17 @@ class AsyncBatchedCollector(Owner["AsyncBatchedCollector"]):
         out.set("policy_version", torch.zeros(out.batch_size, dtype=torch.long))
         layouts = {"request": request.zeros(), "response": out.exclude(*request.keys)}
         # the table's auto rule picks the transport for env groups that keep one request in flight each
-        resolved = resolve_component("inference", self.placement, "auto", layouts=layouts, one_request_per_worker=True)
         config = dataclasses.replace(self.server_config, placement=self.placement)
-        return InferenceServer(policy_factory=self.policy_factory, config=config, resolved=resolved)
+        resolved = resolve_component("inference", self.placement, "auto", layouts=layouts, one_request_per_worker=True,
+                                     config=config)
+        return InferenceServer(config, policy_factory=self.policy_factory, resolved=resolved)
 
     def _launch(self) -> None:
         spec, group_envs = self._spec()
         if self.server is None:
             self._own_server = self._make_server(spec, group_envs).start()
         server = self.server or self._own_server
-        groups = self.num_envs // self.num_workers
+        groups = self.num_groups // self.num_workers
         worker_envs = groups * group_envs
         self._out = self.host_type.make_queue(self.num_workers * (self.num_slots + 1))  # never full
         for w in range(self.num_workers):
@@ -182,11 +195,11 @@ class AsyncBatchedCollector(Owner["AsyncBatchedCollector"]):
 
     def _shutdown(self, timeout: float | None) -> None:
         for host in self.hosts:
-            host.request_stop()
+            host.begin_shutdown()
         for free in self._free:  # a worker waiting for a slot sees the stop within its poll
             free.release()
         _drain(self._out)
-        stop_all(self.hosts, timeout)
+        shutdown_all(self.hosts, timeout)
         self.hosts = []
         self._received.close()
         if self._own_server is not None:

@@ -27,7 +27,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from transports.kernel.errors import ConfigurationError, PeerFailureError
 
-from ..hosts import Done, stop_all
+from ..hosts import Done, shutdown_all
 from ..resolution import Resolved
 from ..service import Owner
 from .config import CollectorConfig
@@ -44,30 +44,29 @@ class Collector(Owner["Collector"]):
     """Steps vector envs with a policy and yields ``[time, env]`` batches of ``frames_per_batch`` frames.
 
     Args:
-        create_env_fn: a picklable callable returning a vector env with same-step autoreset
-            (see :func:`components.envs.make_vector_env`); called where each worker lives, once per env group.
-        policy: an inference owner (each worker then gets a client of its own, as ``process_slot`` needs) or
-            a callable TensorDict policy (an inference client, a ``PolicyClientModule``...) shared by the
-            workers; for ``process`` placement it must travel to worker processes (process clients do).
         config: where the workers run and what they collect (:class:`~components.collectors.config.CollectorConfig`:
             ``placement``, ``frames_per_batch`` (environment steps over all envs of all workers per yielded batch),
             ``total_frames`` (``-1``: until shut down), ``num_collectors`` (each worker collects an equal share),
             ``sync`` (``True``: each iteration gathers one rollout from every worker, concatenated along the env
             dimension; ``False``: each worker's rollout as soon as it is ready), ``env_groups`` (vector envs per
             worker, each from ``create_env_fn``, stepped in turn: with 2 one group's policy request is in flight while
-            the other steps; an inference owner gives each group a client of its own)); ``None``: built from
-            ``options``.
+            the other steps; an inference owner gives each group a client of its own)); ``None``: its defaults,
+            which leave ``frames_per_batch`` unset (an error).
+        create_env_fn: a picklable callable returning a vector env with same-step autoreset
+            (see :func:`components.envs.make_vector_env`); called where each worker lives, once per env group.
+        policy: an inference owner (each worker then gets a client of its own, as ``process_slot`` needs) or
+            a callable TensorDict policy (an inference client, a ``PolicyClientModule``...) shared by the
+            workers; for ``process`` placement it must travel to worker processes (process clients do).
         replay_buffer: a replay owner (each worker gets its own client) or client; workers write their rollouts
             there and iteration yields frame counts. Process workers need the owner or one client each.
         seed: base seed (worker ``w`` uses ``seed + w * 10000``, env ``i`` of it ``+ i``).
         start_frames: frames collected before this collector started (a resumed run): they count toward
             ``total_frames``, and each env's sampling stream continues where it stopped (its episodes restart).
         resolved: the plan's resolution of this collector (it holds the config).
-        options: fields of :class:`~components.collectors.config.CollectorConfig`, when no ``config`` is given.
 
     Example:
-        >>> collector = Collector(partial(make_vector_env, "CartPole-v1", 8), policy, frames_per_batch=256,
-        ...                       total_frames=10_000).start()
+        >>> collector = Collector(CollectorConfig(frames_per_batch=256, total_frames=10_000),
+        ...                       create_env_fn=partial(make_vector_env, "CartPole-v1", 8), policy=policy).start()
         >>> for batch in collector:
         ...     batch.batch_size
         torch.Size([32, 8])
@@ -77,19 +76,16 @@ class Collector(Owner["Collector"]):
 
     def __init__(
         self,
-        create_env_fn: Callable[[], gym.vector.VectorEnv],
-        policy: Callable[[TensorDictBase], TensorDictBase],
         config: CollectorConfig | None = None,
         *,
+        create_env_fn: Callable[[], gym.vector.VectorEnv],
+        policy: Callable[[TensorDictBase], TensorDictBase],
         replay_buffer: Any = None,
         seed: int = 0,
         start_frames: int = 0,
         resolved: Resolved | None = None,
-        **options: Any,
     ):
-        if options and (config is not None or resolved is not None):
-            raise TypeError(f"Collector takes its options as a config or as keywords, not both: {sorted(options)}")
-        super().__init__(config or CollectorConfig(**options), resolved=resolved)
+        super().__init__(config, resolved=resolved)
         c = self.config
         if c.frames_per_batch is None:
             raise ConfigurationError(f"{c.path}.frames_per_batch is not set: say how many frames each batch holds "
@@ -148,7 +144,7 @@ class Collector(Owner["Collector"]):
                 self._restarts[w] += 1
                 log.warning("collector-%d: %s; restarting it (%d of %d) and retrying its rollout", w, exc,
                             self._restarts[w], self.resources.max_restarts)
-                host.stop(1.0)
+                host.shutdown(1.0)
                 host = self.hosts[w] = self._make_host(f"collector-{w}", self._worker(w), index=(w, self.num_collectors))
                 host.start()
                 pending = self._ask(w)
@@ -166,7 +162,7 @@ class Collector(Owner["Collector"]):
         self._spec = self.hosts[0].call("spec")
 
     def _shutdown(self, timeout: float | None) -> None:
-        stop_all(self.hosts, timeout)  # the workers wind down together
+        shutdown_all(self.hosts, timeout)  # the workers wind down together
         self._received.close()
         if self._same_machine is not None:
             self._same_machine.close()

@@ -33,18 +33,18 @@ class InferenceServer(Owner["InferenceServer"]):
     """Auto-batching policy server.
 
     Args:
+        config: where it runs, batching, statistics and devices (:class:`InferenceServerConfig`; ``None``: its
+            defaults).
         policy: a TensorDict module (reads ``observation``, writes ``action``...). Only for placements in this
             process; elsewhere the policy is built where the server lives: pass ``policy_factory``.
         policy_factory: a picklable callable returning the policy, called where the server lives.
-        config: where it runs, batching, statistics and devices (:class:`InferenceServerConfig`; ``None``: its
-            defaults).
-        transport: overrides ``config.transport``: a kind, a :class:`~transports.TransportConfig`, or a transport
-            instance (validated against the placement like a name); ``None`` and no ``config.transport`` take the
-            ``transport_backend`` context, else ``auto``.
         weight_sync: a weight-sync client polled between batches.
         request_layout: layout (or representative TensorDict) of one request; fixed-layout transports need it.
         response_layout: layout of one response (outputs and ``policy_version``). Give both layouts or neither.
         collate_fn: combines requests into a batch (default: stack along a new first dimension).
+        transport: overrides ``config.transport``: a kind, a :class:`~transports.TransportConfig`, or a transport
+            instance (validated against the placement like a name); ``None`` and no ``config.transport`` take the
+            ``transport_backend`` context, else ``auto``.
         resolved: the plan's resolution of this server (placement, transport, layouts, resources).
 
     Raises:
@@ -52,7 +52,7 @@ class InferenceServer(Owner["InferenceServer"]):
             never drops a half layout for ``queue``), or the placement does not support the transport.
 
     Example:
-        >>> server = InferenceServer(policy_factory=make_policy, config=InferenceServerConfig(placement="thread"))
+        >>> server = InferenceServer(InferenceServerConfig(placement="thread"), policy_factory=make_policy)
         >>> with server:
         ...     td = server.client()(TensorDict({"observation": obs}, [8]))
     """
@@ -61,15 +61,15 @@ class InferenceServer(Owner["InferenceServer"]):
 
     def __init__(
         self,
-        policy: nn.Module | None = None,
-        *,
-        policy_factory: Callable[[], nn.Module] | None = None,
         config: InferenceServerConfig | None = None,
-        transport: Any = None,
+        *,
+        policy: nn.Module | None = None,
+        policy_factory: Callable[[], nn.Module] | None = None,
         weight_sync: Any = None,
         request_layout: Any = None,
         response_layout: Any = None,
         collate_fn: Callable | None = None,
+        transport: Any = None,
         resolved: Resolved | None = None,
     ):
         if (policy is None) == (policy_factory is None):

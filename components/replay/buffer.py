@@ -42,24 +42,22 @@ class ReplayBuffer(ReplayOperations, Owner["ReplayBuffer"]):
     """A replay buffer owner (and, placed ``direct``, its own client).
 
     Args:
-        config: where the buffer lives, its storage and its sampler (:class:`~components.replay.config.ReplayConfig`);
-            ``None``: built from ``options``.
+        config: where the buffer lives, its storage and its sampler (:class:`~components.replay.config.ReplayConfig`;
+            ``None``: its defaults).
         weight_sync: a weight-sync client: the live policy version that ``config.max_policy_lag`` is measured
             against (required with it).
         filters: more :class:`PolicyAgeFilter` s, applied at extend or sample time.
-        transport: overrides ``config.transport``: ``queue`` or ``shared_memory`` for ``process`` (samples come back
-            through shared memory without pickling), a :class:`~transports.TransportConfig` or an instance.
         seed: seed of the sampler's generator.
         layouts: explicit layouts of the ``distributed`` transport's operations (``extend``: a batch as written;
             ``sample``: a sample as returned; ``update_priority``): their channels bind up front and the owner
             refuses other layouts; any operation without one binds its layout with its first call, so a subset
             is complete. With another transport (``auto`` included) they raise ``IncompatibleCombinationError``.
+        transport: overrides ``config.transport``: ``queue`` or ``shared_memory`` for ``process`` (samples come back
+            through shared memory without pickling), a :class:`~transports.TransportConfig` or an instance.
         resolved: the plan's resolution of this buffer (it holds the config).
-        options: fields of :class:`~components.replay.config.ReplayConfig` (``capacity``, ``sampler``,
-            ``batch_size``, ``placement``...), when no ``config`` is given.
 
     Example:
-        >>> with ReplayBuffer(capacity=1000, batch_size=32) as buffer:
+        >>> with ReplayBuffer(ReplayConfig(capacity=1000, batch_size=32)) as buffer:
         ...     index = buffer.extend(TensorDict({"observation": torch.randn(100, 4)}, [100]))
         ...     buffer.sample()["observation"].shape
         torch.Size([32, 4])
@@ -73,15 +71,12 @@ class ReplayBuffer(ReplayOperations, Owner["ReplayBuffer"]):
         *,
         weight_sync: Any = None,
         filters: Sequence[PolicyAgeFilter] = (),
-        transport: Any = None,
         seed: int | None = None,
         layouts: Mapping[str, Any] | None = None,
+        transport: Any = None,
         resolved: Resolved | None = None,
-        **options: Any,
     ):
-        if options and (config is not None or resolved is not None):
-            raise TypeError(f"ReplayBuffer takes its options as a config or as keywords, not both: {sorted(options)}")
-        super().__init__(config or ReplayConfig(**options), transport=transport, resolved=resolved)
+        super().__init__(config, transport=transport, resolved=resolved)
         c = self.config
         filters = tuple(filters)
         if c.max_policy_lag is not None:  # measured against the live version the weight-sync channel holds

@@ -43,12 +43,12 @@ class WeightSync(Owner["WeightSync"]):
     """A versioned weight channel.
 
     Args:
+        config: where the versions live and how receivers reach them
+            (:class:`~components.weight_sync.config.WeightSyncConfig`; ``None``: its defaults, whose placement takes
+            the ``service_backend`` context, else ``direct``).
         template: a module or state dict with the layout of the weights (required where the versions live in shared
             memory: ``shared_memory``).
         first_version: the version before the first push (a resumed run's: its versions go on from there).
-        config: where the versions live and how receivers reach them
-            (:class:`~components.weight_sync.config.WeightSyncConfig`; ``None``: from ``placement`` and ``transport``).
-        placement: where the versions live; ``None`` takes the ``service_backend`` context, else ``direct``.
         transport: overrides ``config.transport``; ``None`` takes the ``transport_backend`` context, else ``auto``.
         resolved: the plan's resolution of this channel (it holds the config).
 
@@ -61,10 +61,9 @@ class WeightSync(Owner["WeightSync"]):
 
     component = "weight_sync"
 
-    def __init__(self, template: nn.Module | StateDict | None = None, *, first_version: int = 0,
-                 config: WeightSyncConfig | None = None, placement: str | None = None, transport=None,
-                 resolved: Resolved | None = None):
-        super().__init__(config or WeightSyncConfig(placement=placement), transport=transport, resolved=resolved)
+    def __init__(self, config: WeightSyncConfig | None = None, *, template: nn.Module | StateDict | None = None,
+                 first_version: int = 0, transport: Any = None, resolved: Resolved | None = None):
+        super().__init__(config, transport=transport, resolved=resolved)
         if self.binding.shared_state and template is None:
             raise ConfigurationError(
                 f"weight sync placed on {self.placement!r} needs a template (a module or state dict) to lay out "
@@ -92,7 +91,8 @@ class WeightSync(Owner["WeightSync"]):
         if self._payload is not None:
             return functools.partial(WeightHub, server_side, self._payload.server_side(), Allowed(REMOTE_OPERATIONS),
                                      self._first_version)
-        board = functools.partial(WeightSync, first_version=self._first_version, placement="direct", transport="direct")
+        board = functools.partial(WeightSync, WeightSyncConfig(placement="direct", transport="direct"),
+                                  first_version=self._first_version)
         return functools.partial(CommandTarget, functools.partial(_started, board), server_side,
                                  Allowed(REMOTE_OPERATIONS))
 

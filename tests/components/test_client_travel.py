@@ -14,7 +14,7 @@ from tensordict import TensorDict
 
 from components.inference import InferenceServer, InferenceServerConfig
 from components.logger import CSVLogger, Logger, LoggerConfig
-from components.replay import ReplayBuffer
+from components.replay import ReplayBuffer, ReplayConfig
 from transports.config import TransportConfig
 from components.hosts.process import context as process_context
 
@@ -55,7 +55,7 @@ def _log(blob: bytes, step: int) -> None:
 @pytest.mark.parametrize("transport", ["queue", "shared_memory", "process_slot"])
 def test_a_pickled_inference_client_serves_every_process_of_a_pool(pool, transport):
     options = {"num_slots": 8} if transport != "queue" else {}
-    with InferenceServer(policy_factory=partial(echo_factory), config=InferenceServerConfig(placement="process"),
+    with InferenceServer(InferenceServerConfig(placement="process"), policy_factory=partial(echo_factory),
                          transport=TransportConfig(transport, options), request_layout=REQUEST,
                          response_layout=RESPONSE) as server:
         # process_slot: one slot per process, so each task gets a client of its own; the others share one
@@ -67,7 +67,7 @@ def test_a_pickled_inference_client_serves_every_process_of_a_pool(pool, transpo
 
 @pytest.mark.parametrize("transport", ["queue", "shared_memory"])
 def test_a_pickled_replay_client_writes_from_every_process_of_a_pool(pool, transport):
-    with ReplayBuffer(capacity=100, batch_size=4, placement="process", transport=transport) as rb:
+    with ReplayBuffer(ReplayConfig(capacity=100, batch_size=4, placement="process"), transport=transport) as rb:
         blob = pickle.dumps(rb.client())
         list(pool.map(_extend, [blob] * 6, range(0, 30, 5)))
         client = rb.client()

@@ -4,7 +4,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from components.collectors import Collector
+from components.collectors import Collector, CollectorConfig
 from components.envs import VectorEnvStepper, make_vector_env, spec_of
 from components.inference import InferenceServer, InferenceServerConfig
 from components.weight_sync import WeightSync
@@ -49,7 +49,8 @@ def test_a_late_receiver_gets_the_latest_version():
 
 def test_collector_yields_time_by_env_batches_with_specs():
     with InferenceServer(policy_factory=CartPolePolicy) as server:
-        with Collector(cartpole_envs(4), server.client(), frames_per_batch=64, total_frames=192, seed=5) as collector:
+        with Collector(CollectorConfig(frames_per_batch=64, total_frames=192), create_env_fn=cartpole_envs(4),
+                       policy=server.client(), seed=5) as collector:
             batches = list(collector)
     assert len(batches) == 3
     batch = batches[0]
@@ -122,12 +123,13 @@ def test_two_env_groups_collect_the_rollouts_of_one_vector_env(placement, transp
     env of 4 gives (same observations, actions, rewards, episode ends), with the policy in the caller's thread or in
     a server process answering each group's request while the other group steps. (The policy's floats may differ in
     their last bits between a forward over 2 rows and one over 4: log-probabilities are compared to 1e-6.)"""
-    with InferenceServer(policy_factory=_seeded_ppo_policy, config=InferenceServerConfig(placement=placement),
+    with InferenceServer(InferenceServerConfig(placement=placement), policy_factory=_seeded_ppo_policy,
                          transport=transport) as server:
         runs = []
         for envs, groups in ((4, 1), (2, 2)):
-            with Collector(cartpole_envs(envs), server, frames_per_batch=4 * 40, total_frames=4 * 40 * 3,
-                           num_collectors=1, seed=3, env_groups=groups) as collector:
+            with Collector(CollectorConfig(frames_per_batch=4 * 40, total_frames=4 * 40 * 3, num_collectors=1,
+                                           env_groups=groups), create_env_fn=cartpole_envs(envs), policy=server,
+                           seed=3) as collector:
                 runs.append(torch.cat(list(collector)))
     one, two = runs
     assert one.batch_size == two.batch_size == torch.Size([120, 4])

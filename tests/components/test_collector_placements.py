@@ -8,10 +8,10 @@ from functools import partial
 import pytest
 import torch
 
-from components.collectors import Collector
+from components.collectors import Collector, CollectorConfig
 from components.errors import PeerFailureError, RemoteError
 from components.inference import InferenceServer, InferenceServerConfig
-from components.replay import ReplayBuffer
+from components.replay import ReplayBuffer, ReplayConfig
 
 from tests.helpers import proc_state, wait_until
 from tests.factories import CartPolePolicy, LocalPolicy, cartpole_envs, crashing_envs
@@ -22,9 +22,9 @@ PLACEMENTS = ["direct", "thread", "process"]
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_batches_are_time_by_env_and_workers_are_seeded_differently(placement):
     workers = 1 if placement == "direct" else 2
-    with Collector(cartpole_envs(3), LocalPolicy(), frames_per_batch=3 * 8 * workers,
-                   total_frames=3 * 8 * workers * 3, num_collectors=workers,
-                   placement=placement, seed=11) as collector:
+    with Collector(CollectorConfig(frames_per_batch=3 * 8 * workers, total_frames=3 * 8 * workers * 3,
+                                   num_collectors=workers, placement=placement), create_env_fn=cartpole_envs(3),
+                   policy=LocalPolicy(), seed=11) as collector:
         batches = list(collector)
         assert collector.env_spec.n_actions == 2
         pids = [h.pid for h in collector.hosts if not h.same_process]
@@ -41,11 +41,11 @@ def test_batches_are_time_by_env_and_workers_are_seeded_differently(placement):
 
 
 def test_process_collector_with_an_inference_owner_gives_each_worker_its_own_slot():
-    with InferenceServer(policy_factory=CartPolePolicy, config=InferenceServerConfig(placement="process"),
-                         transport="process_slot",
-                         request_layout=_request(2), response_layout=_response(2)) as server:
-        with Collector(cartpole_envs(2), server, frames_per_batch=2 * 4 * 3, total_frames=2 * 4 * 3 * 2,
-                       num_collectors=3, placement="process") as collector:
+    with InferenceServer(InferenceServerConfig(placement="process"), policy_factory=CartPolePolicy,
+                         transport="process_slot", request_layout=_request(2), response_layout=_response(2)) as server:
+        with Collector(CollectorConfig(frames_per_batch=2 * 4 * 3, total_frames=2 * 4 * 3 * 2, num_collectors=3,
+                                       placement="process"), create_env_fn=cartpole_envs(2),
+                       policy=server) as collector:
             batches = list(collector)
     assert [b.batch_size for b in batches] == [torch.Size([4, 6])] * 2
     assert (batches[0]["policy_version"] == 0).all()
@@ -66,10 +66,11 @@ def _response(n):
 
 @pytest.mark.parametrize("placement", ["thread", "process"])
 def test_workers_write_straight_into_replay(placement):
-    with ReplayBuffer(capacity=1000, batch_size=8, placement="process" if placement == "process" else "thread") as rb:
+    with ReplayBuffer(ReplayConfig(capacity=1000, batch_size=8,
+                                   placement="process" if placement == "process" else "thread")) as rb:
         client = rb.client()
-        with Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=2 * 5 * 2, total_frames=2 * 5 * 2 * 3,
-                       num_collectors=2, placement=placement,
+        with Collector(CollectorConfig(frames_per_batch=2 * 5 * 2, total_frames=2 * 5 * 2 * 3, num_collectors=2,
+                                       placement=placement), create_env_fn=cartpole_envs(2), policy=LocalPolicy(),
                        replay_buffer=rb) as collector:  # the owner: each worker gets its own endpoint
             counts = list(collector)
         assert counts == [20, 20, 20]
@@ -81,10 +82,10 @@ def test_workers_write_straight_into_replay(placement):
 def test_one_replay_client_copied_into_two_worker_processes_serves_both(transport):
     # each copy connects a channel of its own in its process (queue) or shares the storage by name: no answer
     # reaches the wrong process, and every write lands
-    with ReplayBuffer(capacity=1000, batch_size=8, placement="process", transport=transport) as rb:
+    with ReplayBuffer(ReplayConfig(capacity=1000, batch_size=8, placement="process"), transport=transport) as rb:
         client = rb.client()
-        with Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=2 * 5 * 2, total_frames=-1,
-                       num_collectors=2, placement="process",
+        with Collector(CollectorConfig(frames_per_batch=2 * 5 * 2, total_frames=-1, num_collectors=2,
+                                       placement="process"), create_env_fn=cartpole_envs(2), policy=LocalPolicy(),
                        replay_buffer=client) as collector:
             counts = [collector.rollout() for _ in range(3)]
         assert counts == [20, 20, 20] and len(client) == 60
@@ -92,9 +93,9 @@ def test_one_replay_client_copied_into_two_worker_processes_serves_both(transpor
 
 @pytest.mark.parametrize("placement", ["thread", "process"])
 def test_unsynchronised_collection_yields_each_workers_rollout(placement):
-    with Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=2 * 4 * 2, total_frames=2 * 4 * 2 * 2,
-                   num_collectors=2, placement=placement,
-                   sync=False) as collector:
+    with Collector(CollectorConfig(frames_per_batch=2 * 4 * 2, total_frames=2 * 4 * 2 * 2, num_collectors=2,
+                                   placement=placement, sync=False), create_env_fn=cartpole_envs(2),
+                   policy=LocalPolicy()) as collector:
         batches = list(collector)
     assert len(batches) == 4 and all(b.batch_size == torch.Size([4, 2]) for b in batches)
 
@@ -104,10 +105,11 @@ def test_sync_collects_after_the_last_push_and_async_runs_one_batch_ahead(sync):
     # The driver takes a batch, waits (as a learner would while training), then pushes new weights. In sync mode
     # the next batch is collected only when asked for, so all of it sees the pushed version; unsynchronised, the
     # worker collected it during the wait, with the weights of before. Each batch is 4 steps: 4 policy requests.
-    with InferenceServer(policy_factory=CartPolePolicy, config=InferenceServerConfig(placement="process"),
+    with InferenceServer(InferenceServerConfig(placement="process"), policy_factory=CartPolePolicy,
                          transport="process_slot", request_layout=_request(2), response_layout=_response(2)) as server:
-        with Collector(cartpole_envs(2), server, frames_per_batch=2 * 4, total_frames=2 * 4 * 3, num_collectors=1,
-                       placement="process", sync=sync) as collector:
+        with Collector(CollectorConfig(frames_per_batch=2 * 4, total_frames=2 * 4 * 3, num_collectors=1,
+                                       placement="process", sync=sync), create_env_fn=cartpole_envs(2),
+                       policy=server) as collector:
             versions = []
             for i, batch in enumerate(collector):
                 versions.append(set(batch["policy_version"].unique().tolist()))
@@ -128,8 +130,9 @@ def test_sync_collects_after_the_last_push_and_async_runs_one_batch_ahead(sync):
 @pytest.mark.parametrize("placement, prefetch", [("thread", 1), ("process", 1), ("thread", 2), ("process", 2)])
 def test_a_worker_crash_surfaces_with_its_traceback(placement, prefetch):
     # collecting ahead, the rollout that raised ends the worker's collecting thread and the ask waiting for it raises
-    with Collector(partial(crashing_envs, 2, 5), LocalPolicy(), frames_per_batch=2 * 10, total_frames=-1,
-                   num_collectors=1, placement=placement, sync=prefetch == 1, prefetch=prefetch) as collector:
+    with Collector(CollectorConfig(frames_per_batch=2 * 10, total_frames=-1, num_collectors=1, placement=placement,
+                                   sync=prefetch == 1, prefetch=prefetch), create_env_fn=partial(crashing_envs, 2, 5),
+                   policy=LocalPolicy()) as collector:
         start = time.monotonic()
         with pytest.raises(RemoteError) as info:
             next(iter(collector))
@@ -140,8 +143,9 @@ def test_a_worker_crash_surfaces_with_its_traceback(placement, prefetch):
 
 
 def test_a_killed_worker_is_a_peer_failure_within_2s():
-    collector = Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=2 * 4 * 2, total_frames=-1,
-                          num_collectors=2, placement="process").start()
+    collector = Collector(CollectorConfig(frames_per_batch=2 * 4 * 2, total_frames=-1, num_collectors=2,
+                                          placement="process"), create_env_fn=cartpole_envs(2),
+                          policy=LocalPolicy()).start()
     pids = [w.pid for w in collector.hosts]
     try:
         next(iter(collector))
@@ -159,10 +163,10 @@ def test_a_killed_worker_is_a_peer_failure_within_2s():
 def test_a_killed_process_worker_restarts_and_no_acknowledged_write_is_lost(sync, prefetch):
     from components.hosts import Resources
 
-    with ReplayBuffer(capacity=10_000, batch_size=8, placement="process") as rb:
-        collector = Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=2 * 4 * 2, total_frames=-1,
-                              num_collectors=2, placement="process", replay_buffer=rb,
-                              sync=sync, prefetch=prefetch)
+    with ReplayBuffer(ReplayConfig(capacity=10_000, batch_size=8, placement="process")) as rb:
+        collector = Collector(CollectorConfig(frames_per_batch=2 * 4 * 2, total_frames=-1, num_collectors=2,
+                                              placement="process", sync=sync, prefetch=prefetch),
+                              create_env_fn=cartpole_envs(2), policy=LocalPolicy(), replay_buffer=rb)
         collector.with_resources(Resources(max_restarts=1)).start()
         try:
             batches = iter(collector)
@@ -192,8 +196,9 @@ def test_async_batched_collector_batches_requests_across_envs(backend):
     from components.collectors import AsyncBatchedCollector
     from components.envs import make_vector_env
 
-    with AsyncBatchedCollector(partial(make_vector_env, "CartPole-v1", 1), 4, 64, 192, policy_factory=CartPolePolicy,
-                               env_backend=backend, seed=3) as collector:
+    with AsyncBatchedCollector(CollectorConfig(placement=backend, frames_per_batch=64, total_frames=192),
+                               create_env_fn=partial(make_vector_env, "CartPole-v1", 1), num_groups=4,
+                               policy_factory=CartPolePolicy, seed=3) as collector:
         batches = list(collector)
         stats = collector._own_server.stats()
         server_kind = collector._own_server.transport_kind
@@ -214,8 +219,10 @@ def test_async_batched_collector_hands_each_envs_trajectory_over_whole_and_in_or
     from transports.segments import segments_of
 
     ours = set(segments_of([os.getpid()]))  # whatever this process held before
-    with AsyncBatchedCollector(partial(make_vector_env, "CartPole-v1", 2), 4, 48, 48 * 8, policy_factory=CartPolePolicy,
-                               env_backend=backend, seed=3, num_workers=2, chunk_steps=5, num_slots=1) as collector:
+    with AsyncBatchedCollector(CollectorConfig(placement=backend, frames_per_batch=48, total_frames=48 * 8),
+                               create_env_fn=partial(make_vector_env, "CartPole-v1", 2), num_groups=4,
+                               policy_factory=CartPolePolicy, seed=3, num_workers=2, chunk_steps=5,
+                               num_slots=1) as collector:
         batches = list(collector)
         pids = [h.pid for h in collector.all_hosts() if h.pid is not None]
         assert len(collector.all_hosts()) == 3  # two env workers and the server made for them
@@ -238,16 +245,16 @@ def test_process_workers_hand_rollouts_over_through_shared_memory():
     from tests.components.test_collector_inference import _seeded_ppo_policy
     from transports.segments import segments_of
 
-    with InferenceServer(policy_factory=_seeded_ppo_policy, config=InferenceServerConfig(placement="process"),
+    with InferenceServer(InferenceServerConfig(placement="process"), policy_factory=_seeded_ppo_policy,
                          transport="queue") as server:
-        with Collector(cartpole_envs(4), server, frames_per_batch=64, total_frames=256, num_collectors=1,
-                       placement="process", seed=3) as collector:
+        with Collector(CollectorConfig(frames_per_batch=64, total_frames=256, num_collectors=1, placement="process"),
+                       create_env_fn=cartpole_envs(4), policy=server, seed=3) as collector:
             shared = list(collector)
             pid = collector.hosts[0].pid
             assert len(segments_of([pid])) == 1 and list(collector._received.slots) == [0]
         assert segments_of([pid]) == []
-        with Collector(cartpole_envs(4), server, frames_per_batch=64, total_frames=256, num_collectors=1,
-                       placement="direct", seed=3) as collector:
+        with Collector(CollectorConfig(frames_per_batch=64, total_frames=256, num_collectors=1, placement="direct"),
+                       create_env_fn=cartpole_envs(4), policy=server, seed=3) as collector:
             direct = list(collector)
     assert len({b["observation"].data_ptr() for b in shared}) == len(shared) == 4
     for a, b in zip(shared, direct):
@@ -266,10 +273,11 @@ def test_a_worker_collects_up_to_prefetch_rollouts_ahead_and_hands_over_the_same
     from transports.segments import segments_of
 
     def batches(prefetch: int, watch: bool = False) -> list:
-        with InferenceServer(policy_factory=_seeded_ppo_policy, config=InferenceServerConfig(placement="process"),
+        with InferenceServer(InferenceServerConfig(placement="process"), policy_factory=_seeded_ppo_policy,
                              transport="queue") as server:
-            with Collector(cartpole_envs(4), server, frames_per_batch=64, total_frames=5 * 64, num_collectors=1,
-                           placement=placement, seed=3, sync=False, prefetch=prefetch) as collector:
+            with Collector(CollectorConfig(frames_per_batch=64, total_frames=5 * 64, num_collectors=1,
+                                           placement=placement, sync=False, prefetch=prefetch),
+                           create_env_fn=cartpole_envs(4), policy=server, seed=3) as collector:
                 out = []
                 for i, batch in enumerate(collector):
                     out.append(batch)

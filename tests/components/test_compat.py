@@ -8,7 +8,7 @@ import pytest
 from components import compat
 from components.errors import IncompatibleCombinationError, NotImplementedYetError
 from components.hosts import HOSTS
-from components.replay import ReplayBuffer
+from components.replay import ReplayBuffer, ReplayConfig
 from components.resolution import resolve_component
 from launcher.matrix import README_BEGIN, README_END
 from transports import TransportConfig, transport_kinds
@@ -117,12 +117,12 @@ def test_one_resolution_per_component_through_the_table():
 
 def test_owner_construction_checks_the_table_before_anything_starts():
     with pytest.raises(NotImplementedYetError, match="replay placed on 'distributed' over transport 'distributed'"):
-        ReplayBuffer(capacity=8, placement="distributed", transport="distributed")
+        ReplayBuffer(ReplayConfig(capacity=8, placement="distributed"), transport="distributed")
     with pytest.raises(IncompatibleCombinationError, match="does not support transport 'process_slot'"):
-        ReplayBuffer(capacity=8, placement="process", transport="process_slot")
+        ReplayBuffer(ReplayConfig(capacity=8, placement="process"), transport="process_slot")
     with pytest.raises(IncompatibleCombinationError, match="cannot be placed on 'submitit'"):
-        ReplayBuffer(capacity=8, placement="submitit")
-    buffer = ReplayBuffer(capacity=8, transport=TransportConfig("direct"))
+        ReplayBuffer(ReplayConfig(capacity=8, placement="submitit"))
+    buffer = ReplayBuffer(ReplayConfig(capacity=8), transport=TransportConfig("direct"))
     assert (buffer.placement, buffer.transport_kind, buffer.transport_config.kind) == ("direct", "direct", "direct")
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from components.atari import PREPROCESSING, AtariConfig, ale_kwargs, vector_kwargs
-from components.collectors import Collector
+from components.collectors import Collector, CollectorConfig
 from components.env_backends import BACKENDS, SET_HERE, EnvPoolVector, SameStepVector
 
 ENVPOOL_SLOW = pytest.mark.slow  # EnvPool's pools start their C++ threads: seconds per test here
@@ -135,8 +135,8 @@ def test_a_backend_that_cannot_make_the_env_is_refused_naming_why(kwargs, path, 
 @pytest.mark.parametrize("backend", _backends(["vector", "envpool"]))
 def test_process_collectors_build_fast_backends_where_they_run(backend):
     maker = EnvMaker(id="CartPole-v1", backend=backend)
-    with Collector(partial(maker.vector, 4), LocalPolicy(), frames_per_batch=4 * 8 * 2, total_frames=4 * 8 * 2 * 3,
-                   num_collectors=2, placement="process",
+    with Collector(CollectorConfig(frames_per_batch=4 * 8 * 2, total_frames=4 * 8 * 2 * 3, num_collectors=2,
+                                   placement="process"), create_env_fn=partial(maker.vector, 4), policy=LocalPolicy(),
                    seed=1) as collector:
         batches = list(collector)
     assert [b.batch_size for b in batches] == [torch.Size([8, 8])] * 3

@@ -43,13 +43,10 @@ def make_server(placement, transport, *, delay=0.0, num_slots=64, hang_marker=No
     options = {"num_slots": num_slots} if transport in ("shared_memory", "process_slot") else {}
     from transports.config import TransportConfig
 
-    return InferenceServer(
-        policy_factory=partial(echo_factory, delay, hang_marker),
-        config=InferenceServerConfig(placement=placement, **config),
-        transport=TransportConfig(transport, options),
-        request_layout=REQUEST,
-        response_layout=RESPONSE,
-    )
+    return InferenceServer(InferenceServerConfig(placement=placement, **config),
+                           policy_factory=partial(echo_factory, delay, hang_marker),
+                           transport=TransportConfig(transport, options), request_layout=REQUEST,
+                           response_layout=RESPONSE)
 
 
 def our_segments() -> set:
@@ -278,7 +275,7 @@ def test_waiting_clients_see_peer_failure_within_2s_of_kill_9(placement, transpo
 
 
 def test_an_error_while_building_in_the_child_surfaces_at_start():
-    owner = InferenceServer(policy_factory=failing_factory, config=InferenceServerConfig(placement="process"),
+    owner = InferenceServer(InferenceServerConfig(placement="process"), policy_factory=failing_factory,
                             transport="queue")
     with pytest.raises(RemoteError) as info:
         owner.start()
@@ -341,11 +338,11 @@ def test_incompatible_transports_are_refused_at_construction():
     transport = QueueTransport()
     try:
         with pytest.raises(IncompatibleCombinationError, match="placed on 'thread' does not support transport 'queue'"):
-            InferenceServer(policy_factory=echo_factory, config=InferenceServerConfig(placement="thread"), transport=transport)
+            InferenceServer(InferenceServerConfig(placement="thread"), policy_factory=echo_factory, transport=transport)
     finally:
         transport.close()
     with pytest.raises(ConfigurationError, match="process placement requires policy_factory"):
-        InferenceServer(echo_factory(), config=InferenceServerConfig(placement="process"))
+        InferenceServer(InferenceServerConfig(placement="process"), policy=echo_factory())
 
 
 @pytest.mark.parametrize("transport", [None, "auto", "shared_memory", "process_slot", "distributed", "queue"])
@@ -358,20 +355,20 @@ def test_half_a_fixed_layout_is_refused_at_construction_naming_the_missing_one(t
     for given, missing, layout in (("request_layout", "response_layout", REQUEST),
                                    ("response_layout", "request_layout", RESPONSE)):
         with transport_backend("shared_memory"), pytest.raises(IncompatibleCombinationError) as info:
-            InferenceServer(policy_factory=echo_factory, config=config, transport=transport, **{given: layout})
+            InferenceServer(config, policy_factory=echo_factory, transport=transport, **{given: layout})
         assert info.value.path == f"components.inference.{missing}"
         assert info.value.message.startswith(f"inference server has {given} but no {missing} (transport {shown!r}): "
                                              "a fixed layout needs both"), info.value.message
     if transport == "auto":  # a resolution that chose queue for want of layouts is refused as well
         resolved = resolve_component("inference", "process", "auto", layouts={"request": REQUEST})
         with pytest.raises(IncompatibleCombinationError, match="has request_layout but no response_layout"):
-            InferenceServer(policy_factory=echo_factory, config=config, resolved=resolved)
+            InferenceServer(config, policy_factory=echo_factory, resolved=resolved)
 
 
 def test_auto_resolution_is_pinned():
     def auto(placement, layouts):
         kwargs = {"request_layout": REQUEST, "response_layout": RESPONSE} if layouts else {}
-        return InferenceServer(policy_factory=echo_factory, config=InferenceServerConfig(placement=placement), **kwargs)
+        return InferenceServer(InferenceServerConfig(placement=placement), policy_factory=echo_factory, **kwargs)
 
     assert auto("direct", False).transport_kind == "direct"
     assert auto("thread", False).transport_kind == "thread"

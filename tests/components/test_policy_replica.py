@@ -7,9 +7,9 @@ import pickle
 
 import torch
 
-from components.collectors import Collector
+from components.collectors import Collector, CollectorConfig
 from components.inference import InferenceServer, InferenceServerConfig, PolicyReplica
-from components.weight_sync import WeightSync
+from components.weight_sync import WeightSync, WeightSyncConfig
 
 from tests.factories import cartpole_envs, ppo_cartpole_policy
 
@@ -23,7 +23,7 @@ def test_a_replica_travels_as_its_factory_and_builds_where_it_is_first_called():
 
 
 def test_a_replica_answers_as_a_direct_server_does():
-    with InferenceServer(policy_factory=ppo_cartpole_policy, config=InferenceServerConfig(placement="direct")) as srv:
+    with InferenceServer(InferenceServerConfig(placement="direct"), policy_factory=ppo_cartpole_policy) as srv:
         expected = srv.client()(_request(5))
     got = PolicyReplica(ppo_cartpole_policy)(_request(5))
     assert set(got.keys()) == set(expected.keys())
@@ -32,13 +32,12 @@ def test_a_replica_answers_as_a_direct_server_does():
 
 
 def test_workers_with_replicas_collect_what_a_server_serves():
-    with InferenceServer(policy_factory=ppo_cartpole_policy, config=InferenceServerConfig(placement="direct")) as srv:
-        with Collector(cartpole_envs(4), srv, frames_per_batch=4 * 8, total_frames=4 * 8 * 3, placement="direct",
-                       seed=7) as collector:
+    with InferenceServer(InferenceServerConfig(placement="direct"), policy_factory=ppo_cartpole_policy) as srv:
+        with Collector(CollectorConfig(frames_per_batch=4 * 8, total_frames=4 * 8 * 3, placement="direct"),
+                       create_env_fn=cartpole_envs(4), policy=srv, seed=7) as collector:
             served = list(collector)
-    with Collector(cartpole_envs(4), PolicyReplica(ppo_cartpole_policy), frames_per_batch=4 * 8,
-                   total_frames=4 * 8 * 3, placement="process",
-                   seed=7) as collector:
+    with Collector(CollectorConfig(frames_per_batch=4 * 8, total_frames=4 * 8 * 3, placement="process"),
+                   create_env_fn=cartpole_envs(4), policy=PolicyReplica(ppo_cartpole_policy), seed=7) as collector:
         local = list(collector)
     for a, b in zip(served, local, strict=True):
         for key in ("observation", "action", "sample_log_prob", ("next", "reward"), ("next", "observation")):
@@ -47,10 +46,11 @@ def test_workers_with_replicas_collect_what_a_server_serves():
 
 def test_replicas_in_worker_processes_take_each_pushed_version():
     learner = ppo_cartpole_policy()
-    with WeightSync(learner, placement="process") as sync:
+    with WeightSync(WeightSyncConfig(placement="process"), template=learner) as sync:
         replica = PolicyReplica(ppo_cartpole_policy, sync.client())
-        with Collector(cartpole_envs(4), replica, frames_per_batch=2 * 4 * 8, total_frames=-1, num_collectors=2,
-                       placement="process", seed=1) as collector:
+        with Collector(CollectorConfig(frames_per_batch=2 * 4 * 8, total_frames=-1, num_collectors=2,
+                                       placement="process"), create_env_fn=cartpole_envs(4), policy=replica,
+                       seed=1) as collector:
             batches = iter(collector)
             first = next(batches)
             with torch.no_grad():  # a policy that always pushes right

@@ -12,14 +12,14 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from components.collectors import Collector
+from components.collectors import Collector, CollectorConfig
 from components.errors import PeerFailureError, RemoteError, ServiceTimeoutError
 from components.inference import InferenceServer, InferenceServerConfig
 from components.logger import CSVLogger, Logger, LoggerConfig
 from components.hosts import Resources
 from components.registry import RayServiceRegistry
-from components.replay import ReplayBuffer
-from components.weight_sync import WeightSync
+from components.replay import ReplayBuffer, ReplayConfig
+from components.weight_sync import WeightSync, WeightSyncConfig
 from transports.segments import segments_of
 
 from tests.helpers import our_live_actors, run_cli, wait_until
@@ -50,8 +50,8 @@ def test_every_node_is_on_loopback():
 # ---------------------------------------------------------------------------------------------- inference
 @pytest.fixture(scope="module")
 def server(ray_session):
-    owner = InferenceServer(policy_factory=partial(echo_factory, 0.005),
-                            config=InferenceServerConfig(placement="ray", max_batch_size=16, timeout=0.01)).start()
+    owner = InferenceServer(InferenceServerConfig(placement="ray", max_batch_size=16, timeout=0.01),
+                            policy_factory=partial(echo_factory, 0.005)).start()
     yield owner
     owner.shutdown()
     wait_until(lambda: our_live_actors() == [], timeout=10, what="the server's actor to stop")
@@ -93,7 +93,7 @@ def test_clients_travel_to_ray_workers(server):
 
 
 def test_a_killed_actor_is_a_peer_failure_within_5s():
-    owner = InferenceServer(policy_factory=partial(echo_factory, 0.0), config=InferenceServerConfig(placement="ray")).start()
+    owner = InferenceServer(InferenceServerConfig(placement="ray"), policy_factory=partial(echo_factory, 0.0)).start()
     client = owner.client()
     try:
         assert client(obs(1))["action"][0].item() == 2.0
@@ -109,7 +109,7 @@ def test_a_killed_actor_is_a_peer_failure_within_5s():
 
 def test_a_failing_constructor_surfaces_at_start_with_its_traceback():
     before = our_live_actors()
-    owner = InferenceServer(policy_factory=partial(_broken_policy), config=InferenceServerConfig(placement="ray"))
+    owner = InferenceServer(InferenceServerConfig(placement="ray"), policy_factory=partial(_broken_policy))
     with pytest.raises(RemoteError) as info:
         owner.start()
     assert "no such checkpoint" in info.value.remote_traceback
@@ -122,7 +122,7 @@ def _broken_policy():
 
 def test_unavailable_resources_fail_start_with_a_clear_timeout():
     before = our_live_actors()
-    owner = ReplayBuffer(capacity=8, placement="ray").with_resources(
+    owner = ReplayBuffer(ReplayConfig(capacity=8, placement="ray")).with_resources(
         {"custom": {"node_that_does_not_exist": 1}, "startup_timeout": 0.5})  # never schedules: any timeout fires
     with pytest.raises(ServiceTimeoutError, match="node_that_does_not_exist"):
         owner.start()
@@ -131,7 +131,7 @@ def test_unavailable_resources_fail_start_with_a_clear_timeout():
 
 # ---------------------------------------------------------------------------------------------- replay, logger
 def test_replay_in_an_actor_loses_no_write_of_8_concurrent_producers():
-    with ReplayBuffer(capacity=10_000, batch_size=16, placement="ray") as rb:
+    with ReplayBuffer(ReplayConfig(capacity=10_000, batch_size=16, placement="ray")) as rb:
         clients = [rb.client() for _ in range(8)]
 
         def produce(p):
@@ -169,7 +169,7 @@ def _receive(sync_client, since):
 
 
 def test_weight_sync_versions_reach_a_receiver_in_another_actor():
-    with WeightSync(placement="ray") as sync:
+    with WeightSync(WeightSyncConfig(placement="ray")) as sync:
         client = sync.client()
         learner = CartPolePolicy()
         with torch.no_grad():
@@ -191,8 +191,9 @@ def test_ray_collectors_on_the_drivers_node_hand_rollouts_over_through_shared_me
     from transports.segments import segments_of
 
     before = set(segments_of([os.getpid()]))
-    with Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=2 * 5 * 2, total_frames=2 * 5 * 2 * 2,
-                   num_collectors=2, placement="ray", seed=5) as collector:
+    with Collector(CollectorConfig(frames_per_batch=2 * 5 * 2, total_frames=2 * 5 * 2 * 2, num_collectors=2,
+                                   placement="ray"), create_env_fn=cartpole_envs(2), policy=LocalPolicy(),
+                   seed=5) as collector:
         batches = list(collector)
         pids = [host.pid for host in collector.hosts]
         assert sorted(collector._received.slots) == [0, 1]
@@ -206,10 +207,10 @@ def test_ray_collectors_on_the_drivers_node_hand_rollouts_over_through_shared_me
 
 
 def test_ray_collectors_write_straight_into_a_ray_replay_buffer_and_use_a_ray_policy():
-    with InferenceServer(policy_factory=CartPolePolicy, config=InferenceServerConfig(placement="ray")) as server, \
-            ReplayBuffer(capacity=1000, batch_size=8, placement="ray") as rb:
-        with Collector(cartpole_envs(2), server, frames_per_batch=20, total_frames=60, num_collectors=2,
-                       placement="ray", replay_buffer=rb) as collector:
+    with InferenceServer(InferenceServerConfig(placement="ray"), policy_factory=CartPolePolicy) as server, \
+            ReplayBuffer(ReplayConfig(capacity=1000, batch_size=8, placement="ray")) as rb:
+        with Collector(CollectorConfig(frames_per_batch=20, total_frames=60, num_collectors=2, placement="ray"),
+                       create_env_fn=cartpole_envs(2), policy=server, replay_buffer=rb) as collector:
             counts = list(collector)
         assert counts == [20, 20, 20]
         client = rb.client()
@@ -218,17 +219,18 @@ def test_ray_collectors_write_straight_into_a_ray_replay_buffer_and_use_a_ray_po
 
 
 def test_a_worker_crash_surfaces_with_its_traceback():
-    with Collector(partial(crashing_envs, 2, 5), LocalPolicy(), frames_per_batch=20, total_frames=-1,
-                   num_collectors=1, placement="ray") as collector:
+    with Collector(CollectorConfig(frames_per_batch=20, total_frames=-1, num_collectors=1, placement="ray"),
+                   create_env_fn=partial(crashing_envs, 2, 5), policy=LocalPolicy()) as collector:
         with pytest.raises(RemoteError) as info:
             collector.rollout()
     assert "the environment simulator crashed" in info.value.remote_message
 
 
 def test_a_restartable_worker_resumes_after_kill_9_and_no_acknowledged_write_is_lost():
-    with ReplayBuffer(capacity=10_000, batch_size=8, placement="ray") as rb:
-        collector = Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=2 * 4 * 2, total_frames=-1,
-                              num_collectors=2, placement="ray", replay_buffer=rb)
+    with ReplayBuffer(ReplayConfig(capacity=10_000, batch_size=8, placement="ray")) as rb:
+        collector = Collector(CollectorConfig(frames_per_batch=2 * 4 * 2, total_frames=-1, num_collectors=2,
+                                              placement="ray"), create_env_fn=cartpole_envs(2), policy=LocalPolicy(),
+                              replay_buffer=rb)
         collector.with_resources(Resources(max_restarts=2)).start()
         try:
             acknowledged = collector.rollout()
@@ -242,8 +244,9 @@ def test_a_restartable_worker_resumes_after_kill_9_and_no_acknowledged_write_is_
 
 
 def test_a_replaced_worker_s_slots_are_unlinked_though_its_tracker_died_with_it():
-    collector = Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=8, total_frames=-1, num_collectors=1,
-                          placement="ray").with_resources(Resources(max_restarts=1)).start()
+    collector = Collector(CollectorConfig(frames_per_batch=8, total_frames=-1, num_collectors=1, placement="ray"),
+                          create_env_fn=cartpole_envs(2),
+                          policy=LocalPolicy()).with_resources(Resources(max_restarts=1)).start()
     try:
         collector.rollout()
         killed = collector.hosts[0].pid
@@ -256,8 +259,8 @@ def test_a_replaced_worker_s_slots_are_unlinked_though_its_tracker_died_with_it(
 
 
 def test_a_worker_without_restarts_is_a_peer_failure():
-    collector = Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=8, total_frames=-1, num_collectors=1,
-                          placement="ray").start()
+    collector = Collector(CollectorConfig(frames_per_batch=8, total_frames=-1, num_collectors=1, placement="ray"),
+                          create_env_fn=cartpole_envs(2), policy=LocalPolicy()).start()
     try:
         collector.rollout()
         pid = collector.hosts[0].pid
@@ -284,9 +287,9 @@ def _find_and_sample(namespace, name):
 
 def test_ray_registry_lets_independent_workers_find_services_by_name():
     registry = RayServiceRegistry()
-    external = ReplayBuffer(capacity=100, placement="ray").start()
+    external = ReplayBuffer(ReplayConfig(capacity=100, placement="ray")).start()
     try:
-        owned_client = registry.register("replay", ReplayBuffer, capacity=100, placement="ray")
+        owned_client = registry.register("replay", ReplayBuffer, ReplayConfig(capacity=100, placement="ray"))
         registry.register("external", external)
         owned_client.extend(TensorDict({"x": torch.zeros(3)}, [3]))
         task = ray().remote(_find_and_sample).options(num_cpus=0)
@@ -294,9 +297,9 @@ def test_ray_registry_lets_independent_workers_find_services_by_name():
         assert ray().get(task.remote(registry.namespace, "external")) == 0
         assert registry.list() == ["external", "replay"] and "replay" in registry
         with pytest.raises(ValueError, match="already registered"):
-            registry.register("replay", ReplayBuffer, capacity=10, placement="ray")
+            registry.register("replay", ReplayBuffer, ReplayConfig(capacity=10, placement="ray"))
         with pytest.raises(ValueError, match="only owners placed on 'ray'"):
-            registry.register("local", ReplayBuffer, capacity=10, placement="thread")
+            registry.register("local", ReplayBuffer, ReplayConfig(capacity=10, placement="thread"))
         with pytest.raises(KeyError, match="nothing"):
             registry.get_client("nothing")
         owned = registry.get("replay")

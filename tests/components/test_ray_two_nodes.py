@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from components.collectors import Collector
+from components.collectors import Collector, CollectorConfig
 from components.hosts import Resources
 from transports.ray import import_ray
 from launcher.cli import launch
@@ -52,8 +52,8 @@ def test_both_raylets_are_alive_on_loopback(two_nodes):
 
 def test_collectors_land_on_the_node_with_the_custom_resource(two_nodes):
     _, node_b = two_nodes
-    collector = Collector(cartpole_envs(2), LocalPolicy(), frames_per_batch=16, total_frames=32, num_collectors=2,
-                          placement="ray")
+    collector = Collector(CollectorConfig(frames_per_batch=16, total_frames=32, num_collectors=2, placement="ray"),
+                          create_env_fn=cartpole_envs(2), policy=LocalPolicy())
     with collector.with_resources(Resources(custom={"node_b": 1})):
         assert [w.node_id() for w in collector.hosts] == [node_b, node_b]
         assert len(list(collector)) == 2

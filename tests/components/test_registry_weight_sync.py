@@ -9,8 +9,8 @@ import torch
 from components.errors import ConfigurationError, PeerFailureError
 from components.logger import CSVLogger, Logger, LoggerConfig
 from components.registry import ServiceRegistry
-from components.replay import ReplayBuffer
-from components.weight_sync import WeightSync
+from components.replay import ReplayBuffer, ReplayConfig
+from components.weight_sync import WeightSync, WeightSyncConfig
 
 from tests.factories import CartPolePolicy
 
@@ -19,7 +19,7 @@ def test_registry_owns_what_it_creates_and_never_what_it_was_given(tmp_path):
     registry = ServiceRegistry()
     external = Logger(LoggerConfig(), backend=CSVLogger(str(tmp_path))).start()
     try:
-        replay_client = registry.register("replay", ReplayBuffer, capacity=16, batch_size=2)
+        replay_client = registry.register("replay", ReplayBuffer, ReplayConfig(capacity=16, batch_size=2))
         assert registry.register("logger", external) is external  # a direct owner is its own client
         assert "replay" in registry and "logger" in registry and "nope" not in registry
         assert registry.list() == ["logger", "replay"] and len(registry) == 2
@@ -59,7 +59,7 @@ def test_registering_a_process_owner_stores_its_restricted_client(tmp_path):
 def test_weight_sync_versions_are_monotonic_and_applied_in_place(placement):
     learner, receiver = CartPolePolicy(seed=1), CartPolePolicy(seed=2)
     storage = receiver.net.weight.data_ptr()
-    with WeightSync(learner, placement=placement) as sync:
+    with WeightSync(WeightSyncConfig(placement=placement), template=learner) as sync:
         client = sync.client()
         assert client.poll(0, into=receiver) is None  # nothing published yet
         assert client.push(learner) == 1
@@ -82,7 +82,7 @@ def _receive(client, queue):
 @pytest.mark.slow  # a spawned interpreter imports torch: seconds
 def test_process_weight_sync_reaches_another_process():
     learner = CartPolePolicy(seed=4)
-    with WeightSync(learner, placement="process") as sync:
+    with WeightSync(WeightSyncConfig(placement="process"), template=learner) as sync:
         client = sync.client()
         pickle.loads(pickle.dumps(client))  # picklable by segment name
         client.push(learner)
@@ -99,7 +99,7 @@ def test_process_weight_sync_reaches_another_process():
 
 def test_process_weight_sync_needs_a_template():
     with pytest.raises(ConfigurationError, match="needs a template"):
-        WeightSync(placement="process")
+        WeightSync(WeightSyncConfig(placement="process"))
 
 
 @pytest.mark.parametrize("placement", ["process", pytest.param("distributed", marks=pytest.mark.slow),
@@ -111,7 +111,7 @@ def test_distributed_weight_sync_fans_versions_out_before_receivers_poll(placeme
         request.getfixturevalue("ray_cluster")
     learner, receiver = CartPolePolicy(seed=1), CartPolePolicy(seed=2)
     storage = receiver.net.weight.data_ptr()
-    with WeightSync(learner, placement=placement, transport="distributed") as sync:
+    with WeightSync(WeightSyncConfig(placement=placement), template=learner, transport="distributed") as sync:
         client = sync.client()
         assert client.poll(0, into=receiver) is None  # subscribes; nothing published yet
         assert client.push(learner) == 1

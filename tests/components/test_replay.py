@@ -7,7 +7,7 @@ import torch
 from tensordict import TensorDict
 
 from components.errors import ConfigurationError, IncompatibleCombinationError, LayoutError
-from components.replay import ReplayBuffer
+from components.replay import ReplayBuffer, ReplayConfig
 
 
 def _batch(n, start=0):
@@ -19,7 +19,7 @@ def _batch(n, start=0):
 
 
 def test_extend_then_sample_uniform():
-    with ReplayBuffer(capacity=100, batch_size=16, seed=0) as rb:
+    with ReplayBuffer(ReplayConfig(capacity=100, batch_size=16), seed=0) as rb:
         assert rb.extend(_batch(40)).tolist() == list(range(40))
         assert len(rb) == 40
         sample = rb.sample()
@@ -31,7 +31,7 @@ def test_extend_then_sample_uniform():
 
 
 def test_capacity_wraps_overwriting_the_oldest():
-    with ReplayBuffer(capacity=10, batch_size=10, sampler="without_replacement", seed=0) as rb:
+    with ReplayBuffer(ReplayConfig(capacity=10, batch_size=10, sampler="without_replacement"), seed=0) as rb:
         rb.extend(_batch(8))
         rb.extend(_batch(5, start=100))
         assert len(rb) == 10
@@ -40,7 +40,7 @@ def test_capacity_wraps_overwriting_the_oldest():
 
 
 def test_extend_returns_positions_in_row_order_and_add_its_one_position():
-    with ReplayBuffer(capacity=8, batch_size=4, sampler="prioritized", seed=0) as rb:
+    with ReplayBuffer(ReplayConfig(capacity=8, batch_size=4, sampler="prioritized"), seed=0) as rb:
         assert rb.extend(_batch(6)).tolist() == [0, 1, 2, 3, 4, 5]
         assert rb.add(_batch(1, start=6)[0]) == 6
         index = rb.extend(_batch(3, start=7))
@@ -55,7 +55,7 @@ def test_extend_returns_positions_in_row_order_and_add_its_one_position():
 
 
 def test_without_replacement_visits_every_item_once_per_epoch():
-    with ReplayBuffer(capacity=64, sampler="without_replacement", batch_size=16, seed=1) as rb:
+    with ReplayBuffer(ReplayConfig(capacity=64, sampler="without_replacement", batch_size=16), seed=1) as rb:
         rb.extend(_batch(64))
         for _ in range(3):  # three epochs
             seen = torch.cat([rb.sample()["action"] for _ in range(4)])
@@ -66,7 +66,7 @@ def test_one_epoch_in_one_call_is_the_minibatches_in_order():
     # PPO samples each epoch in one call and splits it: the rows a minibatch at a time would have given, in order
     minibatches, epochs = [], []
     for one_call in (False, True):
-        with ReplayBuffer(capacity=64, sampler="without_replacement", batch_size=16, seed=3) as rb:
+        with ReplayBuffer(ReplayConfig(capacity=64, sampler="without_replacement", batch_size=16), seed=3) as rb:
             rb.extend(_batch(64))
             for _ in range(3):
                 if one_call:
@@ -81,7 +81,7 @@ def test_several_epochs_in_one_call_are_what_consecutive_calls_give():
     # PPO asks for all of an update's minibatches at once: what is left of the current epoch, then new epochs
     calls = []
     for sizes in ((8, 8, 8, 8, 8, 8, 8, 8, 8, 8), (8, 72)):
-        with ReplayBuffer(capacity=32, sampler="without_replacement", batch_size=8, seed=4) as rb:
+        with ReplayBuffer(ReplayConfig(capacity=32, sampler="without_replacement", batch_size=8), seed=4) as rb:
             rb.extend(_batch(32))
             calls.append(torch.cat([rb.sample(n)["action"] for n in sizes]))
             after = rb.sample(8)["action"]  # the sampler's state goes on from there the same way
@@ -93,7 +93,7 @@ def test_several_epochs_in_one_call_are_what_consecutive_calls_give():
 
 
 def test_a_write_starts_a_new_epoch():
-    with ReplayBuffer(capacity=32, sampler="without_replacement", batch_size=8, seed=2) as rb:
+    with ReplayBuffer(ReplayConfig(capacity=32, sampler="without_replacement", batch_size=8), seed=2) as rb:
         rb.extend(_batch(32))
         rb.sample()
         rb.extend(_batch(32, start=1000))  # PPO: a fresh batch replaces the old one
@@ -102,7 +102,7 @@ def test_a_write_starts_a_new_epoch():
 
 
 def test_fifo_gives_each_item_once_oldest_first_and_len_counts_the_queue():
-    with ReplayBuffer(capacity=8, sampler="fifo", batch_size=3, seed=0) as rb:
+    with ReplayBuffer(ReplayConfig(capacity=8, sampler="fifo", batch_size=3), seed=0) as rb:
         rb.extend(_batch(5))
         assert len(rb) == 5
         assert rb.sample()["action"].tolist() == [0, 1, 2]
@@ -123,14 +123,14 @@ def test_fifo_passes_over_stale_items_and_resumes_where_it_was():
     from components.replay.filters import PolicyAgeFilter
 
     stale = PolicyAgeFilter(1, lambda: versions["live"], when="sample")
-    with ReplayBuffer(capacity=8, sampler="fifo", batch_size=2, seed=0, filters=[stale]) as rb:
+    with ReplayBuffer(ReplayConfig(capacity=8, sampler="fifo", batch_size=2), seed=0, filters=[stale]) as rb:
         rb.extend(_batch(3).set("policy_version", torch.tensor([0, 0, 0])))
         rb.extend(_batch(3, start=3).set("policy_version", torch.tensor([2, 2, 2])))
         versions["live"] = 2  # the first three are two versions behind: passed over
         assert rb.sample()["action"].tolist() == [3, 4]
         assert rb.state_dict()["sampler"]["skipped"] == 3 and len(rb) == 1
         state = rb.state_dict()
-    with ReplayBuffer(capacity=8, sampler="fifo", batch_size=1, seed=0, filters=[stale]) as again:
+    with ReplayBuffer(ReplayConfig(capacity=8, sampler="fifo", batch_size=1), seed=0, filters=[stale]) as again:
         again.load_state_dict(state)
         assert len(again) == 1 and again.sample()["action"].tolist() == [5]
         again.empty()
@@ -140,7 +140,7 @@ def test_fifo_passes_over_stale_items_and_resumes_where_it_was():
 
 
 def test_add_writes_one_item_and_empty_forgets():
-    with ReplayBuffer(capacity=8, batch_size=1) as rb:
+    with ReplayBuffer(ReplayConfig(capacity=8, batch_size=1)) as rb:
         rb.add(_batch(1)[0])
         assert len(rb) == 1
         rb.empty()
@@ -150,7 +150,7 @@ def test_add_writes_one_item_and_empty_forgets():
 
 
 def test_a_wrong_payload_fails_at_the_call_site_and_the_buffer_keeps_serving():
-    with ReplayBuffer(capacity=16, batch_size=4) as rb:
+    with ReplayBuffer(ReplayConfig(capacity=16, batch_size=4)) as rb:
         rb.extend(_batch(8))
         bad = TensorDict({"observation": torch.zeros(2, 5), "action": torch.zeros(2, dtype=torch.long)}, [2])
         with pytest.raises(LayoutError) as info:
@@ -164,10 +164,10 @@ def test_a_wrong_payload_fails_at_the_call_site_and_the_buffer_keeps_serving():
 
 def test_bad_settings_are_configuration_errors():
     with pytest.raises(ConfigurationError, match="replay.sampler must be one of uniform, without_replacement, prioritized, fifo, got 'lifo'"):
-        ReplayBuffer(sampler="lifo")
+        ReplayBuffer(ReplayConfig(sampler="lifo"))
     with pytest.raises(ConfigurationError, match="capacity must be >= 1"):
-        ReplayBuffer(capacity=0)
-    with ReplayBuffer(capacity=4) as rb:
+        ReplayBuffer(ReplayConfig(capacity=0))
+    with ReplayBuffer(ReplayConfig(capacity=4)) as rb:
         with pytest.raises(ConfigurationError, match="has no priorities"):
             rb.update_priority(0, 1.0)
 
@@ -177,14 +177,15 @@ def test_layouts_are_refused_at_construction_unless_the_transport_is_distributed
     for transport, chose in (("auto", "'queue' (auto: process owner without fixed layouts"),
                              ("queue", "'queue' (explicit)"), ("shared_memory", "'shared_memory' (explicit)")):
         with pytest.raises(IncompatibleCombinationError, match=f"to transport 'distributed', not {re.escape(chose)}"):
-            ReplayBuffer(placement="process", transport=transport, layouts={"extend": batch})
+            ReplayBuffer(ReplayConfig(placement="process"), transport=transport, layouts={"extend": batch})
     # a subset is complete: the operations without a layout bind theirs with their first call
-    assert ReplayBuffer(placement="process", transport="distributed", layouts={"extend": batch}).transport_kind == \
-        "distributed"
+    distributed = ReplayBuffer(ReplayConfig(placement="process"), transport="distributed", layouts={"extend": batch})
+    assert distributed.transport_kind == "distributed"
 
 
 def test_memmap_storage_lives_on_disk(tmp_path):
-    with ReplayBuffer(capacity=32, batch_size=4, storage="memmap", scratch_dir=str(tmp_path / "rb"), seed=0) as rb:
+    with ReplayBuffer(ReplayConfig(capacity=32, batch_size=4, storage="memmap", scratch_dir=str(tmp_path / "rb")),
+                      seed=0) as rb:
         rb.extend(_batch(20))
         files = list((tmp_path / "rb").rglob("*.memmap"))
         assert files, "no memory-mapped files were written"
@@ -192,4 +193,4 @@ def test_memmap_storage_lives_on_disk(tmp_path):
         sample = rb.sample()
         assert torch.equal(sample["observation"][:, 0].long(), sample["action"])
     with pytest.raises(ConfigurationError, match="scratch_dir must be a directory for storage 'memmap'"):
-        ReplayBuffer(storage="memmap")
+        ReplayBuffer(ReplayConfig(storage="memmap"))

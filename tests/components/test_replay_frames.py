@@ -13,7 +13,7 @@ from tensordict import TensorDict
 from components.atari import AtariConfig
 from components.envs import EnvMaker
 from components.errors import LayoutError
-from components.replay import ReplayBuffer
+from components.replay import ReplayBuffer, ReplayConfig
 from components.replay import frames as frames_module
 from components.replay.frames import pool_slots
 from components.replay.storage import ReplayStorage
@@ -116,7 +116,8 @@ def test_a_key_that_is_no_frame_stack_is_refused_at_the_first_write(breakout):
 
 @pytest.mark.parametrize("transport", ["shared_memory", "queue"])
 def test_a_process_buffer_rebuilds_stacks_on_either_side(breakout, transport):
-    with ReplayBuffer(capacity=1000, batch_size=32, placement="process", transport=transport, frames=KEYS) as buffer:
+    with ReplayBuffer(ReplayConfig(capacity=1000, batch_size=32, placement="process", frames=KEYS),
+                      transport=transport) as buffer:
         for chunk in breakout.split(32):
             buffer.extend(chunk)
         for _ in range(3):

@@ -5,7 +5,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from components.replay import ReplayBuffer
+from components.replay import ReplayBuffer, ReplayConfig
 from components.replay import operations
 from components.replay.operations import rows_per_call
 
@@ -32,7 +32,8 @@ def test_minibatches_are_what_one_call_per_minibatch_gives_while_the_buffer_fill
         monkeypatch.setattr(operations, "SAMPLE_BYTES", fitting * size * 8)  # rows of one int64
     got, expected, calls = [], [], []
     for out, grouped in ((got, True), (expected, False)):
-        with ReplayBuffer(capacity=capacity, sampler="without_replacement", batch_size=size, seed=5) as rb:
+        with ReplayBuffer(ReplayConfig(capacity=capacity, sampler="without_replacement", batch_size=size),
+                          seed=5) as rb:
             counting = _Counting(rb.sample)
             rb.sample = counting.sample  # the buffer's own operations go through the count
             for start in (0, 1000, 2000):  # the buffer holds 64, then 128, then 128 rows
@@ -49,7 +50,7 @@ def test_minibatches_are_what_one_call_per_minibatch_gives_while_the_buffer_fill
 
 
 def test_minibatches_hold_only_the_rows_written():
-    with ReplayBuffer(capacity=16, sampler="without_replacement", batch_size=4, seed=0) as rb:
+    with ReplayBuffer(ReplayConfig(capacity=16, sampler="without_replacement", batch_size=4), seed=0) as rb:
         rb.extend(TensorDict({"action": torch.arange(16)}, [16]))
         batches = list(rb.minibatches(4, 4))
     assert len(batches) == 4 and all(set(mb.keys()) == {"action"} for mb in batches)
@@ -57,7 +58,7 @@ def test_minibatches_hold_only_the_rows_written():
 
 
 def test_a_prioritized_sample_carries_its_weights_and_positions_apart_from_its_rows():
-    with ReplayBuffer(capacity=8, batch_size=4, sampler="prioritized", alpha=1.0, beta=1.0, seed=0) as rb:
+    with ReplayBuffer(ReplayConfig(capacity=8, batch_size=4, sampler="prioritized", alpha=1.0, beta=1.0), seed=0) as rb:
         rb.extend(TensorDict({"action": torch.arange(8)}, [8]))
         rb.update_priority(torch.arange(8), torch.tensor([1.0, 2.0, 3.0, 4.0, 0.5, 0.5, 1.0, 8.0]))
         sample = rb.sample_prioritized()
@@ -68,14 +69,14 @@ def test_a_prioritized_sample_carries_its_weights_and_positions_apart_from_its_r
 
 
 def test_an_unweighted_sampler_gives_weights_of_one():
-    with ReplayBuffer(capacity=8, batch_size=4, sampler="uniform", seed=0) as rb:
+    with ReplayBuffer(ReplayConfig(capacity=8, batch_size=4, sampler="uniform"), seed=0) as rb:
         rb.extend(TensorDict({"action": torch.arange(8)}, [8]))
         sample = rb.sample_prioritized()
     assert torch.equal(sample.weight, torch.ones(4))
 
 
 def test_take_hands_out_the_oldest_rows_as_written():
-    with ReplayBuffer(capacity=8, batch_size=3, sampler="fifo", seed=0) as rb:
+    with ReplayBuffer(ReplayConfig(capacity=8, batch_size=3, sampler="fifo"), seed=0) as rb:
         rb.extend(TensorDict({"action": torch.arange(6)}, [6]))
         first, second = rb.take(), rb.take()
     assert set(first.keys()) == {"action"}

@@ -11,10 +11,10 @@ import torch
 from tensordict import TensorDict
 
 from components.errors import LayoutError, PeerFailureError, RemoteError
-from components.replay import PolicyAgeFilter, ReplayBuffer
+from components.replay import PolicyAgeFilter, ReplayBuffer, ReplayConfig
 from components.replay.payload import SERVER_OPS, positions
 from components.replay.storage import ReplayStorage
-from components.weight_sync import WeightSync
+from components.weight_sync import WeightSync, WeightSyncConfig
 from transports.segments import segments_of
 
 CELLS = [("direct", "direct"), ("thread", "thread"), ("process", "queue"), ("process", "shared_memory")]
@@ -41,9 +41,9 @@ def cell(request):
     return request.param
 
 
-def make(cell, **kwargs):
+def make(cell, seed=None, **options):
     placement, transport = cell
-    return ReplayBuffer(placement=placement, transport=transport, **kwargs)
+    return ReplayBuffer(ReplayConfig(placement=placement, **options), transport=transport, seed=seed)
 
 
 def test_acknowledged_writes_are_counted_and_sampled(cell):
@@ -174,7 +174,8 @@ def test_shared_memory_sample_layout_is_fixed_per_endpoint():
 
 def test_prioritized_frequencies_follow_priorities():
     """With alpha=1, item i is drawn with probability p_i / sum(p): checked within 3 standard errors."""
-    with ReplayBuffer(capacity=8, batch_size=4000, sampler="prioritized", alpha=1.0, beta=1.0, seed=0) as rb:
+    with ReplayBuffer(ReplayConfig(capacity=8, batch_size=4000, sampler="prioritized", alpha=1.0, beta=1.0),
+                      seed=0) as rb:
         rb.extend(rows(8))
         priorities = torch.tensor([1.0, 2.0, 3.0, 4.0, 0.5, 0.5, 1.0, 8.0])
         rb.update_priority(torch.arange(8), priorities)
@@ -199,7 +200,7 @@ def test_policy_age_filter_at_extend_time():
         for _ in range(5):
             sync.push({})
         flt = PolicyAgeFilter(max_policy_lag=2, source=sync, when="extend")
-        with ReplayBuffer(capacity=100, batch_size=4, filters=[flt]) as rb:
+        with ReplayBuffer(ReplayConfig(capacity=100, batch_size=4), filters=[flt]) as rb:
             batch = torch.cat([rows(3, 0, version=1), rows(3, 10, version=3), rows(3, 20, version=5)])
             assert rb.extend(batch).tolist() == list(range(6))  # version 1 lags 4 > 2: dropped before storage
             assert sorted(rb.state_dict()["storage"]["id"].tolist()) == [10, 11, 12, 20, 21, 22]
@@ -211,10 +212,11 @@ def test_policy_age_filter_at_extend_time():
 
 
 def test_policy_age_filter_at_sample_time_in_a_process_buffer():
-    with WeightSync({"w": torch.zeros(1)}, placement="process") as sync:
+    with WeightSync(WeightSyncConfig(placement="process"), template={"w": torch.zeros(1)}) as sync:
         client = sync.client()
         flt = PolicyAgeFilter(max_policy_lag=1, source=client, when="sample")
-        with ReplayBuffer(capacity=100, batch_size=64, filters=[flt], placement="process", transport="queue") as rb:
+        with ReplayBuffer(ReplayConfig(capacity=100, batch_size=64, placement="process"), filters=[flt],
+                          transport="queue") as rb:
             c = rb.client()
             c.extend(torch.cat([rows(10, 0, version=0), rows(10, 100, version=1)]))
             assert set(c.sample()["id"].tolist()) <= set(range(10)) | set(range(100, 110))

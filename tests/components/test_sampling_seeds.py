@@ -5,10 +5,10 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from components.collectors import Collector
+from components.collectors import Collector, CollectorConfig
 from components.inference import InferenceServer, InferenceServerConfig
 from components.inference.sampling import SAMPLE_SEED, env_streams, step_seeds, uniform
-from components.weight_sync import WeightSync
+from components.weight_sync import WeightSync, WeightSyncConfig
 
 from tests.factories import CartPolePolicy, cartpole_envs
 
@@ -60,9 +60,10 @@ def test_collectors_send_a_seed_per_env_and_step_and_keep_it_out_of_rollouts(pla
     response = TensorDict({"action": torch.zeros(2, dtype=torch.long), "seen": torch.zeros(2, dtype=torch.long),
                            "policy_version": torch.zeros(2, dtype=torch.long)}, [2])
     layouts = {"request_layout": request, "response_layout": response} if transport in ("shared_memory", "process_slot") else {}
-    with InferenceServer(policy_factory=SeedEcho, config=InferenceServerConfig(placement=placement), transport=transport,
-                         **layouts) as server, Collector(cartpole_envs(2), server, frames_per_batch=2 * 3,
-                                                         total_frames=2 * 3 * 2, num_collectors=1, seed=5) as collector:
+    with InferenceServer(InferenceServerConfig(placement=placement), policy_factory=SeedEcho, transport=transport,
+                         **layouts) as server, \
+            Collector(CollectorConfig(frames_per_batch=2 * 3, total_frames=2 * 3 * 2, num_collectors=1),
+                      create_env_fn=cartpole_envs(2), policy=server, seed=5) as collector:
         batches = list(collector)
     seen = torch.cat([b["seen"] for b in batches])
     expected = step_seeds(env_streams([5, 6]), 0, 6)
@@ -75,8 +76,8 @@ def test_a_fixed_layout_client_fills_seeds_a_caller_left_out():
     request = TensorDict({"observation": torch.zeros(4)})
     response = TensorDict({"action": torch.zeros((), dtype=torch.long), "seen": torch.zeros((), dtype=torch.long),
                            "policy_version": torch.zeros((), dtype=torch.long)})
-    with InferenceServer(policy_factory=SeedEcho, config=InferenceServerConfig(placement="process"),
-                         transport="process_slot", request_layout=request, response_layout=response) as server:
+    with InferenceServer(InferenceServerConfig(placement="process"), policy_factory=SeedEcho, transport="process_slot",
+                         request_layout=request, response_layout=response) as server:
         torch.manual_seed(0)
         first = server.client()(request.clone())["seen"].item()
         torch.manual_seed(0)
@@ -87,11 +88,11 @@ def test_a_fixed_layout_client_fills_seeds_a_caller_left_out():
 @pytest.mark.parametrize("placement", ["thread", pytest.param("process", marks=SLOW)])
 def test_sync_collection_after_a_push_is_served_with_the_pushed_weights(placement):
     learner = CartPolePolicy()
-    with WeightSync(CartPolePolicy(), placement=placement) as sync, InferenceServer(
-            policy_factory=CartPolePolicy, config=InferenceServerConfig(placement=placement),
-            weight_sync=sync.client()) as server, \
-            Collector(cartpole_envs(2), server, frames_per_batch=2 * 8, total_frames=-1, num_collectors=1,
-                      sync=True) as collector:
+    with WeightSync(WeightSyncConfig(placement=placement), template=CartPolePolicy()) as sync, \
+            InferenceServer(InferenceServerConfig(placement=placement), policy_factory=CartPolePolicy,
+                            weight_sync=sync.client()) as server, \
+            Collector(CollectorConfig(frames_per_batch=2 * 8, total_frames=-1, num_collectors=1, sync=True),
+                      create_env_fn=cartpole_envs(2), policy=server) as collector:
         batches = iter(collector)
         for _ in range(5):
             version = sync.client().push(learner)

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from components import ConfigurationError, IncompatibleCombinationError, service_backend, transport_backend
-from components.replay import ReplayBuffer
+from components.replay import ReplayBuffer, ReplayConfig
 from components.scope import choose_placement, choose_transport, current_service_backend, current_transport_backend
 
 
@@ -89,21 +89,21 @@ def test_precedence_explicit_then_context_then_default():
 
 def test_components_take_the_scope():
     with service_backend("direct"), transport_backend("direct"):
-        buffer = ReplayBuffer(capacity=10)
+        buffer = ReplayBuffer(ReplayConfig(capacity=10))
     assert buffer.placement == "direct" and buffer.transport_kind == "direct"
 
 
 def test_an_error_caused_by_a_context_says_so():
     with service_backend("submitit"):
         with pytest.raises(IncompatibleCombinationError) as info:
-            ReplayBuffer(capacity=10)
+            ReplayBuffer(ReplayConfig(capacity=10))
     assert "service_backend('submitit')" in str(info.value)
     with transport_backend("process_slot"):  # replay never uses process_slot: the broad default falls back
-        buffer = ReplayBuffer(capacity=10)
+        buffer = ReplayBuffer(ReplayConfig(capacity=10))
     assert buffer.transport_kind == "direct" and "never uses 'process_slot'" in buffer.transport_reason
     with transport_backend("ray"):  # replay takes 'ray', but not when placed directly: an error naming the context
         with pytest.raises(IncompatibleCombinationError) as info:
-            ReplayBuffer(capacity=10)
+            ReplayBuffer(ReplayConfig(capacity=10))
     assert "transport_backend('ray')" in str(info.value)
 
 

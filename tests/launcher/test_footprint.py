@@ -15,7 +15,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from components.replay import ReplayBuffer
+from components.replay import ReplayBuffer, ReplayConfig
 from launcher.checks import check_here
 from launcher.conventions import EXIT_CONFIG
 from launcher.failures import no_space
@@ -63,7 +63,8 @@ def test_the_command_line_refuses_it_with_exit_2_and_leaves_no_run_directory(tmp
 
 def test_a_segment_that_finds_no_room_during_the_run_says_shared_memory_ran_out(tmp_path, monkeypatch):
     with segment_dir_of(tmp_path / "shm", 1024, monkeypatch) as directory:
-        with ReplayBuffer(capacity=1000, batch_size=4, placement="process", transport="shared_memory") as buffer:
+        with ReplayBuffer(ReplayConfig(capacity=1000, batch_size=4, placement="process"),
+                          transport="shared_memory") as buffer:
             client = buffer.client()
             with pytest.raises(RemoteError) as failed:  # the storage is made by the first write: 16 MiB in 1 MiB
                 client.extend(TensorDict({"observation": torch.zeros(10, 4096)}, [10]))

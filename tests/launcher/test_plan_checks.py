@@ -62,7 +62,7 @@ def test_an_owner_built_from_python_checks_its_device_where_it_builds_the_policy
                                                  "got 'mps'"):
         InferenceServerConfig(policy_device="mps")  # the name: when the config is made
     absent = f"cuda:{torch.cuda.device_count()}"
-    server = InferenceServer(policy_factory=_linear_policy, config=InferenceServerConfig(policy_device=absent))
+    server = InferenceServer(InferenceServerConfig(policy_device=absent), policy_factory=_linear_policy)
     try:
         with pytest.raises(ConfigurationError, match=f"got '{absent}': it has ") as info:
             server.start()  # the device: where the policy is built (it may be made for another node)
@@ -79,5 +79,5 @@ def test_a_partial_fixed_layout_is_refused_at_construction():
 
     request = TensorDict({"observation": torch.zeros(4)})
     with pytest.raises(ConfigurationError, match="has request_layout but no response_layout .*a fixed layout needs both"):
-        InferenceServer(policy_factory=dict, config=InferenceServerConfig(placement="process"),
-                        transport="shared_memory", request_layout=request)
+        InferenceServer(InferenceServerConfig(placement="process"), policy_factory=dict, transport="shared_memory",
+                        request_layout=request)

@@ -19,7 +19,7 @@ from tensordict import TensorDict
 
 from components.errors import ConfigurationError
 from components.logger.csv import drop_rows_after
-from components.weight_sync import WeightSync
+from components.weight_sync import WeightSync, WeightSyncConfig
 from launcher.checkpointing import Checkpoint, decode, encode, load, resolve
 from launcher.cli import launch
 from launcher.failures import Terminated
@@ -158,7 +158,8 @@ def test_weight_sync_versions_go_on_from_the_checkpoints(placement, transport, r
     if placement == "ray":
         request.getfixturevalue("ray_cluster")
     weights = {"w": torch.ones(2)}
-    with WeightSync(weights, first_version=41, placement=placement, transport=transport) as sync:
+    with WeightSync(WeightSyncConfig(placement=placement), template=weights, first_version=41,
+                    transport=transport) as sync:
         client, into = sync.client(), torch.nn.Module()
         into.register_buffer("w", torch.zeros(2))
         assert client.version == 41 and client.poll(0, into) is None  # nothing pushed yet: nothing to copy

@@ -12,7 +12,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from components.replay import ReplayBuffer
+from components.replay import ReplayBuffer, ReplayConfig
 from launcher.plan import build_plan
 from launcher.run import execute
 from recipes.impala import lag_metrics, time_major, unrolls_of, within_lag
@@ -36,7 +36,7 @@ def test_unrolls_go_through_the_fifo_queue_whole_and_come_back_time_major():
     rows = unrolls_of(chunk)
     assert rows.batch_size == torch.Size([3]) and rows["observation"].shape == (3, 5, 4)
     assert "sample_seed" not in rows.keys() and ("next", "episode_return") not in rows.keys(True)
-    with ReplayBuffer(capacity=8, sampler="fifo", batch_size=2) as queue:
+    with ReplayBuffer(ReplayConfig(capacity=8, sampler="fifo", batch_size=2)) as queue:
         queue.extend(rows)
         queue.extend(unrolls_of(_chunk(version=1)))
         assert len(queue) == 6

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from components.envs import EnvSpec
-from components.weight_sync import WeightSync
+from components.weight_sync import WeightSync, WeightSyncConfig
 from launcher.cli import launch
 from recipes.configs import IMPALAConfig, PPOConfig
 from recipes.networks import RunningNorm
@@ -62,7 +62,8 @@ def test_the_statistics_travel_with_the_weights_and_every_receiver_normalises_al
     learner = Learner(NORMALISED, PENDULUM)
     learner.policy.actor.norm.update(torch.randn(500, 3) * 4 + 1)
     assert learner.critic[0] is learner.policy.actor.norm  # the critic reads the same statistics
-    with WeightSync(make_policy(NORMALISED, PENDULUM), placement="process", transport="shared_memory") as sync:
+    with WeightSync(WeightSyncConfig(placement="process"), template=make_policy(NORMALISED, PENDULUM),
+                    transport="shared_memory") as sync:
         sync.push(learner.policy)
         receivers = [make_policy(NORMALISED, PENDULUM) for _ in range(2)]
         client = sync.client()

@@ -211,9 +211,10 @@ def test_a_float_frame_on_a_uint8_wire_fails_at_the_call_site_and_frames_are_ser
     request = FRAMES.request_layout(2)
     answer = make_policy(PPOConfig(), FRAMES)(request.zeros())
     answer.set("policy_version", torch.zeros(2, dtype=torch.long))
-    server = InferenceServer(policy_factory=partial(make_policy, PPOConfig(), FRAMES),
-                             config=InferenceServerConfig(placement="process"), transport="shared_memory",
-                             request_layout=request, response_layout=Layout.from_tensordict(answer.exclude("observation")))
+    server = InferenceServer(InferenceServerConfig(placement="process"),
+                             policy_factory=partial(make_policy, PPOConfig(), FRAMES), transport="shared_memory",
+                             request_layout=request,
+                             response_layout=Layout.from_tensordict(answer.exclude("observation")))
     with server:
         client = server.client()
         with pytest.raises(LayoutError, match="expected dtype uint8, got dtype float32"):

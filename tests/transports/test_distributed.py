@@ -489,7 +489,7 @@ def test_killing_the_owner_fails_a_waiting_client_within_5_s(tmp_path):
     req = TensorDict({"observation": torch.zeros(4)})
     resp = TensorDict({"action": torch.zeros(4), "served": torch.zeros((), dtype=torch.long),
                        "policy_version": torch.zeros((), dtype=torch.long)})
-    server = InferenceServer(policy_factory=_hanging_factory(marker), config=InferenceServerConfig(placement="process"),
+    server = InferenceServer(InferenceServerConfig(placement="process"), policy_factory=_hanging_factory(marker),
                              transport="distributed", request_layout=req, response_layout=resp)
     with server:
         client = server.client()
@@ -521,7 +521,7 @@ def test_inference_over_distributed_from_ray_actors_discovers_layouts(ray_cluste
 
     from tests.factories import echo_factory
 
-    with InferenceServer(policy_factory=echo_factory, config=InferenceServerConfig(placement="ray"),
+    with InferenceServer(InferenceServerConfig(placement="ray"), policy_factory=echo_factory,
                          transport="distributed") as server:  # no layouts: the first request binds them
         client = server.client()
         out = client(TensorDict({"observation": torch.ones(4)}))
@@ -539,11 +539,11 @@ def test_inference_over_distributed_from_ray_actors_discovers_layouts(ray_cluste
 @pytest.mark.slow
 @pytest.mark.parametrize("placement", ["process", "ray"])
 def test_replay_payloads_over_distributed(placement, request):
-    from components.replay import ReplayBuffer
+    from components.replay import ReplayBuffer, ReplayConfig
 
     if placement == "ray":
         request.getfixturevalue("ray_cluster")
-    with ReplayBuffer(capacity=100, batch_size=8, sampler="prioritized", placement=placement,
+    with ReplayBuffer(ReplayConfig(capacity=100, batch_size=8, sampler="prioritized", placement=placement),
                       transport="distributed") as buffer:
         client = buffer.client()
         first = client.extend(TensorDict({"obs": torch.randn(10, 4)}, [10]))  # over commands: binds the layout
@@ -566,14 +566,15 @@ def test_replay_payloads_over_distributed(placement, request):
 
 @pytest.mark.slow
 def test_replay_with_explicit_layouts_binds_up_front_and_refuses_others():
-    from components.replay import ReplayBuffer
+    from components.replay import ReplayBuffer, ReplayConfig
     from components.replay.payload import extend_answer
 
     batch = TensorDict({"obs": torch.zeros(10, 4)}, [10])
     sample = TensorDict({"obs": torch.zeros(8, 4), "index": torch.zeros(8, dtype=torch.int64)}, [8])
     with pytest.raises(ConfigurationError, match="replay layouts apply to transport 'distributed', not 'queue'"):
-        ReplayBuffer(capacity=100, batch_size=8, placement="process", transport="queue", layouts={"extend": batch})
-    with ReplayBuffer(capacity=100, batch_size=8, placement="process", transport="distributed",
+        ReplayBuffer(ReplayConfig(capacity=100, batch_size=8, placement="process"), transport="queue",
+                     layouts={"extend": batch})
+    with ReplayBuffer(ReplayConfig(capacity=100, batch_size=8, placement="process"), transport="distributed",
                       layouts={"extend": batch, "sample": sample}) as buffer:
         client = buffer.client()
         index = client.extend(TensorDict({"obs": torch.ones(10, 4)}, [10]))  # the first call goes over gloo too

@@ -34,9 +34,8 @@ def small(value: float) -> TensorDict:
 
 
 def queue_server(delay: float = 0.0, **options) -> InferenceServer:
-    return InferenceServer(policy_factory=partial(echo_factory, delay),
-                           config=InferenceServerConfig(placement="process", max_batch_size=1),
-                           transport=TransportConfig("queue", options))
+    return InferenceServer(InferenceServerConfig(placement="process", max_batch_size=1),
+                           policy_factory=partial(echo_factory, delay), transport=TransportConfig("queue", options))
 
 
 @pytest.mark.parametrize("n", [0, 10, (1 << 16) - 5, 1 << 16, (1 << 16) + 1, 3 << 20])

@@ -40,8 +40,8 @@ class ServingOrder(nn.Module):
 
 @pytest.fixture(scope="module")
 def server(ray_session):
-    owner = InferenceServer(policy_factory=ServingOrder,
-                            config=InferenceServerConfig(placement="ray", max_batch_size=8, timeout=0.002)).start()
+    owner = InferenceServer(InferenceServerConfig(placement="ray", max_batch_size=8, timeout=0.002),
+                            policy_factory=ServingOrder).start()
     yield owner
     owner.shutdown()
     wait_until(lambda: our_live_actors() == [], timeout=10, what="the server's actor to stop")
