@@ -2,7 +2,7 @@
 overlap bound, all measured in the same run.
 
 - **CleanRL-style loop**: one process doing what CleanRL's ``ppo_atari.py`` does, written in this file: gymnasium's
-  sync vector env of 8 Breakout envs with the same preprocessing (``components.atari``), the same Nature CNN
+  sync vector env of 8 Breakout envs with the same preprocessing (``components.envs.families.atari``), the same Nature CNN
   (``recipes.networks``), the same hyperparameters (``conf/recipe_env/ppo_atari.yaml``), torch's default threads.
 - **Our rows**: ``python -m launcher +recipe=ppo env=atari`` subprocesses, one per placement and seed, for the same
   number of updates; frames/s is the recipe's own (training, start-up excluded).
@@ -58,7 +58,7 @@ def cleanrl_loop(updates: int, threads: int | None, seed: int) -> dict:
     import torch
     from torch import nn
 
-    from components.atari import AtariConfig
+    from components.envs.families.atari import AtariConfig
     from components.envs import EnvMaker
     from recipes.networks import encoder, layer
 

@@ -56,13 +56,13 @@ Run from the repository root (on an idle 2-core machine: ``--quick`` about 2.5 m
     python benchmarks/collect.py --quick --backend vector     # or envpool: see below
 
 ``--backend vector|envpool`` makes every collector row's envs on that ``env.backend`` (CartPole's numpy
-``CartPoleVectorEnv``, or EnvPool; :mod:`components.env_backends`, both adapted to same-step autoreset) and adds
+``CartPoleVectorEnv``, or EnvPool; :mod:`components.envs.backends`, both adapted to same-step autoreset) and adds
 ``raw vector`` / ``raw envpool``: the same policy loop over that backend natively (its own next-step autoreset),
 which is then the base of the ratios and of the targets; the raw gymnasium sync loop stays as a row.
 
 ``--env atari`` collects ``ALE/Breakout-v5`` frames instead (``env=atari``'s DeepMind preprocessing, 4x84x84 uint8
 stacks) with the PPO recipe's Nature CNN as the policy, at 8 and 16 envs; its raw loops step gymnasium's own
-``SyncVectorEnv`` / ``AsyncVectorEnv`` over the same wrappers (``components.atari.make_one``). Rows measure a
+``SyncVectorEnv`` / ``AsyncVectorEnv`` over the same wrappers (``components.envs.EnvMaker`` with ``atari`` set). Rows measure a
 quarter of the frames with five times the time cap, and the run is recorded as ``collect_atari``:
 
     python benchmarks/collect.py --env atari --rows "Collector direct" "x2 sync=False [process/shared_memory]" replica
@@ -110,7 +110,7 @@ import torch
 from _harness import HERE, OtherLoad, peer_json, spread  # first: the checkout on sys.path (benchmarks/_harness.py)
 from _results import Results, say, with_floors
 from components.collectors import AsyncBatchedCollector, Collector
-from components.atari import AtariConfig, make_one
+from components.envs.families.atari import AtariConfig
 from components.envs import EnvMaker
 from components.hosts import host_class
 from components.inference import InferenceServer, InferenceServerConfig, PolicyReplica
@@ -374,9 +374,9 @@ def _measure_raw(row: Row, n: int, budget: Budget, tracker: Tracker) -> Measurem
         env, seeds = envpool.make_gymnasium(ENV_ID, num_envs=n, batch_size=n, seed=0), None
     elif row.mode == "vector":
         env, seeds = gym.make_vec(ENV_ID, num_envs=n, vectorization_mode="vector_entry_point"), 0
-    elif ATARI is not None:  # gymnasium's own Atari wrappers (components.atari.make_one), in its own vector envs
+    elif ATARI is not None:  # gymnasium's own Atari wrappers (EnvMaker with atari set), in its own vector envs
         vector = gym.vector.SyncVectorEnv if row.mode == "sync" else gym.vector.AsyncVectorEnv
-        env = vector([functools.partial(make_one, ENV_ID, ATARI, {})] * n,
+        env = vector([EnvMaker(id=ENV_ID, atari=ATARI)] * n,
                      autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
     else:
         env = gym.make_vec(ENV_ID, num_envs=n, vectorization_mode=row.mode,

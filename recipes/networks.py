@@ -8,10 +8,13 @@
 - ``minatar_cnn``: MinAtar's ``(10, 10, channels)`` grids: one 3x3 convolution of 16 filters and 128 features, as
   in Young & Tian 2019.
 
-``auto`` (every recipe's default) picks ``mlp`` for observations of one dimension, ``minatar_cnn`` for images of at
-most 16x16 cells (MinAtar's grids), ``nature_cnn`` for larger ones it takes (36x36 and up) and ``impala_cnn``, which
-takes images of any size, for those between (``env.atari.screen_size=32``): a smaller frame asks for a run, not for
-a refusal, and IMPALA's network is the one made for small frames (Procgen's 64x64). The channels are an image's
+``auto`` (every recipe's default) picks ``mlp`` for observations of one dimension. For images it asks the env's family
+first: the encoder the family declares (:attr:`components.envs.family.EnvFamily.encoder`, carried by
+``EnvSpec.encoder``: ``nature_cnn`` for Atari, ``minatar_cnn`` for MinAtar) where it takes the images. Otherwise the
+image's size decides: ``minatar_cnn`` for images of at most 16x16 cells, ``nature_cnn`` for larger ones it takes
+(36x36 and up) and ``impala_cnn``, which takes images of any size, for those between (``env.atari.screen_size=32``): a
+smaller frame asks for a run, not for a refusal, and IMPALA's network is the one made for small frames (Procgen's
+64x64). The channels are an image's
 smallest dimension, first or last. An encoder named outright that cannot take the images (its convolutions would
 leave nothing) is refused while planning, naming the setting that sized them. Integer observations travel and are
 stored as they come (uint8 frames, byte grids); the encoder turns them into floats, scaled by the environment's
@@ -155,14 +158,21 @@ def _flat_size(convs: nn.Module, shape: tuple[int, int, int]) -> int:
         return int(convs(torch.zeros(1, *shape)).shape[-1])
 
 
-def choose(encoder: str, shape: tuple[int, ...], size: tuple[str, Any] | None = None) -> str:
-    """The encoder ``auto`` stands for, given one observation's shape (see the module's docstring).
+def choose(encoder: str, shape: tuple[int, ...], size: tuple[str, Any] | None = None,
+           preferred: str | None = None) -> str:
+    """The encoder ``auto`` stands for, given one observation's shape and the env family's preference (see the
+    module's docstring).
 
     Args:
         encoder: ``recipe.encoder``.
         shape: one observation's shape.
         size: the setting that sized the images, as ``(config path, value)`` (``("env.atari.screen_size", 32)``):
             a refusal names it. ``None``: the env's own size; a refusal names ``recipe.encoder``.
+        preferred: the encoder the env's family declares (``EnvSpec.encoder``), ``auto``'s choice where it takes the
+            images; ``None``: the image's size decides.
+
+    Returns:
+        The name of an encoder of :data:`SHRINKING`, or ``mlp``.
 
     Raises:
         ConfigurationError: an encoder that cannot take observations of this shape.
@@ -179,7 +189,9 @@ def choose(encoder: str, shape: tuple[int, ...], size: tuple[str, Any] | None = 
     sides = channels_first(shape)[1:]
     fits = [name for name in SHRINKING if min(sides) >= smallest_side(name)]
     if encoder == "auto":
-        if max(sides) <= 16 and "minatar_cnn" in fits:
+        if preferred in fits:
+            return preferred
+        if max(sides) <= 16 and "minatar_cnn" in fits:  # a family that declares none: the size decides
             return "minatar_cnn"
         return "nature_cnn" if "nature_cnn" in fits else "impala_cnn"
     if encoder in fits:
@@ -196,22 +208,31 @@ def choose(encoder: str, shape: tuple[int, ...], size: tuple[str, Any] | None = 
                              f"env's are {tuple(shape)}: use {others}", path="recipe.encoder")
 
 
-def check_encoder(config: Any, shape: tuple[int, ...], size: tuple[str, Any] | None = None) -> None:
+def check_encoder(config: Any, shape: tuple[int, ...], size: tuple[str, Any] | None = None,
+                  preferred: str | None = None) -> None:
     """A recipe config's built-in encoder (its ``encoder``, where its ``network`` is unset) against one observation's
-    shape: the plan calls it before it builds the policy, with the setting that sized the images (see :func:`choose`).
+    shape: the plan calls it before it builds the policy, with the setting that sized the images and the env family's
+    preference (see :func:`choose`).
 
     Raises:
         ConfigurationError: an encoder that cannot take observations of this shape.
     """
     name = getattr(config, "encoder", None)
     if name in ENCODERS and getattr(config, "network", None) is None:
-        choose(name, shape, size)
+        choose(name, shape, size, preferred)
 
 
-def encoder(name: str, shape: tuple[int, ...], scale: float) -> nn.Module | None:
+def encoder(name: str, shape: tuple[int, ...], scale: float, preferred: str | None = None) -> nn.Module | None:
     """The convolutional encoder ``name`` (after :func:`choose`) for observations of ``shape``; ``None`` for ``mlp``,
-    which each recipe builds itself. Every encoder has ``out_features``."""
-    name = choose(name, shape)
+    which each recipe builds itself. Every encoder has ``out_features``.
+
+    Args:
+        name: ``recipe.encoder``.
+        shape: one observation's shape.
+        scale: what one step of an integer observation is worth (``EnvSpec.observation_scale``).
+        preferred: the encoder the env's family declares (``EnvSpec.encoder``).
+    """
+    name = choose(name, shape, preferred=preferred)
     if name == "mlp":
         return None
     kind = {"nature_cnn": NatureCNN, "impala_cnn": ImpalaCNN, "minatar_cnn": MinAtarCNN}[name]
@@ -239,8 +260,8 @@ class RunningNorm(nn.Module):
         """Fold a batch of observations ``[..., *shape]`` into the statistics (Chan et al.'s parallel update)."""
         # the batch's own moments in single precision and two passes over its leading dimensions as they lie (a
         # batch of frames is millions of values: torch.var_mean, or a reshape of a time-major view, takes longer),
-        # the second pass in place on a copy of the batch (a new tensor for the deviations took 35 ms for APPO's
-        # batch of 256 Atari frame stacks on one thread, in place 7 ms), folded in double
+        # the second pass in place on a copy of the batch (a new tensor for the deviations would cost a second pass
+        # of allocation over every frame; docs/pages/benchmarks/impala_atari.md has the timings), folded in double
         x = (obs if obs.dim() > self.mean.dim() else obs.unsqueeze(0)).to(torch.float32, copy=True)
         lead = tuple(range(x.dim() - self.mean.dim()))
         mean = x.mean(lead)
@@ -255,6 +276,6 @@ class RunningNorm(nn.Module):
         if float(self.count) == 0:
             return obs  # nothing seen yet: the identity (a fresh policy acts on raw observations)
         # a copy in the statistics' dtype, then in place: an operation mixing integer frames with float statistics
-        # takes torch's slow path (16.5 ms against 3.9 ms for 128 Atari frames, one thread)
+        # takes torch's slow path (docs/pages/benchmarks/impala_atari.md has the timings)
         x = obs.to(self.mean.dtype, copy=True)
         return x.sub_(self.mean).mul_((self.var + self.eps).rsqrt()).clamp_(-self.clip, self.clip)

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from components.atari import PREPROCESSING, AtariConfig, ale_kwargs, vector_kwargs
+from components.envs.families.atari import PREPROCESSING, AtariConfig, ale_kwargs, vector_kwargs
 from components.collectors import Collector, CollectorConfig
-from components.env_backends import BACKENDS, SET_HERE, EnvPoolVector, SameStepVector
+from components.envs.backends import BACKENDS, SET_HERE, EnvPoolVector, SameStepVector
 
 ENVPOOL_SLOW = pytest.mark.slow  # EnvPool's pools start their C++ threads: seconds per test here
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from components.atari import AtariConfig, envpool_id, game_of
+from components.envs.families.atari import AtariConfig, envpool_id, game_of
 from components.envs import NEXT_KEYS, EnvMaker, VectorEnvStepper, next_storage
 from components.errors import ConfigurationError
 from tests.helpers import ROOT

@@ -10,7 +10,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from components.atari import AtariConfig
+from components.envs.families.atari import AtariConfig
 from components.envs import EnvMaker
 from components.errors import LayoutError
 from components.replay import ReplayBuffer, ReplayConfig

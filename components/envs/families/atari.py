@@ -1,4 +1,5 @@
-"""Atari from pixels: the DeepMind preprocessing as one config, built the same way on every env backend.
+"""The Atari family: ``ALE/...`` ids (ale-py), and the DeepMind preprocessing as one config, built the same way on
+every env backend.
 
 ``env=atari`` sets ``env.atari`` (an :class:`AtariConfig`); each backend then builds its envs from it with its own
 library's implementation of the same steps:
@@ -13,17 +14,20 @@ episode's return is the game score, and a recipe that learns from clipped reward
 (``recipe.clip_rewards``). No backend presses FIRE at reset or ends an episode on a lost life unless
 ``terminal_on_life_loss`` says so, so all three play the same game.
 
-The dataclass is plain data (the schema imports it); the builders import gymnasium and ale-py when called.
+The dataclass is plain data (the schema imports it); the builders import gymnasium and ale-py when called. The
+frames go to the Nature CNN where ``recipe.encoder=auto`` (IMPALA's ResNet where they are too small for it).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from transports.kernel.errors import ConfigurationError
 from transports.kernel.options import bounded
+
+from ..family import EnvFamily, register
 
 
 @dataclass
@@ -48,12 +52,6 @@ class AtariConfig:
     repeat_action_probability: float = bounded(0.25, ge=0, le=1)
     terminal_on_life_loss: bool = False
     max_episode_frames: int = bounded(108_000, ge=1, unit="frames")
-
-    @classmethod
-    def of(cls, value: "AtariConfig | Mapping[str, Any] | None") -> "AtariConfig | None":
-        if value is None or isinstance(value, cls):
-            return value
-        return cls(**dict(value))
 
 
 def game_of(env_id: str) -> str:
@@ -85,7 +83,7 @@ PREPROCESSING: dict[str, dict[str, str | None]] = {
 }
 """Each backend's keyword arguments that the preprocessing sets itself, and the :class:`AtariConfig` field each comes
 from (``None``: fixed, so that every backend plays the same game): ``env.kwargs`` may not set them
-(:func:`components.env_backends.check_kwargs`). On ``gymnasium`` these go to the ALE env, whose own frame skip is 1
+(:func:`components.envs.backends.check_kwargs`). On ``gymnasium`` these go to the ALE env, whose own frame skip is 1
 (``AtariPreprocessing`` skips ``frame_skip`` frames)."""
 
 
@@ -95,18 +93,59 @@ def ale_kwargs(atari: AtariConfig) -> dict[str, Any]:
             "max_num_frames_per_episode": atari.max_episode_frames}
 
 
-def make_one(env_id: str, atari: AtariConfig, kwargs: Mapping[str, Any]):
-    """One preprocessed env on the gymnasium backend: the ALE env without its own frame skip, then gymnasium's
-    ``AtariPreprocessing`` and ``FrameStackObservation``."""
-    import gymnasium as gym
+class Atari(EnvFamily):
+    """ALE envs (``ALE/Breakout-v5``, registered by ale-py), preprocessed as :class:`AtariConfig` says where
+    ``env.atari`` is set."""
 
-    from .envs import make_env
+    name, config, namespace, package, extra = "atari", AtariConfig, "ALE", "ale_py", "atari"
+    encoder, image_size, preprocessing = "nature_cnn", "screen_size", PREPROCESSING
 
-    env = make_env(env_id, **ale_kwargs(atari), **kwargs)
-    env = gym.wrappers.AtariPreprocessing(env, noop_max=atari.noop_max, frame_skip=atari.frame_skip,
-                                          screen_size=atari.screen_size, terminal_on_life_loss=atari.terminal_on_life_loss,
-                                          grayscale_obs=True, scale_obs=False)
-    return gym.wrappers.FrameStackObservation(env, atari.stack)
+    def register_envs(self, module: Any) -> None:
+        """Register ale-py's envs with gymnasium, and quiet its banner."""
+        import gymnasium as gym
+
+        gym.register_envs(module)
+        module.ALEInterface.setLoggerMode(module.LoggerMode.Error)  # no banner on stderr for every emulator
+
+    def check_id(self, env_id: str) -> None:
+        """Refuse ``env.atari`` for a registered id that is no ALE env (its preprocessing passes the ALE env's own
+        arguments: CartPole would be blamed for a ``frameskip`` nobody set).
+
+        Raises:
+            ConfigurationError: naming ``env.id``.
+        """
+        import gymnasium as gym
+
+        from ..make import prepare
+
+        prepare(env_id)
+        try:
+            entry = gym.spec(env_id).entry_point
+        except gym.error.Error:
+            return  # making the env says what is wrong with the id
+        if "ale_py" not in str(getattr(entry, "__module__", entry)):
+            raise ConfigurationError(f"env.atari preprocesses an ALE env, and env.id={env_id!r} is not one: use an ALE "
+                                     "id (ALE/Breakout-v5), or env.atari=null for the env as gymnasium.make gives it",
+                                     path="env.id")
+
+    def make_kwargs(self, config: AtariConfig) -> dict[str, Any]:
+        """The ALE env's own arguments: no frame skip of its own (the wrapper skips), sticky actions, the frame cap."""
+        return ale_kwargs(config)
+
+    def wrap(self, env: Any, config: AtariConfig) -> Any:
+        """Gymnasium's ``AtariPreprocessing`` (no-op starts, frame skip with max-pooling, grey resize), then
+        ``FrameStackObservation``."""
+        import gymnasium as gym
+
+        env = gym.wrappers.AtariPreprocessing(env, noop_max=config.noop_max, frame_skip=config.frame_skip,
+                                              screen_size=config.screen_size,
+                                              terminal_on_life_loss=config.terminal_on_life_loss, grayscale_obs=True,
+                                              scale_obs=False)
+        return gym.wrappers.FrameStackObservation(env, config.stack)
+
+    def vector_kwargs(self, env_id: str, config: AtariConfig, backend: str) -> tuple[str, dict[str, Any]]:
+        """See :func:`vector_kwargs`."""
+        return vector_kwargs(env_id, config, backend)
 
 
 def vector_kwargs(env_id: str, atari: AtariConfig, backend: str) -> tuple[str, dict[str, Any]]:
@@ -128,3 +167,5 @@ def vector_kwargs(env_id: str, atari: AtariConfig, backend: str) -> tuple[str, d
     raise ConfigurationError(f"env.atari has no preprocessing on env.backend={backend}: use gymnasium, ale_vector or "
                              "envpool", path="env.backend", alternatives=("gymnasium", "ale_vector", "envpool"))
 
+
+register(Atari())

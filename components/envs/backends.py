@@ -6,6 +6,10 @@
   (CartPole's ``CartPoleVectorEnv`` steps all its envs in a few numpy expressions).
 - ``ale_vector``: ale-py's ``AtariVectorEnv`` (``pip install '.[atari]'``), C++ Atari emulators stepped on threads with
   the DeepMind preprocessing done in C++; for ``env=atari`` (an ``ALE/...`` id with ``env.atari`` set).
+
+A family's preprocessing (``env.atari``) is built on each fast backend by the family itself
+(:meth:`components.envs.family.EnvFamily.vector_kwargs`); an array-vectorized env that resets on the next step is
+reset by rows as its family says (:attr:`components.envs.family.EnvFamily.row_resets`).
 - ``envpool``: EnvPool's C++ environments (``pip install '.[envpool]'``), for the ids EnvPool implements; with
   ``env.atari`` set, its Atari pool with that preprocessing (``ALE/Breakout-v5`` is EnvPool's ``Breakout-v5``).
 
@@ -36,14 +40,20 @@ from gymnasium.vector.utils import batch_space
 
 from transports.kernel.errors import ConfigurationError
 
-from .atari import PREPROCESSING, AtariConfig, vector_kwargs
+from .family import Preprocessing, row_resets
+from .make import prepare
 
 BACKENDS = ("gymnasium", "vector", "ale_vector", "envpool")
 """The values ``env.backend`` takes."""
 
 
-def check_backend(backend: str, env_id: str | None, atari: AtariConfig | None = None) -> None:
+def check_backend(backend: str, env_id: str | None, preprocessing: Preprocessing | None = None) -> None:
     """Refuse, before anything starts, a backend that cannot make ``env_id`` here.
+
+    Args:
+        backend: ``env.backend``.
+        env_id: ``env.id`` (``None`` where ``env._target_`` names the env).
+        preprocessing: the env family's preprocessing the config sets (``env.atari``), if any.
 
     Raises:
         ConfigurationError: an unknown backend; a fast backend without ``env.id``; ``vector`` for an env without a
@@ -54,16 +64,16 @@ def check_backend(backend: str, env_id: str | None, atari: AtariConfig | None = 
     if backend not in BACKENDS:
         raise ConfigurationError(f"env.backend={backend!r} is not a backend", path="env.backend", alternatives=BACKENDS)
     if backend == "gymnasium":
-        if atari is not None and env_id is not None:
-            _ale_env(env_id)
+        if preprocessing is not None and env_id is not None:
+            preprocessing.family.check_id(env_id)
         return
     if env_id is None:
         raise ConfigurationError(f"env.backend={backend} makes envs by id; an env._target_ callable runs on the "
                                  "gymnasium backend (env.backend=gymnasium)", path="env.backend")
-    # the backend's own id (vector_kwargs refuses a backend without Atari preprocessing)
-    task = vector_kwargs(env_id, atari, backend)[0] if atari is not None else env_id
+    # the backend's own id (vector_kwargs refuses a backend without that preprocessing)
+    task = _task(backend, env_id, preprocessing)
     if backend == "ale_vector":
-        if atari is None:
+        if preprocessing is None:
             raise ConfigurationError(f"env.backend=ale_vector makes preprocessed Atari envs: use env=atari (env.atari "
                                      f"set), not env.id={env_id!r} alone", path="env.backend")
         _ale_roms(task)
@@ -83,9 +93,11 @@ def check_backend(backend: str, env_id: str | None, atari: AtariConfig | None = 
 
 SET_HERE: dict[str, dict[str, str]] = {
     "gymnasium": {"num_envs": "each collector worker's share of recipe.num_envs",
-                  "vectorization_mode": "env.backend", "vector_kwargs": "same-step autoreset", "wrappers": "env.atari"},
+                  "vectorization_mode": "env.backend", "vector_kwargs": "same-step autoreset",
+                  "wrappers": "the env family's preprocessing (env.atari)"},
     "vector": {"num_envs": "each collector worker's share of recipe.num_envs",
-               "vectorization_mode": "env.backend", "vector_kwargs": "same-step autoreset", "wrappers": "env.atari"},
+               "vectorization_mode": "env.backend", "vector_kwargs": "same-step autoreset",
+               "wrappers": "the env family's preprocessing (env.atari)"},
     "ale_vector": {"game": "env.id", "num_envs": "each collector worker's share of recipe.num_envs",
                    "batch_size": "every env steps together", "autoreset_mode": "same-step autoreset"},
     "envpool": {"task_id": "env.id", "task": "env.id", "num_envs": "each collector worker's share of recipe.num_envs",
@@ -97,69 +109,65 @@ _MAKE_KWARGS = ("max_episode_steps", "disable_env_checker")
 """What ``gymnasium.make`` takes besides the env's own arguments."""
 
 
-def check_kwargs(backend: str, env_id: str, kwargs: Mapping[str, Any], atari: AtariConfig | None = None) -> None:
+def check_kwargs(backend: str, env_id: str, kwargs: Mapping[str, Any],
+                 preprocessing: Preprocessing | None = None) -> None:
     """Refuse, before anything starts, an ``env.kwargs`` key that the backend's env does not take, or one that the
-    collector (:data:`SET_HERE`) or the Atari preprocessing (:data:`components.atari.PREPROCESSING`) sets itself,
-    where two values for it would clash (``+env.kwargs.frameskip=4`` with ``env=atari``) or one would silently win.
-    What an env takes is read from its constructor's signature (``gymnasium.make``'s entry point, the vector entry
-    point, ``AtariVectorEnv``, EnvPool's config); a constructor taking ``**kwargs`` takes anything here, and making
-    the env then says more (:meth:`components.envs.EnvMaker.spec`).
+    collector (:data:`SET_HERE`) or the env family's preprocessing (its
+    :attr:`~components.envs.family.EnvFamily.preprocessing`, e.g. :data:`components.envs.families.atari.PREPROCESSING`)
+    sets itself, where two values for it would clash (``+env.kwargs.frameskip=4`` with ``env=atari``) or one would
+    silently win. What an env takes is read from its constructor's signature (``gymnasium.make``'s entry point, the
+    vector entry point, ``AtariVectorEnv``, EnvPool's config); a constructor taking ``**kwargs`` takes anything here,
+    and making the env then says more (:meth:`components.envs.EnvMaker.spec`).
+
+    Args:
+        backend: ``env.backend``.
+        env_id: ``env.id``.
+        kwargs: ``env.kwargs``.
+        preprocessing: the env family's preprocessing the config sets, if any.
 
     Raises:
         ConfigurationError: naming ``env.kwargs.<key>``, the value, and what to set instead or the keys there are.
     """
-    preprocessing = PREPROCESSING.get(backend, {}) if atari is not None else {}
+    fixed = preprocessing.family.preprocessing.get(backend, {}) if preprocessing is not None else {}
     for key, value in kwargs.items():
         path = f"env.kwargs.{key}"
-        if key in preprocessing:
-            field = preprocessing[key]
-            then = (f"set env.atari.{field} instead" if field is not None else
+        if key in fixed:
+            field = fixed[key]
+            then = (f"set {preprocessing.path}.{field} instead" if field is not None else
                     "drop it (it is fixed, so that every backend plays the same game)")
-            raise ConfigurationError(f"{path}={value!r} clashes with env.atari, whose preprocessing sets {key} itself on "
-                                     f"env.backend={backend}: {then}", path=path)
+            raise ConfigurationError(f"{path}={value!r} clashes with {preprocessing.path}, whose preprocessing sets {key} "
+                                     f"itself on env.backend={backend}: {then}", path=path)
         if key in SET_HERE[backend]:
             raise ConfigurationError(f"{path}={value!r} clashes with the collector, which sets {key} itself on "
                                      f"env.backend={backend} (from {SET_HERE[backend][key]}): drop it", path=path)
-    taken = _taken(backend, env_id, atari)
+    taken = _taken(backend, env_id, preprocessing)
     if taken is None:
         return
     what, names = taken
-    names = sorted(set(names) - set(preprocessing) - set(SET_HERE[backend]))
+    names = sorted(set(names) - set(fixed) - set(SET_HERE[backend]))
     for key in kwargs:
         if key not in names:
             raise ConfigurationError(f"{what} takes no keyword argument {key!r} (env.kwargs sets it)",
                                      path=f"env.kwargs.{key}", alternatives=tuple(names))
 
 
-def _ale_env(env_id: str) -> None:
-    """Refuse ``env.atari`` for a registered id that is no ALE env (its preprocessing passes the ALE env's own
-    arguments: CartPole would be blamed for a ``frameskip`` nobody set)."""
-    from .envs import register_namespace
-
-    register_namespace(env_id)
-    try:
-        entry = gym.spec(env_id).entry_point
-    except gym.error.Error:
-        return  # making the env says what is wrong with the id
-    if "ale_py" not in str(getattr(entry, "__module__", entry)):
-        raise ConfigurationError(f"env.atari preprocesses an ALE env, and env.id={env_id!r} is not one: use an ALE id "
-                                 "(ALE/Breakout-v5), or env.atari=null for the env as gymnasium.make gives it",
-                                 path="env.id")
+def _task(backend: str, env_id: str, preprocessing: Preprocessing | None) -> str:
+    """The backend's own id of ``env_id``: with a preprocessing, the id its own implementation of it takes."""
+    return env_id if preprocessing is None else preprocessing.family.vector_kwargs(env_id, preprocessing.config,
+                                                                                   backend)[0]
 
 
-def _taken(backend: str, env_id: str, atari: AtariConfig | None) -> tuple[str, list[str]] | None:
+def _taken(backend: str, env_id: str, preprocessing: Preprocessing | None) -> tuple[str, list[str]] | None:
     """``(what takes env.kwargs, the keyword arguments it takes)``, or ``None`` where that cannot be told."""
     if backend == "ale_vector":
         from ale_py.vector_env import AtariVectorEnv
 
         return "ale-py's AtariVectorEnv (env.backend=ale_vector)", _parameters(AtariVectorEnv)
     if backend == "envpool":
-        task = vector_kwargs(env_id, atari, backend)[0] if atari is not None else env_id
+        task = _task(backend, env_id, preprocessing)
         spec = _envpool().make_spec(task)
         return f"EnvPool's {task} (env.backend=envpool)", list(spec.config._fields)
-    from .envs import register_namespace
-
-    register_namespace(env_id)
+    prepare(env_id)
     try:
         spec = gym.spec(env_id)
     except gym.error.Error:
@@ -188,22 +196,32 @@ def _parameters(creator: Callable) -> list[str] | None:
 
 
 def make_vector(backend: str, env_id: str, num_envs: int, kwargs: Mapping[str, Any],
-                atari: AtariConfig | None = None) -> gym.vector.VectorEnv:
-    """``num_envs`` envs of ``env_id`` on a fast backend (``vector``, ``ale_vector`` or ``envpool``), stepping with
-    same-step autoreset; ``kwargs`` go to the vector env's constructor (``gymnasium.make_vec``, ``AtariVectorEnv``:
-    ``num_threads``...) or to ``envpool.make_gymnasium`` (``num_threads``, ``max_episode_steps``...); ``atari``: the
-    preprocessing, in the backend's own arguments (see :mod:`components.atari`)."""
-    check_backend(backend, env_id, atari)
-    if atari is not None:
-        env_id, preprocessing = vector_kwargs(env_id, atari, backend)
-        kwargs = {**preprocessing, **kwargs}
+                preprocessing: Preprocessing | None = None) -> gym.vector.VectorEnv:
+    """``num_envs`` envs of ``env_id`` on a fast backend, stepping with same-step autoreset.
+
+    Args:
+        backend: ``vector``, ``ale_vector`` or ``envpool``.
+        env_id: ``env.id``.
+        num_envs: how many envs.
+        kwargs: the vector env constructor's arguments (``gymnasium.make_vec``, ``AtariVectorEnv``: ``num_threads``...)
+            or ``envpool.make_gymnasium``'s (``num_threads``, ``max_episode_steps``...).
+        preprocessing: the env family's preprocessing, done in the backend's own arguments (see
+            :meth:`components.envs.family.EnvFamily.vector_kwargs`).
+
+    Raises:
+        ConfigurationError: the backend cannot make the env.
+    """
+    check_backend(backend, env_id, preprocessing)
+    if preprocessing is not None:
+        env_id, own = preprocessing.family.vector_kwargs(env_id, preprocessing.config, backend)
+        kwargs = {**own, **kwargs}
     if backend == "ale_vector":
         return AleVector(env_id, num_envs, dict(kwargs))
     if backend == "vector":
         env = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point", **kwargs)
         if env.metadata.get("autoreset_mode") == gym.vector.AutoresetMode.SAME_STEP:
             return env
-        reset_rows = _ROW_RESETS.get(type(env.unwrapped).__qualname__)
+        reset_rows = row_resets().get(type(env.unwrapped).__qualname__)
         if reset_rows is None:
             env.close()
             raise ConfigurationError(
@@ -215,19 +233,6 @@ def make_vector(backend: str, env_id: str, num_envs: int, kwargs: Mapping[str, A
 
 
 # ---------------------------------------------------------------------------------------------- vector_entry_point
-def _reset_cartpole_rows(env: Any, rows: np.ndarray) -> np.ndarray:
-    """Reset the ``rows`` of gymnasium's ``CartPoleVectorEnv`` as its own next step would (same draw, same bounds),
-    now; the observations of every env afterwards."""
-    env.state[:, rows] = env.np_random.uniform(low=env.low, high=env.high, size=(4, int(rows.sum())))
-    env.steps[rows] = 0
-    env.prev_done[rows] = False  # its next step is a real one: no reset, no ignored action
-    return env.state.T.astype(np.float32)
-
-
-_ROW_RESETS: dict[str, Callable[[Any, np.ndarray], np.ndarray]] = {"CartPoleVectorEnv": _reset_cartpole_rows}
-"""Per array-vectorized env class whose own autoreset is NEXT_STEP: how to reset some of its envs at once."""
-
-
 class SameStepVector(gym.vector.VectorEnv):
     """An array-vectorized gymnasium env that resets on the next step, stepped with same-step autoreset.
 
@@ -245,9 +250,11 @@ class SameStepVector(gym.vector.VectorEnv):
         self.observation_space, self.action_space = env.observation_space, env.action_space
 
     def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
+        """Reset every env (``seed``: one per env or one for all; see the module's note on seeds)."""
         return self.env.reset(seed=_first(seed), options=options)
 
     def step(self, actions):
+        """Step every env; an ended one is reset within the step, its final observation in ``info["final_obs"]``."""
         obs, reward, terminated, truncated, info = self.env.step(actions)
         done = np.logical_or(terminated, truncated)
         if done.any():
@@ -256,6 +263,7 @@ class SameStepVector(gym.vector.VectorEnv):
         return obs, reward, terminated, truncated, info
 
     def close(self, **kwargs: Any) -> None:
+        """Close the underlying vector env."""
         self.env.close(**kwargs)
 
 
@@ -266,6 +274,7 @@ def _first(seed: int | list[int] | None) -> int | None:
 
 # ---------------------------------------------------------------------------------------------- ale_vector
 def _ale_roms(game: str) -> None:
+    """Refuse a game ale-py has no ROM of, or ale-py missing."""
     try:
         from ale_py import roms
     except ImportError as exc:
@@ -300,11 +309,13 @@ class AleVector(gym.vector.VectorEnv):
         self.observation_space, self.action_space = self.env.observation_space, self.env.action_space
 
     def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
+        """Reset every env (``seed``: one per env or one for all; see the module's note on seeds)."""
         if isinstance(seed, (list, tuple)):
             seed = np.asarray(seed, dtype=np.int64)
         return self.env.reset(seed=seed, options=options)
 
     def step(self, actions):
+        """Step every env; an ended one is reset within the step, its final observation in ``info["final_obs"]``."""
         obs, reward, terminated, truncated, info = self.env.step(np.asarray(actions, dtype=np.int64))
         done = np.logical_or(terminated, truncated)
         if done.any() and "_final_obs" not in info:
@@ -312,6 +323,7 @@ class AleVector(gym.vector.VectorEnv):
         return obs, reward, terminated, truncated, info
 
     def close(self, **kwargs: Any) -> None:
+        """Close the underlying vector env."""
         self.env.close(**kwargs)
 
 
@@ -364,6 +376,7 @@ class EnvPoolVector(gym.vector.VectorEnv):
         return pool
 
     def reset(self, *, seed: int | list[int] | None = None, options: dict | None = None):
+        """Reset every env (``seed``: one per env or one for all; see the module's note on seeds)."""
         seed = _first(seed)
         if seed is not None and seed != self._seed:
             self._pool.close()
@@ -372,6 +385,7 @@ class EnvPoolVector(gym.vector.VectorEnv):
         return obs, {}
 
     def step(self, actions):
+        """Step every env; an ended one is reset within the step, its final observation in ``info["final_obs"]``."""
         obs, reward, terminated, truncated, _ = self._pool.step(np.asarray(actions))
         done = np.logical_or(terminated, truncated)
         info: dict = {}
@@ -383,4 +397,5 @@ class EnvPoolVector(gym.vector.VectorEnv):
         return obs, reward, terminated, truncated, info
 
     def close(self, **kwargs: Any) -> None:
+        """Close the underlying vector env."""
         self._pool.close()
