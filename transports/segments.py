@@ -130,7 +130,7 @@ class SlotBank:
         return (SlotBank, (self.layout, self.num_slots, self.segment))
 
     def close(self) -> None:
-        """Drop the tensor views and close this process's mapping of the segment."""
+        """Drop the tensor views and detach from the segment (its creator also removes it)."""
         self.slots = None
         self.segment.close()
 

@@ -53,6 +53,10 @@ class EnvLoop:
         self.slots: RolloutSlots | None = None
 
     def serve(self, stop: threading.Event) -> None:
+        """Collect rollouts into free slots and announce each until ``stop`` is set.
+
+        The first rollout shows the layout, so the shared slots are made after it and travel with its announcement.
+        """
         slot = 0
         try:
             while not stop.is_set():
@@ -72,6 +76,7 @@ class EnvLoop:
                 raise
 
     def close(self) -> None:
+        """Close the worker's environments and this process's view of the slots."""
         self.worker.close()
         if self.slots is not None:
             self.slots.close()

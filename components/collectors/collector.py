@@ -225,14 +225,17 @@ class CollectorClient:
         return iter(self._owner)
 
     def rollout(self):
+        """Collect one batch from every worker (or, with a replay buffer, the frames written to it)."""
         return self._owner.rollout()
 
     @property
     def frames(self) -> int:
+        """Frames collected so far."""
         return self._owner.frames
 
     @property
     def env_spec(self):
+        """The environment's :class:`~components.envs.EnvSpec`."""
         return self._owner.env_spec
 
     def __reduce__(self):

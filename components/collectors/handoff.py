@@ -44,6 +44,7 @@ class RolloutSlots:
 
     @property
     def num_slots(self) -> int:
+        """How many rollouts the segment holds."""
         return self.bank.num_slots
 
     def slot(self, index: int) -> TensorDictBase:
@@ -83,9 +84,11 @@ class SameMachine:
         return (Probe, (self.segment.name, self.token))
 
     def here(self) -> bool:
+        """Always ``True``: the driver's own copy is on the driver's machine."""
         return True
 
     def close(self) -> None:
+        """Close and remove the token's segment (the driver's copy made it)."""
         self.segment.close()
 
 

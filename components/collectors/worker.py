@@ -184,6 +184,7 @@ class Worker:
         return self.stepper.spec
 
     def close(self) -> None:
+        """Stop collecting ahead, close every env group's environments and the rollout slots."""
         self._stopping.set()
         if self.ahead is not None:
             self.ahead.close()

@@ -77,7 +77,7 @@ class FramePool:
         return self.frames.nbytes + self.serials.nbytes
 
     def close(self) -> None:
-        """Close this process's mapping of a shared ring (nothing for a private one)."""
+        """Detach from a shared ring (its creator also removes it); nothing for a private one."""
         if self.bank is not None:
             self.bank.close()
 
