@@ -103,6 +103,7 @@ class ServiceRegistry:
                 raise KeyError(f"no service named {name!r} (registered: {sorted(self._entries)})") from None
 
     def list(self) -> list[str]:
+        """The registered names, sorted."""
         with self._lock:
             return sorted(self._entries)
 
@@ -188,6 +189,7 @@ class RayServiceRegistry(ServiceRegistry):
         return client
 
     def list(self) -> list[str]:
+        """The names registered in this namespace (by any process of the cluster), sorted."""
         return sorted(self._ask("names"))
 
     def reset(self) -> None:

@@ -115,6 +115,7 @@ class Choice:
 
     @property
     def from_context(self) -> bool:
+        """Whether a scoped default chose the value (neither an explicit argument nor the default)."""
         return self.origin not in ("explicit", "default")
 
 

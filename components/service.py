@@ -80,14 +80,18 @@ def check_call(owner: type, args: tuple, kwargs: dict) -> None:
 class Service(Protocol[ClientT]):
     """What the launcher relies on: the owner side of a service."""
 
-    def start(self) -> "Service[ClientT]": ...
+    def start(self) -> "Service[ClientT]":
+        """Build the resource and return the service once it is ready."""
 
-    def shutdown(self, timeout: float | None = None) -> None: ...
+    def shutdown(self, timeout: float | None = None) -> None:
+        """Stop the service and release its resources; idempotent, safe before ``start``."""
 
-    def client(self) -> ClientT: ...
+    def client(self) -> ClientT:
+        """The capability to hand to workers (the owner itself when the resource lives in the caller)."""
 
     @property
-    def is_alive(self) -> bool: ...
+    def is_alive(self) -> bool:
+        """Whether the owned resource is serving."""
 
 
 class Owner(Generic[ClientT]):

@@ -132,6 +132,7 @@ def channels_first(shape: tuple[int, ...]) -> tuple[int, int, int]:
 
 
 def is_channels_last(shape: tuple[int, ...]) -> bool:
+    """Whether an image of ``shape`` holds its channels in the last dimension (the smallest one)."""
     return shape[-1] < min(shape[:-1])
 
 
