@@ -37,7 +37,7 @@ from torch import nn
 
 from _harness import stop_child  # first: the checkout on sys.path (benchmarks/_harness.py)
 from components.inference import InferenceServer, InferenceServerConfig
-from components.replay import ReplayBuffer
+from components.replay import ReplayBuffer, ReplayConfig
 from transports.config import TransportConfig
 
 INFERENCE_CELLS = ["thread/thread", "thread/direct", "process/queue", "process/shared_memory", "process/process_slot",
@@ -112,13 +112,13 @@ def rss_mib(pid: int) -> float:
 def build_owner(component: str, cell: str, callers: int, capacity: int = 0):
     placement, transport = cell.split("/")
     if component == "replay":
-        return ReplayBuffer(capacity=capacity, sampler="without_replacement", placement=placement,
+        return ReplayBuffer(ReplayConfig(capacity=capacity, sampler="without_replacement", placement=placement),
                             transport=transport, seed=0)
     config = InferenceServerConfig(placement=placement)
     if cell == "ray/distributed":  # the Ray owner discovers the layouts from the first request
-        return InferenceServer(policy_factory=Echo, config=config, transport=transport)
+        return InferenceServer(config, policy_factory=Echo, transport=transport)
     options = {"num_slots": callers} if transport in ("shared_memory", "process_slot") else {}
-    return InferenceServer(policy_factory=Echo, config=config, transport=TransportConfig(transport, options),
+    return InferenceServer(config, policy_factory=Echo, transport=TransportConfig(transport, options),
                            request_layout=REQUEST, response_layout=RESPONSE)
 
 

@@ -109,7 +109,7 @@ import torch
 
 from _harness import HERE, OtherLoad, peer_json, spread  # first: the checkout on sys.path (benchmarks/_harness.py)
 from _results import Results, say, with_floors
-from components.collectors import AsyncBatchedCollector, Collector
+from components.collectors import AsyncBatchedCollector, Collector, CollectorConfig
 from components.envs.families.atari import AtariConfig
 from components.envs import EnvMaker
 from components.hosts import host_class
@@ -337,8 +337,9 @@ def start_owners(row: Row, n: int, stack: contextlib.ExitStack, tracker: Tracker
     """Start the row's collector (and its server) and return it; their shutdowns go on ``stack``."""
     if row.kind == "batched":
         per_group = 1 if row.groups == 1 else n // row.groups  # an env per request, or two requests of n/2 envs
-        owner = AsyncBatchedCollector(env_factory(per_group), n // per_group,
-                                      n * NUM_STEPS, -1, policy_factory=policy_factory(), env_backend=row.placement)
+        owner = AsyncBatchedCollector(CollectorConfig(placement=row.placement, frames_per_batch=n * NUM_STEPS),
+                                      create_env_fn=env_factory(per_group), num_groups=n // per_group,
+                                      policy_factory=policy_factory())
         stack.callback(owner.shutdown)
         tracker.owners(owner.start())
         return owner
@@ -353,12 +354,13 @@ def start_owners(row: Row, n: int, stack: contextlib.ExitStack, tracker: Tracker
         extra = {}
         if transport in ("shared_memory", "process_slot"):
             extra = dict(zip(("request_layout", "response_layout"), layouts(per_group)))
-        policy = InferenceServer(policy_factory=policy_factory(), config=InferenceServerConfig(placement=placement),
+        policy = InferenceServer(InferenceServerConfig(placement=placement), policy_factory=policy_factory(),
                                  transport=transport, **extra)
         stack.callback(policy.shutdown)
         tracker.owners(policy.start())
-    owner = Collector(env_factory(per_group), policy, frames_per_batch=n * NUM_STEPS, total_frames=-1,
-                      num_collectors=row.workers, placement=row.placement, sync=row.sync, seed=0, env_groups=row.groups)
+    owner = Collector(CollectorConfig(frames_per_batch=n * NUM_STEPS, total_frames=-1, num_collectors=row.workers,
+                                      placement=row.placement, sync=row.sync, env_groups=row.groups),
+                      create_env_fn=env_factory(per_group), policy=policy, seed=0)
     stack.callback(owner.shutdown)
     tracker.owners(owner.start())
     return owner

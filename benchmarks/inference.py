@@ -298,13 +298,13 @@ def _gather(conns) -> list:
 def make_server(placement: str, transport: str, size: str, max_clients: int) -> InferenceServer:
     options = {}
     if transport == "distributed" and placement == "ray":  # the Ray owner discovers them on the first request
-        return InferenceServer(policy_factory=make_policy, config=InferenceServerConfig(placement=placement),
+        return InferenceServer(InferenceServerConfig(placement=placement), policy_factory=make_policy,
                                transport=transport)
     if transport in ("shared_memory", "process_slot"):
         options = {"num_slots": max_clients}
     return InferenceServer(
+        InferenceServerConfig(placement=placement),
         policy_factory=make_policy,
-        config=InferenceServerConfig(placement=placement),
         transport=TransportConfig(transport, options),
         request_layout=request_td(size),
         response_layout=response_td(size),

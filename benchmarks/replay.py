@@ -60,7 +60,7 @@ from tensordict import TensorDict
 from _harness import (  # first: the checkout on sys.path (benchmarks/_harness.py)
     interleaved, latency, percentiles, start_owner)
 from _results import Results, say, show, with_floors
-from components.replay import ReplayBuffer
+from components.replay import ReplayBuffer, ReplayConfig
 from transports.segments import segments_of
 from transports.queue.wire import from_wire, to_wire
 
@@ -173,7 +173,8 @@ def breakdown(client, transport: str, obs: str, quick: bool) -> list[tuple[str, 
     """Where a process sample's time goes: each piece's p50 (us), measured in this process or through
     ``client``, interleaved with the process sample itself (the last entry)."""
     n = max(20, calls(obs, quick)[1] // 2)
-    direct = ReplayBuffer(capacity=OBS[obs][3], batch_size=BATCH, placement="direct", transport="direct", seed=0).start()
+    direct = ReplayBuffer(ReplayConfig(capacity=OBS[obs][3], batch_size=BATCH, placement="direct"), transport="direct",
+                          seed=0).start()
     try:
         batch = make_batch(obs)
         for _ in range(OBS[obs][3] // BATCH):
@@ -214,7 +215,8 @@ def run_obs(obs: str, cells, quick: bool, pids: set, results: dict, breakdowns: 
         clients = {}
         for cell in cells:
             placement, transport = cell.split("/")
-            owner = ReplayBuffer(capacity=OBS[obs][3], batch_size=BATCH, placement=placement, transport=transport, seed=0)
+            owner = ReplayBuffer(ReplayConfig(capacity=OBS[obs][3], batch_size=BATCH, placement=placement),
+                                 transport=transport, seed=0)
             stack.callback(owner.shutdown)
             took = start_owner(owner, pids)
             clients[cell] = owner.client()
