@@ -21,10 +21,11 @@ What is measured: environment frames collected per second of wall time on CartPo
 
   each iterated with ``sync=True`` (every batch gathers one rollout from every worker) and ``sync=False`` (each
   worker's rollout as soon as it is ready; the workers collect the next one meanwhile);
-* :class:`components.collectors.AsyncBatchedCollector` with ``env_backend`` ``thread`` and ``process`` (its default
-  workers: one per core but one, here 1; N env groups of one env each, one policy request per env in flight, or
-  with ``2 groups`` two groups of N/2 envs; against the server it creates beside them: ``thread`` transport, or
-  ``process_slot`` by the table's ``auto`` rule), yielding flat batches of N x 32 transitions.
+* :class:`components.collectors.AsyncBatchedCollector` with its workers placed ``thread`` and ``process``
+  (``CollectorConfig.placement``; its default workers: one per core but one, here 1; N env groups of one env each,
+  one policy request per env in flight, or with ``2 groups`` two groups of N/2 envs; against the server it creates
+  beside them: ``thread`` transport, or ``process_slot`` by the table's ``auto`` rule), yielding flat batches of N x 32
+  transitions.
 
 Every server and the raw loops run the same policy: ``recipes.ppo.make_policy(PPOConfig(), spec)`` built from the
 same seed, so every row carries identical weights (the collectors also send PPO's per-env sampling seeds, which the
@@ -76,7 +77,7 @@ Targets (PASS/MISS printed at the end, each on ratios of medians at the same tot
   16 and at 64 envs;
 * a ``process`` Collector with 2 workers at least 1.3x the raw sync loop (the best of its transports and
   ``sync`` settings; every one is in the table);
-* ``AsyncBatchedCollector`` with ``env_backend=process`` at least 0.8x the raw sync loop.
+* ``AsyncBatchedCollector`` with its workers placed ``process`` at least 0.8x the raw sync loop.
 
 TorchRL beside ours: ``--peer-python PATH`` names the python of a separate environment with torchrl 0.14.1 (it needs
 tensordict<0.15, so it cannot share this project's). After our rows, this script runs
@@ -193,7 +194,7 @@ class Row:
     label: str
     kind: str  # "raw", "collector" or "batched"
     mode: str = ""  # raw: the vectorization mode
-    placement: str = ""  # the Collector's placement, or the AsyncBatchedCollector's env_backend
+    placement: str = ""  # the Collector's placement, or the AsyncBatchedCollector's workers' placement
     workers: int = 1
     sync: bool = True
     server: tuple[str, str | None] = ("", None)  # the inference server's placement and transport
