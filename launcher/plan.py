@@ -185,12 +185,12 @@ def recipe_of(cfg: DictConfig) -> tuple[Recipe, Any]:
     """
     if cfg.get("recipe") is None:
         raise ConfigurationError("no recipe selected: add one on the command line, e.g. +recipe=ppo, or your own "
-                                 "as +recipe=my_pkg.my_module:RECIPE", path="recipe", alternatives=RECIPES)
+                                 "as +recipe=my_pkg.my_module:RECIPE", path="recipe", alternatives=tuple(RECIPES))
     recipe_cfg = OmegaConf.to_object(cfg.recipe)
     recipe = recipe_for_config(recipe_cfg)
     if recipe is None:
         raise ConfigurationError(f"no recipe takes a config of type {type(recipe_cfg).__name__}", path="recipe",
-                                 alternatives=RECIPES)
+                                 alternatives=tuple(RECIPES))
     return recipe, recipe_cfg
 
 

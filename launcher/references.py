@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hydra.core.config_store import ConfigStore
 
-from recipes.registry import is_reference, load_recipe
+from recipes.registry import is_reference, load_recipe, unload_references
 
 from .conventions import normalize_argv
 
@@ -25,3 +25,12 @@ def register_references(argv: list[str]) -> None:
         for reference in value.split(","):
             if is_reference(reference):
                 store.store(group="recipe", name=reference, node=load_recipe(reference).config)
+
+
+def forget_references() -> None:
+    """Undo :func:`register_references`: drop the ``recipe`` group's options named by reference and the recipes they
+    loaded, for a process that launches one command line after another (their modules stay imported)."""
+    options = ConfigStore.instance().repo.get("recipe", {})
+    for option in [o for o in options if is_reference(o)]:
+        del options[option]
+    unload_references()

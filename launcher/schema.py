@@ -24,7 +24,7 @@ from components.logger.csv import CSVLogger
 from components.logger.tensorboard import TensorBoardLogger
 from components.weight_sync.config import WeightSyncConfig
 from components.replay.config import ReplayConfig
-from recipes.configs import DQNConfig, IMPALAConfig, PPOConfig
+from recipes.registry import RECIPES
 
 
 # ---------------------------------------------------------------------------------------------- components
@@ -140,7 +140,7 @@ SCHEMAS: Dict[str, Dict[str, type]] = {
     "transport": {"base_transport": TransportConf},
     "env": {"base_env": env_schema()},
     "logger": {"base_csv": backend_schema(CSVLogger), "base_tensorboard": backend_schema(TensorBoardLogger)},
-    "recipe": {"base_ppo": PPOConfig, "base_dqn": DQNConfig, "base_impala": IMPALAConfig},
+    "recipe": {f"base_{name}": config for name, config in RECIPES.items()},
 }
 
 # Which constructor each schema configures (checked by the parity test): schema -> (callables, ignored fields). The

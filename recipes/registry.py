@@ -15,9 +15,11 @@ from typing import Any
 from components.errors import ConfigurationError
 
 from .base import Recipe
+from .configs import DQNConfig, IMPALAConfig, PPOConfig
 
-RECIPES = ("ppo", "dqn", "impala")
-"""The built-in recipes, each ``recipes/<name>.py`` declaring ``RECIPE``."""
+RECIPES: dict[str, type] = {"ppo": PPOConfig, "dqn": DQNConfig, "impala": IMPALAConfig}
+"""The built-in recipes by name, each ``recipes/<name>.py`` declaring ``RECIPE``, with its config class (from the
+torch-free :mod:`recipes.configs`, so the launcher's schema names them without importing torch)."""
 
 _loaded: dict[str, Recipe] = {}  # recipes loaded by reference, by their name
 
@@ -76,6 +78,11 @@ def load_recipe(reference: str) -> Recipe:
         raise RecipeNotFoundError(reference, f"its name {found.name!r} is a built-in recipe's: give it another")
     _loaded[found.name] = found
     return found
+
+
+def unload_references() -> None:
+    """Forget the recipes loaded by reference (their modules stay imported)."""
+    _loaded.clear()
 
 
 def get_recipe(name: str) -> Recipe:

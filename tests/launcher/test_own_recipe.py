@@ -11,6 +11,7 @@ import textwrap
 
 import pytest
 
+from launcher.references import forget_references
 from recipes import RecipeNotFoundError, load_recipe
 from tests.helpers import cli_in_process
 from tests.user_code import OWN_RECIPE
@@ -25,6 +26,7 @@ def own_module(tmp_path, monkeypatch):
     (folder / f"{name}.py").write_text(textwrap.dedent(OWN_RECIPE))
     monkeypatch.syspath_prepend(str(folder))
     yield name
+    forget_references()  # the reference's option in the recipe group goes with it: other tests list the group
     sys.modules.pop(name, None)
 
 
