@@ -2,8 +2,9 @@
 overlap bound, all measured in the same run.
 
 - **CleanRL-style loop**: one process doing what CleanRL's ``ppo_atari.py`` does, written in this file: gymnasium's
-  sync vector env of 8 Breakout envs with the same preprocessing (``components.envs.families.atari``), the same Nature CNN
-  (``recipes.networks``), the same hyperparameters (``conf/recipe_env/ppo_atari.yaml``), torch's default threads.
+  sync vector env of 8 Breakout envs with the same preprocessing (``components.envs.families.atari``), the same
+  Nature CNN (``recipes.networks``), the same hyperparameters (``conf/recipe_env/ppo_atari.yaml``), torch's default
+  threads.
 - **Our rows**: ``python -m launcher +recipe=ppo env=atari`` subprocesses, one per placement and seed, for the same
   number of updates; frames/s is the recipe's own (training, start-up excluded).
 - **The overlap bound**: the loop once more on one torch thread, timing its collect phase (C1) and its learn phase
@@ -170,7 +171,8 @@ def main() -> None:
         loops.append(loop_in_child(args.updates, None, seed, args.timeout))
         single.append(loop_in_child(args.updates, 1, seed, args.timeout))
         print(f"{'CleanRL-style loop':>30} seed={seed}: {loops[-1]['fps']:,.0f} frames/s; on 1 thread "
-              f"{single[-1]['fps']:,.0f} (collect {single[-1]['collect_s']:.2f} s + learn {single[-1]['learn_s']:.2f} s "
+              f"{single[-1]['fps']:,.0f} (collect {single[-1]['collect_s']:.2f} s "
+              f"+ learn {single[-1]['learn_s']:.2f} s "
               f"per update)", file=sys.stderr, flush=True)
         for label, overrides in placements:
             summary = run_ours(overrides, args.updates, seed, args.timeout)

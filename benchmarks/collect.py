@@ -63,8 +63,8 @@ which is then the base of the ratios and of the targets; the raw gymnasium sync 
 
 ``--env atari`` collects ``ALE/Breakout-v5`` frames instead (``env=atari``'s DeepMind preprocessing, 4x84x84 uint8
 stacks) with the PPO recipe's Nature CNN as the policy, at 8 and 16 envs; its raw loops step gymnasium's own
-``SyncVectorEnv`` / ``AsyncVectorEnv`` over the same wrappers (``components.envs.EnvMaker`` with ``atari`` set). Rows measure a
-quarter of the frames with five times the time cap, and the run is recorded as ``collect_atari``:
+``SyncVectorEnv`` / ``AsyncVectorEnv`` over the same wrappers (``components.envs.EnvMaker`` with ``atari`` set).
+Rows measure a quarter of the frames with five times the time cap, and the run is recorded as ``collect_atari``:
 
     python benchmarks/collect.py --env atari --rows "Collector direct" "x2 sync=False [process/shared_memory]" replica
 
@@ -611,7 +611,8 @@ def main() -> None:
     if ATARI is not None:  # a batch of Atari frames takes about as long as a CartPole row's whole cap
         budget = Budget(budget.warmup, budget.scale / 4, budget.cap_s * 5)
     rows = [row for row in all_rows()
-            if row.kind == "raw" and row.mode == BACKEND.replace("gymnasium", "sync") or not args.rows or any(s.lower() in row.label.lower() for s in args.rows)]
+            if row.kind == "raw" and row.mode == BACKEND.replace("gymnasium", "sync")
+            or not args.rows or any(s.lower() in row.label.lower() for s in args.rows)]
 
     tracker = Tracker()
     other = OtherLoad()

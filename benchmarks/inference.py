@@ -524,9 +524,10 @@ def run_peer(python: str, quick: bool, client_counts, sizes, transports) -> dict
     Its progress lines pass through to stderr. It runs in a session of its own, so that if it overruns
     PEER_TIMEOUT (or this script is interrupted) every process it started can be stopped: SIGTERM first, which
     it answers by shutting its servers and clients down, then SIGKILL."""
-    command = [python, os.path.join(HERE, "torchrl_peer.py"),
-               "--clients", *map(str, client_counts), "--sizes", *sizes,
-               "--transports", *[PEER_TRANSPORT[t] for t in transports if t in PEER_TRANSPORT]] + (["--quick"] if quick else [])
+    command = ([python, os.path.join(HERE, "torchrl_peer.py"),
+                "--clients", *map(str, client_counts), "--sizes", *sizes,
+                "--transports", *[PEER_TRANSPORT[t] for t in transports if t in PEER_TRANSPORT]]
+               + (["--quick"] if quick else []))
     return peer_json(command, PEER_TIMEOUT)
 
 
@@ -545,7 +546,8 @@ def _row(label, n_clients, r, floor, f) -> list:
     floor_text = f"{f['p50']:.1f} ({floor})" if f else "-"
     ratio = f"{r['p50'] / f['p50']:.2f}" if f else "-"
     print(f"| {label} | {n_clients} | {r['p50']:.1f} | {r['p95']:.1f} | {r['rate']:.0f} | {floor_text} | {ratio} |")
-    return [label, n_clients, r["p50"], r["p95"], r["rate"], f["p50"] if f else None, r["p50"] / f["p50"] if f else None]
+    return [label, n_clients, r["p50"], r["p95"], r["rate"],
+            f["p50"] if f else None, r["p50"] / f["p50"] if f else None]
 
 
 def report(results, floors, sizes, client_counts, cells, peer, rec: Results) -> bool:
@@ -675,7 +677,8 @@ def main() -> None:
     if any(c[0] == "ray" for c in cells):
         run_ray_cells([c for c in cells if c[0] == "ray"], args.sizes, args.clients, args.quick, results, floors)
     if any(c[0] == "monarch" for c in cells):
-        run_monarch_cells([c for c in cells if c[0] == "monarch"], args.sizes, args.clients, args.quick, results, floors)
+        run_monarch_cells([c for c in cells if c[0] == "monarch"], args.sizes, args.clients, args.quick, results,
+                          floors)
     elapsed = time.monotonic() - started
 
     peer, peer_note = None, None

@@ -156,7 +156,8 @@ def run_logger(name: str, cls, placements, directory: str, n: int, ctx, pids: se
             rows["floor: Pipe round trip (2 processes)"] = pipe_floor(ctx, stack, pids)
         clients = {}
         for placement in placements:
-            owner = Logger(LoggerConfig(placement=placement), backend=cls(os.path.join(directory, f"{name}-{placement}")))
+            owner = Logger(LoggerConfig(placement=placement),
+                           backend=cls(os.path.join(directory, f"{name}-{placement}")))
             stack.callback(owner.shutdown)
             took = start_owner(owner, pids)
             client = owner.client()

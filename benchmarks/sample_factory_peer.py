@@ -141,10 +141,11 @@ OURS = "ours_"
 
 def make_env_like_ours(env_name, cfg, env_config, render_mode=None):
     """The game as the project's ``env=atari`` plays it on its gymnasium backend (``components.envs.EnvMaker`` with
-    ``atari`` at ``AtariConfig``'s defaults), in this venv's gymnasium 0.29: ``ALE/<Game>-v5`` without its own frame skip, sticky
-    actions 0.25, 108,000 emulator frames at most; ``AtariPreprocessing`` (up to 30 no-ops, skip 4 with max-pooling,
-    84x84 grey, no end on a lost life, no FIRE at reset), a 4-frame stack. RecordEpisodeStatistics sits on the raw
-    game, as in SF's own stack, and rewards are clipped to their sign, as our recipes clip them in their loss."""
+    ``atari`` at ``AtariConfig``'s defaults), in this venv's gymnasium 0.29: ``ALE/<Game>-v5`` without its own frame
+    skip, sticky actions 0.25, 108,000 emulator frames at most; ``AtariPreprocessing`` (up to 30 no-ops, skip 4 with
+    max-pooling, 84x84 grey, no end on a lost life, no FIRE at reset), a 4-frame stack. RecordEpisodeStatistics sits
+    on the raw game, as in SF's own stack, and rewards are clipped to their sign, as our recipes clip them in their
+    loss."""
     import ale_py  # noqa: F401
     import gymnasium as gym
     from sample_factory.envs.env_wrappers import ClipRewardEnv, NumpyObsWrapper

@@ -3,9 +3,10 @@ plan's resolution holds (:attr:`components.resolution.Resolved.config`).
 
 Each component has one dataclass: :class:`ComponentConfig`'s fields (where the owner lives, how clients reach it,
 what its host may use) and the component's own options, each with one default and the range it declares
-(:func:`~transports.kernel.options.bounded`, :func:`~transports.kernel.options.one_of`); ``rules()`` says what must hold between
-fields. Plain data that imports nothing heavy: ``launcher/schema.py`` registers these classes as the YAML schema, the
-preflight checks a composed config against their ranges, and constructing one from Python checks the same.
+(:func:`~transports.kernel.options.bounded`, :func:`~transports.kernel.options.one_of`); ``rules()`` says what must
+hold between fields. Plain data that imports nothing heavy: ``launcher/schema.py`` registers these classes as the YAML
+schema, the preflight checks a composed config against their ranges, and constructing one from Python checks the
+same.
 """
 
 from __future__ import annotations
@@ -85,8 +86,8 @@ _DEVICE = device_option("cpu")
 
 def device_options(config: Any, path: str) -> list[tuple[str, str]]:
     """Every device a config object names, as ``(config path, device)``: its fields declared with
-    :func:`~transports.kernel.options.device_option` (``recipe.device``, ``components.inference.policy_device``...), unset
-    ones left out.
+    :func:`~transports.kernel.options.device_option` (``recipe.device``, ``components.inference.policy_device``...),
+    unset ones left out.
 
     Args:
         config: a config dataclass instance.
@@ -105,9 +106,9 @@ def check_devices(config: Any, path: str) -> None:
 
 def check_device(name: str, path: str) -> None:
     """Refuse a device this machine does not have (imports torch). Whether ``name`` is a device at all is the option's
-    own range (:func:`~transports.kernel.options.device_option`), checked when a config is composed or made; this is checked
-    where the device is used: on the machine that runs a plan (``launcher.checks.check_here``, skipped by a dry run,
-    which may plan for another node) and where an owner builds what runs on it.
+    own range (:func:`~transports.kernel.options.device_option`), checked when a config is composed or made; this is
+    checked where the device is used: on the machine that runs a plan (``launcher.checks.check_here``, skipped by a dry
+    run, which may plan for another node) and where an owner builds what runs on it.
 
     Raises:
         ConfigurationError: naming ``path``, the value and the devices there are.

@@ -6,8 +6,8 @@ Two checks, both raising :class:`~transports.kernel.errors.ConfigurationError` (
   sweep), and Hydra's own config with the ``hydra/...`` and ``hydra.*`` overrides (a launcher's fields), and turns
   Hydra's and OmegaConf's errors into one short message: the key or value, its config path, what is allowed there;
 - :func:`launcher.values.check_values` walks a composed config against its schema: the range each field declares
-  (:func:`transports.kernel.options.bounded`, :func:`~transports.kernel.options.one_of`), keys the schema does not have, then the
-  ``rules()`` between fields (``(field to blame, holds, what is wrong)``).
+  (:func:`transports.kernel.options.bounded`, :func:`~transports.kernel.options.one_of`), keys the schema does not
+  have, then the ``rules()`` between fields (``(field to blame, holds, what is wrong)``).
   ``build_plan`` runs it too, so a config composed in Python is checked the same way, dry run or not.
 
 A sweep whose jobs run on this machine (Hydra's own launcher, ``hydra/launcher=local``) has every job's plan made too
@@ -226,8 +226,8 @@ def _check_resumes(configs: list[DictConfig]) -> None:
     twice = sorted({where for where in named if named.count(where) > 1})
     if twice:
         raise ConfigurationError(f"launcher.resume={twice[0]!r} would continue one run directory in several jobs of "
-                                 "the sweep: resume one run per command, or use launcher.resume=auto (each job its own)",
-                                 path="launcher.resume")
+                                 "the sweep: resume one run per command, or use launcher.resume=auto "
+                                 "(each job its own)", path="launcher.resume")
 
 
 def sweep_jobs(argv: list[str]) -> list[list[str]] | None:
@@ -329,7 +329,8 @@ def explain(exc: BaseException) -> ConfigurationError:
             where = ", ".join(f"components.{name}.placement={option}" for name in takes)
             return ConfigurationError(f"service has no option {option!r}: {option!r} places only "
                                       f"{' and '.join(takes)} ({where}); the other services go elsewhere",
-                                      path=group, alternatives=tuple(o for o in exc.options if not o.startswith("base_")))
+                                      path=group,
+                                      alternatives=tuple(o for o in exc.options if not o.startswith("base_")))
         return ConfigurationError(f"{group or 'the config'} has no option {option!r}", path=group or option,
                                   alternatives=tuple(o for o in exc.options if not o.startswith("base_")))
     cause = exc if isinstance(exc, OmegaConfBaseException) else exc.__cause__

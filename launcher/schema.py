@@ -62,12 +62,17 @@ class TransportConf:
 
 @dataclass
 class EnvConf:
-    """The environment (EnvMaker): a gymnasium id, or your own callable that returns one env; set one of them."""
+    """The environment (EnvMaker): a gymnasium id, or your own callable that returns one env; set one of them.
+
+    Attributes:
+        backend: how collectors vectorize envs: gymnasium | vector | ale_vector | envpool
+            (components.envs.backends)
+    """
 
     id: Optional[str] = None  # gymnasium id, e.g. CartPole-v1
     _target_: Optional[str] = None  # instead of id: dotted name of a callable (**kwargs) -> gymnasium.Env
     kwargs: Dict[str, Any] = field(default_factory=dict)  # keyword arguments of gymnasium.make, or of _target_
-    backend: str = "gymnasium"  # how collectors vectorize envs: gymnasium | vector | ale_vector | envpool (components.envs.backends)
+    backend: str = "gymnasium"
 
 
 def env_schema() -> type:
@@ -81,14 +86,25 @@ def env_schema() -> type:
 
 @dataclass
 class LauncherConf:
+    """How the launcher runs a plan (``launcher.*``).
+
+    Attributes:
+        torch_threads: torch intra-op threads in the driver; null: 1 for flat observations (small MLPs are fastest on
+            one), every core for images, less one per collector worker collecting beside a one-pass learner (IMPALA)
+            on this machine (launcher.plan.learner_threads)
+        telemetry_every: between per-edge metrics (batch fill, queue wait, policy lag)
+        shutdown_timeout: each owner gets to stop (asked, then terminated, then killed)
+        checkpoint_every: between checkpoints (also at the end, on an early end); 0: none
+    """
+
     dry_run: bool = False  # print the plan and exit without starting anything
-    torch_threads: Optional[int] = bounded(None, ge=1)  # torch intra-op threads in the driver; null: 1 for flat observations (small MLPs are fastest on one), every core for images, less one per collector worker collecting beside a one-pass learner (IMPALA) on this machine (launcher.plan.learner_threads)
+    torch_threads: Optional[int] = bounded(None, ge=1)
     progress: bool = True  # live progress line
     plot: bool = True  # write learning_curve.png at the end
-    telemetry_every: float = bounded(5.0, gt=0, unit="seconds")  # between per-edge metrics (batch fill, queue wait, policy lag)
-    shutdown_timeout: float = bounded(10.0, gt=0, unit="seconds")  # each owner gets to stop (asked, then terminated, then killed)
+    telemetry_every: float = bounded(5.0, gt=0, unit="seconds")
+    shutdown_timeout: float = bounded(10.0, gt=0, unit="seconds")
     probe: bool = False  # time round trips on every edge once the owners run, before training (printed, plan.json)
-    checkpoint_every: int = bounded(0, ge=0, unit="frames")  # between checkpoints (also at the end, on an early end); 0: none
+    checkpoint_every: int = bounded(0, ge=0, unit="frames")
     checkpoint_replay: bool = False  # checkpoints also hold the replay buffer's contents
     resume: Optional[str] = None  # continue the run in this run directory from its checkpoint.pt; auto: this job's own
 

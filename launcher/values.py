@@ -1,6 +1,7 @@
 """A composed config against its schema: every key known, every value within the range its field declares
-(:func:`transports.kernel.options.bounded`, :func:`~transports.kernel.options.one_of`), then each dataclass's ``rules()`` between
-its fields. The preflight runs it on the command line's config, :func:`launcher.plan.build_plan` on any config."""
+(:func:`transports.kernel.options.bounded`, :func:`~transports.kernel.options.one_of`), then each dataclass's
+``rules()`` between its fields. The preflight runs it on the command line's config, :func:`launcher.plan.build_plan`
+on any config."""
 
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ def kind_text(hint: Any) -> str:
 
 def check_values(cfg: DictConfig, *, strict: bool = True) -> None:
     """Check a composed config against its schema: every key known, every value within the range its field
-    declares (:func:`transports.kernel.options.bounded`, :func:`~transports.kernel.options.one_of`), then each dataclass's ``rules()``
-    between its fields.
+    declares (:func:`transports.kernel.options.bounded`, :func:`~transports.kernel.options.one_of`), then each
+    dataclass's ``rules()`` between its fields.
 
     Args:
         cfg: the composed config.

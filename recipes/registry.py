@@ -64,7 +64,8 @@ def load_recipe(reference: str) -> Recipe:
     except ModuleNotFoundError as exc:
         if exc.name is None or not module_name.startswith(exc.name):  # the module exists; one it imports does not
             raise
-        raise RecipeNotFoundError(reference, f"no module named {module_name!r} (is its folder on PYTHONPATH?)") from None
+        raise RecipeNotFoundError(reference,
+                                  f"no module named {module_name!r} (is its folder on PYTHONPATH?)") from None
     try:
         found: Any = getattr(module, attribute)
     except AttributeError:

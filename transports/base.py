@@ -171,7 +171,8 @@ class ServerEndpoint(ABC):
 
 class ResponseFuture(ABC):
     """The answer to one submitted request. ``result()`` waits; a dead server raises
-    :class:`~transports.kernel.errors.PeerFailureError`, a deadline :class:`~transports.kernel.errors.ServiceTimeoutError`."""
+    :class:`~transports.kernel.errors.PeerFailureError`, a deadline
+    :class:`~transports.kernel.errors.ServiceTimeoutError`."""
 
     @abstractmethod
     def result(self, timeout: float | None = None) -> TensorDictBase:

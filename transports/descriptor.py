@@ -1,11 +1,11 @@
 """What each transport says about itself: one :class:`TransportDescriptor` per transport class.
 
 A descriptor is plain data and imports nothing heavy: its kind and aliases, how far its clients reach from the owner
-(:class:`~transports.kernel.placements.Reach`), whether it needs fixed wire layouts before the server starts, which option names the wire it rides,
-and the dataclass of its keyword options (their types, defaults and ranges). The vocabulary of kinds
-(:mod:`transports.kinds`), the registry that builds a transport (:mod:`transports.registry`), the option checks,
-the plan's reachability checks and the generated documentation all read descriptors, so a plan is checked before
-any transport module, or torch, is imported.
+(:class:`~transports.kernel.placements.Reach`), whether it needs fixed wire layouts before the server starts, which
+option names the wire it rides, and the dataclass of its keyword options (their types, defaults and ranges). The
+vocabulary of kinds (:mod:`transports.kinds`), the registry that builds a transport (:mod:`transports.registry`), the
+option checks, the plan's reachability checks and the generated documentation all read descriptors, so a plan is checked
+before any transport module, or torch, is imported.
 
 The built-in transports' descriptors are declared here; each transport class points at its own
 (``descriptor = descriptors.QUEUE``), and :func:`transports.registry.register` adds one more.
@@ -137,11 +137,13 @@ THREAD = TransportDescriptor(
     "thread", "transports.thread:ThreadTransport", Reach.PROCESS, ThreadOptions, aliases=("threading",),
     summary="a bounded in-process queue and one future per request")
 QUEUE = TransportDescriptor(
-    "queue", "transports.queue.transport:QueueTransport", Reach.MACHINE, QueueOptions, aliases=("multiprocessing", "process"),
+    "queue", "transports.queue.transport:QueueTransport", Reach.MACHINE, QueueOptions,
+    aliases=("multiprocessing", "process"),
     summary="pickled payloads of any layout over one local socket per client process")
 SHARED_MEMORY = TransportDescriptor(
-    "shared_memory", "transports.slots.shared_memory:SharedMemoryTransport", Reach.MACHINE, SlotOptions, fixed_layout=True,
-    aliases=("shm",), summary="preallocated request/response slots in shared memory; only slot states move")
+    "shared_memory", "transports.slots.shared_memory:SharedMemoryTransport", Reach.MACHINE, SlotOptions,
+    fixed_layout=True, aliases=("shm",),
+    summary="preallocated request/response slots in shared memory; only slot states move")
 PROCESS_SLOT = TransportDescriptor(
     "process_slot", "transports.slots.process_slot:ProcessSlotTransport", Reach.MACHINE, SlotOptions, fixed_layout=True,
     summary="one fixed shared-memory slot per worker process, a doorbell, batched sweeps")
@@ -156,5 +158,6 @@ MONARCH = TransportDescriptor(
     "monarch", "transports.monarch:MonarchTransport", Reach.NETWORK, ActorCallOptions,
     summary="Monarch actor endpoint calls, answered through response ports")
 
-BUILT_IN: tuple[TransportDescriptor, ...] = (DIRECT, THREAD, QUEUE, SHARED_MEMORY, PROCESS_SLOT, RAY, DISTRIBUTED, MONARCH)
+BUILT_IN: tuple[TransportDescriptor, ...] = (DIRECT, THREAD, QUEUE, SHARED_MEMORY, PROCESS_SLOT, RAY, DISTRIBUTED,
+                                             MONARCH)
 """The transports this package ships, in the order tables list them."""

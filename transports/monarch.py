@@ -21,7 +21,8 @@ from typing import Any, Callable
 from .actor_calls import ActorCallTransport, ProducerClient
 from .descriptor import MONARCH
 from .peers import pid_runs
-from .kernel.errors import ConfigurationError, PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError, qualified_name
+from .kernel.errors import (ConfigurationError, PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError,
+                            qualified_name)
 
 POLL_S = 0.1
 """How often a waiting caller checks that the actor's process still runs."""
@@ -109,7 +110,8 @@ class MonarchFuture:
                     reason = self.on_death() if self.on_death is not None else "its process ended"
                     raise PeerFailureError(f"{self.what}: the Monarch actor died ({reason})") from None
                 if deadline is not None and time.monotonic() >= deadline:
-                    raise ServiceTimeoutError(f"{self.what}: no answer within {timeout} s (the actor is alive)") from None
+                    raise ServiceTimeoutError(
+                        f"{self.what}: no answer within {timeout} s (the actor is alive)") from None
             except Exception as exc:  # noqa: BLE001 - translated
                 raise translate(exc, self.what, self.ref) from None
 

@@ -26,7 +26,8 @@ from typing import Any
 
 from .actor_calls import ActorCallTransport, ProducerClient, submit_in_order
 from .descriptor import RAY
-from .kernel.errors import ConfigurationError, PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError, qualified_name
+from .kernel.errors import (ConfigurationError, PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError,
+                            qualified_name)
 
 
 def import_ray():

@@ -2,12 +2,11 @@
 
 Segments are files named ``rlsvc_<pid>_<n>`` in the segment directory (:mod:`transports.segment_dir`: ``/dev/shm``
 unless ``RLSVC_SHM_DIR`` names another). Each one's pages are reserved as it is made, so a segment that does not fit
-raises :class:`~transports.kernel.errors.SharedMemoryFull` there and then, instead of a SIGBUS when a page is first touched.
-The creating process unlinks them on close; in ``/dev/shm`` it also registers them with multiprocessing's resource
-tracker, so they are removed even if it dies (the tracker unlinks names in ``/dev/shm`` only: elsewhere a dead
-creator's segments are removed by its host, or by the next run's start, :func:`remove_orphans`). Processes that
-attach by name never unlink. A :class:`SlotBank` lays TensorDicts of one :class:`~transports.layout.Layout` out in
-one segment.
+raises :class:`~transports.kernel.errors.SharedMemoryFull` there and then, instead of a SIGBUS when a page is first
+touched. The creating process unlinks them on close; in ``/dev/shm`` it also registers them with multiprocessing's
+resource tracker, so they are removed even if it dies (the tracker unlinks names in ``/dev/shm`` only: elsewhere a dead
+creator's segments are removed by its host, or by the next run's start, :func:`remove_orphans`). Processes that attach
+by name never unlink. A :class:`SlotBank` lays TensorDicts of one :class:`~transports.layout.Layout` out in one segment.
 """
 
 from __future__ import annotations
@@ -123,7 +122,8 @@ class SlotBank:
         self.slots = TensorDict(batch_size=(num_slots, *layout.batch_size))
         for leaf, offset in zip(layout, offsets):
             count = num_slots * math.prod(leaf.shape)
-            flat = torch.frombuffer(self.segment.buf, dtype=leaf.dtype, count=count, offset=offset) if count else torch.empty(0, dtype=leaf.dtype)
+            flat = (torch.frombuffer(self.segment.buf, dtype=leaf.dtype, count=count, offset=offset) if count
+                    else torch.empty(0, dtype=leaf.dtype))
             self.slots.set(leaf.key, flat.view(num_slots, *leaf.shape))
 
     def __reduce__(self):

@@ -135,8 +135,9 @@ def check_kwargs(backend: str, env_id: str, kwargs: Mapping[str, Any],
             field = fixed[key]
             then = (f"set {preprocessing.path}.{field} instead" if field is not None else
                     "drop it (it is fixed, so that every backend plays the same game)")
-            raise ConfigurationError(f"{path}={value!r} clashes with {preprocessing.path}, whose preprocessing sets {key} "
-                                     f"itself on env.backend={backend}: {then}", path=path)
+            raise ConfigurationError(f"{path}={value!r} clashes with {preprocessing.path}, "
+                                     f"whose preprocessing sets {key} itself on env.backend={backend}: {then}",
+                                     path=path)
         if key in SET_HERE[backend]:
             raise ConfigurationError(f"{path}={value!r} clashes with the collector, which sets {key} itself on "
                                      f"env.backend={backend} (from {SET_HERE[backend][key]}): drop it", path=path)

@@ -195,7 +195,8 @@ def preprocessing(options: Mapping[str, Any]) -> Preprocessing | None:
                                      alternatives=tuple(known))
         if value is not None:
             config = known[key]
-            chosen.append(Preprocessing(family_named(key), value if isinstance(value, config) else config(**dict(value))))
+            chosen.append(Preprocessing(family_named(key),
+                                        value if isinstance(value, config) else config(**dict(value))))
     if len(chosen) > 1:
         raise ConfigurationError(f"{' and '.join(p.path for p in chosen)} are both set: an env takes one family's "
                                  "preprocessing", path=chosen[1].path)

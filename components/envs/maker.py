@@ -88,8 +88,8 @@ class EnvMaker:
 
     @property
     def image_size(self) -> tuple[str, Any] | None:
-        """``(config path, value)`` of the setting that sizes the env's images (``("env.atari.screen_size", 84)``), where
-        the preprocessing has one."""
+        """``(config path, value)`` of the setting that sizes the env's images (``("env.atari.screen_size", 84)``),
+        where the preprocessing has one."""
         return None if self.preprocessing is None else self.preprocessing.size()
 
     def __call__(self) -> gym.Env:

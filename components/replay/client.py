@@ -28,8 +28,9 @@ MAX_RETRIES = 10
 
 
 class ReplayClient(ReplayOperations, CommandClient):
-    """``add``, ``extend``, ``sample``, ``update_priority``, ``len``, ``empty``, ``state_dict``, ``load_state_dict``, and
-    the domain operations of :class:`~components.replay.operations.ReplayOperations` over them.
+    """``add``, ``extend``, ``sample``, ``update_priority``, ``len``, ``empty``, ``state_dict``,
+    ``load_state_dict``, and the domain operations of :class:`~components.replay.operations.ReplayOperations` over
+    them.
 
     Args:
         endpoint: the owner's command endpoint.
@@ -91,7 +92,8 @@ class ReplayClient(ReplayOperations, CommandClient):
                 if value is None:
                     raise LayoutError(leaf.key, leaf.describe(), "a missing key")
                 if tuple(value.shape[1:]) != leaf.shape or value.dtype != leaf.dtype:
-                    raise LayoutError(leaf.key, f"shape [N, {', '.join(map(str, leaf.shape))}] dtype {str(leaf.dtype)[6:]}",
+                    raise LayoutError(leaf.key,
+                                      f"shape [N, {', '.join(map(str, leaf.shape))}] dtype {str(leaf.dtype)[6:]}",
                                       f"shape {list(value.shape)} dtype {str(value.dtype)[6:]}")
                 bank.slots.get(leaf.key)[:n].copy_(value)
             return torch.from_numpy(self._call("_extend_from_stage", stage, n))
@@ -113,7 +115,8 @@ class ReplayClient(ReplayOperations, CommandClient):
             if self._storage is None:
                 bank, generation, frames = self._call("_shared_storage")
                 self._frames = None if frames is None else (FramePool.attach(frames[0]), frames[1])
-                self._storage = (bank, generation, torch.frombuffer(generation.buf, dtype=torch.int64, count=bank.num_slots))
+                self._storage = (bank, generation,
+                                 torch.frombuffer(generation.buf, dtype=torch.int64, count=bank.num_slots))
                 self._fixed = n
             if n != self._fixed:
                 raise LayoutError(("batch_size",), f"{self._fixed} (fixed by this endpoint's first sample)", str(n),

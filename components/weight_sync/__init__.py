@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from ..exports import lazy_exports
 
-_EXPORTS = {"WeightSync": "sync", "WeightSyncConfig": "config", "LocalWeights": "channels", "RayWeights": "channels", "SharedWeights": "channels",
-            "DistributedWeights": "hub"}
+_EXPORTS = {"WeightSync": "sync", "WeightSyncConfig": "config", "LocalWeights": "channels", "RayWeights": "channels",
+            "SharedWeights": "channels", "DistributedWeights": "hub"}
 
 __getattr__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)

@@ -26,7 +26,8 @@ class Checkpoint:
     Args:
         path: the checkpoint file (``None``: never write).
         every: frames between writes (``0``: only when :meth:`save` is called).
-        restored: the checkpoint this run continues from (what :func:`~launcher.checkpointing.files.load` returned), or ``None``.
+        restored: the checkpoint this run continues from (what :func:`~launcher.checkpointing.files.load`
+            returned), or ``None``.
         extras: more state read when a checkpoint is written, by name (``{"replay": replay.state_dict}``); an
             extra that cannot be read stops that write (the previous checkpoint stays).
         before_write: called before each write (the launcher flushes the logger there, so every value logged up to

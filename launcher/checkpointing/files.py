@@ -80,7 +80,8 @@ def write_atomically(payload: Mapping[str, Any], path: str) -> None:
 
 
 def load(path: str) -> dict:
-    """Read a checkpoint written by :class:`~launcher.checkpointing.Checkpoint` (tensors on the CPU; no pickled code runs).
+    """Read a checkpoint written by :class:`~launcher.checkpointing.Checkpoint` (tensors on the CPU; no pickled code
+    runs).
 
     Raises:
         ValueError: the file is not a checkpoint of this layout.

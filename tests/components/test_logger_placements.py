@@ -127,7 +127,8 @@ def test_peer_failure_after_kill_9(tmp_path):
 def test_rows_reach_the_disk_every_flush_seconds_and_survive_a_kill(placement, tmp_path):
     # flush_every alone would hold these rows in memory: the logger's own thread writes them out within
     # flush_seconds, so a logger process killed outright loses only its last seconds
-    owner = Logger(LoggerConfig(placement=placement), backend=CSVLogger(str(tmp_path), flush_every=1_000_000, flush_seconds=0.2)).start()
+    owner = Logger(LoggerConfig(placement=placement),
+                   backend=CSVLogger(str(tmp_path), flush_every=1_000_000, flush_seconds=0.2)).start()
     try:
         client = owner.client()
         for step in range(5):

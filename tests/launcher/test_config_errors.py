@@ -3,8 +3,8 @@
 In this process: the preflight (``launcher.preflight.check_argv``) and the plan, for the mistakes users make, for
 mistakes of a kind (every device option, encoders against the frames they get, ``env.kwargs`` against what each
 backend's env takes) and for overrides drawn from the schema and from those kinds (hypothesis): the outcome is a plan
-or one short :class:`ConfigurationError`, never anything else. As a user runs it (real subprocesses, marked slow): the exit
-status and stderr, and Hydra's own flags still working.
+or one short :class:`ConfigurationError`, never anything else. As a user runs it (real subprocesses, marked slow): the
+exit status and stderr, and Hydra's own flags still working.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def assert_short(error: ConfigurationError) -> None:
 
 # ---------------------------------------------------------------------------------------------- mistakes users make
 MISTAKES = [
-    (("components.inference.max_batch_size=abc",), "components.inference.max_batch_size", "must be an integer, got 'abc'"),
+    (("components.inference.max_batch_size=abc",), "components.inference.max_batch_size",
+     "must be an integer, got 'abc'"),
     (("components.replay.colour=blue",), "components.replay.colour", "components.replay has no key 'colour'"),
     (("+components.replay.colour=blue",), "components.replay.colour", "supported: placement, transport"),
     (("foo=1",), "foo", "the config has no key 'foo'"),
@@ -63,7 +64,8 @@ MISTAKES = [
     (("recipe.total_frames=-100",), "recipe.total_frames", "must be >= 1, got -100"),
     (("recipe.window=0",), "recipe.window", "must be >= 1, got 0"),
     (("recipe.gamma=1.5",), "recipe.gamma", "must be in [0, 1], got 1.5"),
-    (("recipe.num_minibatches=5",), "recipe.num_minibatches", "num_envs * num_steps = 512 must be divisible by num_minibatches=5"),
+    (("recipe.num_minibatches=5",), "recipe.num_minibatches",
+     "num_envs * num_steps = 512 must be divisible by num_minibatches=5"),
     (("launcher.telemetry_every=-1",), "launcher.telemetry_every", "must be > 0 seconds, got -1.0"),
     (("launcher.shutdown_timeout=0",), "launcher.shutdown_timeout", "must be > 0 seconds, got 0.0"),
     (("components.collector.num_collectors=0",), "components.collector.num_collectors", "must be >= 1, got 0"),
@@ -111,14 +113,15 @@ MISTAKES = [
      "components.inference.resources.num_gpus=64, but the local Ray cluster has"),
     (("service=ray", "components.replay.resources.num_cpus=4096"), "components.replay.resources.num_cpus",
      "components.replay.resources.num_cpus=4096, but the local Ray cluster has"),
-    (("service=ray", "ray.num_cpus=1", "components.replay.resources.num_cpus=2"), "components.replay.resources.num_cpus",
-     "the local Ray cluster has 1 CPUs (ray.num_cpus)"),
+    (("service=ray", "ray.num_cpus=1", "components.replay.resources.num_cpus=2"),
+     "components.replay.resources.num_cpus", "the local Ray cluster has 1 CPUs (ray.num_cpus)"),
     (("service=ray", "+components.replay.resources.custom.node_b=1"), "components.replay.resources.custom.node_b",
      "offers 0 of it: declare it under ray.resources"),
     (("components.collector.placement=rpc", "rpc.interface=nope0"), "rpc.interface",
      "rpc.interface='nope0' is no network interface of this machine"),
     (("components.collector.placement=distributed", "distributed.host=127.0.0.1", "distributed.port=29555",
-      "distributed.ranks=env"), "distributed.ranks", "takes its ranks from torchrun or srun, but WORLD_SIZE is not set"),
+      "distributed.ranks=env"), "distributed.ranks",
+     "takes its ranks from torchrun or srun, but WORLD_SIZE is not set"),
 ]
 
 
@@ -193,7 +196,8 @@ def test_a_wrong_type_in_a_config_dir_file_names_the_key_the_value_and_the_type(
     (tmp_path / "conf" / "recipe_env" / "ppo_cartpole.yaml").write_text("# @package recipe\nnum_envs: abc\n")
     error = outcome("--config-dir", str(tmp_path / "conf"), "+recipe=ppo")
     assert isinstance(error, ConfigurationError) and error.path == "recipe.num_envs", error
-    assert str(error).splitlines()[0] == "recipe.num_envs must be an integer, got 'abc' (in recipe_env/ppo_cartpole.yaml)"
+    assert str(error).splitlines()[0] == ("recipe.num_envs must be an integer, got 'abc' "
+                                          "(in recipe_env/ppo_cartpole.yaml)")
     proc = cli_in_process("--config-dir", str(tmp_path / "conf"), "+recipe=ppo", cwd=str(tmp_path))
     _one_short_message(proc, "recipe.num_envs")
     assert "recipe.num_envs must be an integer, got 'abc'" in proc.stderr
@@ -456,7 +460,8 @@ def command_lines(draw):
     # a service, transport or env the table or the recipe may refuse (transport=distributed, DQN on pendulum): unsure
     overrides = {group: (f"{group}={option}", True if group in ("recipe", "logger") else None)
                  for group, option in chosen.items()}
-    leaves = [*_leaves(schema.config_schema(), ""), *_leaves(RECIPES[recipe], "recipe"), *_leaves(LOGGERS[logger], "logger")]
+    leaves = [*_leaves(schema.config_schema(), ""), *_leaves(RECIPES[recipe], "recipe"),
+              *_leaves(LOGGERS[logger], "logger")]
     for path, f, hint in draw(st.lists(st.sampled_from(leaves), max_size=4, unique_by=lambda leaf: leaf[0])):
         text, valid = draw(_value(f, hint))
         overrides[path] = (f"{path}={text}", valid)
@@ -484,7 +489,8 @@ def test_any_command_line_is_a_plan_or_one_short_message(case):
     if isinstance(result, ConfigurationError):
         assert_short(result)
         if invalid:  # what the schema or the plan refuses is what the message names
-            assert result.path in invalid | unsure | {"recipe"}, (str(result), invalid)  # recipe: what it asks of the env
+            # recipe: what it asks of the env
+            assert result.path in invalid | unsure | {"recipe"}, (str(result), invalid)
     else:
         assert not invalid, f"{argv} was accepted though {sorted(invalid)} is outside the schema"
         assert len(result) == 1 and result[0].render().startswith("plan: recipe=")

@@ -74,7 +74,8 @@ def test_schema_defaults_and_types_match_constructor_arguments(conf, targets, ig
             if default is None and field_default in ({}, [], ()):  # None for a mutable default: the empty container
                 hint = next(a for a in typing.get_args(hint) if a is not type(None))
             else:
-                assert default == field_default, f"{conf.__name__}.{name}: default {field_default!r}, {target} {default!r}"
+                assert default == field_default, (f"{conf.__name__}.{name}: default {field_default!r}, "
+                                                  f"{target} {default!r}")
             assert _plain(hint) == _plain(field_hint), f"{conf.__name__}.{name}: type {field_hint}, {target} {hint}"
 
 

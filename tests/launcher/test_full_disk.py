@@ -48,7 +48,8 @@ def test_a_full_disk_is_found_in_every_shape_it_arrives_in():
 
 def test_a_logger_on_a_full_disk_names_its_directory_and_fails_alike_after(tmp_path):
     with small_disk(tmp_path / "disk", free_kb=16) as disk:
-        logger = Logger(LoggerConfig(placement="direct"), backend=CSVLogger(str(disk / "run"), flush_every=1, tensorboard=False)).start()
+        logger = Logger(LoggerConfig(placement="direct"),
+                        backend=CSVLogger(str(disk / "run"), flush_every=1, tensorboard=False)).start()
         try:
             with pytest.raises(OSError) as full:
                 for step in range(100_000):

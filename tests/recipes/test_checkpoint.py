@@ -1,5 +1,5 @@
-"""Checkpoint and resume: the :class:`~launcher.checkpointing.Checkpoint` a recipe gets (snapshots, atomic files, what it
-refuses), the services a resumed run starts where the checkpoint left off, and whole runs through the launcher:
+"""Checkpoint and resume: the :class:`~launcher.checkpointing.Checkpoint` a recipe gets (snapshots, atomic files,
+what it refuses), the services a resumed run starts where the checkpoint left off, and whole runs through the launcher:
 in this process (see test_every_placement.py) and one real ``python -m launcher`` stopped with Ctrl-C, then resumed.
 """
 

@@ -1,5 +1,5 @@
-"""The serving side of ``queue`` (see :mod:`transports.queue.transport`): one ``poll`` over the listening socket and every
-channel, admission of same-user processes only, and outboxes so the server never blocks on a slow reader."""
+"""The serving side of ``queue`` (see :mod:`transports.queue.transport`): one ``poll`` over the listening socket and
+every channel, admission of same-user processes only, and outboxes so the server never blocks on a slow reader."""
 
 from __future__ import annotations
 

@@ -149,7 +149,8 @@ class QueueClient:
 
     def _connect(self) -> None:
         """Connect this process's channel (once per process; a copy inherited by ``fork`` connects anew)."""
-        if self._pid is not None and self._pid != _shared.current_pid():  # inherited by fork: the channel stays the parent's
+        # inherited by fork: the channel stays the parent's
+        if self._pid is not None and self._pid != _shared.current_pid():
             self._reset()
         with self._write_lock:
             if self._pid == _shared.current_pid():
