@@ -35,10 +35,11 @@ import torch
 from tensordict import TensorDict
 from torch import nn
 
-from _harness import stop_child  # first: the checkout on sys.path (benchmarks/_harness.py)
 from components.inference import InferenceServer, InferenceServerConfig
 from components.replay import ReplayBuffer, ReplayConfig
 from transports.config import TransportConfig
+
+from benchmarks._harness import stop_child
 
 INFERENCE_CELLS = ["thread/thread", "thread/direct", "process/queue", "process/shared_memory", "process/process_slot",
                    "process/distributed", "ray/ray", "ray/distributed"]

@@ -36,7 +36,8 @@ import sys
 
 import torch
 
-from _load import INFERENCE_CELLS, MEMORY_BOUND, REPLAY_CELLS, ROWS_PER_EXTEND, Result, Workers, run_cell
+import _harness  # noqa: F401 - first: the checkout on sys.path (benchmarks/_harness.py)
+from benchmarks._load import INFERENCE_CELLS, MEMORY_BOUND, REPLAY_CELLS, ROWS_PER_EXTEND, Result, Workers, run_cell
 from _results import Results, say
 
 WORKERS = 4  # client processes of the process owners

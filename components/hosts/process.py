@@ -14,13 +14,14 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import tempfile
 import threading
 import time
 from multiprocessing.connection import wait
 from typing import Any, Mapping
 
 from transports.peers import pid_runs
-from transports.kernel.errors import PeerFailureError, ServiceTimeoutError
+from transports.kernel.errors import ConfigurationError, PeerFailureError, ServiceTimeoutError
 from transports.kernel.placements import Placement, Reach, register
 from transports.segment_dir import segment_dir
 
@@ -55,7 +56,17 @@ def warm_up() -> None:
     from multiprocessing import forkserver
 
     with warning_signals_blocked():  # a batch system's warning signal to the whole job must not end them
-        forkserver.ensure_running()
+        try:
+            forkserver.ensure_running()
+        except OSError as exc:
+            if "path too long" not in str(exc):
+                raise
+            # the forkserver listens on a Unix socket in a directory it makes under TMPDIR, and a socket's path holds
+            # 107 bytes at most
+            raise ConfigurationError(
+                f"the process placement's forkserver cannot listen in a directory under {tempfile.gettempdir()!r}: a "
+                f"Unix socket's path holds 107 bytes and this one would pass that; set TMPDIR to a shorter directory "
+                f"(e.g. TMPDIR=/tmp)", path="TMPDIR") from exc
 
 
 class _Reply(Pending):

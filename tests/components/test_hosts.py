@@ -2,6 +2,8 @@
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -195,3 +197,18 @@ def test_a_thread_loop_that_ends_on_its_own_is_reported():
         assert "stopped on its own" in deaths[0]
     finally:
         host.shutdown()
+
+
+@pytest.mark.slow
+def test_a_tmpdir_too_long_for_the_forkservers_socket_is_a_configuration_error(tmp_path):
+    # the forkserver listens on a Unix socket under TMPDIR: past 107 bytes of path, a typed error naming TMPDIR and
+    # the remedy, not an OSError from deep inside multiprocessing (a fresh interpreter: this one's forkserver may run)
+    deep = tmp_path / ("d" * 90)
+    deep.mkdir()
+    code = ("from components.hosts.process import warm_up\n"
+            "from transports.kernel.errors import ConfigurationError\n"
+            "try:\n    warm_up()\nexcept ConfigurationError as exc:\n    print(exc.path, exc)\n")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TMPDIR": str(deep)}, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("TMPDIR ") and "set TMPDIR to a shorter directory" in done.stdout

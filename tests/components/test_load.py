@@ -12,16 +12,13 @@ of more than a few KiB per call; the benchmark's full-scale runs are the real me
 from __future__ import annotations
 
 import os
-import sys
 
 import numpy as np
 import pytest
 
-from tests.helpers import ROOT
+# as the package path: a Ray actor unpickles the cells' policy by it (the checkout is on every worker's path)
+from benchmarks._load import INFERENCE_CELLS, REPLAY_CELLS, Result, Workers, check_answers, check_rows, run_cell
 from transports.segments import segments_of
-
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))  # as `python benchmarks/load.py` finds its modules
-from _load import INFERENCE_CELLS, REPLAY_CELLS, Result, Workers, check_answers, check_rows, run_cell  # noqa: E402
 
 SCALE = {"inference": (64, 100), "replay": (8, 250)}
 RAY_CALLS_SCALE = {"inference": (64, 25), "replay": (8, 100)}  # a Ray call costs milliseconds here

@@ -12,7 +12,9 @@ import glob
 import json
 import os
 import pathlib
+import shutil
 import signal
+import tempfile
 import time
 
 import pytest
@@ -25,9 +27,18 @@ pytestmark = pytest.mark.slow
 LONG_RUN = ("recipe.total_frames=10000000", "recipe.target_return=null", "launcher.progress=true")
 
 
+@pytest.fixture(autouse=True)
+def _short_tmp(tmp_path):
+    """``tmp_path / "tmp"``: the run's TMPDIR, a link to a directory with a short path (the forkserver listens on a
+    Unix socket under TMPDIR, whose path holds 107 bytes; a pytest ``tmp_path`` can pass that on its own)."""
+    short = tempfile.mkdtemp(prefix="faults-")
+    (tmp_path / "tmp").symlink_to(short)
+    yield
+    shutil.rmtree(short, ignore_errors=True)
+
+
 def _start(tmp_path, *overrides: str):
-    run_dir, tmp = tmp_path / "run", tmp_path / "tmp"
-    tmp.mkdir()
+    run_dir, tmp = tmp_path / "run", os.readlink(tmp_path / "tmp")
     out, err = open(tmp_path / "stdout", "w"), open(tmp_path / "stderr", "w")
     with out, err:
         proc = popen_cli(*overrides, *LONG_RUN, f"hydra.run.dir={run_dir}", cwd=str(tmp_path), stdout=out, stderr=err,
