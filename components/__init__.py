@@ -17,6 +17,11 @@ from .errors import (
 from .scope import service_backend, transport_backend
 from .service import Owner, Service
 
+# last: a plugin registers its placements, transports and env families with the modules above
+from transports.kernel.plugins import load_plugins  # noqa: E402
+
+load_plugins()
+
 __all__ = [
     "ConfigurationError",
     "IncompatibleCombinationError",

@@ -4,3 +4,7 @@
     python -m launcher +recipe=ppo service=process transport=shared_memory launcher.dry_run=true
     python -m launcher.matrix
 """
+
+from .own_conf import import_own_conf
+
+import_own_conf()  # before anything asks Hydra for pkg://conf: a conf/ folder in the working directory is the user's

@@ -227,6 +227,17 @@ def test_a_config_dir_file_named_like_a_shipped_one_is_refused_not_ignored(tmp_p
     assert cfg.recipe.num_envs == 3
 
 
+@pytest.mark.slow
+def test_a_conf_folder_in_the_working_directory_is_the_users_not_the_launchers(tmp_path):
+    # Hydra's usual name for a project's configs: under python -m launcher the working directory comes first on
+    # sys.path, and an editable install's conf package came after a namespace package made of the user's folder
+    (tmp_path / "conf" / "env").mkdir(parents=True)
+    (tmp_path / "conf" / "env" / "mine.yaml").write_text("defaults:\n  - cartpole\n  - _self_\n")
+    done = run_cli("--config-dir", "conf", "+recipe=ppo", "env=mine", "launcher.dry_run=true", cwd=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert "plan: recipe=ppo env=CartPole-v1" in done.stdout, done.stdout
+
+
 def test_a_group_option_that_does_not_exist_lists_the_real_ones():
     error = outcome("+recipe=nonexistent")
     assert str(error) == ("recipe has no option 'nonexistent'\n    supported: appo, dqn, impala, ppo, ppo_custom_mlp\n"
