@@ -28,7 +28,7 @@ from components.scope import service_backend, transport_backend
 from recipes import RECIPES, Recipe
 from recipes.registry import recipe_for_config
 from transports.kernel.errors import ConfigurationError, IncompatibleCombinationError
-from transports.kernel.placements import Reach, reach_of
+from transports.kernel.placements import Reach, placements, reach_of
 from transports.kinds import reaches, transport_label
 
 from .layouts import policy_layouts
@@ -253,8 +253,10 @@ def resolve_components(cfg: DictConfig, needs: tuple[str, ...], services: dict, 
     return out
 
 
-_NEARER = ("thread", "process")
-"""Where a service nobody placed moves so that remote callers reach it: in the driver's process first."""
+def _nearer() -> list[str]:
+    """Where a service nobody placed may move so that remote callers reach it: the placements that keep an owner on
+    the driver's machine, nearest first (in the driver's process, then beside it)."""
+    return [p.name for p in sorted(placements(), key=lambda p: p.reach) if p.reach < Reach.NETWORK]
 
 
 def _unreached(resolved: dict[str, Resolved]):
@@ -278,7 +280,7 @@ def _moves_for_remote_callers(cfg: DictConfig, resolved: dict[str, Resolved]) ->
         node = cfg.components[service]
         if node.placement is not None or node.transport is not None or reach_of(r.placement) < Reach.NETWORK:
             continue
-        for nearer in _NEARER:
+        for nearer in _nearer():
             cell = compat.TABLE.get((service, nearer))
             kinds = [k for k, status in (cell.transports.items() if cell else ())
                      if status == compat.SUPPORTED and reaches(k, r.placement)]
