@@ -215,6 +215,10 @@ class EpisodeStats:
         }
 
 
+RESERVED = ("stats", "rng")
+"""Names the checkpoint keeps for :class:`Loop` itself: the episode statistics and torch's generator."""
+
+
 class Loop:
     """What every recipe does around its training loop, so that ``run`` holds the algorithm only.
 
@@ -262,9 +266,15 @@ class Loop:
         Returns:
             The values the resumed run last gave :meth:`end_batch` (counters, a pending tail...), by name; empty
             for a fresh start.
+
+        Raises:
+            ValueError: a kept object named like what the loop keeps itself (:data:`RESERVED`).
         """
         import torch
 
+        if clash := sorted(set(kept) & set(RESERVED)):
+            raise ValueError(f"Loop.start: {', '.join(clash)} name what the checkpoint keeps for the loop itself (the "
+                             "episode statistics, torch's generator): keep your objects under other names")
         self._kept = {name: obj for name, obj in kept.items() if obj is not None}
         self.stats = EpisodeStats(self.cfg.window)  # its clock starts with training, once the networks are built
         restored = self.clients.checkpoint.restore()  # None for a fresh start
@@ -304,9 +314,16 @@ class Loop:
 
         Returns:
             Whether training is done: ``target_return`` reached or ``total_frames`` spent.
+
+        Raises:
+            ValueError: a value named like a kept object or like what the loop keeps itself (:data:`RESERVED`): it
+                would overwrite it in the checkpoint.
         """
         import torch
 
+        if clash := sorted(set(values) & {*RESERVED, *self._kept}):
+            raise ValueError(f"Loop.end_batch: values named {', '.join(clash)} would overwrite what the checkpoint "
+                             "keeps under those names: give them other names")
         frames = self.stats.frames
         if metrics is not None:
             self.clients.logger.log_metrics(dict(metrics), step=frames)
