@@ -14,6 +14,13 @@ from tests.helpers import run_cli
 pytestmark = pytest.mark.slow  # each test runs python -m launcher
 
 
+@pytest.fixture(autouse=True)
+def _fresh_scan(monkeypatch):
+    # this process read the entry points when it imported components and hands the list down in RLSVC_PLUGINS; the
+    # command line under test must read them itself, with the temporary package on its path
+    monkeypatch.delenv("RLSVC_PLUGINS", raising=False)
+
+
 def _install(site, module: str, source: str) -> None:
     """A distribution in ``site`` as pip leaves one: the module and its ``.dist-info`` with the entry point."""
     (site / f"{module}.py").write_text(source)

@@ -8,18 +8,25 @@ env-family modules do. Its package names it in its own ``pyproject.toml``::
     my_family = "my_pkg.my_family"
 
 Every interpreter of a run (the driver, each owner's process, actor or rank, a Slurm job) imports the plugins when it
-first imports :mod:`components`, so a name a plugin registers means the same thing everywhere. A plugin that fails
-to import is named in a :class:`PluginWarning` and left out; the run goes on without what it would have declared (a
+first imports :mod:`components`, so a name a plugin registers means the same thing everywhere. The first interpreter
+reads the installed packages' entry points and hands the list down in the environment variable ``RLSVC_PLUGINS``:
+the processes it starts import those modules without reading every installed package again. A plugin that fails to
+import is named in a :class:`PluginWarning` and left out; the run goes on without what it would have declared (a
 config that names it is then refused, listing what is registered).
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 import warnings
-from importlib.metadata import entry_points
 
 GROUP = "rl_services.plugins"
 """The entry-point group whose modules are imported as plugins."""
+
+VARIABLE = "RLSVC_PLUGINS"
+"""The environment variable that hands the plugins found (``name=module[:attribute]``, comma-separated) down to the
+processes of a run."""
 
 _loaded: dict[str, str | None] = {}  # entry point name -> why it failed, or None
 
@@ -28,21 +35,35 @@ class PluginWarning(UserWarning):
     """A plugin named in :data:`GROUP` could not be imported."""
 
 
+def _found() -> list[tuple[str, str]]:
+    """``(name, module[:attribute])`` of every plugin: as handed down, or read from the installed packages."""
+    handed = os.environ.get(VARIABLE)
+    if handed is not None:
+        return [tuple(item.split("=", 1)) for item in handed.split(",") if "=" in item]
+    from importlib.metadata import entry_points
+
+    found = [(point.name, point.value) for point in entry_points(group=GROUP)]
+    os.environ[VARIABLE] = ",".join(f"{name}={value}" for name, value in found)
+    return found
+
+
 def load_plugins() -> dict[str, str | None]:
-    """Import every module named in :data:`GROUP` not imported yet (once per interpreter).
+    """Import every plugin module not imported yet (once per interpreter).
 
     Returns:
         Each plugin's entry-point name and ``None`` where it was imported, or why it could not be.
     """
-    for point in entry_points(group=GROUP):
-        if point.name in _loaded:
+    for name, value in _found():
+        if name in _loaded:
             continue
-        _loaded[point.name] = None  # first: a plugin that imports components again is not loaded twice
+        _loaded[name] = None  # first: a plugin that imports components again is not loaded twice
+        module, _, attribute = value.partition(":")
         try:
-            point.load()
+            imported = importlib.import_module(module.strip())
+            if attribute:
+                getattr(imported, attribute.strip())
         except Exception as exc:  # noqa: BLE001 - any error of a user's module: named, and the run goes on
-            _loaded[point.name] = f"{type(exc).__name__}: {exc}"
-            warnings.warn(f"plugin {point.name!r} ({point.value}, entry-point group {GROUP!r}) could not be imported, "
-                          f"so what it declares is not registered: {_loaded[point.name]}", PluginWarning,
-                          stacklevel=2)
+            _loaded[name] = f"{type(exc).__name__}: {exc}"
+            warnings.warn(f"plugin {name!r} ({value}, entry-point group {GROUP!r}) could not be imported, so what it "
+                          f"declares is not registered: {_loaded[name]}", PluginWarning, stacklevel=2)
     return dict(_loaded)
