@@ -292,9 +292,12 @@ def _choose_wait_policy(cfg: DictConfig) -> None:
 
 def main() -> None:
     """Entry point of ``python -m launcher``: phase 1 (check), then Hydra runs phases 2 to 5 for each job."""
+    from transports.kernel.plugins import hand_down
+
     from .preflight import preflight
     from .rundir import own_run_dir
 
+    hand_down()  # every process of the run imports the plugins this one found, without reading the packages again
     sys.argv = [sys.argv[0], *normalize_argv(sys.argv[1:])]
     preflight(sys.argv[1:])  # a config that does not compose, or a value out of range: exit 2 before Hydra starts
     sys.argv = [sys.argv[0], *own_run_dir(sys.argv[1:])]  # never the directory of a run started the same second

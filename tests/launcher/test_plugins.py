@@ -16,8 +16,8 @@ pytestmark = pytest.mark.slow  # each test runs python -m launcher
 
 @pytest.fixture(autouse=True)
 def _fresh_scan(monkeypatch):
-    # this process read the entry points when it imported components and hands the list down in RLSVC_PLUGINS; the
-    # command line under test must read them itself, with the temporary package on its path
+    # a command line run in this process (an in-process test) hands the list it found down in RLSVC_PLUGINS; the one
+    # under test must read the entry points itself, with the temporary package on its path
     monkeypatch.delenv("RLSVC_PLUGINS", raising=False)
 
 

@@ -8,9 +8,10 @@ env-family modules do. Its package names it in its own ``pyproject.toml``::
     my_family = "my_pkg.my_family"
 
 Every interpreter of a run (the driver, each owner's process, actor or rank, a Slurm job) imports the plugins when it
-first imports :mod:`components`, so a name a plugin registers means the same thing everywhere. The first interpreter
-reads the installed packages' entry points and hands the list down in the environment variable ``RLSVC_PLUGINS``:
-the processes it starts import those modules without reading every installed package again. A plugin that fails to
+first imports :mod:`components`, so a name a plugin registers means the same thing everywhere. The launcher's command
+line reads the installed packages' entry points and hands the list down in the environment variable
+``RLSVC_PLUGINS`` (:func:`hand_down`): the processes of its run import those modules without reading every installed
+package again. A process outside a run (a notebook, a script) reads them itself each time. A plugin that fails to
 import is named in a :class:`PluginWarning` and left out; the run goes on without what it would have declared (a
 config that names it is then refused, listing what is registered).
 """
@@ -29,6 +30,7 @@ VARIABLE = "RLSVC_PLUGINS"
 processes of a run."""
 
 _loaded: dict[str, str | None] = {}  # entry point name -> why it failed, or None
+_found_here: list[tuple[str, str]] | None = None  # what this interpreter found, as (name, module[:attribute])
 
 
 class PluginWarning(UserWarning):
@@ -37,14 +39,21 @@ class PluginWarning(UserWarning):
 
 def _found() -> list[tuple[str, str]]:
     """``(name, module[:attribute])`` of every plugin: as handed down, or read from the installed packages."""
+    global _found_here
     handed = os.environ.get(VARIABLE)
     if handed is not None:
-        return [tuple(item.split("=", 1)) for item in handed.split(",") if "=" in item]
-    from importlib.metadata import entry_points
+        _found_here = [tuple(item.split("=", 1)) for item in handed.split(",") if "=" in item]
+    else:
+        from importlib.metadata import entry_points
 
-    found = [(point.name, point.value) for point in entry_points(group=GROUP)]
-    os.environ[VARIABLE] = ",".join(f"{name}={value}" for name, value in found)
-    return found
+        _found_here = [(point.name, point.value) for point in entry_points(group=GROUP)]
+    return _found_here
+
+
+def hand_down() -> None:
+    """Name the plugins this interpreter found in ``RLSVC_PLUGINS``, for the processes it starts from now on."""
+    os.environ[VARIABLE] = ",".join(f"{name}={value}" for name, value in (_found() if _found_here is None
+                                                                           else _found_here))
 
 
 def load_plugins() -> dict[str, str | None]:
