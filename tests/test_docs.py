@@ -110,8 +110,8 @@ def test_the_documentation_shows_commands():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("where, command", LAUNCHER, ids=[f"{w}: {shlex.join(c)[:80]}" for w, c in LAUNCHER])
-def test_every_launcher_command_in_the_docs_plans(where, command, user_dir):
-    _assert_dry_run_plans(where, command, user_dir)
+def test_every_launcher_command_in_the_docs_plans(where, command, user_dir, monkeypatch):
+    _assert_dry_run_plans(where, command, user_dir, monkeypatch)
 
 
 ON_SUBMITIT = [(where, c) for where, c in LAUNCHER if "components.collector.placement=submitit" in c]
@@ -125,14 +125,14 @@ def test_a_submitit_command_in_the_docs_plans_with_no_slurm_here(where, command,
     monkeypatch.setenv("PATH", os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
                                                 if d and not os.path.exists(os.path.join(d, "sbatch"))))
     assert shutil.which("sbatch") is None
-    _assert_dry_run_plans(where, command, user_dir)
+    _assert_dry_run_plans(where, command, user_dir, monkeypatch)
 
 
 def test_the_docs_show_submitit_commands():
     assert len(ON_SUBMITIT) >= 3, "no submitit command found: the extraction or the filter is broken"
 
 
-def _assert_dry_run_plans(where: str, command: list[str], user_dir) -> None:
+def _assert_dry_run_plans(where: str, command: list[str], user_dir, monkeypatch) -> None:
     """The command's dry run: every job composed and checked (phase 1), then planned and printed (phase 2)."""
     import contextlib
     import io
@@ -141,6 +141,8 @@ def _assert_dry_run_plans(where: str, command: list[str], user_dir) -> None:
     from launcher.preflight import check_argv
 
     args = _launcher_args(command)
+    if all("export RLSVC_KEY=" in open(os.path.join(ROOT, page)).read() for page in where.split(", ")):
+        monkeypatch.setenv("RLSVC_KEY", "the page's secret")  # each page showing it sets the run's secret first
     sweep = "--multirun" in args or "-m" in args
     with contextlib.chdir(user_dir):  # where the page's reader stands (--config-dir my_conf)
         configs = check_argv([*args, "launcher.dry_run=true"])  # phase 1: every job composed, checked

@@ -9,7 +9,7 @@ so a rank that dies is reported like any peer failure (naming the rank and its e
 ``python -m launcher ...`` with those variables set. Rank 0 is the driver; rank ``r >= 1`` becomes the host of
 worker ``r - 1`` (so ``WORLD_SIZE`` is the worker count plus one): it dials the driver at ``distributed.host``
 (default ``MASTER_ADDR``), port ``distributed.port + r - 1`` (default port ``MASTER_PORT + 1``), and both prove they
-hold the key in the ``RLSVC_RANK_KEY`` environment variable, which must be the same secret on every rank (nothing
+hold the key in the ``RLSVC_KEY`` environment variable, which must be the same secret on every rank (nothing
 either side receives is unpickled before that; see :mod:`.connected`). The driver then sends the worker's target;
 the rank serves it as a ``process`` child does, until the driver stops it. A rank whose connection closes is a peer
 failure naming it.
@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import hashlib
 import logging
 import os
 import pickle
@@ -36,6 +35,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 from transports.kernel.errors import ConfigurationError, PeerFailureError, ServiceTimeoutError
 from transports.kernel.options import bounded, check_instance
 from transports.kernel.placements import Placement, Reach, register
+from transports.kernel.secret import shared_key
 
 from .base import Resources, RunSetting
 from .connected import ConnectedHost
@@ -45,7 +45,6 @@ from .settings import settings_of as settings_from
 
 log = logging.getLogger(__name__)
 
-KEY_VARIABLE = "RLSVC_RANK_KEY"
 RANKS = ("local", "env")
 
 
@@ -92,17 +91,12 @@ def _int_env(name: str, plus: int = 0) -> int | None:
 
 
 def rank_key() -> bytes:
-    """The secret every rank of the run shares (``RLSVC_RANK_KEY``), as the challenge's key.
+    """The secret every rank of the run shares (``RLSVC_KEY``), as the challenge's key.
 
     Raises:
         ConfigurationError: the variable is not set (or empty).
     """
-    secret = os.environ.get(KEY_VARIABLE, "")
-    if not secret:
-        raise ConfigurationError(f"distributed.ranks=env: set {KEY_VARIABLE} to the same secret on every rank (e.g. "
-                                 f"export {KEY_VARIABLE}=$(openssl rand -hex 32) before torchrun or srun): ranks and "
-                                 "driver prove they hold it before anything is exchanged", path="distributed.ranks")
-    return hashlib.sha256(secret.encode()).digest()
+    return shared_key("distributed.ranks=env", "distributed.ranks")
 
 
 def settings_of(node: Mapping[str, Any] | None) -> DistributedSettings:

@@ -28,7 +28,7 @@ def torchrun(nproc: int, *args: str, env: dict, timeout: float = 240) -> subproc
 
 def test_ranks_torchrun_started_collect_for_the_driver(tmp_path):
     run_dir = tmp_path / "run"
-    done = torchrun(3, *COMMAND, f"hydra.run.dir={run_dir}", env={"RLSVC_RANK_KEY": "a shared secret"})
+    done = torchrun(3, *COMMAND, f"hydra.run.dir={run_dir}", env={"RLSVC_KEY": "a shared secret"})
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["frames"] >= 512
@@ -39,7 +39,7 @@ def test_ranks_torchrun_started_collect_for_the_driver(tmp_path):
 
 def test_a_world_that_does_not_match_the_workers_is_refused_before_anything_starts(tmp_path):
     done = run_cli(*COMMAND, f"hydra.run.dir={tmp_path}", cwd=str(tmp_path),
-                   env={"RLSVC_RANK_KEY": "k", "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                   env={"RLSVC_KEY": "k", "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                         "MASTER_PORT": "29999"})
     assert done.returncode == 2, done.stderr[-2000:]
     assert "WORLD_SIZE=2" in done.stderr and "num_collectors=1" in done.stderr
@@ -47,12 +47,12 @@ def test_a_world_that_does_not_match_the_workers_is_refused_before_anything_star
 
 
 def test_env_ranks_without_the_shared_key_are_refused(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "RLSVC_RANK_KEY"}
+    env = {k: v for k, v in os.environ.items() if k != "RLSVC_KEY"}
     done = subprocess.run([sys.executable, "-m", "launcher", *COMMAND, f"hydra.run.dir={tmp_path}"], cwd=str(tmp_path),
                           capture_output=True, text=True, timeout=120,
                           env={**env, "RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"})
     assert done.returncode != 0
-    assert "RLSVC_RANK_KEY" in done.stderr
+    assert "RLSVC_KEY" in done.stderr
 
 
 def _rank_pid(run_dir: str, rank: int) -> int | None:
@@ -88,7 +88,7 @@ def test_a_rank_killed_mid_run_is_a_peer_failure_naming_it_and_nothing_is_left(t
     job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3",
                             "--monitor-interval=5", "-m", "launcher", *command, f"hydra.run.dir={run_dir}"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                           env={**os.environ, "RLSVC_RANK_KEY": "a shared secret"})
+                           env={**os.environ, "RLSVC_KEY": "a shared secret"})
     try:
         wait_until(lambda: _log_has(run_dir, "rank 2: connected") and _log_has(run_dir, "train/", "metrics.csv"),
                    timeout=120, what="training runs with rank 2")

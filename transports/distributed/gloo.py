@@ -18,7 +18,9 @@ from typing import Any
 import torch
 
 from ..kernel.errors import ConfigurationError, PeerFailureError
+from ..kernel.secret import is_loopback, shared_key
 from ..descriptor import DistributedOptions
+from .relay import Relay, entry
 
 IDLE = datetime.timedelta(days=30)
 """How long a receive waits (passed to every receive). An idle gloo receive that times out closes its pair, and a channel waits for
@@ -47,52 +49,101 @@ def check_backend(backend: str, path: str = "transport_options.backend") -> None
 
 def check_options(options, *, path: str = "transport_options") -> None:
     """What the distributed transport's declared ranges cannot say, checked while planning: ``nccl`` needs CUDA on
-    this machine."""
+    this machine; ``host`` is an address peers can dial, and off loopback the run's key is set."""
     check_backend(options.get("backend", DEFAULT_BACKEND), path=f"{path}.backend")
+    host = str(options.get("host", DistributedOptions.host))
+    if host in WILDCARDS:
+        raise ConfigurationError(f"host {host!r} is every address of the machine, not one that peers can dial: give "
+                                 "the address of the interface they reach (127.0.0.1 when they all run here)",
+                                 path=f"{path}.host")
+    if not is_loopback(host):
+        shared_key(f"the distributed transport listens on {host}, off loopback", f"{path}.host")
 
 
-def open_store(host: str, port: int, timeout: float):
-    """A store server listening on ``host:port`` only (``port`` 0: a free one), and its port.
+WILDCARDS = ("", "0.0.0.0", "::", "*")
+"""Hosts that mean every interface: refused, the store would listen where nobody asked."""
 
-    torch's own TCPStore server listens on every interface; handing it a socket bound here keeps it where the
-    configuration says (127.0.0.1 by default).
+
+def open_store(host: str, port: int, timeout: float, name: str = "service") -> tuple[Any, int, Relay | None]:
+    """A store server for an endpoint whose clients dial ``host:port`` (``port`` 0: a free one): the store, the port
+    to dial, and the relay in front of it (``None`` on loopback).
+
+    On loopback the store itself listens on ``host:port``. Elsewhere it listens on 127.0.0.1 only, and a
+    :class:`~transports.distributed.relay.Relay` on ``host:port`` admits only peers proving the run's key. torch's
+    own TCPStore server listens on every interface; handing it a bound socket keeps it where we say.
+
+    Raises:
+        ConfigurationError: nothing can listen there (an address of another machine, a port in use), or the key is
+            missing off loopback.
     """
     from torch.distributed import TCPStore
 
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    key = None if is_loopback(host) else shared_key(f"the {name} endpoint listens on {host}", "transport_options.host")
+    listen_host, listen_port = (host, port) if key is None else ("127.0.0.1", 0)
+    sock = socket.socket(socket.AF_INET6 if ":" in listen_host else socket.AF_INET, socket.SOCK_STREAM)
     try:
-        sock.bind((host, port))
+        sock.bind((listen_host, listen_port))
         sock.listen(512)
     except OSError as exc:
         sock.close()
         raise ConfigurationError(f"the distributed transport cannot listen on {host}:{port} ({exc})",
                                  path="transport_options.host") from None
-    port = sock.getsockname()[1]
-    store = TCPStore(host, port, None, True, timeout=datetime.timedelta(seconds=timeout), wait_for_workers=False,
-                     master_listen_fd=sock.detach(), use_libuv=True)
-    return store, port
+    store_port = sock.getsockname()[1]
+    store = TCPStore(listen_host, store_port, None, True, timeout=datetime.timedelta(seconds=timeout),
+                     wait_for_workers=False, master_listen_fd=sock.detach(), use_libuv=True)
+    if key is None:
+        return store, store_port, None
+    try:
+        relay = Relay(host, port, store_port, key, name)
+    except OSError as exc:
+        raise ConfigurationError(f"the distributed transport cannot listen on {host}:{port} ({exc})",
+                                 path="transport_options.host") from None
+    return store, relay.port, relay
 
 
 def connect_store(host: str, port: int, timeout: float, what: str):
-    """A client connection to the store at ``host:port``.
+    """A client connection to the store at ``host:port`` (off loopback: through this process's entry to its relay,
+    proving the run's key).
 
     Raises:
-        PeerFailureError: nothing answers there (the owner is gone).
+        PeerFailureError: nothing answers there (the owner is gone), or it does not admit our key.
+        ConfigurationError: off loopback, ``RLSVC_KEY`` is not set in this process.
     """
     from torch.distributed import TCPStore
 
+    dial_host, dial_port = host, port
+    if not is_loopback(host):
+        key = shared_key(f"{what} at {host}:{port} is off loopback", "transport_options.host")
+        dial_host, dial_port = "127.0.0.1", entry(host, port, key, timeout, what)
     try:
-        return TCPStore(host, port, None, False, timeout=datetime.timedelta(seconds=timeout))
+        return TCPStore(dial_host, dial_port, None, False, timeout=datetime.timedelta(seconds=timeout))
     except Exception as exc:  # noqa: BLE001 - torch raises several types for a refused connection
         raise PeerFailureError(f"{what}: no rendezvous store answers at {host}:{port} ({type(exc).__name__})") from None
 
 
+def local_address(host: str) -> str:
+    """This process's own address on the way to ``host``: where its gloo pairs listen for that peer (``host`` itself
+    on loopback). Asks the routing table; sends nothing."""
+    if is_loopback(host):
+        return host
+    probe = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((host, 9))
+        return probe.getsockname()[0]
+    except OSError as exc:
+        raise PeerFailureError(f"no route from this host to {host} ({exc})") from None
+    finally:
+        probe.close()
+
+
 def pair(store, prefix: str, rank: int, host: str, backend: str = "gloo") -> Any:
-    """A standalone two-rank group through ``store`` under ``prefix`` (both ranks call it with the same prefix)."""
+    """A standalone two-rank group through ``store`` under ``prefix`` (both ranks call it with the same prefix);
+    ``host`` is the store's, this side's gloo device listens on its own address towards it."""
     from torch.distributed import PrefixStore
 
     scoped = PrefixStore(prefix, store)
     if backend == "gloo":
+        host = local_address(host)
         from torch._C._distributed_c10d import ProcessGroupGloo
 
         options = ProcessGroupGloo._Options()

@@ -20,8 +20,11 @@ Rules:
 - Shutdown is a message each way; a peer that dies closes its connections, and whoever waits on it gets
   :class:`~transports.kernel.errors.PeerFailureError` at once. A restarted owner is a new store and a new generation.
 
-Security: the store accepts unauthenticated connections on the address it listens on and payloads travel
-unencrypted, as everywhere in torch.distributed; keep ``host`` on loopback or a trusted, isolated network.
+Security: on loopback the store listens on ``host`` itself. Off loopback it stays on 127.0.0.1 behind a relay on
+``host:port`` that admits only peers proving the run's key (``RLSVC_KEY``, an HMAC challenge each way; see
+:mod:`transports.distributed.relay`), so only they can read or write its keys. Payloads travel unencrypted, and gloo's
+own pair connections, whose addresses only the store publishes, are not challenged: keep such runs on networks you
+trust.
 """
 
 from __future__ import annotations
@@ -95,7 +98,7 @@ class DistributedTransport(RequestReplyTransport):
         self.response_layout = _as_layout(response_layout)
         self.operations = {op: (_as_layout(req), _as_layout(resp)) for op, (req, resp) in (operations or {}).items()}
         self.options = DistributedOptions(backend, host, port, connect_timeout, max_payload_mb)
-        self._store, port = open_store(host, port, connect_timeout)
+        self._store, port, self._relay = open_store(host, port, connect_timeout, name)
         self.address = Address(host, port, os.urandom(8).hex(), backend, name, float(connect_timeout),
                                int(max_payload_mb * (1 << 20)))
 
@@ -122,6 +125,8 @@ class DistributedTransport(RequestReplyTransport):
             self._store.set("status", "the server was shut down" if stopped else "the server died")
 
     def _close(self) -> None:
+        if self._relay is not None:
+            self._relay.close()
         self._store = None  # the store stops listening; connected channels are ended by their own messages
 
 
