@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from tests.hosts import network
+from tests.hosts import network, slurm
 
 pytestmark = pytest.mark.hosts
 
@@ -46,3 +46,20 @@ def hosts(host_set):
             host.link(True)
         for host in host_set.all:
             network.wait_until(lambda: not host.pids(), timeout=30, what=f"no process left on host {host.name}")
+
+
+@pytest.fixture
+def slurm_nodes(hosts):
+    """A two-node Slurm on the hosts (``.ci/hosts_slurm.sh``: node a on host a, node b on host b), or a skip saying
+    why it cannot run here. Stopped at the end of the test, before the hosts check that nothing is left on them; a
+    job the test left queued or running fails it."""
+    try:
+        cluster = slurm.start(hosts)
+    except slurm.Unavailable as exc:
+        pytest.skip(f"no Slurm here: {exc}")
+    try:
+        yield cluster
+        left = cluster.active()
+        assert not left, f"jobs left in squeue: {left}"
+    finally:
+        slurm.stop(hosts)
