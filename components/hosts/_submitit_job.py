@@ -12,6 +12,7 @@ import time
 from multiprocessing.connection import Client
 
 from .child import child_main
+from .connected import keep_alive
 
 
 def ray_cluster() -> tuple[str, str] | None:
@@ -38,6 +39,7 @@ def job_main(factory: bytes, address: tuple[str, int], key: bytes, name: str,
     while True:
         try:
             conn = Client(address, family="AF_INET", authkey=key)
+            keep_alive(conn.fileno())  # a driver whose node or link is lost ends this job too
             break
         except ConnectionRefusedError:
             if time.monotonic() >= deadline:

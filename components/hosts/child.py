@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
 import signal
+import socket
 import threading
 import traceback
 from typing import Any
@@ -17,6 +19,34 @@ from transports.segment_dir import VARIABLE as SEGMENT_DIR_VARIABLE
 
 from .base import close_target, run_serving_loop
 from .signals import WARNING_SIGNALS
+
+
+ORPHAN_CLOSE_S = 15.0
+"""Seconds a child whose parent is gone has to close its target before it leaves anyway."""
+EXIT_ORPHANED = 70
+"""The exit status of a child that left because closing its target outlasted :data:`ORPHAN_CLOSE_S`."""
+
+
+def watched(conn, stop: threading.Event) -> bool:
+    """Wait until the connection ``conn`` ends (``True``: closed, reset, or timed out by keep-alive) or ``stop`` is
+    set (``False``), without reading what it carries."""
+    sock = socket.socket(fileno=os.dup(conn.fileno()))
+    try:
+        while not stop.is_set():
+            readable, _, _ = select.select([sock], [], [], 1.0)
+            if not readable:
+                continue
+            try:
+                if not sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT):
+                    return True
+            except BlockingIOError:
+                continue
+            except OSError:
+                return True
+            stop.wait(0.05)  # a message the control thread has not read yet
+        return False
+    finally:
+        sock.close()
 
 
 def send(conn, message: Any) -> None:
@@ -70,7 +100,8 @@ def child_main(factory, conn, *, own_signals: bool = True, segments: str | None 
         while not stop.is_set():
             try:
                 method, args = receive(conn)
-            except (EOFError, OSError):  # the parent died or closed: stop serving
+            except (EOFError, OSError):  # the parent died or closed (or, on another host, fell silent): stop serving
+                orphaned()
                 stop.set()
                 return
             if method == "stop":
@@ -89,9 +120,24 @@ def child_main(factory, conn, *, own_signals: bool = True, segments: str | None 
                 stop.set()
                 return
 
+    def orphaned() -> None:
+        # nobody waits for this process any more, and closing the target may wait on peers that are gone with the
+        # parent (a link lost leaves their connections open, silent): it gets ORPHAN_CLOSE_S, then the process ends
+        timer = threading.Timer(ORPHAN_CLOSE_S, os._exit, (EXIT_ORPHANED,))
+        timer.daemon = True
+        timer.start()
+
+    def watch() -> None:
+        # the control thread may be inside a long call of the target when the connection ends: notice it here
+        if watched(conn, stop):
+            orphaned()
+            stop.set()
+
     send(conn, ("ready", os.getpid()))
     thread = threading.Thread(target=control, name="control", daemon=True)
     thread.start()
+    if not own_signals:  # a rank or job on another host: its connection to the driver may end in silence
+        threading.Thread(target=watch, name="watch-driver", daemon=True).start()
     try:
         run_serving_loop(target, stop)
     except Exception:  # a signal turned into an exception (a rank torchrun ends) unwinds without a traceback

@@ -4,13 +4,14 @@ A submitit job (:mod:`.submitit`) or a rank started by ``torchrun`` / ``srun`` (
 host's listening socket and both sides prove they hold the same key with the HMAC challenge of
 :mod:`multiprocessing.connection`, each challenging the other: nothing either side receives is unpickled before
 that. Then the peer runs the control loop of a ``process`` child (the driver's calls by message, the answers
-back). A peer whose connection closes (a crash, a kill, a node lost: TCP keep-alive notices within about 30 s) is a
-peer failure; ``stop`` asks by message and waits for the peer to close its end.
+back). A peer whose connection closes (a crash, a kill) or falls silent (its node or the link to it lost: see
+:data:`LOST_AFTER_S`) is a peer failure; ``stop`` asks by message and waits for the peer to close its end.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import select
 import socket
 import struct
@@ -76,10 +77,7 @@ class ConnectedHost(ProcessHost):
                 peer.close()
                 continue
             timeouts(peer, 0.0)
-            peer.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            for option, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 4)):
-                if hasattr(socket, option):
-                    peer.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+            keep_alive(peer)
             return conn, peer
 
     def _connect(self, deadline: float, waiting: Callable[[], str], send: bytes | None = None) -> None:
@@ -183,6 +181,25 @@ class ConnectedHost(ProcessHost):
     @property
     def pid(self) -> int | None:
         return None  # not a process this host started
+
+
+LOST_AFTER_S = 20
+"""Seconds of silence after which a connection to a peer on another host counts as lost (its node, or the link to
+it, went away without closing anything): TCP keep-alive probes an idle connection from 5 s on, every 3 s, five
+times; data left unacknowledged that long ends it too (``TCP_USER_TIMEOUT``)."""
+
+
+def keep_alive(sock: socket.socket | int) -> None:
+    """Have the kernel end ``sock`` (a socket or its descriptor) once its peer has been silent
+    :data:`LOST_AFTER_S` seconds, idle or not: a read or write on it then fails, where it would wait forever."""
+    target = socket.socket(fileno=os.dup(sock)) if isinstance(sock, int) else sock  # a dup: the same connection
+    target.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 3), ("TCP_KEEPCNT", 5),
+                          ("TCP_USER_TIMEOUT", LOST_AFTER_S * 1000)):
+        if hasattr(socket, option):
+            target.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+    if target is not sock:
+        target.close()  # the descriptor we were given stays open
 
 
 def timeouts(sock: socket.socket, seconds: float) -> None:

@@ -38,7 +38,7 @@ from transports.kernel.placements import Placement, Reach, register
 from transports.kernel.secret import shared_key
 
 from .base import Resources, RunSetting
-from .connected import ConnectedHost
+from .connected import ConnectedHost, keep_alive
 from .child import child_main
 from .process import ProcessHost
 from .settings import settings_of as settings_from
@@ -245,6 +245,7 @@ def serve_rank(node: Mapping[str, Any] | None, rank: int) -> None:
     while True:
         try:
             conn = Client(address, family="AF_INET", authkey=key)
+            keep_alive(conn.fileno())  # a driver whose node or link is lost ends this rank too
             break
         except (ConnectionRefusedError, socket.gaierror):
             if time.monotonic() >= deadline:

@@ -72,7 +72,8 @@ class Host:
         subprocess.run(self.command(["ip", "link", "set", "dev", "eth0", "up" if up else "down"]), check=True)
 
     def end_all(self) -> None:
-        """End every process started on this host (its whole group) and reap it."""
+        """End every process started on this host (its whole group, and whatever else of it runs in the namespace) and
+        reap it."""
         for process in self.started:
             if process.poll() is None:
                 try:
@@ -85,6 +86,11 @@ class Host:
                 pass
             wait_until(lambda: not pgroup_members(process.pid), timeout=30, what=f"process group {process.pid} ends")
         self.started.clear()
+        for pid in self.pids():  # what left the test's groups (torchrun's ranks run in sessions of their own)
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def pids(self) -> list[int]:
         """Processes running inside this host's namespace."""
