@@ -72,25 +72,25 @@ class Unavailable(Exception):
     """No hosts here (the reason is the message)."""
 
 
-def hosts_up() -> dict:
-    """Hosts a, b, c of set :data:`SET` (replacing what a crashed run left): ``{"a": (netns, address), ...}``."""
-    done = subprocess.run([SCRIPT, "up", str(SET)], capture_output=True, text=True, timeout=60)
+def hosts_up(set_id: int = SET) -> dict:
+    """Hosts a, b, c of set ``set_id`` (replacing what a crashed run left): ``{"a": (netns, address), ...}``."""
+    done = subprocess.run([SCRIPT, "up", str(set_id)], capture_output=True, text=True, timeout=60)
     if done.returncode == 77:
         raise Unavailable(done.stderr.strip())
     if done.returncode != 0:
-        raise RuntimeError(f"{SCRIPT} up {SET} failed: {done.stderr.strip()}")
+        raise RuntimeError(f"{SCRIPT} up {set_id} failed: {done.stderr.strip()}")
     values = dict(line.split("=", 1) for line in done.stdout.split())
     return {n: (values[f"RLSVC_NETNS_{n.upper()}"], values[f"RLSVC_HOST_{n.upper()}"]) for n in "abc"}
 
 
-def hosts_down() -> None:
-    """Remove set :data:`SET`'s namespaces (ending what still runs inside them) and check that none is left."""
-    subprocess.run([SCRIPT, "down", str(SET)], timeout=60, check=False)
+def hosts_down(set_id: int = SET) -> None:
+    """Remove set ``set_id``'s namespaces (ending what still runs inside them) and check that none is left."""
+    subprocess.run([SCRIPT, "down", str(set_id)], timeout=60, check=False)
     left = [line.split()[0] for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                                                        timeout=30).stdout.splitlines()
-            if line.startswith(f"rlsvc{SET}-")]
+            if line.startswith(f"rlsvc{set_id}-")]
     if left:
-        print(f"hosts.py: namespaces left behind: {left}", file=sys.stderr)
+        print(f"{os.path.basename(sys.argv[0])}: namespaces left behind: {left}", file=sys.stderr)
 
 
 class Peer:
