@@ -142,8 +142,8 @@ def ratio(x: float | None, y: float | None) -> float | None:
     return x / y if x and y else None
 
 
-def report(rounds: list[list[dict]], rec: Results, args) -> float:
-    """The tables and the plot; returns the median of the per-round ratios of ``steady_fps``."""
+def report(rounds: list[list[dict]], rec: Results, args):
+    """The tables and the plot; returns the :func:`spread` of the per-round ratios of ``steady_fps``."""
     runs = {p: [r for pair in rounds for r in pair if r["placement"] == p] for p in (ACROSS, ONE)}
     by_round = [{r["placement"]: r for r in pair} for pair in rounds]
     steady = [ratio(r[ACROSS]["steady_fps"], r[ONE]["steady_fps"]) for r in by_round]
@@ -178,7 +178,7 @@ def report(rounds: list[list[dict]], rec: Results, args) -> float:
              x=list(range(1, len(rounds) + 1)),
              series={LABELS[p]: [r[p]["steady_fps"] for r in by_round] for p in (ACROSS, ONE)}, kind="line",
              xlabel="round", ylabel="steady frames/s", floors=[LABELS[ONE]])
-    return spread(steady).median
+    return spread(steady)
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -233,11 +233,11 @@ def main() -> None:
         f"used {other_cpu:.0f} CPU s meanwhile", "# ")
     say(rec.note, f"In every run, ranks 1 and 2 connected to the driver at {hosts['a'][1]} (the run's launcher.log)",
         "# ")
-    median = report(rounds, rec, args)
+    ratios = report(rounds, rec, args)
     print()
-    say(rec.verdict, f"{'PASS' if median >= TARGET else 'MISS'} APPO on MinAtar with its collector ranks on host b: "
-        f"{median:.2f}x the steady frames/s of the same plan with every rank on host a (median of {len(rounds)} "
-        f"per-round ratios; target >= {TARGET:.2f}x)")
+    say(rec.verdict, f"{'PASS' if ratios.median >= TARGET else 'MISS'} APPO on MinAtar with its collector ranks on "
+        f"host b: {ratios.median:.2f}x the steady frames/s of the same plan with every rank on host a (median of "
+        f"{len(rounds)} per-round ratios, range {ratios.range('.2f')}; target >= {TARGET:.2f}x)")
     rec.save()
 
 
