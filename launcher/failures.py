@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
+from transports.kernel.secret import is_loopback
 from transports.kernel.errors import (NO_SPACE, PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError,
                                SharedMemoryFull, qualified_name)
 
@@ -26,12 +27,15 @@ class ServiceDied(ServiceError):
         component: the component (``replay``, ``inference``...).
         placement: where it was placed.
         pid: the process it lived in, where known.
+        node: the address of the machine it ran on, where that may be another one (named unless loopback).
         cause: why, as its host recorded it (``the replay process died (killed by SIGKILL)``).
     """
 
-    def __init__(self, component: str, placement: str, pid: int | None, cause: str):
+    def __init__(self, component: str, placement: str, pid: int | None, cause: str, node: str | None = None):
         self.component, self.placement, self.pid, self.cause = component, placement, pid, cause
         where = placement if pid is None else f"{placement}, pid {pid}"
+        if node and not is_loopback(node):  # another machine: name it (a pid alone points at the wrong one)
+            where += f" on {node}"
         super().__init__(f"{component} ({where}) died: {cause}")
 
 
@@ -144,7 +148,7 @@ def dead_service(owners: Mapping[str, Any], error: BaseException) -> ServiceDied
         for name, owner in owners.items():
             for host in owner.all_hosts():
                 if host.death is not None:
-                    return ServiceDied(name, owner.placement, host.pid, host.death)
+                    return ServiceDied(name, owner.placement, host.pid, host.death, host.address)
         if time.monotonic() >= deadline:
             break
         time.sleep(0.05)
@@ -152,7 +156,7 @@ def dead_service(owners: Mapping[str, Any], error: BaseException) -> ServiceDied
         for host in owner.all_hosts():
             if not host.is_alive:
                 return ServiceDied(name, owner.placement, host.pid, f"its {owner.placement} host {host.name} is "
-                                   "no longer alive")
+                                   "no longer alive", host.address)
     return None
 
 

@@ -29,7 +29,8 @@ from components.service import Owner
 from components.targets import instantiate_target
 from components.weight_sync import WeightSync
 from recipes import Clients, get_recipe
-from transports.kernel.errors import PeerFailureError, RemoteError, ServiceError, ServiceTimeoutError
+from transports.kernel.errors import (ConfigurationError, PeerFailureError, RemoteError, ServiceError,
+                                     ServiceTimeoutError)
 from transports.segments import remove_orphans
 
 from . import checkpointing
@@ -220,7 +221,9 @@ def _execute(run: _Run, progress: ProgressLine, shield: ShutdownShield,
                 _winding_down(plan)
                 checkpointing.save(checkpoint, f"on {getattr(signalled, 'signal_name', 'Ctrl-C')}")
                 raise signalled from None
-            died = dead_service(owners, exc)  # checked before the teardown stops the others
+            # checked before the teardown stops the others; a host that ended because its own configuration was
+            # wrong there (a node without the run's key) is reported as that mistake, not as a death
+            died = None if isinstance(exc, ConfigurationError) else dead_service(owners, exc)
             if died is not None:
                 checkpointing.save(checkpoint, f"after {died.component} died")  # with the services still alive
                 raise died from exc
@@ -276,13 +279,17 @@ def _pids(owner: Any) -> list[int]:
 
 
 def _write_services(run_dir: str, owners: Mapping[str, Any]) -> None:
-    """``services.json``: where each started service runs (placement, transport, pids), for ``ps`` and ``kill``."""
+    """``services.json``: where each started service runs (placement, transport, pids, and the node of each host
+    that may run on another machine), for ``ps`` and ``kill``."""
     services = {name: {"placement": o.placement, "transport": o.transport_kind, "pids": _pids(o)}
                 for name, o in owners.items()}
     for name, o in owners.items():
         jobs = [h.job_id for h in o.all_hosts() if h.job_id is not None]
         if jobs:
             services[name]["jobs"] = jobs  # batch-system jobs (submitit): scancel them, not kill
+        addresses = [h.address for h in o.all_hosts()]
+        if any(addresses):
+            services[name]["nodes"] = addresses  # where each host runs (a Ray node, a rank's or job's machine)
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "services.json"), "w") as f:
         json.dump(services, f, indent=2)

@@ -313,6 +313,12 @@ class Host(ABC):
         return None
 
     @property
+    def address(self) -> str | None:
+        """The network address of the node the target runs on, where that may be another machine (a Ray node, a
+        rank or job that connected back); ``None``: this machine."""
+        return None
+
+    @property
     def handle(self) -> Any:
         """The actor handle of a target in an actor (``None`` elsewhere)."""
         return None

@@ -45,6 +45,7 @@ class ConnectedHost(ProcessHost):
         self._server: socket.socket | None = None
         self._peer: socket.socket | None = None  # the connection's socket, kept to notice its end
         self._key = b""
+        self._peer_address: str | None = None
 
     def _gone(self) -> str | None:
         """Why no peer will connect any more (its job ended...), or ``None`` while one may."""
@@ -78,6 +79,7 @@ class ConnectedHost(ProcessHost):
                 continue
             timeouts(peer, 0.0)
             keep_alive(peer)
+            self._peer_address = peer.getpeername()[0]
             return conn, peer
 
     def _connect(self, deadline: float, waiting: Callable[[], str], send: bytes | None = None) -> None:
@@ -181,6 +183,11 @@ class ConnectedHost(ProcessHost):
     @property
     def pid(self) -> int | None:
         return None  # not a process this host started
+
+    @property
+    def address(self) -> str | None:
+        """The address the peer connected from (its node's, as this host sees it)."""
+        return self._peer_address
 
 
 LOST_AFTER_S = 20

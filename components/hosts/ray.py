@@ -98,6 +98,12 @@ WARM_IMPORTS = ("torch", "tensordict", "components.commands", "components.infere
 """What a warm actor imports while it waits for its target (what most targets import first)."""
 
 
+def node_address(node_id: str) -> str | None:
+    """The address of the Ray node ``node_id`` (as it joined the cluster: ``ray start --node-ip-address``)."""
+    ray = import_ray()
+    return next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id), None)
+
+
 class HostActor:
     """The body of every hosting actor: builds the target (in its constructor, or in :meth:`build` for an actor
     started warm), serves it on a thread, runs control calls on it, and hands transport requests to their endpoints
@@ -113,14 +119,14 @@ class HostActor:
             return
         self.target, self._stop, self._serving = build_and_serve(factory)
 
-    def build(self, factory) -> int:
-        """Build the target of a warm actor; returns the actor's pid, as :meth:`ready` does."""
+    def build(self, factory) -> tuple[int, str]:
+        """Build the target of a warm actor; returns what :meth:`ready` does."""
         self.target, self._stop, self._serving = build_and_serve(factory)
-        return os.getpid()
+        return self.ready()
 
-    def ready(self) -> int:
-        """The actor's pid, once its target was built (Ray runs calls after the constructor)."""
-        return os.getpid()
+    def ready(self) -> tuple[int, str]:
+        """The actor's pid and its node's id, once its target was built (Ray runs calls after the constructor)."""
+        return os.getpid(), self.node_id()
 
     def node_id(self) -> str:
         """The id of the Ray node the actor runs on."""
@@ -162,6 +168,7 @@ class RayHost(Host):
         super().__init__(*args, **kwargs)
         self._handle: Any = None
         self._pid: int | None = None
+        self._address: str | None = None
         self._ready_ref: Any = None
 
     def _launch(self) -> None:
@@ -177,7 +184,9 @@ class RayHost(Host):
     def wait_ready(self) -> None:
         ray, timeout = import_ray(), self.resources.startup_timeout
         try:
-            self._pid = int(get(self._ready_ref, f"{self.name} start", timeout))
+            pid, node = get(self._ready_ref, f"{self.name} start", timeout)
+            self._pid, self._address = int(pid), node_address(node)
+            log.info("%s: on the Ray node at %s (pid %d)", self.name, self._address, self._pid)
             if _local_pids.value is not None:
                 _local_pids.value.append(self._pid)
         except ServiceTimeoutError:
@@ -288,6 +297,11 @@ class RayHost(Host):
         actor_id = self._handle._actor_id.hex()
         info = answered(lambda: state.actors(actor_id=actor_id))
         return bool(info) and info.get("State") == "ALIVE"
+
+    @property
+    def address(self) -> str | None:
+        """The address of the Ray node the actor runs on."""
+        return self._address
 
     @property
     def pid(self) -> int | None:
