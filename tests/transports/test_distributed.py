@@ -175,6 +175,22 @@ def test_many_clients_on_threads_each_get_their_answers(served):
     assert errors == [] and len(served[1].endpoint.channels) == 8
 
 
+def test_endpoints_hold_no_store_connection_once_connected(served):
+    """gloo groups use the store only in their rendezvous: each side's connection for an endpoint closes once its
+    groups are built, and 24 endpoints still serve (a group that needed the store later would raise)."""
+    transport, server = served
+    port = transport.address.port
+    before = _store_connections(port)
+    clients = [transport.client() for _ in range(24)]
+    for k, client in enumerate(clients):
+        assert client.submit(request(k)).result(10)["action"][0].item() == 2 * k + 1
+    wait_until(lambda: _store_connections(port) <= before, timeout=10, what="the endpoints' store connections close")
+    for _ in range(3):
+        futures = [client.submit(request(k)) for k, client in enumerate(clients)]
+        assert [f.result(10)["action"][0].item() for f in futures] == [2 * k + 1 for k in range(24)]
+    assert len(server.endpoint.channels) == 24
+
+
 def test_timeout_is_not_a_peer_failure_and_shutdown_fails_waiting_callers():
     transport = DistributedTransport(REQUEST_TD, RESPONSE_TD, name="echo")
     server = EchoServer(transport, hold=1000)  # never answers
@@ -608,3 +624,14 @@ def _address(hexaddr: str) -> str:
     if len(hexaddr) == 8:
         return ".".join(str(b) for b in reversed(bytes.fromhex(hexaddr)))
     return "::" if int(hexaddr, 16) == 0 else hexaddr
+
+
+def _store_connections(port: int) -> int:
+    """Established TCP connections of this machine dialled to ``port`` (each counted once, at its dialling end)."""
+    count = 0
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(path) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                count += fields[3] == "01" and int(fields[2].split(":")[1], 16) == port
+    return count

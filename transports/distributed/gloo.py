@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 import torch
+from torch.distributed import Store
 
 from ..kernel.errors import ConfigurationError, PeerFailureError
 from ..kernel.secret import is_loopback, shared_key
@@ -215,12 +216,78 @@ class Gap:
         return now - self.since > self.grace and not store.check([f"hello/{n}"])
 
 
+class Lease(Store):
+    """A store lent to gloo groups while they are built, then released: the groups keep a reference to their store
+    for their whole life but use it only in their rendezvous, so once they are built the connection under it can
+    close (off loopback, a connection through the relay: two of its threads and two of this process's entry's).
+    A use after :meth:`release` raises (none was seen: tests/transports/test_distributed.py builds many endpoints
+    through leases and serves them).
+
+    Args:
+        store: the store the rendezvous goes through.
+    """
+
+    def __init__(self, store):
+        super().__init__()
+        self._store = store
+
+    def release(self) -> None:
+        """Drop the store: its connection closes once nothing else holds it."""
+        self._store = None
+
+    def _lent(self):
+        if self._store is None:
+            raise RuntimeError("the store of this endpoint's groups was released once they were built")
+        return self._store
+
+    def set(self, key, value):
+        """As :meth:`torch.distributed.Store.set`."""
+        return self._lent().set(key, value)
+
+    def get(self, key):
+        """As :meth:`torch.distributed.Store.get`."""
+        return self._lent().get(key)
+
+    def add(self, key, amount):
+        """As :meth:`torch.distributed.Store.add`."""
+        return self._lent().add(key, amount)
+
+    def check(self, keys):
+        """As :meth:`torch.distributed.Store.check`."""
+        return self._lent().check(keys)
+
+    def wait(self, keys, timeout=None):
+        """As :meth:`torch.distributed.Store.wait`."""
+        return self._lent().wait(keys) if timeout is None else self._lent().wait(keys, timeout)
+
+    def compare_set(self, key, expected, desired):
+        """As :meth:`torch.distributed.Store.compare_set`."""
+        return self._lent().compare_set(key, expected, desired)
+
+    def delete_key(self, key):
+        """As :meth:`torch.distributed.Store.delete_key`."""
+        return self._lent().delete_key(key)
+
+    def num_keys(self):
+        """As :meth:`torch.distributed.Store.num_keys`."""
+        return self._lent().num_keys()
+
+
 def groups(store, prefix: str, rank: int, host: str, backend: str) -> tuple[tuple, tuple]:
     """Both directions' groups of one endpoint, built in the same order on both sides: ``(out, inp)`` for
-    ``rank`` (0: the server). NCCL payload groups get gloo control groups beside them."""
-    made = [(pair(store, f"{prefix}{d}/", rank, host),
-             pair(store, f"{prefix}{d}/data/", rank, host, backend) if backend != "gloo" else None)
-            for d in ("request", "response")]
+    ``rank`` (0: the server). NCCL payload groups get gloo control groups beside them.
+
+    gloo groups hold ``store`` only while they are built (through a :class:`Lease`): once this returns, the
+    caller's connection is theirs to close. NCCL groups keep it (NCCL builds its communicator at the first
+    operation, through the store)."""
+    lease = Lease(store) if backend == "gloo" else store
+    try:
+        made = [(pair(lease, f"{prefix}{d}/", rank, host),
+                 pair(lease, f"{prefix}{d}/data/", rank, host, backend) if backend != "gloo" else None)
+                for d in ("request", "response")]
+    finally:
+        if backend == "gloo":
+            lease.release()
     return (made[1], made[0]) if rank == 0 else (made[0], made[1])
 
 
