@@ -150,7 +150,7 @@ def gloo_floor(obs: str, stack: contextlib.ExitStack):
     from transports.distributed.gloo import connect_store, open_store, pair
 
     nbytes = sum(t.numel() * t.element_size() for t in make_batch(obs).values())
-    store, port = open_store("127.0.0.1", 0, 60)
+    store, port, _ = open_store("127.0.0.1", 0, 60)  # no relay on loopback
     child = mp.get_context("spawn").Process(target=_gloo_echo, args=(("127.0.0.1", port), nbytes), daemon=True)
     child.start()
     pg = pair(connect_store("127.0.0.1", port, 60, "gloo floor"), "floor/", 1, "127.0.0.1")
