@@ -5,11 +5,13 @@ between it and its host. :class:`~components.hosts.process.ProcessHost` starts i
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import select
 import signal
 import socket
+import sys
 import threading
 import traceback
 from typing import Any
@@ -24,7 +26,8 @@ from .signals import WARNING_SIGNALS
 ORPHAN_CLOSE_S = 15.0
 """Seconds a child whose parent is gone has to close its target before it leaves anyway."""
 EXIT_ORPHANED = 70
-"""The exit status of a child that left because closing its target outlasted :data:`ORPHAN_CLOSE_S`."""
+"""The exit status of a child that lost its parent and left: closing its target outlasted :data:`ORPHAN_CLOSE_S`,
+or it is a rank or job (whose own launcher, torchrun or Slurm, then records a failure)."""
 
 
 def watched(conn, stop: threading.Event) -> bool:
@@ -120,9 +123,12 @@ def child_main(factory, conn, *, own_signals: bool = True, segments: str | None 
                 stop.set()
                 return
 
+    lost = threading.Event()
+
     def orphaned() -> None:
         # nobody waits for this process any more, and closing the target may wait on peers that are gone with the
         # parent (a link lost leaves their connections open, silent): it gets ORPHAN_CLOSE_S, then the process ends
+        lost.set()
         timer = threading.Timer(ORPHAN_CLOSE_S, os._exit, (EXIT_ORPHANED,))
         timer.daemon = True
         timer.start()
@@ -146,4 +152,9 @@ def child_main(factory, conn, *, own_signals: bool = True, segments: str | None 
     finally:
         stop.set()
         close_target(target)
+    if lost.is_set() and not own_signals:  # a rank or job whose driver was lost: its launcher sees a failure
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os._exit(EXIT_ORPHANED)
     return True
