@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from tests.helpers import ROOT, default_sigint, pgroup_members, wait_until  # noqa: F401 (wait_until: for conftest)
@@ -110,6 +111,36 @@ class Hosts:
     @property
     def all(self) -> tuple[Host, Host, Host]:
         return self.a, self.b, self.c
+
+
+class Listened:
+    """Every TCP socket that processes on ``hosts`` listened on while :meth:`stop` was not called yet, polled every
+    ``every`` seconds: ``(host name, address, port, programs)``."""
+
+    def __init__(self, hosts: list[Host], every: float = 0.5):
+        self.hosts, self.every, self.seen = hosts, every, set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            for host in self.hosts:
+                self.seen |= {(host.name, s.address, s.port, s.programs) for s in host.listening()}
+            self._stop.wait(self.every)
+
+    def stop(self) -> set:
+        """Stop watching; every socket seen."""
+        self._stop.set()
+        self._thread.join(30)
+        return self.seen
+
+    def elsewhere(self, exempt=lambda seen: False) -> list:
+        """The sockets seen on an address other than their host's own or its loopback (every interface included),
+        but for those ``exempt(seen)`` allows."""
+        own = {host.name: host.address for host in self.hosts}
+        return [s for s in self.seen if s[1] not in (own[s[0]], f"::ffff:{own[s[0]]}", "127.0.0.1", "::ffff:127.0.0.1")
+                and not exempt(s)]
 
 
 class Unavailable(Exception):

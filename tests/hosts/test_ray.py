@@ -10,6 +10,7 @@ import time
 import pytest
 
 from tests.helpers import wait_until
+from tests.hosts.network import Listened
 from tests.hosts.ray_nodes import HEALTH, WORKER_PORTS, RayNodes, launcher
 
 pytestmark = [pytest.mark.hosts, pytest.mark.slow]
@@ -45,11 +46,9 @@ def test_ppo_solves_cartpole_with_collectors_pinned_to_another_host(hosts, ray_n
     ray_nodes.worker(hosts.b, {"collect": 2})
     run_dir = tmp_path / "run"
     run = launcher(hosts.a, ray_nodes, run_dir, "+recipe=ppo", "seed=0")
-    listened: set = set()
-    while run.poll() is None:
-        for host in (hosts.a, hosts.b):
-            listened |= {(host.name, s.address, s.port, s.programs) for s in host.listening()}
-        time.sleep(0.5)
+    listened = Listened([hosts.a, hosts.b])
+    run.wait(240)
+    listened.stop()
     _, err = run.communicate(timeout=60)
     assert run.returncode == 0, err[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -61,12 +60,10 @@ def test_ppo_solves_cartpole_with_collectors_pinned_to_another_host(hosts, ray_n
     # our sockets (the relays, stores and gloo pairs, in the driver and in the actors) are on each host's own
     # address or its loopback; only Ray's own listen on every interface: its daemons, and the core worker of each
     # worker process (our actors' too) on a port of the range ray start was given
-    addresses = {"a": hosts.a.address, "b": hosts.b.address}
-    wrong = [s for s in listened if s[1] not in (addresses[s[0]], "127.0.0.1", "::ffff:127.0.0.1",
-                                                  f"::ffff:{addresses[s[0]]}") and not set(s[3]) & set(RAY_DAEMONS)
-             and not WORKER_PORTS[0] <= s[2] <= WORKER_PORTS[1]]
+    wrong = listened.elsewhere(exempt=lambda s: bool(set(s[3]) & set(RAY_DAEMONS))
+                               or WORKER_PORTS[0] <= s[2] <= WORKER_PORTS[1])
     assert not wrong, wrong
-    assert any(s[0] == "b" and s[1] == hosts.b.address and "ray::HostActor" in str(s[3]) for s in listened), listened
+    assert any(s[0] == "b" and s[1] == hosts.b.address and "ray::HostActor" in str(s[3]) for s in listened.seen)
 
 
 def test_a_lost_host_without_a_spare_ends_the_run_naming_it(hosts, ray_nodes, tmp_path):

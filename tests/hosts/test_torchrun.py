@@ -7,13 +7,12 @@ import json
 import os
 import signal
 import subprocess
-import threading
 import time
 
 import pytest
 
 from tests.helpers import ROOT, wait_until
-from tests.hosts.network import Host, Hosts
+from tests.hosts.network import Host, Hosts, Listened
 from transports.kernel.secret import KEY_VARIABLE
 
 pytestmark = [pytest.mark.hosts, pytest.mark.slow]
@@ -49,21 +48,13 @@ class Job:
         self.hosts, self.port = hosts, port
         self.driver = torchrun(hosts.a, 0, 1, hosts.a.address, port, args)
         self.workers = torchrun(hosts.b, 1, 2, hosts.a.address, port, args, monitor)
-        self.listened: set = set()
-        self._watching = threading.Thread(target=self._watch, daemon=True)
-        self._watching.start()
-
-    def _watch(self) -> None:
-        while self.driver.poll() is None or self.workers.poll() is None:
-            for host in (self.hosts.a, self.hosts.b):
-                self.listened |= {(host.name, s.address, s.port, s.programs) for s in host.listening()}
-            time.sleep(0.2)
+        self.listened = Listened([hosts.a, hosts.b])
 
     def wait(self, timeout: float) -> tuple[str, str]:
         """Both nodes' ends; the driver's stderr and the workers' stderr."""
         _, driver_err = self.driver.communicate(timeout=timeout)
         _, workers_err = self.workers.communicate(timeout=timeout)
-        self._watching.join(5)
+        self.listened.stop()
         return driver_err, workers_err
 
 
@@ -79,12 +70,10 @@ def test_ppo_solves_cartpole_with_its_collectors_on_another_host_and_binds_only_
 
     # every socket a process of the run listened on: its host's own address or its loopback, never every interface;
     # the one exception is torchrun's own rendezvous store (its agent's, on the master port of host a)
-    assert job.listened
-    ours = {s for s in job.listened if (s[0], s[2]) != ("a", job.port)}
-    addresses = {"a": hosts.a.address, "b": hosts.b.address}
-    wrong = [s for s in ours if s[1] not in (addresses[s[0]], "127.0.0.1")]
+    assert job.listened.seen
+    wrong = job.listened.elsewhere(exempt=lambda s: (s[0], s[2]) == ("a", job.port))
     assert not wrong, wrong
-    assert any(s[0] == "b" and s[1] == hosts.b.address for s in ours)  # the ranks' gloo pairs listened on b's own
+    assert any(s[0] == "b" and s[1] == hosts.b.address for s in job.listened.seen)  # the ranks' gloo pairs, on b's
 
 
 def test_appo_on_minatar_learns_with_its_collectors_on_another_host(hosts, tmp_path):
