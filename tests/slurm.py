@@ -27,8 +27,15 @@ def _script(command: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([SCRIPT, command], capture_output=True, text=True, timeout=timeout)
 
 
-def _exports(text: str) -> dict[str, str]:
-    """The ``export NAME=value`` lines ``.ci/local_slurm.sh start`` prints, with ``$PATH`` expanded."""
+def exports(text: str) -> dict[str, str]:
+    """The ``export NAME=value`` lines ``.ci/local_slurm.sh start`` (or ``.ci/hosts_slurm.sh start``) prints.
+
+    Args:
+        text: the script's standard output.
+
+    Returns:
+        Each exported name with its value, ``$PATH`` (any variable of this process's environment) expanded.
+    """
     env = {}
     for line in text.splitlines():
         match = re.fullmatch(r'export (\w+)="?(.*?)"?', line.strip())
@@ -59,7 +66,7 @@ def local_slurm():
     if status.returncode != 0 and "already running" not in start.stderr:  # started now: this run stops it
         with open(STARTED_FOR, "w") as f:
             f.write(run_id())
-    env = _exports(start.stdout)
+    env = exports(start.stdout)
     assert set(env) == {"SLURM_CONF", "PATH"}, start.stdout
     yield env
     left = squeue(env, ACTIVE)

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import subprocess
 
 from tests.helpers import ROOT
 from tests.hosts.network import Host, Hosts
+from tests.slurm import ACTIVE, exports
 
 SCRIPT = os.path.join(ROOT, ".ci", "hosts_slurm.sh")
 EXIT_CANNOT_RUN = 77  # .ci/hosts_slurm.sh: Slurm cannot run on this machine
-ACTIVE = "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED,REQUEUED,RESIZING"
 
 
 class Unavailable(Exception):
@@ -49,16 +48,6 @@ class Slurm:
         return out.stdout.split()
 
 
-def _exports(text: str) -> dict[str, str]:
-    """The ``export NAME=value`` lines the script prints, ``$PATH`` expanded."""
-    env = {}
-    for line in text.splitlines():
-        match = re.fullmatch(r'export (\w+)="?(.*?)"?', line.strip())
-        if match:
-            env[match[1]] = os.path.expandvars(match[2])
-    return env
-
-
 def start(hosts: Hosts) -> Slurm:
     """Start the Slurm of ``hosts``' set (replacing whatever a crashed run left of it); both nodes are idle.
 
@@ -70,7 +59,7 @@ def start(hosts: Hosts) -> Slurm:
         raise Unavailable(done.stderr.strip().splitlines()[-1])
     if done.returncode != 0:
         raise RuntimeError(f"{SCRIPT} start {hosts.set_id} failed:\n{done.stderr}")
-    env = _exports(done.stdout)
+    env = exports(done.stdout)
     assert set(env) == {"SLURM_CONF", "PATH"}, done.stdout
     return Slurm(hosts, {**os.environ, **env})
 
