@@ -148,7 +148,7 @@ def dead_service(owners: Mapping[str, Any], error: BaseException) -> ServiceDied
         for name, owner in owners.items():
             for host in owner.all_hosts():
                 if host.death is not None:
-                    return ServiceDied(name, owner.placement, host.pid, host.death, host.address)
+                    return ServiceDied(name, owner.placement, host.pid, host.death, host.node_address)
         if time.monotonic() >= deadline:
             break
         time.sleep(0.05)
@@ -156,7 +156,7 @@ def dead_service(owners: Mapping[str, Any], error: BaseException) -> ServiceDied
         for host in owner.all_hosts():
             if not host.is_alive:
                 return ServiceDied(name, owner.placement, host.pid, f"its {owner.placement} host {host.name} is "
-                                   "no longer alive", host.address)
+                                   "no longer alive", host.node_address)
     return None
 
 

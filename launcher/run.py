@@ -287,7 +287,7 @@ def _write_services(run_dir: str, owners: Mapping[str, Any]) -> None:
         jobs = [h.job_id for h in o.all_hosts() if h.job_id is not None]
         if jobs:
             services[name]["jobs"] = jobs  # batch-system jobs (submitit): scancel them, not kill
-        addresses = [h.address for h in o.all_hosts()]
+        addresses = [h.node_address for h in o.all_hosts()]
         if any(addresses):
             services[name]["nodes"] = addresses  # where each host runs (a Ray node, a rank's or job's machine)
     os.makedirs(run_dir, exist_ok=True)

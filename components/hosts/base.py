@@ -313,7 +313,7 @@ class Host(ABC):
         return None
 
     @property
-    def address(self) -> str | None:
+    def node_address(self) -> str | None:
         """The network address of the node the target runs on, where that may be another machine (a Ray node, a
         rank or job that connected back); ``None``: this machine."""
         return None

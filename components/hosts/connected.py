@@ -185,7 +185,7 @@ class ConnectedHost(ProcessHost):
         return None  # not a process this host started
 
     @property
-    def address(self) -> str | None:
+    def node_address(self) -> str | None:
         """The address the peer connected from (its node's, as this host sees it)."""
         return self._peer_address
 

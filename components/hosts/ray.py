@@ -98,7 +98,7 @@ WARM_IMPORTS = ("torch", "tensordict", "components.commands", "components.infere
 """What a warm actor imports while it waits for its target (what most targets import first)."""
 
 
-def node_address(node_id: str) -> str | None:
+def address_of_node(node_id: str) -> str | None:
     """The address of the Ray node ``node_id`` (as it joined the cluster: ``ray start --node-ip-address``)."""
     ray = import_ray()
     return next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id), None)
@@ -185,7 +185,7 @@ class RayHost(Host):
         ray, timeout = import_ray(), self.resources.startup_timeout
         try:
             pid, node = get(self._ready_ref, f"{self.name} start", timeout)
-            self._pid, self._address = int(pid), node_address(node)
+            self._pid, self._address = int(pid), address_of_node(node)
             log.info("%s: on the Ray node at %s (pid %d)", self.name, self._address, self._pid)
             if _local_pids.value is not None:
                 _local_pids.value.append(self._pid)
@@ -299,7 +299,7 @@ class RayHost(Host):
         return bool(info) and info.get("State") == "ALIVE"
 
     @property
-    def address(self) -> str | None:
+    def node_address(self) -> str | None:
         """The address of the Ray node the actor runs on."""
         return self._address
 
