@@ -34,7 +34,11 @@ def test_a_handed_down_plugin_is_imported_without_reading_the_installed_packages
 
 
 def test_the_launcher_hands_down_what_it_found_and_a_process_outside_a_run_sets_nothing(tmp_path, monkeypatch):
-    monkeypatch.delenv(plugins.VARIABLE, raising=False)
+    # set, then deleted: monkeypatch then restores the variable's absence at the end (a delenv of a variable that is
+    # not set records nothing, and the value hand_down writes below would stay in this worker's environment, handed
+    # to every process its later tests start)
+    monkeypatch.setenv(plugins.VARIABLE, "")
+    monkeypatch.delenv(plugins.VARIABLE)
     monkeypatch.setattr(plugins, "_found_here", None)
     monkeypatch.setattr("importlib.metadata.entry_points", lambda **_: [])
     plugins.load_plugins()  # what importing components does: reads, imports, hands nothing down
