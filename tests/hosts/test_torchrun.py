@@ -78,13 +78,13 @@ def test_ppo_solves_cartpole_with_its_collectors_on_another_host_and_binds_only_
 
 def test_appo_on_minatar_learns_with_its_collectors_on_another_host(hosts, tmp_path):
     run_dir = tmp_path / "run"
-    job = Job(hosts, 29510, ["+recipe=appo", "env=minatar", "seed=0", "recipe.total_frames=40000",
+    job = Job(hosts, 29510, ["+recipe=appo", "env=minatar", "seed=0", "recipe.total_frames=30000",
                              *launcher_args(hosts, run_dir)])
     driver_err, workers_err = job.wait(240)
     assert job.driver.returncode == 0, driver_err[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     # a uniformly random policy scores 0.37 (+/- 0.60 over 500 episodes) on MinAtar Breakout
-    assert summary["frames"] >= 40000 and summary["final_mean_return"] > 1.0, summary
+    assert summary["frames"] >= 30000 and summary["final_mean_return"] > 1.0, summary
 
 
 def _rank_pid(host: Host, rank: int) -> int | None:
