@@ -6,12 +6,13 @@ from __future__ import annotations
 import datetime
 import socket
 import threading
+import time
 
 import pytest
 
 from transports.distributed import relay as relay_module
 from transports.distributed.gloo import check_options, local_address
-from transports.distributed.relay import Entry, Relay
+from transports.distributed.relay import Entry, NotAdmitted, Relay, entry
 from transports.kernel.errors import ConfigurationError, PeerFailureError
 from transports.kernel.secret import (HELLO, KEY_VARIABLE, NONCE, ChallengeFailed, challenge_as_client,
                                       challenge_as_server, is_loopback, shared_key)
@@ -120,14 +121,18 @@ def test_a_peer_with_the_key_reaches_the_store_and_one_without_never_does(store_
     assert store.get("written") == b"by a peer with the key"
     with pytest.raises(PeerFailureError, match="did not admit us"):
         Entry("127.0.0.1", relay.port, OTHER, 5.0, "test")
-    wait_until(lambda: relay.refused == 1, timeout=10, what="the wrong key is refused")
+    started = time.monotonic()
+    with pytest.raises(NotAdmitted):  # at once, not retried until the timeout as a relay not listening yet is
+        entry("127.0.0.1", relay.port, OTHER, 30.0, "test")
+    assert time.monotonic() - started < 10
+    wait_until(lambda: relay.refused == 2, timeout=10, what="the wrong key is refused")
     # garbage, or a store client speaking torch's protocol straight at the relay: refused, nothing written
     raw = socket.create_connection(("127.0.0.1", relay.port))
     assert raw.recv(len(HELLO) + NONCE).startswith(HELLO)
     raw.sendall(b"\x00garbage" * 100)
     assert closed_without_answer(raw)
     raw.close()
-    wait_until(lambda: relay.refused == 2, timeout=10, what="garbage is refused")
+    wait_until(lambda: relay.refused == 3, timeout=10, what="garbage is refused")
     assert client.num_keys() == store.num_keys()  # (no key was added behind our back)
     assert client.get("written") == b"by a peer with the key"  # the admitted client goes on
 

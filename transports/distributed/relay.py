@@ -36,6 +36,10 @@ PENDING = 256
 CHUNK = 1 << 16
 
 
+class NotAdmitted(PeerFailureError):
+    """The relay answered but did not admit us: another key (or another program listens there). Not retried."""
+
+
 def _join(a: socket.socket, b: socket.socket, name: str) -> None:
     """Copy bytes both ways between ``a`` and ``b`` until either side closes; then close both."""
     done = threading.Event()
@@ -167,8 +171,8 @@ class Entry:
             challenge_as_client(sock, self._key, min(self._timeout, 2 * CHALLENGE_S))
         except (ChallengeFailed, OSError) as exc:
             sock.close()
-            raise PeerFailureError(f"{self.what}: the rendezvous store at {self.host}:{self.port_there} did not "
-                                   f"admit us: {exc}") from None
+            raise NotAdmitted(f"{self.what}: the rendezvous store at {self.host}:{self.port_there} did not "
+                              f"admit us: {exc}") from None
         return sock
 
     def _accept(self) -> None:
@@ -195,7 +199,8 @@ def entry(host: str, port: int, key: bytes, timeout: float, what: str) -> int:
     """The loopback port of this process's :class:`Entry` to the relay at ``host:port`` (made on first use).
 
     Raises:
-        PeerFailureError: nothing answers there, or it does not admit our key.
+        PeerFailureError: nothing answers there within ``timeout`` (retried until then: the owner may be starting).
+        NotAdmitted: it does not admit our key (at once).
     """
     with _ENTRIES_LOCK:
         k = (os.getpid(), host, port)
@@ -205,6 +210,8 @@ def entry(host: str, port: int, key: bytes, timeout: float, what: str) -> int:
                 try:
                     _ENTRIES[k] = Entry(host, port, key, max(0.1, deadline - time.monotonic()), what)
                     break
+                except NotAdmitted:
+                    raise
                 except PeerFailureError:
                     if time.monotonic() >= deadline:
                         raise
