@@ -33,7 +33,7 @@ def test_a_run_listens_only_on_its_hosts_address_and_loopback(service, hosts, tm
                           "recipe.target_return=null", "launcher.progress=false", "launcher.plot=false",
                           f"hydra.run.dir={run_dir}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          env={**os.environ, KEY_VARIABLE: "the run's secret"})
-    listened = Listened([hosts.a], every=0.2)
+    listened = Listened([hosts.a], every=0.5)
     _, err = run.communicate(timeout=180)
     listened.stop()
     assert run.returncode == 0, err[-3000:]

@@ -46,7 +46,7 @@ def test_ppo_solves_cartpole_with_collectors_pinned_to_another_host(hosts, ray_n
     ray_nodes.worker(hosts.b, {"collect": 2})
     run_dir = tmp_path / "run"
     run = launcher(hosts.a, ray_nodes, run_dir, "+recipe=ppo", "seed=0")
-    listened = Listened([hosts.a, hosts.b])
+    listened = Listened([hosts.a, hosts.b], every=1.0)
     run.wait(240)
     listened.stop()
     _, err = run.communicate(timeout=60)
