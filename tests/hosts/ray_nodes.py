@@ -33,21 +33,24 @@ class RayNodes:
         self.set_id = set_id
         self.address: str | None = None
 
-    def _start(self, host: Host, args: list[str]) -> None:
+    def _start(self, host: Host, args: list[str], keyless: bool = False) -> None:
         folder = f"/tmp/rlsvc_ray{self.set_id}{host.name}"  # short: Ray's Unix sockets live under it
         shutil.rmtree(folder, ignore_errors=True)
         self.folders.append(folder)
         ray = os.path.join(os.path.dirname(sys.executable), "ray")
         done = host.run([ray, "start", f"--node-ip-address={host.address}", f"--temp-dir={folder}",
                          f"--min-worker-port={WORKER_PORTS[0]}", f"--max-worker-port={WORKER_PORTS[1]}",
-                         "--disable-usage-stats", *args], env=self.env, timeout=120)
+                         "--disable-usage-stats", *args], timeout=120,
+                        env={k: v for k, v in self.env.items() if not (keyless and k == KEY_VARIABLE)})
         assert done.returncode == 0, done.stderr[-3000:]
 
-    def head(self, host: Host, num_cpus: int = 1) -> str:
+    def head(self, host: Host, num_cpus: int = 1, keyless: bool = False) -> str:
         """Start the head on ``host``, offering the custom resource ``head`` (the owners other than collectors
-        take one: they run beside the driver); returns the cluster's address."""
+        take one: they run beside the driver), without the run's key in its environment where ``keyless``; returns
+        the cluster's address."""
         self._start(host, ["--head", f"--port={PORT}", f"--num-cpus={num_cpus}", "--include-dashboard=false",
-                           f"--resources={json.dumps({'head': 8})}", f"--system-config={json.dumps(HEALTH)}"])
+                           f"--resources={json.dumps({'head': 8})}", f"--system-config={json.dumps(HEALTH)}"],
+                    keyless)
         self.address = f"{host.address}:{PORT}"
         return self.address
 

@@ -66,6 +66,15 @@ def test_ppo_solves_cartpole_with_collectors_pinned_to_another_host(hosts, ray_n
     assert any(s[0] == "b" and s[1] == hosts.b.address and "ray::HostActor" in str(s[3]) for s in listened.seen)
 
 
+def test_a_node_started_without_the_key_is_a_configuration_error_naming_it(hosts, ray_nodes, tmp_path):
+    ray_nodes.head(hosts.a, keyless=True)  # the driver has the key (planning insists), the node's actors do not
+    run = launcher(hosts.a, ray_nodes, tmp_path / "run", "+recipe=ppo")
+    _, err = run.communicate(timeout=180)
+    assert run.returncode == 2, err[-3000:]
+    assert "configuration error:" in err and "set RLSVC_KEY" in err and "full_key: transport_options.host" in err, \
+        err[-3000:]
+
+
 def test_a_lost_host_without_a_spare_ends_the_run_naming_it(hosts, ray_nodes, tmp_path):
     ray_nodes.head(hosts.a)
     ray_nodes.worker(hosts.b, {"collect": 2})
