@@ -80,19 +80,35 @@ def _log_has(run_dir: str, text: str, name: str = "launcher.log") -> bool:
         return False
 
 
+def _ended(pid: int) -> bool:
+    """Whether ``pid`` has exited (gone, or a zombie its paused parent has not reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
 def test_a_rank_killed_mid_run_is_a_peer_failure_naming_it_and_nothing_is_left(tmp_path):
     run_dir = str(tmp_path / "run")
     command = [c for c in COMMAND if not c.startswith("recipe.total_frames")] + ["recipe.total_frames=100000000"]
-    # torchrun checks its ranks every 5 s here: the driver notices the lost rank first, as on several machines where
-    # the rank's node goes away (torchrun then ends the other ranks, the driver among them, if it still runs)
+    # the rank's node goes away: its torchrun agent is not there to end the other ranks, so the driver must notice the
+    # lost rank itself. Here the one agent is paused (SIGSTOP) while rank 2 dies and until the driver has ended; then
+    # it goes on, sees its ranks gone and prints its own summary.
     job = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3",
-                            "--monitor-interval=5", "-m", "launcher", *command, f"hydra.run.dir={run_dir}"],
+                            "--monitor-interval=1", "-m", "launcher", *command, f"hydra.run.dir={run_dir}"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
                            env={**os.environ, "RLSVC_KEY": "a shared secret"})
     try:
         wait_until(lambda: _log_has(run_dir, "rank 2: connected") and _log_has(run_dir, "train/", "metrics.csv"),
                    timeout=120, what="training runs with rank 2")
-        os.kill(_rank_pid(run_dir, 2), signal.SIGKILL)
+        driver = _rank_pid(run_dir, 0)
+        os.kill(job.pid, signal.SIGSTOP)
+        try:
+            os.kill(_rank_pid(run_dir, 2), signal.SIGKILL)
+            wait_until(lambda: _ended(driver), timeout=60, what="the driver ends on its own")
+        finally:
+            os.kill(job.pid, signal.SIGCONT)
         _, err = job.communicate(timeout=60)
     finally:
         if job.poll() is None:
