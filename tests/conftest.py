@@ -165,9 +165,26 @@ def ray_cluster(shared_ray):
             assert our_live_actors() == before, "actors left alive"
 
 
+def _cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def pytest_collection_modifyitems(config, items):
     # Tests with a Ray cluster of their own stop the shared one; run them last, so it starts only once.
     items.sort(key=lambda item: "own_ray_cluster" in getattr(item, "fixturenames", ()))
+    # ``gpu`` tests need CUDA (``@pytest.mark.gpu(devices=2)``: that many devices); skipped saying so where it lacks
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu_items:
+        have = _cuda_devices()
+        for item in gpu_items:
+            need = item.get_closest_marker("gpu").kwargs.get("devices", 1)
+            if have < need:
+                there = "none" if have == 0 else f"only {have}"
+                item.add_marker(pytest.mark.skip(reason=f"needs {need} CUDA device{'s' if need > 1 else ''} "
+                                                        f"(this machine has {there}); benchmarks/gpu_check.sh runs "
+                                                        "it where there is a GPU"))
 
 
 @pytest.fixture(scope="module")

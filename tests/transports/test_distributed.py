@@ -429,10 +429,8 @@ def test_nccl_without_cuda_is_refused_before_anything_starts():
         registry.check_options("distributed", {"connect_timeout": 0})
 
 
-@pytest.mark.gpu
+@pytest.mark.gpu(devices=2)  # NCCL needs one device per rank: the server's and the client's
 def test_nccl_moves_cuda_tensors():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device: NCCL moves CUDA tensors only (this machine has none)")
     cuda_request = TensorDict({"obs": torch.zeros(4, device="cuda")})
     cuda_response = TensorDict({"action": torch.zeros(4, device="cuda")})
     transport = DistributedTransport(cuda_request, cuda_response, backend="nccl", name="echo")
