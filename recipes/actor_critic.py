@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.distributions import Categorical, Normal
 
+from components.inference.modes import acts_deterministically
 from components.inference.sampling import SAMPLE_SEED, uniform
 from components.targets import instantiate_target
 
@@ -74,13 +75,17 @@ class Actor(nn.Module):
 
     def act(self, obs: torch.Tensor, seed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(action, log-probability)`` per row, drawn as :meth:`sample` does (from ``seed`` where given); for
-        discrete actions straight from the log-softmax, without building a distribution (the collection hot path)."""
+        discrete actions straight from the log-softmax, without building a distribution (the collection hot path).
+        In a deterministic interaction mode (:mod:`components.inference.modes`): the most likely action, the mean."""
+        greedy = acts_deterministically()
         if not self.discrete:
             dist = self.dist(obs)
-            action = dist.sample() if seed is None else self.sample(dist, seed)
+            action = dist.mean if greedy else dist.sample() if seed is None else self.sample(dist, seed)
             return action, self.log_prob(dist, action)
         log_p = self.net(obs).log_softmax(-1)
-        if seed is None:
+        if greedy:
+            action = log_p.argmax(-1)
+        elif seed is None:
             probs = log_p.exp()  # multinomial takes rows: any leading dimensions folded into one
             action = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1).reshape(probs.shape[:-1])
         else:

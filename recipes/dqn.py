@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from components.inference.modes import acts_deterministically
 from components.inference.sampling import SAMPLE_SEED, uniform
 from components.targets import instantiate_target
 
@@ -63,9 +64,13 @@ class EpsilonGreedy(nn.Module):
         self.register_buffer("epsilon", torch.tensor(cfg.eps_start))
 
     def forward(self, td):
-        """Set each row's ``action``: greedy, or with probability ``epsilon`` one drawn uniformly."""
+        """Set each row's ``action``: greedy, or with probability ``epsilon`` one drawn uniformly (greedy always in a
+        deterministic interaction mode, see :mod:`components.inference.modes`)."""
         q = self.q(td.get("observation"))
         greedy = q.argmax(-1)
+        if acts_deterministically():
+            td.set("action", greedy)
+            return td
         seed = td.get(SAMPLE_SEED, None)
         if seed is None:  # a request without seeds: torch's generator of this process
             explore = torch.rand(greedy.shape, device=greedy.device) < self.epsilon
