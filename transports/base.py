@@ -168,6 +168,16 @@ class ServerEndpoint(ABC):
     def close(self, reason: str = "the server was shut down") -> None:
         """Fail what is still pending with :class:`~transports.kernel.errors.PeerFailureError`; stop accepting."""
 
+    def gather_into(self, buffers: dict) -> bool:
+        """Gather later batches into ``buffers`` (leaf key -> a tensor of ``rows`` rows, e.g. pinned host memory for
+        a CUDA policy), so a stacked batch's leaves are views of their first rows, valid until the next
+        :meth:`collect`. An endpoint of fixed layouts may do so; the default declines.
+
+        Returns:
+            Whether the endpoint will.
+        """
+        return False
+
 
 class ResponseFuture(ABC):
     """The answer to one submitted request. ``result()`` waits; a dead server raises

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 
+from .modes import MODE_KEY, ambient_mode, check_mode, stamp
 from .sampling import SAMPLE_SEED, random_seeds
 
 
@@ -22,11 +23,30 @@ class InferenceClient:
         endpoint: a transport client endpoint.
         fills_seeds: the endpoint's fixed request layout holds ``sample_seed``: a request without one gets seeds
             from this process's torch generator (see :mod:`components.inference.sampling`).
+        carries_modes: requests may carry an interaction-mode stamp (``False`` for a fixed request layout without
+            ``interaction_mode``).
+        mode: the interaction mode to stamp every request with (:meth:`with_mode`); ``None``: the mode of the caller's
+            ``set_interaction_type`` block, if any (see :mod:`components.inference.modes`).
     """
 
-    def __init__(self, endpoint: Any, fills_seeds: bool = False):
+    def __init__(self, endpoint: Any, fills_seeds: bool = False, carries_modes: bool = True, mode: str | None = None):
         self._endpoint = endpoint
         self._fills_seeds = fills_seeds
+        self._carries_modes = carries_modes
+        self._mode = mode
+
+    def with_mode(self, mode: str) -> "InferenceClient":
+        """A client of the same server whose requests are served in ``mode`` (``random``, ``deterministic``).
+
+        Raises:
+            ValueError: an unknown mode, or a transport whose fixed request layout has no room for the stamp.
+        """
+        check_mode(mode)
+        if not self._carries_modes:
+            raise ValueError(f"this server's fixed request layout has no {MODE_KEY!r} leaf, so its requests cannot "
+                             "carry a mode: give the server the mode (components.inference.interaction_mode), or add "
+                             f"{MODE_KEY!r} (uint8) to its request layout")
+        return InferenceClient(self._endpoint, self._fills_seeds, self._carries_modes, mode)
 
     def submit(self, td: TensorDictBase):
         """Submit ``td``; returns a future whose ``result(timeout)`` is the response (outputs and ``policy_version``).
@@ -38,6 +58,9 @@ class InferenceClient:
         if self._fills_seeds and td.get(SAMPLE_SEED, None) is None:
             td = td.clone(False)  # the caller's TensorDict stays as it was
             td.set(SAMPLE_SEED, random_seeds(td.batch_size))
+        mode = (self._mode or ambient_mode()) if self._carries_modes else None
+        if mode is not None:
+            td = stamp(td.clone(False), mode)
         return self._endpoint.submit(td)
 
     def __call__(self, td: TensorDictBase, timeout: float | None = None) -> TensorDictBase:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
-from transports.kernel.options import bounded, device_option
+from transports.kernel.options import bounded, device_option, one_of
 
 from ..config import ComponentConfig, check_devices
 
@@ -25,6 +25,17 @@ class InferenceServerConfig(ComponentConfig):
         policy_device: device of the policy forward pass (``cpu``, ``cuda``, ``cuda:<index>``; checked against the
             machine where the policy is built).
         output_device: device of the tensors handed back to callers (``None``: the request's device).
+        static_batch_size: serve every batch as a CUDA graph captured for this many rows (``None``: eager forwards of
+            the batch's own size). Pad rows are copies of the batch's last request, their answers discarded. Needs an
+            explicit CUDA ``policy_device``, the request layout (the launcher derives it), and at least
+            ``max_batch_size`` rows. The graph is captured when the server starts; in-place weight updates keep it, an
+            update that replaces the policy's tensors gives it up (the server says so and serves eagerly).
+        pin_memory: with a CUDA ``policy_device``, stage fixed-slot batches (``shared_memory``, ``process_slot``) in
+            pinned host memory, so copies to and from the device run asynchronously and one CUDA event per batch
+            waits for them.
+        interaction_mode: the mode forwards run in, ``random`` (sample actions) or ``deterministic`` (the most likely
+            ones), for requests a client did not stamp with a mode of their own (:mod:`components.inference.modes`).
+            A CUDA graph is captured in this mode, and refuses requests stamped with another.
 
     Example:
         >>> InferenceServerConfig(placement="process", max_batch_size=32)
@@ -39,11 +50,22 @@ class InferenceServerConfig(ComponentConfig):
     stats_window: int = bounded(1000, ge=1)  # batches the statistics cover
     policy_device: str = device_option("cpu")  # device of the policy forward pass
     output_device: Optional[str] = device_option(None)  # device of returned tensors (None: the request's)
+    static_batch_size: Optional[int] = bounded(None, ge=1)  # rows of each captured CUDA graph (None: eager)
+    pin_memory: bool = True  # pinned host staging of fixed-slot batches for a CUDA policy device
+    interaction_mode: str = one_of("random", ("random", "deterministic"))  # for unstamped requests
 
     def rules(self) -> tuple[tuple[str, bool, str], ...]:
+        static = self.static_batch_size
         return (("min_batch_size", self.min_batch_size <= self.max_batch_size,
                  f"{self.path}.min_batch_size must be in [1, max_batch_size={self.max_batch_size}], got "
-                 f"{self.min_batch_size!r}"),)
+                 f"{self.min_batch_size!r}"),
+                ("static_batch_size", static is None or str(self.policy_device).startswith("cuda"),
+                 f"{self.path}.static_batch_size captures CUDA graphs: it needs an explicit CUDA policy_device (cuda or "
+                 f"cuda:<index>), got policy_device={self.policy_device!r}; set {self.path}.policy_device=cuda, or "
+                 "leave static_batch_size unset (eager batches)"),
+                ("static_batch_size", static is None or static >= self.max_batch_size,
+                 f"{self.path}.static_batch_size must be at least max_batch_size={self.max_batch_size} (a batch never "
+                 f"outgrows its graph), got {static!r}"))
 
     def check_devices(self) -> None:
         """Refuse a device this machine does not have (imports torch: called where the policy is built, not when a

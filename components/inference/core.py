@@ -21,6 +21,9 @@ from transports.base import Batch, ServerEndpoint
 from transports.kernel.errors import RemoteError
 
 from .config import InferenceServerConfig
+from .modes import MODE_KEY, modes_of, serving
+from .staging import DeviceStaging
+from .static import StaticBatches
 
 POLL = 0.05
 """Seconds the loop waits for a first request before it checks for stop and weight updates."""
@@ -103,6 +106,9 @@ class ServingCore:
         config: batching settings and devices.
         weight_sync: a weight-sync client polled between batches (or ``None``).
         collate_fn: combines request TensorDicts into one batch (default: stack along a new dimension).
+        static: serves batches at a fixed size from a captured graph (``config.static_batch_size``), or ``None``.
+        staging: stage fixed-layout batches through host buffers and a persistent device batch
+            (:class:`~components.inference.staging.DeviceStaging`); ``None``: for a CUDA policy with ``pin_memory``.
     """
 
     def __init__(
@@ -112,8 +118,12 @@ class ServingCore:
         config: InferenceServerConfig,
         weight_sync: Any = None,
         collate_fn: Callable[[list], TensorDictBase] | None = None,
+        static: StaticBatches | None = None,
+        staging: bool | None = None,
     ):
         self.policy = policy
+        self.static = static
+        self.mode = config.interaction_mode
         self.endpoint = endpoint
         self.config = config
         self.device = torch.device(config.policy_device)
@@ -130,6 +140,10 @@ class ServingCore:
         self._private = bool(getattr(endpoint, "private_copies", False))  # see ServerEndpoint.private_copies
         self._stamps = bool(getattr(endpoint, "stamps_version", False))  # see ServerEndpoint.stamps_version
         self._versions: dict = {}  # (batch size, device) -> (version, policy_version tensor), for those endpoints
+        # fixed-layout batches for a CUDA policy: pinned staging and a persistent device batch (built on the first)
+        self._stages = self._fixed is not None and (self.device.type == "cuda" and config.pin_memory
+                                                     if staging is None else staging)
+        self.staging: DeviceStaging | None = None
 
     # ------------------------------------------------------------------ weights
     def request_update(self, state: Mapping[str, torch.Tensor], version: int | None) -> Future:
@@ -138,7 +152,10 @@ class ServingCore:
         self._updates.put((state, version, done))
         return done
 
-    def _apply_updates(self) -> None:
+    def apply_updates(self) -> None:
+        """Apply the queued weight updates and a newer version the weight sync has (the loop does between
+        batches)."""
+        before = self.version
         while not self._updates.empty():  # checked first: a get_nowait that raises Empty costs more, every batch
             try:
                 state, version, done = self._updates.get_nowait()
@@ -155,6 +172,8 @@ class ServingCore:
             update = self.weight_sync.poll(self.version, into=self.policy)
             if update is not None:
                 self.version = update
+        if self.static is not None and self.version != before:
+            self.static.check_weights()
 
     # ------------------------------------------------------------------ serving
     def run(self, stop: threading.Event) -> None:
@@ -169,11 +188,11 @@ class ServingCore:
                     batch = self.endpoint.collect(cfg.max_batch_size, cfg.min_batch_size, cfg.timeout, POLL)
                     # after the wait, not before it: a request sent after a weight push returned is served with
                     # those weights (what sync collection relies on), even if the push came while the loop waited
-                    self._apply_updates()
+                    self.apply_updates()
                     if batch is not None:
                         self.serve(batch)
         finally:
-            self._apply_updates()  # release anyone waiting on an update
+            self.apply_updates()  # release anyone waiting on an update
             self.endpoint.close("the server was shut down")
 
     def serve(self, batch: Batch) -> None:
@@ -221,11 +240,39 @@ class ServingCore:
             with torch.no_grad():
                 self._forward(batch, td)
             return
+        codes = td.get(MODE_KEY, None)
+        if codes is None:
+            self._forward_in(self.mode, batch, td)
+            return
+        try:
+            groups = modes_of(codes)
+        except Exception as exc:  # noqa: BLE001 - stamps that name no mode fail their callers
+            self.endpoint.fail(batch, RemoteError.from_exception(exc))
+            return
+        if len(groups) == 1:
+            self._forward_in(groups[0][0] or self.mode, batch, td)
+            return
+        for mode, rows in groups:  # requests stamped with different modes: each mode's rows in a forward of its own
+            index = rows.tolist()
+            part = td[rows]
+            sub = Batch([batch.handles[i] for i in index], None if batch.requests is None else
+                        [batch.requests[i] for i in index], stacked=part if td is batch.stacked else None,
+                        enqueued=[batch.enqueued[i] for i in index] if batch.enqueued else [])
+            self._forward_in(mode or self.mode, sub, part)
+
+    def _forward_in(self, mode: str, batch: Batch, td: TensorDictBase) -> None:
+        """One forward of ``td`` (the rows of ``batch``) in interaction ``mode``, answered."""
         try:
             fixed = self._fixed if td is batch.stacked else None
             keys_in = set(td.keys(True, True)) if fixed is None else fixed[0]
-            src = td.to(self.device) if td.device != self.device else td
-            out = self.policy(src)
+            staging = self._staging_for(td) if fixed is not None else None
+            src = staging.load(td) if staging is not None else td.to(self.device) if td.device != self.device else td
+            with serving(mode):
+                if self.static is not None:
+                    self.static.check_mode(mode)
+                    out = self.static(src, check_keys=fixed is None)
+                else:
+                    out = self.policy(src)
             if fixed is not None and out is src:
                 # The policy wrote into the batch (the loop's own copy), and the endpoint copies only the response
                 # keys back: of the inputs, only those that are also response keys need dropping, and the version
@@ -238,7 +285,8 @@ class ServingCore:
                 out.set("policy_version", self._version_tensor(out) if shared_version else
                         torch.full(out.batch_size, self.version, dtype=torch.long, device=out.device))
             if out.device != self.output_device:
-                out = out.to(self.output_device)
+                out = staging.unload(out) if staging is not None and self.output_device.type == "cpu" else \
+                    out.to(self.output_device)
         except Exception as exc:  # noqa: BLE001 - a failing batch fails only its callers
             self.endpoint.fail(batch, RemoteError.from_exception(exc))
             return
@@ -246,6 +294,22 @@ class ServingCore:
             self.endpoint.reply(batch, out)
         except Exception as exc:  # noqa: BLE001 - answers the endpoint could not write fail their callers, not the loop
             self.endpoint.fail(batch, RemoteError.from_exception(exc))
+
+    def _staging_for(self, td: TensorDictBase) -> DeviceStaging | None:
+        """The staging of fixed-layout batches for a CUDA policy (built for the first batch, with the endpoint
+        gathering into its pinned buffers from then on), or ``None``."""
+        if not self._stages:
+            return None
+        if self.staging is None:
+            from transports.layout import Layout
+
+            rows = self.static.rows if self.static is not None else self.config.max_batch_size
+            request = Layout.from_tensordict(td[0])
+            same = self.static is not None and {leaf.key for leaf in request} == set(self.static.keys)
+            device_batch = self.static.input if same else None  # copied once: straight into the graph's input
+            self.staging = DeviceStaging(request, rows, self.device, device_batch)
+            self.endpoint.gather_into(self.staging.host_views())
+        return self.staging
 
     def _version_tensor(self, out: TensorDictBase) -> torch.Tensor:
         key = (out.batch_size, out.device)

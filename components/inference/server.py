@@ -25,6 +25,7 @@ from ..scope import choose_transport
 from ..service import Owner
 from .client import DiscoveringEndpoint, InferenceClient
 from .config import InferenceServerConfig
+from .modes import MODE_KEY
 from .sampling import with_seed_leaf
 from .target import UPDATE_TIMEOUT, ServedPolicy, keep
 
@@ -92,10 +93,13 @@ class InferenceServer(Owner["InferenceServer"]):
         # requests carry their rows' sampling seeds (see .sampling); a client fills them in where a caller did not
         self.request_layout = None if request_layout is None else with_seed_leaf(request_layout)
         self.response_layout = response_layout
+        if config.static_batch_size is not None:
+            _check_static(config, self.placement, self.inline, self.request_layout)
 
     # ------------------------------------------------------------------ hosting
     def _target(self, server_side: Any) -> Callable[[], ServedPolicy]:
-        return functools.partial(ServedPolicy, self._build, server_side, self.config, self._weight_sync, self._collate)
+        return functools.partial(ServedPolicy, self._build, server_side, self.config, self._weight_sync, self._collate,
+                                 self.request_layout)
 
     def _layouts(self) -> dict:
         return {"request_layout": self.request_layout, "response_layout": self.response_layout}
@@ -111,7 +115,9 @@ class InferenceServer(Owner["InferenceServer"]):
         return self._wrap(endpoint)
 
     def _wrap(self, endpoint: Any) -> InferenceClient:
-        return InferenceClient(endpoint, fills_seeds=self.request_layout is not None)
+        layout = self.request_layout
+        return InferenceClient(endpoint, fills_seeds=layout is not None,
+                               carries_modes=layout is None or (MODE_KEY,) in layout.keys)
 
     # ------------------------------------------------------------------ in the caller: the owner serves
     @property
@@ -152,6 +158,22 @@ class InferenceServer(Owner["InferenceServer"]):
         """Batch-size histogram and p50/p95 of queue wait and forward time (seconds) over the stats window."""
         self._require_running()
         return self._host.call("stats", timeout=UPDATE_TIMEOUT)
+
+
+def _check_static(config: InferenceServerConfig, placement: str, inline: bool, request_layout: Any) -> None:
+    """Refuse static batches where they cannot be captured: without a serving loop (an owner called in the caller's
+    thread, ``direct``) or without the request layout the graph's input is made from."""
+    path = "components.inference.static_batch_size"
+    if inline:
+        raise ConfigurationError(
+            f"{path}={config.static_batch_size}: static batches are what a serving loop forwards, and placement "
+            f"{placement!r} has none (each call is a forward in the caller's thread); place the server in a thread or "
+            "process, or leave static_batch_size unset", path=path)
+    if request_layout is None:
+        raise ConfigurationError(
+            f"{path}={config.static_batch_size} needs the layout of one request to capture its graph for: pass "
+            "request_layout (and response_layout), or a representative TensorDict (the launcher derives both)",
+            path=path)
 
 
 def _require_both_layouts(request_layout: Any, response_layout: Any, transport: Any, resolved: Resolved | None) -> None:

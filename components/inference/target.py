@@ -16,6 +16,7 @@ from tensordict import TensorDictBase
 
 from .config import InferenceServerConfig
 from .core import ServingCore, copy_weights, default_collate
+from .static import StaticBatches, cuda_graph
 
 UPDATE_TIMEOUT = 60.0
 
@@ -34,10 +35,13 @@ class ServedPolicy:
         config: batching settings and devices.
         weight_sync: a weight-sync client polled between batches (or before each direct call).
         collate_fn: combines requests into a batch.
+        request_layout: the layout of one request (what a static batch's graph is captured for).
+        capture: builds the graph of static batches (``None``: a CUDA graph).
     """
 
     def __init__(self, build: Callable[[], torch.nn.Module], server_side: Any, config: InferenceServerConfig,
-                 weight_sync: Any = None, collate_fn: Callable | None = None):
+                 weight_sync: Any = None, collate_fn: Callable | None = None, request_layout: Any = None,
+                 capture: Callable | None = None):
         config.check_devices()  # here, where the policy runs: the plan may have been made on another node
         self.device = torch.device(config.policy_device)
         self.output_device = config.output_device
@@ -46,8 +50,15 @@ class ServedPolicy:
         self.weight_sync = weight_sync
         self._version = 0
         self._lock = threading.Lock()
+        static = None
+        if config.static_batch_size is not None and server_side is not None:
+            static = StaticBatches(self.policy, request_layout, config.static_batch_size, self.device,
+                                   config.interaction_mode, capture or cuda_graph)
         self.core = None if server_side is None else ServingCore(
-            self.policy, server_side.server(), config, weight_sync, collate_fn)
+            self.policy, server_side.server(), config, weight_sync, collate_fn, static)
+        if static is not None:  # captured here, as the server starts, with the first weights the sync has
+            self.core.apply_updates()
+            static.capture()
 
     def serve(self, stop: threading.Event) -> None:
         """Run the serving loop until ``stop`` is set (the host calls it on a thread of its own)."""

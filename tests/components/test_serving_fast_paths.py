@@ -110,7 +110,7 @@ def test_answers_and_versions_through_the_fixed_layout_path(kind):
                 assert out["action"].tolist() == [2.0 * i] * 4 and out["policy_version"].item() == version
                 assert set(out.keys()) == {"action", "policy_version"}
             core.request_update({}, None)
-            core._apply_updates()
+            core.apply_updates()
     finally:
         transport.close()
 
@@ -304,7 +304,7 @@ def test_an_endpoint_of_private_copies_serves_without_copying_and_answers_stay_a
             core.serve(server.collect(16, 1, 0.0, 1.0))
             answers.append(future.result(timeout=5))
             core.request_update({}, None)
-            core._apply_updates()
+            core.apply_updates()
         # the version tensor is shared between batches on the server; each answer was encoded, so stays as sent
         assert [a["policy_version"].item() for a in answers] == [0, 1]
         assert [a["action"].tolist() for a in answers] == [[2.0] * 4, [4.0] * 4]
@@ -374,7 +374,7 @@ def test_slot_servers_stamp_the_serving_version_into_every_answer(kind, n):
         for version in (0, 7):
             if version:
                 core.request_update(core.policy.state_dict(), version)
-                core._apply_updates()
+                core.apply_updates()
             futures = [c.submit(obs(i)) for i, c in enumerate(clients[:n])]
             batch = server.collect(16, n, 1.0, 1.0)
             assert len(batch) == n
@@ -453,14 +453,14 @@ def test_an_answer_the_endpoint_cannot_write_fails_its_callers_and_the_loop_serv
     transport, clients, server, core = serving(kind, Double())
     try:
         core.request_update({}, 2**63)  # a version no int64 slot can hold: reply raises while writing it
-        core._apply_updates()
+        core.apply_updates()
         futures = [c.submit(obs(1)) for c in clients[:n]]
         core.serve(server.collect(16, n, 1.0, 1.0))  # must not raise: the batch's callers get the error
         for future in futures:
             with pytest.raises(RemoteError, match="OverflowError"):
                 future.result(timeout=5)
         core.request_update({}, 5)
-        core._apply_updates()
+        core.apply_updates()
         future = clients[0].submit(obs(4))
         core.serve(server.collect(16, 1, 1.0, 1.0))
         answer = future.result(timeout=5)

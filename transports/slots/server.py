@@ -79,6 +79,19 @@ class SlotServer(ServerEndpoint):
                           for slot in range(self.responses.num_slots)]
         # reply copies exactly the response keys out of ``out``; batches hold exactly the request keys.
         self.fixed_keys = (frozenset(request_layout.keys), frozenset(self.response_layout.keys))
+        self._into: list | None = None  # (key, bank, buffer) once gather_into is given buffers
+
+    def gather_into(self, buffers: dict) -> bool:
+        """Gather into ``buffers`` from now on (flat layouts, each key's buffer of the slot's shape and dtype, with at
+        least as many rows as a batch takes); nested layouts keep gathering into fresh tensors."""
+        if self._req_one_leaves is None or {key for key, _ in self._req_banks} != set(buffers):
+            return False
+        for key, bank in self._req_banks:
+            buffer = buffers[key]
+            if buffer.dtype != bank.dtype or buffer.shape[1:] != bank.shape[1:] or buffer.device.type != "cpu":
+                return False
+        self._into = [(key, bank, buffers[key]) for key, bank in self._req_banks]
+        return True
 
     def _ready(self) -> list:
         """READY slots in submission order."""
@@ -119,6 +132,10 @@ class SlotServer(ServerEndpoint):
         """A copy of the slots ``index`` as one batch. ``index_select`` copies rows as blocks; indexing with a
         tensor goes element by element (see the inference benchmark's page)."""
         size = torch.Size((len(index), *self._one_size[1:]))
+        if self._into is not None:  # straight into the staging buffers (pinned host memory for a CUDA policy)
+            n = len(index)
+            return TensorDict._new_unsafe({key: torch.index_select(bank, 0, index, out=buffer[:n])
+                                           for key, bank, buffer in self._into}, batch_size=size, device=_CPU)
         if self._req_one_leaves is None:  # nested keys
             return self._req_all.apply(lambda leaf: leaf.index_select(0, index), batch_size=size)
         return TensorDict._new_unsafe({key: bank.index_select(0, index) for key, bank in self._req_banks},
@@ -126,6 +143,9 @@ class SlotServer(ServerEndpoint):
 
     def _one(self, slot: int) -> TensorDictBase:
         """A copy of slot ``slot`` as a batch of one (device "cpu", like every batch)."""
+        if self._into is not None:
+            return TensorDict._new_unsafe({key: buffer[:1].copy_(bank[slot : slot + 1])
+                                           for key, bank, buffer in self._into}, batch_size=self._one_size, device=_CPU)
         if self._req_one_leaves is None:  # nested keys: the general copy
             return self._req_one[slot].clone()
         return clones(self._req_one_leaves[slot], self._one_size, _CPU)
