@@ -182,6 +182,8 @@ class ServingCore:
         On the way out the pending updates are answered and the endpoint fails what is still waiting.
         """
         cfg = self.config
+        if self.device.type == "cuda":  # this thread's current device: its streams are the ones copies run on
+            torch.cuda.set_device(self.device)
         try:
             with torch.no_grad():  # once for the loop (each forward would otherwise switch grad mode on and off)
                 while not stop.is_set():

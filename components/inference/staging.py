@@ -80,6 +80,6 @@ class DeviceStaging:
             host[:n].copy_(value, non_blocking=self.pinned)
             answer.set(key, host[:n])
         if self.event is not None:
-            self.event.record()
+            self.event.record(torch.cuda.current_stream(self.device))
             self.event.synchronize()
         return answer
