@@ -314,3 +314,21 @@ def test_a_captured_graph_answers_as_the_eager_policy_does_and_follows_in_place_
                     p.mul_(0.5)
             assert graph_server.update_weights(policy) == eager_server.update_weights(policy)
         assert graph_server._host.target.core.static.graph is not None  # in-place copies kept it
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["shared_memory", "process_slot"])
+def test_ppo_trains_with_a_cuda_server_of_static_batches_in_a_process(tmp_path, transport):
+    import json
+
+    from tests.helpers import run_cli
+
+    done = run_cli("+recipe=ppo", "recipe.total_frames=4096", "recipe.target_return=null",
+                   "components.inference.placement=process", f"components.inference.transport={transport}",
+                   "components.inference.policy_device=cuda", "components.inference.max_batch_size=16",
+                   "components.inference.static_batch_size=16", "launcher.progress=false",
+                   f"hydra.run.dir={tmp_path}", cwd=str(tmp_path), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads((tmp_path / "summary.json").read_text())["frames"] >= 4096
+    assert "CUDA graph given up" not in done.stderr + (tmp_path / "launcher.log").read_text()
