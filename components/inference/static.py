@@ -95,6 +95,8 @@ class StaticBatches:
         with torch.no_grad(), serving(self.mode):
             self.graph = self._capture(self.policy, self.input, self.keys)
         self._pointers = tensor_pointers(self.policy)
+        log.info("inference: forwards of %d rows captured (%s) in interaction mode %s", self.rows,
+                 getattr(self._capture, "__name__", "graph"), self.mode)
 
     def check_weights(self) -> None:
         """After a weight update: give the graph up if the update replaced the policy's tensors."""
