@@ -19,7 +19,11 @@ from transports import registry
 from transports.distributed.gloo import connect_store, groups
 from transports.base import Batch
 from transports.distributed import DistributedTransport
-from transports.kernel.errors import ConfigurationError, LayoutError, PeerFailureError, RemoteError, ServiceTimeoutError
+from transports.distributed.devices import side_device
+from transports.distributed.transport import Address, ServerSpec, read_hello
+from transports.kernel.errors import (ConfigurationError, LayoutError, PeerFailureError, RemoteError,
+                                      ServiceTimeoutError, TransportError)
+from transports.layout import LeafSpec, Layout
 
 from tests.helpers import wait_until
 
@@ -429,27 +433,126 @@ def test_nccl_without_cuda_is_refused_before_anything_starts():
         registry.check_options("distributed", {"connect_timeout": 0})
 
 
-@pytest.mark.gpu(devices=2)  # NCCL needs one device per rank: the server's and the client's
-def test_nccl_moves_cuda_tensors():
-    cuda_request = TensorDict({"obs": torch.zeros(4, device="cuda")})
-    cuda_response = TensorDict({"action": torch.zeros(4, device="cuda")})
+def _nccl_spec(request_layout=None, response_layout=None) -> ServerSpec:
+    """What a serving process of an nccl endpoint holds (its address and layouts), made without CUDA: the checks an
+    announcement goes through are plain functions of it."""
+    address = Address("127.0.0.1", 1, "g", "nccl", "echo", 1.0, 1 << 20)
+    return ServerSpec(address, request_layout, response_layout)
+
+
+def _cuda_layout(device: str, key: str = "obs") -> Layout:
+    return Layout((LeafSpec((key,), (4,), torch.float32, device),))
+
+
+def _hello(request_layout: Layout, response_layout: Layout, **more) -> bytes:
+    return json.dumps({"generation": "g", "op": "call", "pid": 1, "request": request_layout.to_text(),
+                       "response": response_layout.to_text(), **more}).encode()
+
+
+def test_nccl_payloads_stay_on_one_cuda_device_per_side():
+    """Where an nccl side keeps its payload: the one CUDA device its layouts name; anything else is refused naming the
+    key (checked when a transport or a client is made, before any group exists)."""
+    assert side_device([_cuda_layout("cuda:1"), _cuda_layout("cuda:1", "action")], "nccl") == "cuda:1"
+    assert side_device([None, Layout(())], "nccl") is None  # nothing to move: no device
+    with pytest.raises(ConfigurationError, match="backend 'nccl' moves CUDA tensors, and the client's payload key "
+                                                 "'nested.x' is on cpu") as info:
+        side_device([Layout.from_tensordict(REQUEST_TD)], "nccl", "the client")
+    assert info.value.path == "transport_options.backend" and info.value.alternatives == ("gloo",)
+    with pytest.raises(ConfigurationError, match="key 'obs' is on cuda: give each side's payload one CUDA device "
+                                                 "\\(cuda:<index>\\)"):
+        side_device([_cuda_layout("cuda")], "nccl")  # the current device of whichever thread: not explicit
+    with pytest.raises(ConfigurationError, match="needs one device per rank, and the server's payloads are on "
+                                                 "cuda:0, cuda:1"):
+        side_device([_cuda_layout("cuda:0"), _cuda_layout("cuda:1", "action")], "nccl", "the server")
+    # gloo moves host memory: any device, each leaf landing on its own layout's device
+    assert side_device([_cuda_layout("cuda:0"), Layout.from_tensordict(REQUEST_TD)], "gloo") is None
+
+
+def test_an_nccl_announcement_is_checked_against_the_servers_own_device():
+    """The server's side of an nccl endpoint: the client's layouts must be CUDA and match the server's in keys,
+    shapes and dtypes (their device index may differ: one device per rank), and the client's GPU must not be the
+    server's; the layouts the server keeps are on its own device."""
+    mine = _nccl_spec(_cuda_layout("cuda:0"), _cuda_layout("cuda:0", "action"))
+    theirs = (_cuda_layout("cuda:1"), _cuda_layout("cuda:1", "action"))
+    op, req, resp, pid = read_hello(_hello(*theirs, device="cuda:1", gpu="GPU-b"), mine, "cuda:0", "GPU-a")
+    assert (op, pid) == ("call", 1) and req == _cuda_layout("cuda:0") and resp == _cuda_layout("cuda:0", "action")
+    with pytest.raises(TransportError, match="one device per rank, and both sides of this endpoint are on the same "
+                                             "GPU \\(the server's cuda:0, the client's cuda:1, GPU GPU-a\\)"):
+        read_hello(_hello(*theirs, device="cuda:1", gpu="GPU-a"), mine, "cuda:0", "GPU-a")  # renumbered, same GPU
+    with pytest.raises(LayoutError, match="'obs': expected a CUDA tensor \\(the request over nccl\\), got device cpu"):
+        read_hello(_hello(Layout.from_tensordict(TensorDict({"obs": torch.zeros(4)})), theirs[1], device="cpu",
+                          gpu="GPU-b"), mine, "cuda:0", "GPU-a")
+    with pytest.raises(LayoutError, match="the server's request layout"):
+        read_hello(_hello(Layout((LeafSpec(("obs",), (5,), torch.float32, "cuda:1"),)), theirs[1], device="cuda:1",
+                          gpu="GPU-b"), mine, "cuda:0", "GPU-a")
+    with pytest.raises(ValueError, match="announces its device and its GPU's UUID"):
+        read_hello(_hello(*theirs), mine, "cuda:0", "GPU-a")
+    # a server without layouts of its own keeps what it is announced on its own device
+    _, req, resp, _ = read_hello(_hello(*theirs, device="cuda:1", gpu="GPU-b"), _nccl_spec(), "cuda:2", "GPU-c")
+    assert req == _cuda_layout("cuda:2") and resp == _cuda_layout("cuda:2", "action")
+
+
+def test_over_gloo_each_side_receives_on_its_own_layouts_device(served):
+    """Both sides agree on keys, shapes and dtypes; each keeps the payload where its own layout says. Over gloo the
+    payload crosses in host memory and lands on the receiving layout's device (``meta`` stands in for a CUDA device
+    on this machine: a CPU answer arrives there)."""
+    transport, _ = served
+    elsewhere = TensorDict({"action": torch.zeros(4, device="meta")})
+    client = transport.client(response_layout=elsewhere)
+    out = client.submit(request(1.0)).result(10)
+    assert out["action"].device == torch.device("meta") and out["action"].shape == (4,)
+    assert transport.client().submit(request(1.0)).result(10)["action"].device.type == "cpu"  # the CPU side: as before
+
+
+@pytest.mark.gpu
+def test_nccl_refuses_a_cpu_payload_and_both_sides_on_one_gpu():
+    with pytest.raises(ConfigurationError, match="backend 'nccl' moves CUDA tensors, and the server's payload key"):
+        DistributedTransport(REQUEST_TD, RESPONSE_TD, backend="nccl")
+    cuda_request = TensorDict({"obs": torch.zeros(4, device="cuda:0")})
+    cuda_response = TensorDict({"action": torch.zeros(4, device="cuda:0")})
     transport = DistributedTransport(cuda_request, cuda_response, backend="nccl", name="echo")
     endpoint = transport.server()
     transport.mark_serving(os.getpid())
-    client = transport.client()
+    try:
+        assert endpoint.device == "cuda:0"
+        with pytest.raises(TransportError, match="both sides of this endpoint are on the same GPU"):
+            transport.client().submit(TensorDict({"obs": torch.ones(4, device="cuda:0")}))
+    finally:
+        endpoint.close()
+        transport.close()
+
+
+@pytest.mark.gpu(devices=2)  # NCCL needs one device per rank: the server's and the client's
+def test_nccl_moves_cuda_tensors():
+    """The server on cuda:0, its client on cuda:1 (one device per rank), in one process: headers over gloo, payloads
+    over NCCL, each side's tensors on its own device, small and large payloads, several in flight."""
+    server_request = TensorDict({"obs": torch.zeros(4, device="cuda:0"), "big": torch.zeros(1 << 16, device="cuda:0")})
+    server_response = TensorDict({"action": torch.zeros(4, device="cuda:0")})
+    transport = DistributedTransport(server_request, server_response, backend="nccl", name="echo")
+    endpoint = transport.server()
+    transport.mark_serving(os.getpid())
+    client = transport.client(request_layout=server_request.to("cuda:1"), response_layout=server_response.to("cuda:1"))
     stop = threading.Event()
+    seen = []
 
     def serve():
         while not stop.is_set():
             batch = endpoint.collect(4, 1, 0.0, 0.02)
             if batch is not None:
-                endpoint.reply(batch, [TensorDict({"action": td["obs"] * 2}) for td in batch.requests])
+                seen.extend(td["obs"].device for td in batch.requests)
+                answers = [TensorDict({"action": td["obs"] * 2 + td["big"].sum()}) for td in batch.requests]
+                endpoint.reply(batch, answers)
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     try:
-        out = client.submit(TensorDict({"obs": torch.ones(4, device="cuda")})).result(30)
-        assert out["action"].device.type == "cuda" and torch.equal(out["action"].cpu(), torch.full((4,), 2.0))
+        futures = [client.submit(TensorDict({"obs": torch.full((4,), float(i), device="cuda:1"),
+                                             "big": torch.ones(1 << 16, device="cuda:1")})) for i in range(8)]
+        for i, future in enumerate(futures):
+            out = future.result(60)
+            assert out["action"].device == torch.device("cuda:1")
+            assert torch.equal(out["action"].cpu(), torch.full((4,), 2.0 * i + (1 << 16)))
+        assert set(seen) == {torch.device("cuda:0")}
     finally:
         stop.set()
         thread.join(5)

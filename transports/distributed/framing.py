@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from .devices import side_device
 from .gloo import IDLE
 from ..kernel.errors import PeerFailureError, TransportError, error_from_text
 from ..layout import Layout
@@ -50,7 +51,11 @@ class Wire:
     """One side of one endpoint: sends on one group, receives on the other.
 
     With gloo the header and the payload travel as one message; with NCCL the header (and any text) rides the
-    gloo control groups and the payload the NCCL groups, posted only once a header announced it. Sends copy the
+    gloo control groups and the payload the NCCL groups: the sender puts it on the data group right after its
+    header, and the receiver posts the data receive only once that header has arrived and announced a REQUEST or a
+    REPLY (:meth:`recv`), so a control message never meets a posted CUDA receive. The NCCL payload lives on this
+    side's one CUDA device, the one its layouts name (:func:`~transports.distributed.devices.side_device`); over
+    gloo a leaf on another device goes through host memory, and lands on its layout's device. Sends copy the
     payload's leaves into one buffer allocated once (checking each leaf against the layout on the way); messages
     up to :data:`SMALL_BYTES` land in one buffer per endpoint and their leaves are copied out, larger ones land in
     a fresh buffer whose views become the received TensorDict's leaves (no copy after the receive).
@@ -67,6 +72,9 @@ class Wire:
         self.out, self.inp, self.peer = out, inp, peer
         self.send_layout, self.recv_layout = send_layout, recv_layout
         self._combined_out, self._combined_in = out[1] is None, inp[1] is None
+        # NCCL: this side's payloads live on one CUDA device, the one its own layouts name (None: no payload leaves)
+        self.device = None if self._combined_out and self._combined_in else \
+            side_device((send_layout, recv_layout), "nccl")
         self._send_buf, self._send_views = _buffers(send_layout, self._combined_out)
         self._recv_size = _buffers(recv_layout, self._combined_in, allocate=False)
         self._header = torch.zeros(HEADER.size, dtype=torch.uint8)
@@ -84,6 +92,9 @@ class Wire:
         self._recv_views = [(_key(key) if self._flat else key, view, _host_array(view)) for key, view in views.items()]
         self._recv_start = HEADER.size if self._combined_in else 0
         self._recv_batch = torch.Size(recv_layout.batch_size) if recv_layout is not None else None
+        # gloo carries host memory: a leaf whose layout names another device is moved there once received
+        self._moves = [(_key(leaf.key) if self._flat else leaf.key, torch.device(leaf.device))
+                       for leaf in recv_layout or () if self._combined_in and leaf.device != "cpu"]
         self.lock = threading.Lock()  # one sender at a time on this side
         self._inflight: list = []  # (work, tensors it reads) of sends not yet known complete
 
@@ -108,7 +119,8 @@ class Wire:
             HEADER.pack_into(self._send_np, 0, MAGIC, kind, rid, len(data))
             sent = self._send_all if values is not None else self._send_control
             self._inflight.append((self.out[0].send(sent, self.peer, 0), sent))
-            if values is not None and not self._combined_out:  # pragma: no cover - NCCL
+            if values is not None and not self._combined_out and self._send_buf.numel():  # pragma: no cover - NCCL
+                # the payload after its header: the peer posts the matching receive once the header announced it
                 self._inflight.append((self.out[1].send([self._send_buf], self.peer, 0), None))
             if data:
                 text_buf = [torch.frombuffer(bytearray(data), dtype=torch.uint8)]
@@ -154,9 +166,8 @@ class Wire:
         if magic != MAGIC or kind not in expect or aux > MAX_TEXT_BYTES:
             raise MalformedMessage(f"malformed control message (magic {magic:#x}, kind {kind}, count {aux})")
         if kind in (REQUEST, REPLY):
-            if not self._combined_in:  # pragma: no cover - NCCL
-                buf = _buffers(self.recv_layout, False)[0]
-                self.inp[1].recv([buf], self.peer, 0).wait(IDLE)
+            if not self._combined_in:  # NCCL: the data receive is posted now that a header announced the payload
+                buf = self._receive_data()
             return kind, rid, self._payload(buf)
         text = ""
         if aux:
@@ -165,6 +176,15 @@ class Wire:
             text = data.numpy().tobytes().decode("utf-8", errors="replace")
         return kind, rid, text
 
+    def _receive_data(self) -> torch.Tensor:
+        """The payload a header announced, from the data group into a fresh buffer on this side's device; the
+        receiving thread waits until it has landed, so the TensorDict it hands over is complete on any stream."""
+        buf = torch.empty(self._recv_size, dtype=torch.uint8, device=self.device or "cpu")
+        if self._recv_size:  # pragma: no cover - NCCL (a layout without leaves sends no data message)
+            self.inp[1].recv([buf], self.peer, 0).wait(IDLE)
+            torch.cuda.current_stream(buf.device).synchronize()
+        return buf
+
     def _payload(self, buf: torch.Tensor) -> TensorDict:
         if buf is self._recv_buf:  # small: copies of the leaves (the buffer takes the next message)
             leaves = {key: view.clone() if array is None else torch.from_numpy(array.copy())
@@ -172,6 +192,8 @@ class Wire:
         else:  # large: the fresh buffer's views are the leaves
             leaves = {_key(key) if self._flat else key: view
                       for key, view in _views(buf, self.recv_layout, self._recv_start).items()}
+        for key, device in self._moves:
+            leaves[key] = leaves[key].to(device)
         if self._flat:
             return TensorDict._new_unsafe(leaves, batch_size=self._recv_batch)
         out = TensorDict(batch_size=self.recv_layout.batch_size)

@@ -10,6 +10,8 @@ Rules:
   store, announces its layouts there as JSON, and once the server accepts, both build two two-rank groups, one
   per direction (gloo for CPU tensors; NCCL for CUDA tensors, with gloo control groups beside them). Creating a
   client never waits for the owner.
+- With NCCL each side keeps its payload on one CUDA device, the one its own layouts name, and the two sides of an
+  endpoint are on different GPUs (one device per rank; :mod:`transports.distributed.devices` says what is refused).
 - Each message is a 32-byte binary header and the payload's leaves in the layout's key order, through buffers
   allocated once per endpoint; errors are JSON text. Nothing received from the store or the network is
   unpickled: a malformed announcement is refused with a reason, a malformed header drops its channel.
@@ -42,6 +44,7 @@ from typing import Any, Mapping
 from tensordict import TensorDict, TensorDictBase
 
 from . import gloo
+from .devices import check_apart, check_layout_device, gpu_uuid, matches, on_device, side_device
 from .framing import ASKS, BYE, ERROR, REPLY, REQUEST, SEND_TIMEOUT_S, SHUTDOWN, Connection, MalformedMessage, Wire
 from .gloo import POLL_S, Gap, check_backend, check_options, connect_store, groups, open_store, wait_answer
 from ..base import Batch, RequestReplyTransport, ServerEndpoint, drain
@@ -97,6 +100,8 @@ class DistributedTransport(RequestReplyTransport):
         self.request_layout = _as_layout(request_layout)
         self.response_layout = _as_layout(response_layout)
         self.operations = {op: (_as_layout(req), _as_layout(resp)) for op, (req, resp) in (operations or {}).items()}
+        own = (self.request_layout, self.response_layout, *(l for pair in self.operations.values() for l in pair))
+        side_device(own, backend, "the server")  # nccl: all on one CUDA device
         self.options = DistributedOptions(backend, host, port, connect_timeout, max_payload_mb)
         self._store, port, self._relay = open_store(host, port, connect_timeout, name)
         self.address = Address(host, port, os.urandom(8).hex(), backend, name, float(connect_timeout),
@@ -114,6 +119,7 @@ class DistributedTransport(RequestReplyTransport):
         """A client endpoint of operation ``op`` (layouts default to the transport's)."""
         request = _as_layout(request_layout) or self.request_layout
         response = _as_layout(response_layout) or self.response_layout
+        side_device((request, response), self.address.backend, "the client")
         return DistributedClient(self.address, op, request, response)
 
     def mark_serving(self, pid: int) -> None:
@@ -172,6 +178,7 @@ class DistributedServer(ServerEndpoint):
         self._store = connect_store(a.host, a.port, a.connect_timeout, f"the {a.name} server")
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()  # C: put and wake-up cost less than queue.Queue
         self.channels: dict[int, _Channel] = {}
+        self.device, self._gpu = serving_device(spec)  # nccl: this side's CUDA device and its GPU's UUID
         self._stop, self._reason = threading.Event(), "the server was shut down"
         self._accepting = threading.Thread(target=self._accept, name=f"{a.name}-accept", daemon=True)
         self._accepting.start()
@@ -199,9 +206,10 @@ class DistributedServer(ServerEndpoint):
 
     def _admit(self, n: int, text: bytes) -> None:
         try:
-            op, request, response, pid = self._read_hello(text)
-        except (LayoutError, ValueError, KeyError, TypeError) as exc:
-            reason = exc if isinstance(exc, LayoutError) else TransportError(f"malformed announcement ({exc})")
+            op, request, response, pid = read_hello(text, self.spec, self.device, self._gpu)
+        except (LayoutError, ValueError, KeyError, TypeError, TransportError) as exc:
+            reason = exc if isinstance(exc, (LayoutError, TransportError)) else \
+                TransportError(f"malformed announcement ({exc})")
             self._store.set(f"answer/{n}", "reject " + error_to_text(reason))
             log.warning("%s: endpoint %d refused: %s", self.address.name, n, reason)
             return
@@ -211,23 +219,6 @@ class DistributedServer(ServerEndpoint):
                                               name=f"{self.address.name}-connect{n}", daemon=False)
         self.channels[n] = channel
         channel.connecting.start()  # a peer that never builds its side delays nobody else
-
-    def _read_hello(self, text: bytes) -> tuple[str, Layout, Layout, int]:
-        hello = json.loads(text)
-        if hello["generation"] != self.address.generation:
-            raise ValueError("an endpoint of another generation of this owner (it was restarted)")
-        op, pid = hello["op"], hello["pid"]
-        if not isinstance(op, str) or not 0 < len(op) <= 64 or type(pid) is not int:
-            raise ValueError("bad operation or pid")
-        limit = self.address.max_bytes
-        request = Layout.from_text(hello["request"], max_bytes=limit)
-        response = Layout.from_text(hello["response"], max_bytes=limit)
-        mine_request, mine_response = self.spec.operations.get(op, (self.spec.request_layout,
-                                                                    self.spec.response_layout))
-        for mine, theirs, what in ((mine_request, request, "request"), (mine_response, response, "response")):
-            if mine is not None and mine != theirs:
-                raise LayoutError((), f"the server's {what} layout ({mine.describe()})", theirs.describe())
-        return op, request, response, pid
 
     def _connect(self, channel: _Channel) -> None:
         """Build the endpoint's groups, then receive on a daemon thread. This thread is not a daemon: a process
@@ -325,6 +316,56 @@ class DistributedServer(ServerEndpoint):
         self._store = None
 
 
+def serving_device(spec: ServerSpec) -> tuple[str | None, str | None]:
+    """The CUDA device a server keeps its nccl payloads on, and its GPU's UUID (``(None, None)`` with gloo): the one
+    its own layouts name, else this process's current CUDA device (a server discovering its layouts)."""
+    if spec.address.backend != "nccl":
+        return None, None
+    layouts = (spec.request_layout, spec.response_layout, *(l for pair in spec.operations.values() for l in pair))
+    device = side_device(layouts, "nccl", "the server")
+    if device is None:
+        import torch
+
+        device = f"cuda:{torch.cuda.current_device()}"
+    return device, gpu_uuid(device)
+
+
+def read_hello(text: bytes, spec: ServerSpec, device: str | None = None, gpu: str | None = None
+               ) -> tuple[str, Layout, Layout, int]:
+    """An endpoint's announcement, checked: ``(operation, request layout, response layout, pid)``, the layouts as
+    the server keeps them (with nccl, on its own ``device``, whose GPU's UUID is ``gpu``).
+
+    Raises:
+        ValueError, KeyError, TypeError: a malformed announcement (another generation, a bad operation or pid).
+        LayoutError: a layout that is unreadable, too large, not the server's own, or on a device the backend
+            does not move.
+        TransportError: with nccl, the client's payload is on the server's GPU (one device per rank).
+    """
+    a = spec.address
+    hello = json.loads(text)
+    if hello["generation"] != a.generation:
+        raise ValueError("an endpoint of another generation of this owner (it was restarted)")
+    op, pid = hello["op"], hello["pid"]
+    if not isinstance(op, str) or not 0 < len(op) <= 64 or type(pid) is not int:
+        raise ValueError("bad operation or pid")
+    request = Layout.from_text(hello["request"], max_bytes=a.max_bytes)
+    response = Layout.from_text(hello["response"], max_bytes=a.max_bytes)
+    mine_request, mine_response = spec.operations.get(op, (spec.request_layout, spec.response_layout))
+    for mine, theirs, what in ((mine_request, request, "request"), (mine_response, response, "response")):
+        check_layout_device(theirs, a.backend, f"the {what}")
+        if mine is not None and not matches(mine, theirs):
+            raise LayoutError((), f"the server's {what} layout ({mine.describe()})", theirs.describe())
+    if a.backend == "nccl":
+        theirs = hello.get("device")
+        if not isinstance(theirs, str) or not isinstance(hello.get("gpu"), str):
+            raise ValueError("an nccl endpoint announces its device and its GPU's UUID")
+        check_apart(gpu, hello["gpu"], device, theirs)
+    here = device or "cpu"  # where a layout the server discovers lands: its CUDA device (nccl), else the CPU
+    request = on_device(request, here) if mine_request is None else mine_request
+    response = on_device(response, here) if mine_response is None else mine_response
+    return op, request, response, pid
+
+
 class DistributedClient:
     """A client endpoint of a :class:`DistributedTransport`: ``submit(td)`` returns a future.
 
@@ -346,7 +387,9 @@ class DistributedClient:
     def bind(self, op: str, request_layout, response_layout) -> "DistributedClient":
         """An endpoint of operation ``op`` to the same owner with these layouts (layouts or representative
         TensorDicts; discovered through the owner's control channel)."""
-        return DistributedClient(self.address, op, _as_layout(request_layout), _as_layout(response_layout))
+        request, response = _as_layout(request_layout), _as_layout(response_layout)
+        side_device((request, response), self.address.backend, "the client")
+        return DistributedClient(self.address, op, request, response)
 
     @property
     def connected(self) -> bool:
@@ -421,9 +464,11 @@ class DistributedClient:
         what = f"the {a.name} {self.op!r} endpoint"
         store = connect_store(a.host, a.port, a.connect_timeout, what)
         n = store.add("endpoints", 1) - 1
+        device = side_device((self.request_layout, self.response_layout), a.backend, "the client")
         store.set(f"hello/{n}", json.dumps({
             "generation": a.generation, "op": self.op, "pid": os.getpid(),
-            "request": self.request_layout.to_text(), "response": self.response_layout.to_text()}))
+            "request": self.request_layout.to_text(), "response": self.response_layout.to_text(),
+            **({"device": device, "gpu": gpu_uuid(device)} if device is not None else {})}))
         answer = wait_answer(store, n, a.connect_timeout, what)
         if answer != b"ok":
             error = error_from_text(answer[len(b"reject "):])
