@@ -27,8 +27,13 @@ class LoggerBackend(Protocol):
     The owner calls these methods one at a time, where the logger lives, between one ``open`` and one ``close``.
     Optional members: ``flush()`` (push buffered values to disk), ``flush_seconds`` (the owner then calls ``flush`` at
     least this often, so a logger killed outright loses only its last seconds), ``resume_step`` (a keyword the launcher
-    sets on resume: what was logged after that step is dropped) and methods named ``log_*`` (callable through the
-    logger's client, like its own operations).
+    sets on resume: what was logged after that step is dropped), ``run_config`` (a keyword the launcher sets: the
+    run's resolved config as a nested dict, to record as hyperparameters when it opens), ``write_metrics(values,
+    step)`` (several scalars of one step at once: ``log_metrics`` calls it instead of ``write_scalar`` for each),
+    ``write_video(name, path, step, fps)`` (the video file the logger wrote, to carry into the backend's own store),
+    a class method ``check_config(options, path)`` (called while the run is planned, with the YAML options: raise
+    :class:`ConfigurationError` for what cannot work, such as a missing package) and methods named ``log_*``
+    (callable through the logger's client, like its own operations).
 
     Attributes:
         log_dir: the directory it writes into (created before ``open``; relative to the run directory in YAML).
@@ -90,7 +95,8 @@ def backend_class(node: Mapping[str, Any], path: str = "logger") -> type:
 
     Raises:
         ConfigurationError: no ``_target_``, it does not import or lacks a method of the protocol, there is no
-            ``log_dir`` (relative to the run directory), or the class does not take the config's keys.
+            ``log_dir`` (relative to the run directory), the class does not take the config's keys, or its
+            ``check_config`` refuses them (a package it needs is missing, a URI it cannot use).
     """
     from ..targets import locate
 
@@ -109,7 +115,21 @@ def backend_class(node: Mapping[str, Any], path: str = "logger") -> type:
     except TypeError as exc:
         raise ConfigurationError(f"{node['_target_']} does not take the options {sorted(options)}: {exc}",
                                  path=path) from exc
+    check = getattr(cls, "check_config", None)
+    if callable(check):
+        check(options, path)
     return cls
+
+
+def installed(package: str) -> bool:
+    """Whether ``package`` (a top-level module) can be imported here, without importing it (for ``check_config``:
+    the SDKs of some backends take seconds to import)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(package) is not None  # None also where sys.modules blocks it (holds None)
+    except ValueError:  # imported already, without a spec
+        return True
 
 
 def takes(cls: type, name: str) -> bool:

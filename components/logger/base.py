@@ -118,7 +118,11 @@ class Logger(Owner["Logger"]):
         """Log several scalars at one step."""
         self._require_running()
         values = {k: as_float(k, v) for k, v in metrics.items()}
+        together = getattr(self.backend, "write_metrics", None)  # optional: one record for the step
         with self._lock, self._writing():
+            if together is not None:
+                together(values, step)
+                return
             for k, v in values.items():
                 self.backend.write_scalar(k, v, step)
 
@@ -133,13 +137,18 @@ class Logger(Owner["Logger"]):
     @hosted
     def log_video(self, name: str, video: torch.Tensor, step: int | None = None, fps: int = 30) -> str:
         """Write a uint8 ``T x C x H x W`` video (``N x T x C x H x W``: a grid); returns the artifact's path
-        once it is written. CUDA tensors are moved to CPU."""
+        once it is written (and handed to the backend's ``write_video``, where it has one). CUDA tensors are moved
+        to CPU."""
         self._require_running()
         frames = video_frames(video)
         safe = name.replace("/", "_")
         path = os.path.join(self.log_dir, "videos", f"{safe}_{0 if step is None else int(step)}.gif")
+        carry = getattr(self.backend, "write_video", None)  # optional: the backend's own store takes the file too
         with self._lock, self._writing():
-            return write_gif(frames, path, fps)
+            written = write_gif(frames, path, fps)
+            if carry is not None:
+                carry(name, written, step, fps)
+            return written
 
     @hosted
     def flush(self) -> None:
