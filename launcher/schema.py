@@ -18,10 +18,13 @@ from components.envs.family import configurable
 from components.collectors.config import CollectorConfig
 from components.config import bounded
 from components.hosts.settings import settings_classes
+from components.evaluator.config import EvaluatorConfig
 from components.inference.config import InferenceServerConfig
 from components.logger.config import LoggerConfig
 from components.logger.csv import CSVLogger
+from components.logger.mlflow import MlflowLogger
 from components.logger.tensorboard import TensorBoardLogger
+from components.logger.wandb import WandbLogger
 from components.weight_sync.config import WeightSyncConfig
 from components.replay.config import ReplayConfig
 from recipes.registry import RECIPES
@@ -37,6 +40,7 @@ class ComponentsConf:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     collector: CollectorConfig = field(default_factory=CollectorConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
 
 
 # ---------------------------------------------------------------------------------------------- groups
@@ -155,7 +159,8 @@ SCHEMAS: Dict[str, Dict[str, type]] = {
     },
     "transport": {"base_transport": TransportConf},
     "env": {"base_env": env_schema()},
-    "logger": {"base_csv": backend_schema(CSVLogger), "base_tensorboard": backend_schema(TensorBoardLogger)},
+    "logger": {"base_csv": backend_schema(CSVLogger), "base_tensorboard": backend_schema(TensorBoardLogger),
+               "base_wandb": backend_schema(WandbLogger), "base_mlflow": backend_schema(MlflowLogger)},
     "recipe": {f"base_{name}": config for name, config in RECIPES.items()},
 }
 

@@ -1,8 +1,8 @@
 """The logger service: acknowledged ``log_*`` calls into a backend opened where the logger lives.
 
 :class:`Logger` is the owner (``Logger(LoggerConfig(placement=...), backend=CSVLogger(log_dir))``); its backend is
-:class:`CSVLogger`, :class:`TensorBoardLogger` or a class of yours with the small protocol of
-:class:`LoggerBackend`, named by ``_target_`` in YAML. Its place in the compatibility table is
+:class:`CSVLogger`, :class:`TensorBoardLogger`, :class:`WandbLogger`, :class:`MlflowLogger` or a class of yours with the
+small protocol of :class:`LoggerBackend`, named by ``_target_`` in YAML. Its place in the compatibility table is
 :mod:`components.logger.declaration` (imported without torch); the owner loads on first use.
 """
 
@@ -19,6 +19,8 @@ _EXPORTS = {
     "LoggerClient": "client",
     "CSVLogger": "csv",
     "TensorBoardLogger": "tensorboard",
+    "WandbLogger": "wandb",
+    "MlflowLogger": "mlflow",
     "VideoRecorder": "video",
     "video_frames": "video",
     "write_gif": "video",
