@@ -79,7 +79,14 @@ def _logger(r: Resolved, run: _Run, deps: dict):
         else:
             log.warning("%s takes no resume_step: values it logged after frame %d stay", node["_target_"],
                         run.resumed.frames)
-    return Logger(r.config, backend=instantiate_target(node, "logger", **extra), resolved=r)
+    backend = instantiate_target(node, "logger", **extra)
+    resolved_yaml = os.path.join(run.run_dir, "resolved_config.yaml")  # written as the run was prepared
+    if takes(backend_class(node), "run_config") and os.path.exists(resolved_yaml):
+        from omegaconf import OmegaConf
+
+        # set on the backend, not passed through instantiate: Hydra would build every _target_ node inside it
+        backend.run_config = OmegaConf.to_container(OmegaConf.load(resolved_yaml), resolve=True)
+    return Logger(r.config, backend=backend, resolved=r)
 
 
 def _weight_sync(r: Resolved, run: _Run, deps: dict):
