@@ -26,8 +26,32 @@ def state_of(weights: nn.Module | StateDict) -> dict[str, torch.Tensor]:
     return dict(weights.state_dict() if isinstance(weights, nn.Module) else weights)
 
 
+def on_host(state: StateDict) -> dict[str, torch.Tensor]:
+    """``state``'s tensors, detached, on the host: those on the host as they are (not copied), those on a device
+    (a CUDA learner's) copied in one pass that waits for each device once, not once per tensor (a copy into pageable
+    memory would wait on its own).
+
+    Args:
+        state: named tensors anywhere.
+    """
+    out: dict[str, torch.Tensor] = {}
+    devices = set()
+    for name, tensor in state.items():
+        tensor = tensor.detach()
+        if tensor.device.type == "cpu":
+            out[name] = tensor
+        else:  # into pinned memory, without waiting
+            out[name] = tensor.to("cpu", non_blocking=True)
+            devices.add(tensor.device)
+    for device in devices:
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
+    return out
+
+
 def copy_into(module: nn.Module, state: StateDict) -> None:
-    """Copy ``state`` into ``module``'s tensors in place, so views others hold of them see the new values.
+    """Copy ``state`` into ``module``'s tensors in place, so views others hold of them see the new values, wherever
+    either lives (a CUDA server's tensors take a host state, or a CUDA learner's, without being replaced).
 
     Raises:
         LayoutError: ``state`` lacks one of the module's parameters.
@@ -63,9 +87,9 @@ class RayWeights:
     def push(self, weights: nn.Module | StateDict) -> int:
         """Publish ``weights`` (a module or a state dict) as a new version; returns that version.
 
-        The tensors are copied to CPU and sent to the actor in one call.
+        The tensors are copied to the host (:func:`on_host`) and sent to the actor in one call.
         """
-        state = {k: v.detach().cpu() for k, v in state_of(weights).items()}
+        state = on_host(state_of(weights))
         return self._calls._call("push", state)
 
     def poll(self, since: int, into: nn.Module) -> int | None:
@@ -163,8 +187,9 @@ class SharedWeights:
         return int(self._counters[1])
 
     def push(self, weights: nn.Module | StateDict) -> int:
-        """Write a new version (one writer at a time: the learner)."""
-        state = state_of(weights)
+        """Write a new version (one writer at a time: the learner); tensors on a device (a CUDA learner's) come to
+        the host first (:func:`on_host`), before the version is marked in progress."""
+        state = on_host(state_of(weights))
         missing = set(self._views) - set(state)
         if missing:
             raise LayoutError((sorted(missing)[0],), "a parameter of the template", "a missing key")

@@ -22,17 +22,18 @@ from transports.base import Batch
 from transports.kernel.errors import PeerFailureError, RemoteError
 
 from ..commands import Allowed, CommandClient, CommandLoop
-from .channels import StateDict, copy_into, state_of
+from .channels import StateDict, copy_into, on_host, state_of
 
 VERSION = "__version__"
 POLL = 0.05
 
 
 def to_tensordict(state: StateDict, version: int | None = None) -> TensorDict:
-    """A state dict as a TensorDict of nested keys (``"0.weight"`` -> ``("0", "weight")``)."""
+    """A state dict as a TensorDict of nested keys (``"0.weight"`` -> ``("0", "weight")``), on the host
+    (:func:`~components.weight_sync.channels.on_host`: what goes on the wire)."""
     td = TensorDict()
-    for name, tensor in state.items():
-        td.set(tuple(name.split(".")), tensor.detach().cpu())
+    for name, tensor in on_host(state).items():
+        td.set(tuple(name.split(".")), tensor)
     if version is not None:
         td.set(VERSION, torch.tensor(version, dtype=torch.int64))
     return td
