@@ -41,15 +41,14 @@ LEVELDB_BLOCK = 32768
 FULL, FIRST, MIDDLE, LAST = 1, 2, 3, 4
 
 
-def wandb_records(run_dir: str) -> list:
-    """The records of the one offline run under ``run_dir``, as W&B's own ``Record`` protobufs.
+def wandb_records(path: str) -> list:
+    """The records of an offline run's ``run-<id>.wandb`` file, as W&B's own ``Record`` protobufs.
 
     The ``.wandb`` transaction log is what ``wandb sync`` uploads: a 7-byte header (``:W&B``, 0xBEE1, version 0)
     then LevelDB's log format (32 KiB blocks of records with a CRC-32, a length and a type; a record split over
     blocks comes in FIRST/MIDDLE/LAST pieces). Every checksum is checked."""
     from wandb.proto import wandb_internal_pb2
 
-    (path,) = glob.glob(os.path.join(run_dir, "wandb", "offline-run-*", "run-*.wandb"))
     data = open(path, "rb").read()
     assert struct.unpack("<4sHB", data[:7]) == (b":W&B", 0xBEE1, 0)
     records, pending, pos = [], b"", 7
@@ -75,16 +74,28 @@ def _items(items) -> dict:
     return {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in items}
 
 
-def _wandb_run(run_dir: str) -> dict:
-    """What the offline run holds: its config, its history rows, whether it ended, and its files directory."""
-    records = wandb_records(run_dir)
+def _wandb_runs(run_dir: str) -> list[dict]:
+    """What each offline run directory under ``run_dir`` holds (one per time the logger opened there)."""
+    return [_wandb_run(os.path.dirname(path))
+            for path in glob.glob(os.path.join(run_dir, "wandb", "offline-run-*", "run-*.wandb"))]
+
+
+def _one_wandb_run(run_dir: str) -> dict:
+    (run,) = _wandb_runs(run_dir)
+    return run
+
+
+def _wandb_run(offline_dir: str) -> dict:
+    """What one offline run directory holds: its config, its history rows, whether it ended, its files directory."""
+    (path,) = glob.glob(os.path.join(offline_dir, "run-*.wandb"))
+    records = wandb_records(path)
     kinds = [r.WhichOneof("record_type") for r in records]
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     config = _items(run.config.update)
     for r in records:
         if r.WhichOneof("record_type") == "config":
             config.update(_items(r.config.update))
-    (files,) = glob.glob(os.path.join(run_dir, "wandb", "offline-run-*", "files"))
+    files = os.path.join(offline_dir, "files")
     return {"id": run.run_id, "config": config, "ended": "exit" in kinds, "files": files,
             "history": [_items(r.history.item) for r in records if r.WhichOneof("record_type") == "history"]}
 
@@ -110,7 +121,7 @@ def _no_wandb_service_left() -> None:
 
 
 def _check_wandb_run(run_dir: str) -> None:
-    run = _wandb_run(run_dir)
+    run = _one_wandb_run(run_dir)
     assert run["ended"] and run["id"] == open(os.path.join(run_dir, "wandb_run_id")).read()
     assert run["config"]["recipe"] == RUN_CONFIG["recipe"] and run["config"]["layers"] == [64, 64]  # resolved config
     assert run["config"]["lr"] == 0.001 and run["config"]["name"] == "ppo"  # log_hparams
@@ -142,6 +153,18 @@ def test_wandb_offline_run_from_a_logger_process(tmp_path):
     with Logger(LoggerConfig(placement="process"), backend=WandbLogger(str(tmp_path), run_config=RUN_CONFIG)) as owner:
         _write(owner.client())
     _check_wandb_run(str(tmp_path))
+    _no_wandb_service_left()
+
+
+def test_wandb_logger_opened_again_goes_on_in_the_same_run(tmp_path):
+    with Logger(backend=WandbLogger(str(tmp_path), run_config={"seed": 1})) as owner:
+        owner.log_scalar("x", 1.0, step=1)
+    with Logger(backend=WandbLogger(str(tmp_path), run_config={"seed": 1})) as owner:  # a resumed run
+        owner.log_scalar("x", 2.0, step=2)
+    runs = _wandb_runs(str(tmp_path))  # one offline directory per opening, both of the one run, for wandb sync
+    assert len(runs) == 2 and {run["id"] for run in runs} == {open(tmp_path / "wandb_run_id").read()}
+    assert sorted((row["global_step"], row["x"]) for run in runs for row in run["history"]) == [(1, 1.0), (2, 2.0)]
+    assert all(run["ended"] and run["config"]["seed"] == 1 for run in runs)
     _no_wandb_service_left()
 
 
@@ -215,7 +238,7 @@ def test_a_run_logs_its_resolved_config_and_learning_curve(backend, compose_cfg,
     curve = [(int(frames), float(value)) for frames, value in result["curve"]]
     assert len(curve) >= 1
     if backend == "wandb":
-        run = _wandb_run(str(tmp_path))
+        run = _one_wandb_run(str(tmp_path))
         config, rows = run["config"], run["history"]
         assert config["recipe"]["total_frames"] == 128 and config["logger"]["_target_"].endswith("WandbLogger")
         assert config["total_frames"] == 128  # the recipe's own hparams beside it
