@@ -27,6 +27,7 @@ DECLARING_MODULES: tuple[str, ...] = (
     "components.replay.declaration",
     "components.inference.declaration",
     "components.collectors.declaration",
+    "components.evaluator.declaration",
 )
 """Where the table is read from: one declaration module per service (a new service adds its line here). Their
 order is the table's, and breaks ties in the start order."""

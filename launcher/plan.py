@@ -303,12 +303,14 @@ def check_calls(resolved: dict[str, Resolved]) -> None:
 
 
 def needed_components(cfg: DictConfig, needs: tuple[str, ...]) -> tuple[str, ...]:
-    """The recipe's components, less the inference server where ``components.collector.local_policy`` runs the policy
-    in the collector's workers.
+    """The recipe's components, with the evaluator where ``components.evaluator.eval_every`` is set, less the inference
+    server where ``components.collector.local_policy`` runs the policy in the collector's workers.
 
     Raises:
         ConfigurationError: the inference server is placed or given a transport explicitly as well.
     """
+    if cfg.components.evaluator.eval_every is not None and "evaluator" not in needs:
+        needs = (*needs, "evaluator")  # evaluation while training: asked for in the config, not by the recipe
     if "collector" not in needs or not cfg.components.collector.local_policy:
         return needs
     node = cfg.components.inference
@@ -374,7 +376,7 @@ def build_plan(cfg: DictConfig) -> LaunchPlan:
     needs = needed_components(cfg, recipe.needs)
     resolved = resolve_components(cfg, needs, services, layouts)
     check_calls(resolved)
-    if needs != recipe.needs:  # the collector's workers run the policy themselves
+    if "inference" in recipe.needs and "inference" not in needs:  # the collector's workers run the policy themselves
         resolved["collector"] = dataclasses.replace(
             resolved["collector"], transport_reason="local_policy: a policy replica in each worker, weights from "
                                                     "weight_sync; no inference server")

@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping
 
 from components.collectors import Collector
 from components.envs import EnvMaker
+from components.evaluator import Evaluator
 from components.inference import InferenceServer, PolicyReplica
 from components.logger import Logger
 from components.logger.backend import backend_class, takes
@@ -119,12 +120,18 @@ def _collector(r: Resolved, run: _Run, deps: dict):
                      policy=policy, seed=run.plan.seed, start_frames=run.resumed.frames, resolved=r)
 
 
+def _evaluator(r: Resolved, run: _Run, deps: dict):
+    return Evaluator(r.config, env=run.plan.env, policy_factory=run.policy_factory(),
+                     weight_sync=deps.get("weight_sync"), logger=deps.get("logger"), inference=run.plan.replica,
+                     resolved=r)
+
+
 # Dependencies handed over as owners rather than clients: the collector makes one inference client per worker.
 OWNER_DEPENDENCIES: Mapping[str, tuple[str, ...]] = {"collector": ("inference",)}
 
 # The owner class each builder makes, for the hosts it will launch (Owner.hosts_of).
 OWNER_TYPES: Mapping[str, type] = {"logger": Logger, "weight_sync": WeightSync, "replay": ReplayBuffer,
-                                   "inference": InferenceServer, "collector": Collector}
+                                   "inference": InferenceServer, "collector": Collector, "evaluator": Evaluator}
 
 BUILDERS: Mapping[str, Callable[..., Any]] = {
     "logger": _logger,
@@ -132,6 +139,7 @@ BUILDERS: Mapping[str, Callable[..., Any]] = {
     "replay": _replay,
     "inference": _inference,
     "collector": _collector,
+    "evaluator": _evaluator,
 }
 
 
@@ -209,15 +217,19 @@ def _execute(run: _Run, progress: ProgressLine, shield: ShutdownShield,
             stack.callback(reporter.report)  # a last reading before the services stop
             stack.callback(reporter.stop)
             stack.callback(shield.raise_shield)  # unwound first: the whole shutdown is shielded
+            evaluator = clients.get("evaluator")
             result = run.recipe.run(
                 plan.recipe_config,
                 Clients(
                     policy=clients["inference"] if "inference" in clients else _replica(run, clients["weight_sync"]),
                     collector=clients["collector"], replay=clients["replay"],
-                    logger=clients["logger"], weight_sync=clients["weight_sync"], env_spec=run.spec, progress=progress,
+                    logger=clients["logger"], weight_sync=clients["weight_sync"], env_spec=run.spec,
+                    progress=progress if evaluator is None else EvaluatedProgress(progress, evaluator),
                     seed=plan.seed, checkpoint=checkpoint,
                 ),
             )
+            if evaluator is not None:
+                result = {**result, **_evaluated(evaluator, int(result.get("frames", progress.frames)))}
             checkpointing.save(checkpoint, "at the end", finished={"solved": bool(result.get("solved")),
                                                                    "frames": int(result.get("frames", 0))})
         except ServiceDied:
@@ -242,6 +254,38 @@ def _execute(run: _Run, progress: ProgressLine, shield: ShutdownShield,
             checkpointing.save(checkpoint, f"on {exc.signal_name}" if isinstance(exc, Terminated) else why)
             raise
     return dict(result)
+
+
+class EvaluatedProgress:
+    """The progress line the recipe updates, which also tells the evaluator the frame count (it answers at once and
+    evaluates on its own when ``eval_every`` more frames have passed): the recipe never starts, stops or waits for it.
+
+    Args:
+        progress: the run's progress line.
+        evaluator: the evaluator's client.
+    """
+
+    def __init__(self, progress: ProgressLine, evaluator: Any):
+        self.progress, self.evaluator = progress, evaluator
+
+    def update(self, frames: int, **metrics: float) -> None:
+        """Show ``frames`` and ``metrics``, and tell the evaluator the frame count."""
+        self.progress.update(frames, **metrics)
+        self.evaluator.notify(frames)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.progress, name)
+
+
+def _evaluated(evaluator: Any, frames: int) -> dict:
+    """Once training ends: an evaluation of the final weights (unless the last one was at this frame count), and
+    every evaluation of the run, for ``summary.json`` (``eval_mean_return``: the last one's mean return)."""
+    evaluator.wait_idle(None)
+    results = evaluator.results()
+    if not results or results[-1]["frames"] != frames:
+        results.append(evaluator.evaluate(frames))
+    last = results[-1]
+    return {"eval_mean_return": last["mean_return"], "eval_return_std": last["return_std"], "evaluations": results}
 
 
 def _start(run: _Run, stack: ExitStack, owners: dict) -> dict:

@@ -233,7 +233,7 @@ class ProcessHost(Host):
         if self._process is None or self._stopping:
             return
         self._stopping = True
-        if self._runs():
+        if self._runs() and self._conn is not None:  # no connection yet: the start itself failed (pickling)
             try:
                 send(self._conn, ("stop", None))
             except (OSError, ValueError):
