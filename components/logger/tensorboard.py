@@ -10,7 +10,7 @@ from typing import Any, Mapping, Optional
 from transports.kernel.errors import ConfigurationError
 from transports.kernel.options import bounded, check_instance
 
-from .backend import quiet_writer_threads
+from .backend import installed, quiet_writer_threads
 
 
 @dataclass
@@ -33,6 +33,18 @@ class TensorBoardLogger:
     def __post_init__(self):
         check_instance(self, path="logger")
         self._writer = None
+
+    @classmethod
+    def check_config(cls, options: Mapping[str, Any], path: str = "logger") -> None:
+        """Refuse, while the run is planned, a machine without the tensorboard package.
+
+        Raises:
+            ConfigurationError: naming ``<path>._target_``.
+        """
+        if not installed("tensorboard"):
+            raise ConfigurationError("the tensorboard logger needs the tensorboard package, which is not installed "
+                                     "here: pip install '.[tensorboard]'", path=f"{path}._target_",
+                                     alternatives=("csv",))
 
     def open(self) -> None:
         """Open the event writer.

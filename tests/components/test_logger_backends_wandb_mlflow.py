@@ -270,6 +270,7 @@ def _planning_error(*argv: str) -> ConfigurationError:
 @pytest.mark.parametrize("backend, package, key", [
     ("wandb", "wandb", "logger._target_"), ("mlflow", "mlflow", "logger._target_"),
     ("mlflow", "sqlalchemy", "logger.tracking_uri"),  # the default store is a SQLite file
+    ("tensorboard", "tensorboard", "logger._target_"),  # refused the same way, no longer only once it opens
 ])
 def test_a_missing_package_is_refused_while_planning_naming_the_key(backend, package, key, monkeypatch):
     monkeypatch.setitem(sys.modules, package, None)  # as if it were not installed: importing it fails
