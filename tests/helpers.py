@@ -185,3 +185,17 @@ def tracebacks(stderr: str) -> list[str]:
         if not (MONARCH_ATEXIT in block and "TimeoutError" in (lines[end] if end < len(lines) else "")):
             found.append(block)
     return found
+
+
+def decoded_video(path: str) -> tuple[int, tuple[int, int]]:
+    """``(frames, (width, height))`` of a video file, decoded by its reader (ffmpeg for MP4, Pillow for GIF)."""
+    if path.endswith(".mp4"):
+        import imageio_ffmpeg
+
+        reader = imageio_ffmpeg.read_frames(path)
+        meta = next(reader)
+        return sum(1 for _ in reader), tuple(meta["size"])
+    from PIL import Image
+
+    with Image.open(path) as gif:
+        return gif.n_frames, gif.size

@@ -28,7 +28,7 @@ from ..service import Owner
 from .backend import as_float, check_backend
 from .client import LoggerClient
 from .config import LoggerConfig
-from .video import video_frames, write_gif
+from .video import video_frames, write_video
 
 log = logging.getLogger(__name__)
 
@@ -136,16 +136,17 @@ class Logger(Owner["Logger"]):
 
     @hosted
     def log_video(self, name: str, video: torch.Tensor, step: int | None = None, fps: int = 30) -> str:
-        """Write a uint8 ``T x C x H x W`` video (``N x T x C x H x W``: a grid); returns the artifact's path
+        """Write a uint8 ``T x C x H x W`` video (``N x T x C x H x W``: a grid) as MP4 (GIF without ``imageio-ffmpeg``,
+        the ``video`` extra); returns the artifact's path
         once it is written (and handed to the backend's ``write_video``, where it has one). CUDA tensors are moved
         to CPU."""
         self._require_running()
         frames = video_frames(video)
         safe = name.replace("/", "_")
-        path = os.path.join(self.log_dir, "videos", f"{safe}_{0 if step is None else int(step)}.gif")
+        path = os.path.join(self.log_dir, "videos", f"{safe}_{0 if step is None else int(step)}")
         carry = getattr(self.backend, "write_video", None)  # optional: the backend's own store takes the file too
         with self._lock, self._writing():
-            written = write_gif(frames, path, fps)
+            written = write_video(frames, path, fps)
             if carry is not None:
                 carry(name, written, step, fps)
             return written

@@ -1,4 +1,5 @@
-"""Videos: checking and laying out uint8 frames, writing GIFs, and recording env frames into one video."""
+"""Videos: checking and laying out uint8 frames, writing MP4s (``imageio-ffmpeg``) or GIFs, and recording env frames
+into one video."""
 
 from __future__ import annotations
 
@@ -39,6 +40,45 @@ def write_gif(frames: torch.Tensor, path: str, fps: int) -> str:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     images[0].save(path, save_all=True, append_images=images[1:], duration=max(1, int(1000 / fps)), loop=0)
     return path
+
+
+def can_write_mp4() -> bool:
+    """Whether an MP4 encoder is installed (``imageio-ffmpeg``, which ships its own ffmpeg: the ``video`` extra)."""
+    import importlib.util
+
+    return importlib.util.find_spec("imageio_ffmpeg") is not None
+
+
+def write_mp4(frames: torch.Tensor, path: str, fps: int) -> str:
+    """Write ``T x H x W x C`` uint8 frames (C = 1 or 3) as an H.264 MP4 with ffmpeg (``imageio-ffmpeg``); return the
+    path. Odd sizes are padded by one black row or column (the encoder's 4:2:0 sampling needs even ones)."""
+    import imageio_ffmpeg
+
+    array = frames.numpy()
+    if array.shape[-1] == 1:
+        array = array.repeat(3, axis=-1)
+    t, h, w, _ = array.shape
+    if h % 2 or w % 2:
+        padded = torch.zeros((t, h + h % 2, w + w % 2, 3), dtype=torch.uint8).numpy()
+        padded[:, :h, :w] = array
+        array = padded
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    writer = imageio_ffmpeg.write_frames(path, (array.shape[2], array.shape[1]), fps=fps, codec="libx264",
+                                         pix_fmt_out="yuv420p", macro_block_size=1, ffmpeg_log_level="error")
+    writer.send(None)  # start the encoder
+    try:
+        for frame in array:
+            writer.send(frame.copy(order="C"))
+    finally:
+        writer.close()
+    return path
+
+
+def write_video(frames: torch.Tensor, path_without_suffix: str, fps: int) -> str:
+    """Write the frames as MP4 where an encoder is installed, else as an animated GIF; return the file's path."""
+    if can_write_mp4():
+        return write_mp4(frames, path_without_suffix + ".mp4", fps)
+    return write_gif(frames, path_without_suffix + ".gif", fps)
 
 
 class VideoRecorder:

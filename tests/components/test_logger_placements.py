@@ -13,7 +13,7 @@ import torch
 from components.errors import PeerFailureError, RemoteError
 from components.logger import CSVLogger, Logger, LoggerConfig, TensorBoardLogger, VideoRecorder
 
-from tests.helpers import ROOT, default_sigint, wait_until
+from tests.helpers import ROOT, decoded_video, default_sigint, wait_until
 from tests.loggers import CustomLogger
 
 PLACEMENTS = ["direct", "thread", "process"]
@@ -79,34 +79,38 @@ def test_tensorboard_in_every_placement_reads_back(placement, tmp_path):
 
 @pytest.mark.parametrize("placement", PLACEMENTS)
 def test_log_video_writes_the_artifact_before_returning(placement, tmp_path):
-    from PIL import Image
-
     with Logger(LoggerConfig(placement=placement), backend=CSVLogger(str(tmp_path))) as owner:
         client = owner.client()
         video = torch.randint(0, 255, (5, 3, 16, 12), dtype=torch.uint8)
         path = client.log_video("eval/video", video, step=7, fps=10)
-        assert os.path.exists(path) and path.endswith("eval_video_7.gif")
-        with Image.open(path) as gif:
-            assert gif.n_frames == 5 and gif.size == (12, 16)
+        assert os.path.exists(path) and path.endswith("eval_video_7.mp4")  # the video extra's encoder is installed
+        assert decoded_video(path) == (5, (12, 16))
         grid = client.log_video("eval/grid", torch.zeros((4, 2, 3, 8, 8), dtype=torch.uint8), step=1)
-        with Image.open(grid) as gif:
-            assert gif.size == (16, 16)  # 4 videos as a 2 x 2 grid
+        assert decoded_video(grid) == (2, (16, 16))  # 4 videos as a 2 x 2 grid
+        odd = client.log_video("eval/odd", torch.zeros((3, 1, 7, 9), dtype=torch.uint8), step=1)
+        assert decoded_video(odd) == (3, (10, 8))  # padded to even sides for the encoder
         with pytest.raises(TypeError, match="uint8"):
             client.log_video("bad", torch.zeros(5, 3, 8, 8))
 
 
 def test_video_recorder_uses_an_owners_client(tmp_path):
-    from PIL import Image
-
     with Logger(LoggerConfig(placement="process"), backend=CSVLogger(str(tmp_path))) as owner:
         recorder = VideoRecorder(owner, tag="rollout", fps=20)
         assert not hasattr(recorder.logger, "shutdown")
         for t in range(6):
             recorder.record(torch.full((2, 10, 10, 3), t * 20, dtype=torch.uint8))  # 2 envs at once
         path = recorder.flush(step=2)
-        with Image.open(path) as gif:
-            assert gif.n_frames == 6 and gif.size == (20, 10)  # 2 envs side by side
+        assert decoded_video(path) == (6, (20, 10))  # 2 envs side by side
         assert recorder.flush() is None
+
+
+def test_without_an_mp4_encoder_videos_are_gifs(tmp_path, monkeypatch):
+    from components.logger import video
+
+    monkeypatch.setattr(video, "can_write_mp4", lambda: False)
+    frames = torch.arange(4, dtype=torch.uint8).mul(60).view(4, 1, 1, 1).expand(4, 6, 6, 3).contiguous()
+    path = video.write_video(frames, str(tmp_path / "clip"), fps=5)
+    assert path.endswith("clip.gif") and decoded_video(path) == (4, (6, 6))
 
 
 def test_peer_failure_after_kill_9(tmp_path):
