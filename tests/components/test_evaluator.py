@@ -16,6 +16,7 @@ from components.logger import CSVLogger, Logger, LoggerConfig
 from components.weight_sync import WeightSync, WeightSyncConfig
 from recipes.actor_critic import make_policy
 from recipes.configs import PPOConfig
+from tests.helpers import decoded_video
 
 SPEC = EnvMaker(id="CartPole-v1").spec()
 
@@ -42,15 +43,18 @@ def _metrics(log_dir: str) -> list[dict]:
 
 def _services(tmp_path, placement):
     """A weight sync and a logger the evaluator in ``placement`` can reach."""
-    far = placement in ("process", "ray")
-    sync = WeightSync(WeightSyncConfig(placement="process" if far else "thread"), template=factory()).start()
-    logger = Logger(LoggerConfig(placement="process" if far else "thread"),
-                    backend=CSVLogger(str(tmp_path / "logs"))).start()
+    near = {"direct": "thread", "thread": "thread", "process": "process", "ray": "ray"}[placement]
+    sync = WeightSync(WeightSyncConfig(placement=near), template=factory()).start()
+    logger = Logger(LoggerConfig(placement=near), backend=CSVLogger(str(tmp_path / "logs"))).start()
     return sync, logger
 
 
-@pytest.mark.parametrize("placement", ["direct", "thread", pytest.param("process", marks=pytest.mark.slow)])
-def test_the_evaluator_plays_the_newest_weights_when_frames_pass_eval_every_and_logs_them(tmp_path, placement):
+@pytest.mark.parametrize("placement", ["direct", "thread", pytest.param("process", marks=pytest.mark.slow),
+                                       pytest.param("ray", marks=pytest.mark.slow)])
+def test_the_evaluator_plays_the_newest_weights_when_frames_pass_eval_every_and_logs_them(tmp_path, placement,
+                                                                                         request):
+    if placement == "ray":
+        request.getfixturevalue("ray_cluster")  # the session's local cluster, started once
     sync, logger = _services(tmp_path, placement)
     try:
         config = EvaluatorConfig(placement=placement, eval_every=1000, episodes=3, seed=7)
@@ -73,6 +77,23 @@ def test_the_evaluator_plays_the_newest_weights_when_frames_pass_eval_every_and_
         assert [(int(r["step"]), float(r["value"])) for r in rows] == [(1000, pytest.approx(first["mean_return"]))]
         versions = [r for r in _metrics(str(tmp_path / "logs")) if r["tag"] == "eval/policy_version"]
         assert [float(r["value"]) for r in versions] == [version]
+    finally:
+        logger.shutdown()
+        sync.shutdown()
+
+
+def test_video_of_the_first_episode_is_logged_and_decodes_with_one_frame_per_step_and_the_reset(tmp_path):
+    pytest.importorskip("pygame")  # CartPole renders through it (the video extra)
+    sync, logger = _services(tmp_path, "thread")
+    try:
+        config = EvaluatorConfig(placement="thread", eval_every=100, episodes=2, video=True, video_fps=25)
+        with Evaluator(config, env={"id": "CartPole-v1"}, policy_factory=factory, weight_sync=sync.client(),
+                       logger=logger.client()) as evaluator:
+            sync.client().push(pushed_right())
+            result = evaluator.client().evaluate(100)
+        frames, (width, height) = decoded_video(result["video"])
+        assert result["video"].endswith("eval_video_100.mp4")
+        assert frames == result["lengths"][0] + 1 and (width, height) == (600, 400)
     finally:
         logger.shutdown()
         sync.shutdown()
