@@ -30,8 +30,8 @@ class WandbLogger:
     in YAML.
 
     Every record carries its step as ``global_step``, the x-axis of every metric. The run's resolved config is the
-    W&B run's config; what a recipe logs as hyperparameters is added to it. A video is the GIF the logger wrote, as a
-    ``wandb.Video``.
+    W&B run's config; what a recipe logs as hyperparameters is added to it. A video is the file the logger wrote (MP4 or
+    GIF), as a ``wandb.Video``.
 
     Attributes:
         log_dir: the directory W&B writes its ``wandb/`` folder into (in YAML: relative to the run directory).
