@@ -59,7 +59,8 @@ class Actor(nn.Module):
             act_dim = math.prod(spec.action_shape)
             self.net = _network(cfg, spec, act_dim, 0.01, self.encoder)
             self.log_std = nn.Parameter(torch.full((act_dim,), cfg.init_log_std))
-        self.norm = RunningNorm(spec.observation_shape) if cfg.normalize_observations else None
+        self.norm = (RunningNorm(spec.observation_shape, scale=spec.observation_scale)
+                     if cfg.normalize_observations else None)
         if self.norm is not None:  # in front of the whole network: what the policy holds, weight sync ships
             self.net = nn.Sequential(self.norm, self.net)
 
@@ -68,7 +69,9 @@ class Actor(nn.Module):
         return self.dist_of(self.net(obs))
 
     def dist_of(self, out: torch.Tensor):
-        """The action distribution of the network's outputs."""
+        """The action distribution of the network's outputs, in single precision (the outputs of a pass under bf16
+        autocast, ``recipe.amp``, are cast: log-probabilities and entropies are not computed in bf16)."""
+        out = out.float()
         if self.discrete:
             return Categorical(logits=out, validate_args=False)  # the network's outputs are valid logits
         return Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
@@ -171,8 +174,8 @@ class Learner(nn.Module):
         self.to(memory_format=torch.channels_last)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
-        """The critic's value of each row of ``obs``."""
-        return self.critic(obs).squeeze(-1)
+        """The critic's value of each row of ``obs``, in single precision (cast from bf16 under autocast)."""
+        return self.critic(obs).squeeze(-1).float()
 
     def optimizer(self, lr: float) -> torch.optim.Optimizer:
         """Adam as the recipes train with it: CleanRL's ``eps`` 1e-5, fused (one kernel per step: on one CPU thread
@@ -195,4 +198,18 @@ class Learner(nn.Module):
         head, value_head = actor.net[-1], self.critic[-1]
         if actor.norm is not None:  # (norm, (encoder, head))
             head, value_head = head[1], value_head[1]
-        return actor.dist_of(head(features)), value_head(features).squeeze(-1)
+        return actor.dist_of(head(features)), value_head(features).squeeze(-1).float()
+
+
+def fresh_steps(done: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The steps of a ``[time, env]`` batch whose next observation is not the next step's observation, as ``(time,
+    env)`` index tensors: the batch's last step, and where an episode ended (its final observation, which a
+    cut-short episode bootstraps from). A learner that :attr:`~Learner.reuses_values` values only these apart.
+    Read where ``done`` is, which should be the host (on a device, reading which steps they are waits for it).
+
+    Args:
+        done: ``[time, env]``, whether each step ended its episode.
+    """
+    fresh = done.clone()
+    fresh[-1] = True
+    return fresh.nonzero(as_tuple=True)

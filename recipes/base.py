@@ -215,6 +215,26 @@ class EpisodeStats:
         }
 
 
+def host_values(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """``metrics`` with each value that is a one-element tensor read as a Python float: those of one device stacked
+    and read in one copy (one wait for a CUDA device per batch logged, not one per value), the rest as they are.
+
+    Args:
+        metrics: values by name: numbers, or one-element tensors anywhere (a learner's losses, kept on its device).
+    """
+    import torch
+
+    out = dict(metrics)
+    by_device: dict[Any, list[str]] = {}
+    for name, value in out.items():
+        if isinstance(value, torch.Tensor):
+            by_device.setdefault(value.device, []).append(name)
+    for names in by_device.values():
+        read = torch.stack([out[n].detach().reshape(()).double() for n in names]).tolist()
+        out.update(zip(names, read))
+    return out
+
+
 RESERVED = ("stats", "rng")
 """Names the checkpoint keeps for :class:`Loop` itself: the episode statistics and torch's generator."""
 
@@ -307,7 +327,8 @@ class Loop:
         generator and ``values``.
 
         Args:
-            metrics: the batch's metrics, or ``None``.
+            metrics: the batch's metrics, or ``None``; values that are tensors (on the learner's device) are read
+                here, in one copy to the host per device (:func:`host_values`).
             progress: more figures for the progress line beside the mean return.
             **values: tensors and plain data the checkpoint keeps beside the objects (counters, a pending tail),
                 handed back by :meth:`start` when the run resumes.
@@ -326,7 +347,7 @@ class Loop:
                              "keeps under those names: give them other names")
         frames = self.stats.frames
         if metrics is not None:
-            self.clients.logger.log_metrics(dict(metrics), step=frames)
+            self.clients.logger.log_metrics(host_values(metrics), step=frames)
         self.clients.progress.update(frames, mean_return=self.stats.mean_return, **(progress or {}))
         done = self.stats.reached(self.cfg.target_return) or frames >= self.cfg.total_frames
 

@@ -43,6 +43,15 @@ class RecipeConfig:
         device: where the learner trains (``cpu``, ``cuda``, ``cuda:1``); a CUDA device the machine that runs the
             plan lacks is refused before anything starts (a dry run plans it anywhere). The inference server's device
             is ``components.inference.policy_device``.
+        amp: the learner's update in mixed precision: its forward pass and loss under bf16 autocast (the network's
+            products in bf16; log-probabilities, values and losses in float32), the backward pass and the optimizer
+            step outside it (weights, gradients and optimizer state stay float32). Meant for a CUDA learner; one
+            without bf16 (before Ampere) is refused when the recipe starts. A CPU runs it too.
+        compile: ``torch.compile`` the learner's update step (its forward pass and loss, at the fixed shapes of a
+            minibatch, ``dynamic=False``; IMPALA's in two parts, the values of the steps where episodes ended
+            between them); the backward pass runs compiled too, the optimizer step does not. The first updates wait
+            for the compilation (seconds to tens of seconds on a few CPU cores). What is learned is that of the
+            uncompiled update to within floating-point rounding.
     """
 
     num_envs: int = bounded(16, ge=1)
@@ -57,6 +66,8 @@ class RecipeConfig:
     encoder: str = one_of("auto", ENCODERS)
     clip_rewards: bool = False
     device: str = device_option("cpu")
+    amp: bool = False
+    compile: bool = False
 
 
 @dataclass

@@ -12,6 +12,7 @@ Transitions older than ``max_policy_lag`` pushes are filtered out of sampling by
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,6 +25,7 @@ from components.targets import instantiate_target
 from .base import Clients, Loop, Recipe
 from .configs import DQNConfig  # torch-free, so composing a config never imports torch
 from .networks import encoder, flat_features
+from .update import UpdateStep, learner_device, to_device
 
 
 # ============================================================================ networks
@@ -145,14 +147,42 @@ def td_loss(rows, weight: torch.Tensor, online: nn.Module, target: nn.Module,
         The loss and each transition's ``|TD error|`` (its new priority).
     """
     obs, nxt = rows["observation"], rows["next"]
-    q = online(obs).gather(-1, rows["action"].unsqueeze(-1)).squeeze(-1)
+    q = online(obs).gather(-1, rows["action"].unsqueeze(-1)).squeeze(-1).float()  # single precision under autocast
     with torch.no_grad():
         next_action = online(nxt["observation"]).argmax(-1, keepdim=True)
-        next_q = target(nxt["observation"]).gather(-1, next_action).squeeze(-1)
+        next_q = target(nxt["observation"]).gather(-1, next_action).squeeze(-1).float()
         y = nxt["reward"] + nxt["discount"] * (~nxt["terminated"]).float() * next_q
     error = q - y
     loss = (weight * F.smooth_l1_loss(q, y, reduction="none")).mean()
     return loss, error.detach().abs()
+
+
+def learn(replay: Any, step: UpdateStep, online: nn.Module, target: nn.Module, optimizer: torch.optim.Optimizer,
+          updates: int, cfg: DQNConfig) -> dict:
+    """One gradient step on a prioritized sample: the TD loss as ``step`` computes it (:func:`td_loss`, under autocast
+    or compiled as configured), the backward pass, the gradient clip and the optimizer step; the sample's new
+    priorities back to the replay buffer; the target network moved towards the online one every ``target_every``
+    steps (``updates`` counts the steps before this one).
+
+    The sample moves to the learner's device in one copy that waits for nothing; the priorities come back to the host,
+    where the buffer keeps them: the one wait for the device of a step.
+
+    Returns:
+        The step's loss and mean ``|TD error|`` (tensors, on the learner's device).
+    """
+    device = next(online.parameters()).device
+    sample = replay.sample_prioritized(cfg.batch_size)
+    loss, error = step(to_device(sample.rows, device), to_device(sample.weight, device))
+    optimizer.zero_grad()
+    loss.backward()
+    nn.utils.clip_grad_norm_(online.parameters(), cfg.max_grad_norm)
+    optimizer.step()
+    replay.update_priority(sample.index, error.to("cpu"))
+    if (updates + 1) % cfg.target_every == 0:
+        with torch.no_grad():
+            for t, o in zip(target.parameters(), online.parameters()):
+                t.lerp_(o, cfg.tau)
+    return {"loss/td": loss.detach(), "q/mean_abs_td": error.mean()}
 
 
 # ============================================================================ training loop
@@ -174,12 +204,13 @@ def run(cfg: DQNConfig, clients: Clients) -> dict:
         the learning curve.
     """
     loop = Loop(cfg, clients)  # seeds torch: the networks are built from its generator
-    device = torch.device(cfg.device)
+    device = learner_device(cfg)
     behaviour = make_policy(cfg, clients.env_spec).to(device)
     target = q_network(cfg, clients.env_spec).to(device)
     target.load_state_dict(behaviour.q.state_dict())
     optimizer = torch.optim.Adam(behaviour.q.parameters(), lr=cfg.lr)
     saved = loop.start(behaviour, behaviour=behaviour, target=target, optimizer=optimizer)
+    step = UpdateStep(lambda rows, weight: td_loss(rows, weight, behaviour.q, target, cfg), cfg, device)
     updates, stored, losses = saved.get("updates", 0), saved.get("stored", 0), saved.get("losses", {})
     pending = saved.get("pending")  # the last n_step - 1 steps, which start no complete n-step window yet
     if pending is not None:  # the environments restart their episodes: the tail's windows end at its last step
@@ -197,26 +228,16 @@ def run(cfg: DQNConfig, clients: Clients) -> dict:
         # ---- learn
         if frames >= cfg.learning_starts and stored:
             for _ in range(cfg.updates_per_batch):
-                sample = clients.replay.sample_prioritized(cfg.batch_size)
-                loss, error = td_loss(sample.rows.to(device), sample.weight.to(device), behaviour.q, target, cfg)
-                optimizer.zero_grad()
-                loss.backward()
-                nn.utils.clip_grad_norm_(behaviour.q.parameters(), cfg.max_grad_norm)
-                optimizer.step()
-                clients.replay.update_priority(sample.index, error.to("cpu"))
+                losses = learn(clients.replay, step, behaviour.q, target, optimizer, updates, cfg)
                 updates += 1
-                if updates % cfg.target_every == 0:
-                    with torch.no_grad():
-                        for t, o in zip(target.parameters(), behaviour.q.parameters()):
-                            t.lerp_(o, cfg.tau)
-            losses = {"loss/td": loss.item(), "q/mean_abs_td": error.mean().item()}
-        behaviour.epsilon.fill_(max(cfg.eps_end, cfg.eps_start - (cfg.eps_start - cfg.eps_end) * frames / cfg.eps_frames))
+        epsilon = max(cfg.eps_end, cfg.eps_start - (cfg.eps_start - cfg.eps_end) * frames / cfg.eps_frames)
+        behaviour.epsilon.fill_(epsilon)
         version = loop.push(behaviour)
 
         # ---- report
         every = loop.stats.episodes and frames % (cfg.frames_per_batch * 25) == 0
         metrics = {**losses, "train/mean_return": loop.stats.mean_return, "train/fps": loop.stats.fps,
-                   "train/epsilon": float(behaviour.epsilon), "train/policy_version": version} if every else None
+                   "train/epsilon": epsilon, "train/policy_version": version} if every else None
         if loop.end_batch(metrics, updates=updates, stored=stored, losses=losses, pending=pending):
             break
 

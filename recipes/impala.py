@@ -14,6 +14,7 @@ replica) gets the learner's weights every ``push_every`` updates. Nothing here k
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -22,7 +23,8 @@ from torch import nn
 
 from .base import Clients, Loop, Recipe
 from .configs import IMPALAConfig  # torch-free, so composing a config never imports torch
-from .actor_critic import Learner, make_policy  # PPO's actor and critic: the behaviour policy gives sample_log_prob
+from .actor_critic import Learner, fresh_steps, make_policy  # PPO's actor and critic (sample_log_prob)
+from .update import UpdateStep, learner_device, to_device
 from .vtrace import vtrace
 
 # ============================================================================ unrolls and their lag
@@ -92,38 +94,43 @@ def lag_metrics(lags: torch.Tensor) -> dict:
 # ============================================================================ loss
 
 
-def impala_loss(steps: TensorDictBase, learner: Learner, cfg: IMPALAConfig) -> tuple[torch.Tensor, dict]:
-    """V-trace actor-critic loss on a ``[time, unroll]`` batch: the policy gradient (or APPO's clipped surrogate)
-    with V-trace's advantages, the value regressed onto V-trace's targets, minus the entropy bonus.
-
-    Args:
-        steps: a ``[time, unroll]`` batch.
-        learner: the actor and critic being trained.
-        cfg: the recipe's config.
-
-    Returns:
-        The loss and its parts (and V-trace's ratios) as metrics.
-    """
+def forward(steps: TensorDictBase, learner: Learner) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The learner's pass over a ``[time, unroll]`` batch: ``log pi`` of each step's action and each step's value
+    (``[time, unroll]``), and the mean entropy."""
     actor = learner.policy.actor
     length, width = steps.shape
-    obs, nxt = steps.get("observation"), steps.get("next")
-    dist, values = learner.dist_and_value(unroll_by_unroll(obs))
+    dist, values = learner.dist_and_value(unroll_by_unroll(steps.get("observation")))
     values = values.reshape(width, length).t()
     log_pi = actor.log_prob(dist, unroll_by_unroll(steps.get("action"))).reshape(width, length).t()
-    entropy = actor.entropy(dist).mean()
-    done, terminated = nxt.get("done"), nxt.get("terminated")
+    return log_pi, values, actor.entropy(dist).mean()
+
+
+@torch.no_grad()
+def bootstrap(steps: TensorDictBase, values: torch.Tensor, learner: Learner,
+              fresh: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """The value after each step (``[time, unroll]``): the next step's value, except at the ``fresh`` steps
+    (:func:`fresh_steps`), valued from their own next observation."""
+    next_values = torch.cat([values[1:], values[-1:]]).detach()
+    next_values[fresh] = learner.value(steps.get(("next", "observation"))[fresh])
+    return next_values
+
+
+def loss_of(steps: TensorDictBase, log_pi: torch.Tensor, values: torch.Tensor, entropy: torch.Tensor,
+            next_values: torch.Tensor, cfg: IMPALAConfig) -> tuple[torch.Tensor, dict]:
+    """V-trace's targets and the loss of a ``[time, unroll]`` batch from the learner's pass over it (:func:`forward`)
+    and the values after each step (:func:`bootstrap`): the policy gradient (or APPO's clipped surrogate) with
+    V-trace's advantages, the value regressed onto V-trace's targets, minus the entropy bonus.
+
+    Returns:
+        The loss and its parts (and V-trace's ratios) as metrics (tensors, on the learner's device).
+    """
+    nxt = steps.get("next")
     with torch.no_grad():
-        # the value after each step: the next step's value, except after the unroll's last step and where an
-        # episode ended (its own final observation, which a cut-short episode bootstraps from)
-        next_values = torch.cat([values[1:], values[-1:]]).detach()
-        fresh = done.clone()
-        fresh[-1] = True
-        next_values[fresh] = learner.value(nxt.get("observation")[fresh])
         reward = nxt.get("reward").sign() if cfg.clip_rewards else nxt.get("reward")
         targets = vtrace(steps.get("sample_log_prob"), log_pi.detach(), reward, values.detach(), next_values[-1],
-                         cfg.gamma * (~terminated).to(values.dtype), rho_bar=cfg.rho_bar, c_bar=cfg.c_bar,
+                         cfg.gamma * (~nxt.get("terminated")).to(values.dtype), rho_bar=cfg.rho_bar, c_bar=cfg.c_bar,
                          pg_rho_bar=cfg.pg_rho_bar, lambda_=cfg.vtrace_lambda, next_values=next_values,
-                         continues=~done)
+                         continues=~nxt.get("done"))
     if cfg.clip_coef is None:  # IMPALA: advantages weighted by the clipped ratios, times log pi
         advantages = targets.advantages
         if cfg.norm_adv:
@@ -138,31 +145,96 @@ def impala_loss(steps: TensorDictBase, learner: Learner, cfg: IMPALAConfig) -> t
                             -advantages * ratio.clamp(1 - cfg.clip_coef, 1 + cfg.clip_coef)).mean()
     v_loss = 0.5 * (values - targets.vs).pow(2).mean()
     loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy
-    return loss, {"loss/policy": pg_loss.item(), "loss/value": v_loss.item(), "loss/entropy": entropy.item(),
-                  "vtrace/rho_mean": targets.rhos.mean().item(),
-                  "vtrace/rho_clipped": (targets.rhos > cfg.rho_bar).double().mean().item()}
+    return loss, {"loss/policy": pg_loss.detach(), "loss/value": v_loss.detach(), "loss/entropy": entropy.detach(),
+                  "vtrace/rho_mean": targets.rhos.mean(),
+                  "vtrace/rho_clipped": (targets.rhos > cfg.rho_bar).double().mean()}
 
 
-def learn(steps: TensorDictBase, learner: Learner, optimizer: torch.optim.Optimizer, cfg: IMPALAConfig) -> dict:
+class ImpalaLoss:
+    """The V-trace actor-critic loss of a ``[time, unroll]`` batch as the config asks it computed: the learner's pass
+    (:func:`forward`) and V-trace with the loss (:func:`loss_of`), each an :class:`~recipes.update.UpdateStep` (under
+    bf16 autocast with ``amp``, compiled at the minibatch's fixed shapes with ``compile``); between them the values
+    of the steps whose next observation is not the next step's (:func:`bootstrap`), as many as episodes ended: a
+    shape that changes from batch to batch, run as it comes.
+
+    Args:
+        learner: the actor and critic being trained.
+        cfg: the recipe's config.
+        device: the learner's device.
+    """
+
+    def __init__(self, learner: Learner, cfg: IMPALAConfig, device: torch.device):
+        self.learner, self.cfg, self.device = learner, cfg, device
+        # a function of its own for each (torch.compile keeps one cache per function's code)
+        self.forward = UpdateStep(lambda steps: forward(steps, learner), cfg, device)
+        self.loss = UpdateStep(lambda *args: loss_of(*args, cfg), cfg, device)
+
+    def __call__(self, steps: TensorDictBase,
+                 fresh: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, dict]:
+        """The loss and its parts as metrics.
+
+        Args:
+            steps: a ``[time, unroll]`` batch on the learner's device.
+            fresh: :func:`fresh_steps` of the batch, on its device (default: read from it, which waits for a CUDA
+                device).
+        """
+        log_pi, values, entropy = self.forward(steps)
+        if fresh is None:
+            fresh = fresh_steps(steps.get(("next", "done")))
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.amp):
+            next_values = bootstrap(steps, values, self.learner, fresh)
+        return self.loss(steps, log_pi, values, entropy, next_values)
+
+
+def impala_loss(steps: TensorDictBase, learner: Learner, cfg: IMPALAConfig) -> tuple[torch.Tensor, dict]:
+    """V-trace actor-critic loss on a ``[time, unroll]`` batch (:class:`ImpalaLoss`, neither autocast nor compiled).
+
+    Args:
+        steps: a ``[time, unroll]`` batch.
+        learner: the actor and critic being trained.
+        cfg: the recipe's config.
+
+    Returns:
+        The loss and its parts (and V-trace's ratios) as metrics.
+    """
+    return ImpalaLoss(learner, dataclasses.replace(cfg, amp=False, compile=False), steps.device)(steps)
+
+
+def learn(steps: TensorDictBase, learner: Learner, optimizer: torch.optim.Optimizer, cfg: IMPALAConfig,
+          loss: ImpalaLoss | None = None) -> dict:
     """One learner update on a ``[time, unroll]`` batch: ``update_epochs`` passes of ``num_minibatches`` minibatches
     of whole unrolls (V-trace recomputed with the current weights each time), then the batch's observations folded
     into the policy's running statistics where it normalises them (after learning with the statistics it was acted
-    with); the last minibatch's losses.
+    with); the last minibatch's losses, on the learner's device.
+
+    The batch moves to the learner's device once. Which unrolls each minibatch takes and which of its steps
+    :func:`bootstrap` values are drawn and read on the host, from the batch as the learner queue hands it over, and
+    reach the device in one copy that waits for nothing: the passes wait for nothing either.
 
     Args:
-        steps: a ``[time, unroll]`` batch on the learner's device.
+        steps: a ``[time, unroll]`` batch (on the host, as :func:`time_major` gives it, or on the learner's device).
         learner: the actor and critic being trained.
         optimizer: the learner's optimizer.
         cfg: the recipe's config.
+        loss: the loss as the run computes it (default: :class:`ImpalaLoss` as ``cfg`` asks, built for this call).
     """
+    device = next(learner.parameters()).device
+    loss = ImpalaLoss(learner, cfg, device) if loss is None else loss
+    done = steps.get(("next", "done")).cpu()
     per_minibatch = steps.shape[1] // cfg.num_minibatches
-    for _ in range(cfg.update_epochs):
-        for columns in torch.randperm(steps.shape[1]).split(per_minibatch):
-            loss, losses = impala_loss(unrolls_at(steps, columns), learner, cfg)
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(learner.parameters(), cfg.max_grad_norm)
-            optimizer.step()
+    picks = [(columns, fresh_steps(done[:, columns])) for _ in range(cfg.update_epochs)
+             for columns in torch.randperm(steps.shape[1]).split(per_minibatch)]
+    flat = [tensor for columns, fresh in picks for tensor in (columns, *fresh)]  # three per minibatch
+    moved = to_device(torch.cat(flat), device).split([len(tensor) for tensor in flat])
+    steps = to_device(steps, device)
+    losses: dict = {}
+    for k in range(0, len(moved), 3):
+        columns, fresh = moved[k], (moved[k + 1], moved[k + 2])
+        value, losses = loss(unrolls_at(steps, columns), fresh)
+        optimizer.zero_grad()
+        value.backward()
+        nn.utils.clip_grad_norm_(learner.parameters(), cfg.max_grad_norm)
+        optimizer.step()
     learner.fold_in(steps.get("observation"))
     return losses
 
@@ -182,10 +254,11 @@ def run(cfg: IMPALAConfig, clients: Clients) -> dict:
         the learning curve.
     """
     loop = Loop(cfg, clients)  # seeds torch: the networks are built from its generator
-    device = torch.device(cfg.device)
+    device = learner_device(cfg)
     learner = Learner(cfg, clients.env_spec).to(device)
     optimizer = learner.optimizer(cfg.lr)
     saved = loop.start(learner.policy, learner=learner, optimizer=optimizer)  # the actors start from these weights
+    loss = ImpalaLoss(learner, cfg, device)
     updates, dropped, idle = saved.get("updates", 0), saved.get("dropped", 0), 0.0
 
     metrics: dict = {}
@@ -204,7 +277,7 @@ def run(cfg: IMPALAConfig, clients: Clients) -> dict:
             if len(unrolls):
                 if cfg.anneal_lr:
                     optimizer.param_groups[0]["lr"] = cfg.lr * max(0.0, 1.0 - loop.stats.frames / cfg.total_frames)
-                metrics.update(learn(time_major(unrolls).to(device), learner, optimizer, cfg))
+                metrics.update(learn(time_major(unrolls), learner, optimizer, cfg, loss))
             updates += 1
             if updates % cfg.push_every == 0:
                 loop.push(learner.policy)

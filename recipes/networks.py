@@ -247,18 +247,32 @@ class RunningNorm(nn.Module):
     placement normalises with the learner's figures (a normalising env wrapper in each worker would keep statistics
     of its own, and the placement would change what is learned). The learner calls :meth:`update` with each batch
     after learning from it, so a batch is learned with the statistics it was collected with.
+
+    Before anything is seen the module is the identity: integer observations then go on as they are, to be scaled by
+    the encoder, on the CPU. Elsewhere (a CUDA learner or server) nothing reads the count back to the host: the
+    standardised observations and the unnormalised ones, as floats already scaled by ``scale``, are both computed and
+    ``torch.where`` picks (the same figures, and nothing that waits for the device or breaks a compiled or captured
+    graph).
+
+    Args:
+        shape: the shape of one observation.
+        clip: the bound of the standardised values.
+        eps: added to the variance before its square root.
+        scale: what the encoder multiplies integer observations by (``EnvSpec.observation_scale``): the identity of
+            a CUDA module before anything is seen hands integer observations on as floats already scaled.
     """
 
-    def __init__(self, shape: tuple[int, ...], clip: float = 10.0, eps: float = 1e-8):
+    def __init__(self, shape: tuple[int, ...], clip: float = 10.0, eps: float = 1e-8, scale: float = 1.0):
         super().__init__()
         self.register_buffer("mean", torch.zeros(shape))
         self.register_buffer("var", torch.ones(shape))
         self.register_buffer("count", torch.tensor(0.0))
-        self.clip, self.eps = clip, eps
+        self.clip, self.eps, self.scale = clip, eps, scale
 
     @torch.no_grad()
     def update(self, obs: torch.Tensor) -> None:
-        """Fold a batch of observations ``[..., *shape]`` into the statistics (Chan et al.'s parallel update)."""
+        """Fold a batch of observations ``[..., *shape]`` into the statistics (Chan et al.'s parallel update), on the
+        statistics' device, without reading anything back to the host."""
         # the batch's own moments in single precision and two passes over its leading dimensions as they lie (a
         # batch of frames is millions of values: torch.var_mean, or a reshape of a time-major view, takes longer),
         # the second pass in place on a copy of the batch (a new tensor for the deviations would cost a second pass
@@ -267,15 +281,21 @@ class RunningNorm(nn.Module):
         lead = tuple(range(x.dim() - self.mean.dim()))
         mean = x.mean(lead)
         var = x.sub_(mean).square_().mean(lead)
-        n, count, mean, var = x.numel() // mean.numel(), float(self.count), mean.double(), var.double()
+        n, count, mean, var = x.numel() // mean.numel(), self.count.double(), mean.double(), var.double()
         delta, total = mean - self.mean.double(), count + n
         self.mean.copy_(self.mean.double() + delta * n / total)
         self.var.copy_((self.var.double() * count + var * n + delta.pow(2) * count * n / total) / total)
-        self.count.fill_(total)
+        self.count.copy_(total)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        if float(self.count) == 0:
-            return obs  # nothing seen yet: the identity (a fresh policy acts on raw observations)
+        if obs.is_cpu and not torch.compiler.is_compiling():  # the count is read where reading it costs nothing
+            if float(self.count) == 0:
+                return obs  # nothing seen yet: the identity (a fresh policy acts on raw observations)
+            return self._standardised(obs)
+        raw = obs if obs.is_floating_point() else obs.to(self.mean.dtype) * self.scale
+        return torch.where(self.count > 0, self._standardised(obs), raw)
+
+    def _standardised(self, obs: torch.Tensor) -> torch.Tensor:
         # a copy in the statistics' dtype, then in place: an operation mixing integer frames with float statistics
         # takes torch's slow path (docs/pages/benchmarks/impala_atari.md has the timings)
         x = obs.to(self.mean.dtype, copy=True)

@@ -1,21 +1,29 @@
 """Proximal Policy Optimization (clipped objective, GAE), written against service clients only.
 
 Reads top to bottom: the config (``PPOConfig``, plain data in ``recipes/configs.py``; the actor and critic are
-:mod:`recipes.actor_critic`'s), advantage estimation, the loss, then ``run``: collect a batch through the collector
-(which calls the inference client), estimate advantages, write the batch to the replay buffer, optimise on the
-minibatches of each epoch the buffer samples without replacement, push the new weights to the inference server.
-Nothing here knows where those services live.
+:mod:`recipes.actor_critic`'s), advantage estimation, the loss, the update, then ``run``: collect a batch through the
+collector (which calls the inference client), move it to the learner's device, estimate advantages, write the batch to
+the replay buffer, optimise on the minibatches of each epoch the buffer samples without replacement, push the new
+weights to the inference server. Nothing here knows where those services live.
+
+A learner off the CPU (``device=cuda``) keeps the batch on its device: the replay buffer holds each row's number and
+samples those, and the minibatches are the learner's own rows at the numbers it hands back (one small copy to the
+device per update), so no row goes to the host and back. The losses stay on the device until they are logged.
 """
 
 from __future__ import annotations
 
+from typing import Any, Iterator
+
 import torch
+from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
-from .actor_critic import Learner, make_policy
+from .actor_critic import Learner, fresh_steps, make_policy
 from .base import Clients, Loop, Recipe
 from .configs import PPOConfig  # torch-free, so composing a config never imports torch
 from .networks import RunningNorm
+from .update import UpdateStep, learner_device, to_device
 
 
 # ============================================================================ advantages
@@ -28,17 +36,18 @@ class ReturnScale:
     Args:
         gamma: the discount of the return whose spread scales the rewards.
         eps: added to the variance before its square root.
+        device: where the running returns and their statistics live: the learner's device.
     """
 
-    def __init__(self, gamma: float, eps: float = 1e-8):
-        self.gamma, self.eps = gamma, eps
+    def __init__(self, gamma: float, eps: float = 1e-8, device: torch.device | str = "cpu"):
+        self.gamma, self.eps, self.device = gamma, eps, torch.device(device)
         self.returns: torch.Tensor | None = None
-        self.stats = RunningNorm(())
+        self.stats = RunningNorm(()).to(self.device)
 
     def __call__(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
         """Scaled ``[time, env]`` rewards; the statistics include this batch."""
         if self.returns is None or self.returns.shape != reward.shape[1:]:
-            self.returns = torch.zeros(reward.shape[1:], dtype=torch.float64)
+            self.returns = torch.zeros(reward.shape[1:], dtype=torch.float64, device=self.device)
         seen = torch.empty_like(reward, dtype=torch.float64)
         for t in range(reward.shape[0]):
             self.returns = self.returns * self.gamma + reward[t]
@@ -52,13 +61,15 @@ class ReturnScale:
         return {"returns": self.returns, "stats": self.stats.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from :meth:`state_dict`'s values."""
-        self.returns = state["returns"]
+        """Continue from :meth:`state_dict`'s values (on this scale's device, wherever they were saved)."""
+        returns = state["returns"]
+        self.returns = None if returns is None else returns.to(self.device)
         self.stats.load_state_dict(state["stats"])
 
 
 @torch.no_grad()
-def estimate_advantages(batch, learner: Learner, cfg: PPOConfig, scale: ReturnScale | None = None):
+def estimate_advantages(batch, learner: Learner, cfg: PPOConfig, scale: ReturnScale | None = None,
+                        fresh: tuple[torch.Tensor, torch.Tensor] | None = None):
     """GAE over a ``[time, env]`` batch; bootstraps from the final observation on truncation, not on termination;
     ``scale`` (``normalize_rewards``) divides the rewards by the running spread of the discounted return.
 
@@ -67,6 +78,9 @@ def estimate_advantages(batch, learner: Learner, cfg: PPOConfig, scale: ReturnSc
         learner: values the observations.
         cfg: the recipe's config.
         scale: the reward scale, or ``None``.
+        fresh: where the learner :attr:`~recipes.actor_critic.Learner.reuses_values`, the steps it values apart
+            (:func:`~recipes.actor_critic.fresh_steps`), on the batch's device: read on the host, where the batch
+            came from (default: read from the batch, which waits for a CUDA device).
 
     Returns:
         The batch's rows for learning: observation, action, log-probability, advantage, value target (and value).
@@ -79,8 +93,7 @@ def estimate_advantages(batch, learner: Learner, cfg: PPOConfig, scale: ReturnSc
         # episode ended (the final observation): only those are valued
         next_values = torch.empty_like(values)
         next_values[:-1] = values[1:]
-        fresh = nxt["done"].clone()
-        fresh[-1] = True
+        fresh = fresh_steps(nxt["done"]) if fresh is None else fresh
         next_values[fresh] = learner.value(nxt["observation"][fresh])
     reward = (nxt["reward"].sign() if cfg.clip_rewards else nxt["reward"]) * cfg.reward_scale
     if scale is not None:
@@ -110,7 +123,7 @@ def ppo_loss(mb, learner: Learner, cfg: PPOConfig) -> tuple[torch.Tensor, dict]:
         cfg: the recipe's config.
 
     Returns:
-        The loss and its parts as metrics.
+        The loss and its parts as metrics (tensors, on the learner's device).
     """
     actor = learner.policy.actor
     dist, value = learner.dist_and_value(mb["observation"])
@@ -127,7 +140,62 @@ def ppo_loss(mb, learner: Learner, cfg: PPOConfig) -> tuple[torch.Tensor, dict]:
     v_loss = 0.5 * v_loss.mean()
     entropy = actor.entropy(dist).mean()
     loss = pg_loss + cfg.vf_coef * v_loss - cfg.ent_coef * entropy
-    return loss, {"loss/policy": pg_loss.item(), "loss/value": v_loss.item(), "loss/entropy": entropy.item()}
+    return loss, {"loss/policy": pg_loss.detach(), "loss/value": v_loss.detach(), "loss/entropy": entropy.detach()}
+
+
+# ============================================================================ the update
+
+
+def minibatches(rows: TensorDictBase, replay: Any, cfg: PPOConfig,
+                numbers: bool | None = None) -> Iterator[TensorDictBase]:
+    """Write a batch's ``rows`` to the replay buffer and yield the minibatches of every epoch, in the order its
+    sampler (without replacement) gives them.
+
+    The buffer holds the rows and hands them back; or, with ``numbers`` (the default off the CPU), the rows stay where
+    they are: the buffer holds each row's number (``row``), the numbers of every minibatch of the update come back in
+    one copy to the rows' device that waits for nothing, and each minibatch is the rows at its numbers.
+
+    Args:
+        rows: the batch's rows (:func:`estimate_advantages`, flattened), on the learner's device.
+        replay: the replay client.
+        cfg: the recipe's config.
+        numbers: write the rows' numbers rather than the rows (default: where the rows are off the CPU).
+    """
+    count, device = cfg.update_epochs * cfg.num_minibatches, rows.get("advantage").device
+    if not (device.type != "cpu" if numbers is None else numbers):
+        replay.extend(rows)
+        yield from replay.minibatches(count, cfg.minibatch_size)
+        return
+    replay.extend(TensorDict({"row": torch.arange(rows.shape[0])}, batch_size=rows.shape))
+    order = torch.cat([minibatch["row"] for minibatch in replay.minibatches(count, cfg.minibatch_size)])
+    for index in to_device(order, device).split(cfg.minibatch_size):
+        yield rows[index]
+
+
+def update(batches: Iterator[TensorDictBase], learner: Learner, optimizer: torch.optim.Optimizer,
+           step: UpdateStep, cfg: PPOConfig) -> dict:
+    """One gradient step per minibatch: the loss as ``step`` computes it (:func:`ppo_loss`, under autocast or
+    compiled as configured), then the backward pass, the gradient clip and the optimizer step. Nothing is read back
+    to the host.
+
+    Args:
+        batches: the minibatches (:func:`minibatches`), on the learner's device.
+        learner: the actor and critic being trained.
+        optimizer: the learner's optimizer.
+        step: the forward pass and loss (:class:`~recipes.update.UpdateStep` of :func:`ppo_loss`).
+        cfg: the recipe's config.
+
+    Returns:
+        The last minibatch's losses (tensors on the learner's device).
+    """
+    losses: dict = {}
+    for minibatch in batches:
+        loss, losses = step(minibatch)
+        optimizer.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(learner.parameters(), cfg.max_grad_norm)
+        optimizer.step()
+    return losses
 
 
 # ============================================================================ training loop
@@ -145,26 +213,21 @@ def run(cfg: PPOConfig, clients: Clients) -> dict:
         the learning curve.
     """
     loop = Loop(cfg, clients)  # seeds torch: the networks are built from its generator
-    device = torch.device(cfg.device)
+    device = learner_device(cfg)
     learner = Learner(cfg, clients.env_spec).to(device)
     optimizer = learner.optimizer(cfg.lr)
-    scale = ReturnScale(cfg.gamma) if cfg.normalize_rewards else None
+    scale = ReturnScale(cfg.gamma, device=device) if cfg.normalize_rewards else None
     loop.start(learner.policy, learner=learner, optimizer=optimizer, reward_scale=scale)
+    step = UpdateStep(lambda minibatch: ppo_loss(minibatch, learner, cfg), cfg, device)
 
     for batch in loop.batches():
         # ---- learn
         if cfg.anneal_lr:
             optimizer.param_groups[0]["lr"] = cfg.lr * max(0.0, 1.0 - loop.stats.frames / cfg.total_frames)
-        # on the learner's device, once (.to is a no-op on the CPU); the replay buffer holds the rows on the host
-        batch = batch.to(device)
-        clients.replay.extend(estimate_advantages(batch, learner, cfg, scale).reshape(-1).to("cpu"))
-        losses = {}
-        for minibatch in clients.replay.minibatches(cfg.update_epochs * cfg.num_minibatches, cfg.minibatch_size):
-            loss, losses = ppo_loss(minibatch.to(device), learner, cfg)
-            optimizer.zero_grad()
-            loss.backward()
-            nn.utils.clip_grad_norm_(learner.parameters(), cfg.max_grad_norm)
-            optimizer.step()
+        fresh = to_device(fresh_steps(batch["next", "done"]), device) if learner.reuses_values else None
+        batch = to_device(batch, device)  # on the learner's device, once, without waiting for it
+        rows = estimate_advantages(batch, learner, cfg, scale, fresh).reshape(-1)
+        losses = update(minibatches(rows, clients.replay, cfg), learner, optimizer, step, cfg)
         learner.fold_in(batch["observation"])  # after learning from the batch with the statistics it was acted with
         version = loop.push(learner.policy)
 

@@ -86,7 +86,8 @@ def vtrace(behaviour_log_probs: torch.Tensor, target_log_probs: torch.Tensor, re
         next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
     carried = (discounts > 0 if continues is None else continues.bool()).to(values.dtype)
     deltas = clipped_rhos * (rewards + discounts * next_values - values)
-    corrections = torch.zeros((shape[0] + 1, *shape[1:]), dtype=values.dtype)  # v_t - V(x_t); none past the end
+    # v_t - V(x_t); none past the end
+    corrections = torch.zeros((shape[0] + 1, *shape[1:]), dtype=values.dtype, device=values.device)
     for t in range(shape[0] - 1, -1, -1):
         corrections[t] = deltas[t] + discounts[t] * carried[t] * cs[t] * corrections[t + 1]
     vs = values + corrections[:-1]
