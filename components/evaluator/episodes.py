@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,11 @@ import torch
 from tensordict import TensorDict
 
 from ..inference.modes import serving
+
+
+OFF_SCREEN = {"MUJOCO_GL": "egl", "SDL_VIDEODRIVER": "dummy", "SDL_AUDIODRIVER": "dummy"}
+"""How envs render without a display when frames are recorded: MuJoCo through EGL (Mesa's software renderer on a
+machine without a GPU), pygame (classic control) to memory. Set only where the environment sets none."""
 
 
 @dataclass
@@ -80,6 +86,8 @@ def evaluation_env_node(env: Mapping[str, Any], render: bool = False) -> dict:
     node["backend"] = "gymnasium"
     if render:
         node["kwargs"] = {**(node.get("kwargs") or {}), "render_mode": "rgb_array"}
+        for name, value in OFF_SCREEN.items():  # no display: where the user set none of their own
+            os.environ.setdefault(name, value)
     return node
 
 

@@ -160,3 +160,17 @@ def test_options_are_checked():
         EvaluatorConfig(mode="greedy")
 
 
+
+
+@pytest.mark.slow  # Mesa's EGL starts a helper process
+def test_a_mujoco_episode_renders_off_screen():
+    pytest.importorskip("mujoco")
+    maker = EnvMaker.from_config(evaluation_env_node({"id": "HalfCheetah-v5"}, render=True))
+    policy = make_policy(PPOConfig(), maker.spec())
+    try:
+        result = play(maker, policy, 1, seed=0, video=True, max_episode_steps=5)
+    except Exception as exc:  # noqa: BLE001 - only a missing EGL library may skip, saying so
+        if "EGL" not in str(exc) and "egl" not in str(exc):
+            raise
+        pytest.skip(f"no off-screen EGL here ({exc}); .ci/run installs Mesa's")
+    assert result.video.shape[0] == 6 and result.video.shape[-1] == 3 and result.video.max() > 0
