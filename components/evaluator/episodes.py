@@ -142,7 +142,10 @@ def _episode(env: Any, policy: Callable, seed: int, mode: str, record: bool, max
         while True:
             if should_stop is not None and should_stop():
                 return None
-            td = TensorDict({"observation": torch.as_tensor(np.asarray(obs)).unsqueeze(0)}, batch_size=[1])
+            observation = torch.as_tensor(np.asarray(obs))
+            if observation.dtype == torch.float64:  # as collectors hand them over (EnvSpec: float32)
+                observation = observation.float()
+            td = TensorDict({"observation": observation.unsqueeze(0)}, batch_size=[1])
             action = policy(td)["action"][0].cpu().numpy()
             if low_high is not None:
                 action = np.clip(action, *low_high)
