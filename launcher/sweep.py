@@ -10,6 +10,11 @@ Hydra saves for every job) or ``summary.json``. It writes ``sweep_summary.csv`` 
 ``SweepSummary`` is the Hydra callback (``hydra.callbacks`` in ``conf/config.yaml``). A job that fails or is
 interrupted stops Hydra's sweep before ``on_multirun_end``; the callback then writes the summary of the jobs that
 ran when the command exits. Any sweep directory can be summarized again: ``python -m launcher.sweep <sweep dir>``.
+
+An Optuna sweep (``hydra/sweeper=optuna``, or an option extending it such as ``hydra/sweeper=ppo_cartpole_optuna``)
+runs one job per trial. What each job returns to the sweeper is its :func:`objective`; the summary adds that column
+and names the best trial: the one of Optuna's ``optimization_results.yaml`` (written at the end of the sweep), or
+the best so far when the sweep ended early.
 """
 
 from __future__ import annotations
@@ -17,20 +22,47 @@ from __future__ import annotations
 import atexit
 import csv
 import json
+import logging
 import math
 import os
 import statistics
 import sys
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Mapping, TextIO
 
 from hydra.experimental.callback import Callback
+from omegaconf import OmegaConf
 
 CSV_NAME, MARKDOWN_NAME, CURVES_NAME = "sweep_summary.csv", "sweep_summary.md", "sweep_curves.png"
 COLUMNS = ("job", "overrides", "status", "solved", "solved_at_frames", "frames", "wall_seconds", "fps",
-           "final_mean_return", "detail", "run_dir")
+           "final_mean_return", "objective", "detail", "run_dir")
 CURVE_TAG = "train/mean_return"
 NO_RESULT = "no result"
+OPTUNA_SWEEPER = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
+"""The ``_target_`` of hydra-optuna-sweeper's sweeper (``hydra.sweeper._target_`` of an Optuna sweep)."""
+OPTUNA_RESULTS = "optimization_results.yaml"
+"""What Optuna's sweeper writes in the sweep directory once every trial ran: ``best_params`` and ``best_value``."""
+
+
+def objective(summary: Mapping) -> float:
+    """The figure a hyperparameter search maximizes for one run: what ``python -m launcher`` returns to Hydra's sweeper
+    (Optuna's takes it as the trial's value).
+
+    Args:
+        summary: the run's result, as ``summary.json`` holds it.
+
+    Returns:
+        ``eval_mean_return`` where the evaluator ran (``components.evaluator.eval_every``: the deterministic policy's
+        whole games, unclipped), else ``final_mean_return`` (the training return over the recipe's last ``window``
+        episodes); NaN where the run failed or was interrupted, or has neither as a finite number (no episode ended):
+        Optuna's sweeper marks such a trial failed and goes on.
+    """
+    if summary.get("failed") or summary.get("interrupted"):
+        return math.nan
+    for key in ("eval_mean_return", "final_mean_return"):
+        if _finite(summary.get(key)):
+            return float(summary[key])
+    return math.nan
 
 
 @dataclass
@@ -45,6 +77,7 @@ class Job:
         detail: why it failed, which signal interrupted it, or why there is no result.
         summary: its ``summary.json``.
         curve: ``(frames, mean return)`` points, from ``metrics.csv`` or the summary's ``curve``.
+        sweeper: the ``_target_`` of the Hydra sweeper that ran it (``.hydra/hydra.yaml``), where recorded.
     """
 
     run_dir: str
@@ -54,6 +87,13 @@ class Job:
     detail: str = ""
     summary: dict = field(default_factory=dict)
     curve: list[tuple[float, float]] = field(default_factory=list)
+    sweeper: str | None = None
+
+    @property
+    def objective(self) -> float | None:
+        """What the job returned to the sweeper (:func:`objective`): ``None`` unless it finished with a finite one."""
+        value = objective(self.summary) if self.status == "finished" else math.nan
+        return value if math.isfinite(value) else None
 
     @property
     def final_return(self) -> float | None:
@@ -90,7 +130,9 @@ def read_job(run_dir: str) -> Job:
         pass
     try:
         with open(os.path.join(hydra_dir, "hydra.yaml")) as f:
-            job.num = int(yaml.safe_load(f)["hydra"]["job"]["num"])
+            hydra = yaml.safe_load(f)["hydra"]
+        job.num = int(hydra["job"]["num"])
+        job.sweeper = str(hydra["sweeper"]["_target_"])
     except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError):
         pass
     try:
@@ -170,7 +212,7 @@ def rows(jobs: list[Job], sweep_dir: str | None = None) -> list[dict]:
             "job": job.num, "overrides": name, "status": job.status, "solved": solved,
             "solved_at_frames": s.get("solved_at_frames") if solved else None,
             "frames": s.get("frames"), "wall_seconds": s.get("wall_seconds"), "fps": s.get("fps"),
-            "final_mean_return": job.final_return, "detail": job.detail,
+            "final_mean_return": job.final_return, "objective": job.objective, "detail": job.detail,
             "run_dir": os.path.relpath(job.run_dir, sweep_dir) if sweep_dir else job.run_dir,
         })
     return out
@@ -200,6 +242,70 @@ def seed_medians(jobs: list[Job]) -> list[dict]:
     return out
 
 
+@dataclass(frozen=True)
+class Best:
+    """The best trial of an Optuna sweep.
+
+    Attributes:
+        job: its job (``None`` where no job of the sweep directory has Optuna's best parameters).
+        value: its objective.
+        params: the values Optuna chose for it, by key (those of Optuna's results file; ``{}`` for the best so far).
+        final: ``True``: Optuna's own choice, from :data:`OPTUNA_RESULTS`; ``False``: the sweep ended before Optuna
+            wrote it, and this is the finished job with the highest objective so far.
+    """
+
+    job: Job | None
+    value: float
+    params: dict
+    final: bool
+
+
+def _same(chosen, written: str | None) -> bool:
+    """Whether an override's value (as Hydra wrote it) is the value Optuna chose (as its results file holds it)."""
+    if written is None:
+        return False
+    if str(chosen) == written:
+        return True
+    try:
+        return float(chosen) == float(written)
+    except (TypeError, ValueError):
+        return False
+
+
+def _has_params(job: Job, params: Mapping) -> bool:
+    given = {o.split("=", 1)[0].lstrip("+~"): o.split("=", 1)[1] for o in job.overrides if "=" in o}
+    return all(_same(value, given.get(str(key).lstrip("+~"))) for key, value in params.items())
+
+
+def optuna_best(sweep_dir: str, jobs: list[Job]) -> Best | None:
+    """The best trial of an Optuna sweep: the one Optuna's sweeper wrote in :data:`OPTUNA_RESULTS` (matched to the job
+    whose overrides hold its parameters), else the finished job with the highest objective so far.
+
+    Returns:
+        ``None`` for a sweep that is not Optuna's, or one without a finished trial.
+    """
+    import yaml
+
+    results = os.path.join(sweep_dir, OPTUNA_RESULTS)
+    if not (os.path.isfile(results) or any(job.sweeper == OPTUNA_SWEEPER for job in jobs)):
+        return None
+    try:
+        with open(results) as f:
+            written = yaml.safe_load(f) or {}
+        params, value = dict(written["best_params"] or {}), float(written["best_value"])
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError, AttributeError):
+        pass  # not written yet (the sweep ended early), or not one objective's
+    else:
+        matches = [job for job in jobs if job.status == "finished" and _has_params(job, params)]
+        job = next((j for j in matches if j.objective == value), matches[0] if matches else None)
+        return Best(job, value, params, True)
+    done = [job for job in jobs if job.objective is not None]
+    if not done:
+        return None
+    job = max(done, key=lambda j: j.objective)
+    return Best(job, job.objective, {}, False)
+
+
 # ---------------------------------------------------------------------------------------------- writing
 def _fmt(value, digits: int = 0) -> str:
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
@@ -215,15 +321,21 @@ _FIGURES = "frames to solve | frames | wall s | frames/s | final return |"
 def markdown(sweep_dir: str, jobs: list[Job], *, ended_early: bool = False) -> str:
     """The summary as Markdown: a line on the sweep, the job table, medians over seeds, what went wrong."""
     table, shared = rows(jobs, sweep_dir), labels(jobs)[1]
+    best = optuna_best(sweep_dir, jobs)
+    optuna = best is not None or any(job.sweeper == OPTUNA_SWEEPER for job in jobs)
     head = f"Sweep {sweep_dir}: {len(jobs)} job{'s' * (len(jobs) != 1)}"
     head += f"; every job: {' '.join(shared)}" if shared else ""
     lines = [head + (" (the sweep ended early)" if ended_early else ""), "",
-             f"| job | overrides | status | solved | {_FIGURES}", "|---:|---|---|---|" + "---:|" * 5]
+             f"| job | overrides | status | solved | {_FIGURES}" + (" objective |" if optuna else ""),
+             "|---:|---|---|---|" + "---:|" * (5 + optuna)]
     for r in table:
         status = r["status"] + (f" ({r['detail']})" if r["status"] == "interrupted" and r["detail"] else "")
         lines.append(f"| {_fmt(r['job'])} | {_fmt(r['overrides'])} | {status} | {_fmt(r['solved'])} | "
                      f"{_fmt(r['solved_at_frames'])} | {_fmt(r['frames'])} | {_fmt(r['wall_seconds'], 1)} | "
-                     f"{_fmt(r['fps'])} | {_fmt(r['final_mean_return'], 1)} |")
+                     f"{_fmt(r['fps'])} | {_fmt(r['final_mean_return'], 1)} |"
+                     + (f" {_fmt(r['objective'], 1)} |" if optuna else ""))
+    if best is not None:
+        lines += ["", _best_line(best, jobs)]
     medians = seed_medians(jobs)
     if medians:
         lines += ["", "Medians over seeds (finished jobs):", "",
@@ -234,7 +346,19 @@ def markdown(sweep_dir: str, jobs: list[Job], *, ended_early: bool = False) -> s
                          f"{_fmt(m['fps'])} | {_fmt(m['final_mean_return'], 1)} |")
     notes = [f"- job {_fmt(r['job'])} {r['status']}: {r['detail']} ({r['run_dir']})"
              for r in table if r["status"] in ("failed", NO_RESULT)]
+    notes += [f"- job {_fmt(r['job'])}: no finite return to maximize (no episode ended): Optuna marked the trial failed "
+              f"({r['run_dir']})" for r in table if optuna and r["status"] == "finished" and r["objective"] is None]
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+
+
+def _best_line(best: Best, jobs: list[Job]) -> str:
+    names = dict(zip((id(job) for job in jobs), labels(jobs)[0]))
+    which = f"job {_fmt(best.job.num)}" if best.job is not None else "no job directory here"
+    chosen = " ".join(f"{k}={v}" for k, v in best.params.items()) or (names.get(id(best.job)) if best.job else "")
+    if best.final:
+        return f"Optuna's best trial ({OPTUNA_RESULTS}): {which}, objective {_fmt(best.value, 2)}: {chosen}"
+    return (f"Best trial so far (the sweep ended before Optuna wrote {OPTUNA_RESULTS}): {which}, objective "
+            f"{_fmt(best.value, 2)}: {chosen}")
 
 
 def _tail(path: str) -> str:
@@ -325,6 +449,9 @@ class SweepSummary(Callback):
 
     def on_multirun_start(self, config, **kwargs) -> None:
         self._pending = str(config.hydra.sweep.dir)
+        if OmegaConf.select(config, "hydra.sweeper._target_") == OPTUNA_SWEEPER:
+            # Optuna imports alembic as the sweeper starts, whose registrations would each print an INFO line
+            logging.getLogger("alembic").setLevel(logging.WARNING)
         # A failed or interrupted job ends Hydra's sweep with an exception, and on_multirun_end never comes: the
         # summary of the jobs that ran is written as the command exits instead.
         atexit.register(self._at_exit)
