@@ -254,7 +254,12 @@ def _write_summary(run_dir: str, summary: dict) -> None:
 
 # ---------------------------------------------------------------------------------------------- how a run ends
 @hydra.main(version_base=None, config_path="pkg://conf", config_name="config")
-def _hydra_main(cfg: DictConfig) -> None:
+def _hydra_main(cfg: DictConfig) -> float | None:
+    """Phases 2 to 5 for the job Hydra composed. Returns the run's objective for a hyperparameter search
+    (:func:`launcher.sweep.objective`: what Optuna's sweeper takes as the trial's value), ``None`` for a dry run; a run
+    that fails or is interrupted exits with its status instead (a sweep stops there)."""
+    from .sweep import objective
+
     run_dir = HydraConfig.get().runtime.output_dir
     quiet_when_full()
     _choose_wait_policy(cfg)
@@ -263,12 +268,14 @@ def _hydra_main(cfg: DictConfig) -> None:
     # up from the start of the shutdown to the process's exit: a second Ctrl-C neither cuts the shutdown short nor
     # the summary and the last line after it
     shield = ShutdownShield(float(cfg.launcher.shutdown_timeout))
+    result = None
     try:
-        launch(cfg, run_dir, shield)
+        result = launch(cfg, run_dir, shield)
     except BaseException as exc:  # noqa: BLE001 - each ending is mapped to its status; the rest is raised again
         end_run(exc, cfg, run_dir)
     shield.lower_shield()  # a sweep's next job starts with the usual handlers
     ending()
+    return None if result is None else objective(result)
 
 
 OVERLAP_WAIT = {"OMP_WAIT_POLICY": "PASSIVE"}
@@ -294,11 +301,12 @@ def main() -> None:
     """Entry point of ``python -m launcher``: phase 1 (check), then Hydra runs phases 2 to 5 for each job."""
     from transports.kernel.plugins import hand_down
 
-    from .preflight import preflight
+    from .preflight import preflight, trial_dirs
     from .rundir import own_run_dir
 
     hand_down()  # every process of the run imports the plugins this one found, without reading the packages again
     sys.argv = [sys.argv[0], *normalize_argv(sys.argv[1:])]
     preflight(sys.argv[1:])  # a config that does not compose, or a value out of range: exit 2 before Hydra starts
     sys.argv = [sys.argv[0], *own_run_dir(sys.argv[1:])]  # never the directory of a run started the same second
+    sys.argv = [sys.argv[0], *trial_dirs(sys.argv[1:])]  # an Optuna trial's directory: its job number
     _hydra_main()

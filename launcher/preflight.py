@@ -13,9 +13,14 @@ Two checks, both raising :class:`~transports.kernel.errors.ConfigurationError` (
 A sweep whose jobs run on this machine (Hydra's own launcher, ``hydra/launcher=local``) has every job's plan made too
 (its env, what its recipe asks of it), before the first job trains.
 
+An Optuna sweep (``hydra/sweeper=optuna`` or an option extending it) is checked at the ends of its search space
+(:func:`optuna_jobs`): each choice, both ends of each interval and range, so a value no trial could run is refused
+before the first trial trains; what would make the search itself wrong (minimizing the return, a storage this Optuna
+cannot open) is refused too. Its dry run plans those jobs and stops (:func:`dry_run_search`).
+
 Where it cannot be sure what Hydra will do (``--help``, ``--cfg``, ``--info``, another config path or name,
-``hydra.searchpath``, a sweeper of its own, ``HYDRA_FULL_ERROR=1``) the preflight steps aside and leaves the
-command line to Hydra.
+``hydra.searchpath``, a sweeper other than Optuna's, ``HYDRA_FULL_ERROR=1``) the preflight steps aside and leaves
+the command line to Hydra.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import sys
 import typing
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from transports.kernel.errors import ConfigurationError
@@ -46,6 +51,8 @@ _HANDS_OFF = ("help", "hydra_help", "cfg", "info", "package", "resolve", "shell_
 
 _HYDRA_DECIDES = ("hydra.searchpath", "hydra.sweeper", "hydra/sweeper", "hydra.mode")
 """Hydra overrides that change which configs exist or how a sweep is expanded."""
+_SWEEPER = ("hydra.sweeper", "hydra/sweeper")
+"""Of those, the ones choosing or configuring the sweeper: Optuna's is read here (:func:`optuna_jobs`)."""
 
 
 # ---------------------------------------------------------------------------------------------- the command line
@@ -56,10 +63,25 @@ def preflight(argv: list[str]) -> None:
         argv: the command line after the program name.
     """
     try:
-        check_argv(argv)
+        configs = check_argv(argv)
     except ConfigurationError as exc:
         print(f"configuration error: {exc}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG)
+    if isinstance(configs, SearchEnds) and configs and all(cfg.launcher.dry_run for cfg in configs):
+        dry_run_search(configs)
+
+
+def dry_run_search(configs: SearchEnds) -> None:
+    """The dry run of an Optuna sweep: the plan of each job at the ends of its search space (what the preflight
+    checked), then one line; Optuna is not started (no trial would have an objective). Exits 0."""
+    from .cli import dry_run, plan
+
+    for cfg in configs:
+        print(f"at {' '.join(configs.at(cfg))}:", flush=True)
+        dry_run(plan(cfg))
+    print(f"dry run of an Optuna sweep: the {len(configs)} jobs at the ends of its search space "
+          f"({', '.join(configs.space.values())}) planned; nothing trained, no trial run", flush=True)
+    sys.exit(0)
 
 
 def check_argv(argv: list[str]) -> list[DictConfig]:
@@ -71,7 +93,8 @@ def check_argv(argv: list[str]) -> list[DictConfig]:
         argv: the command line after the program name (``+recipe=ppo`` is read as ``recipe=ppo``).
 
     Returns:
-        The composed config of each job (none where the preflight leaves the command line to Hydra).
+        The composed config of each job (none where the preflight leaves the command line to Hydra); for an Optuna
+        sweep, of each job at the ends of its search space, as :class:`SearchEnds`.
 
     Raises:
         ConfigurationError: an override that does not parse, an unknown key or group option, a value of the
@@ -89,19 +112,24 @@ def check_argv(argv: list[str]) -> list[DictConfig]:
     configs = []
     for overrides in jobs or ():
         try:
-            cfg = compose([*overrides, *search])
-        except Exception as exc:
-            if not _is_config_error(exc):
-                return []  # not a mistake in the config: Hydra reports it its own way
-            raise explain(exc) from None
-        check_values(cfg, strict=False)
-        check_placements(cfg)  # the table, before torch is imported
+            try:
+                cfg = compose([*overrides, *search])
+            except Exception as exc:
+                if not _is_config_error(exc):
+                    return []  # not a mistake in the config: Hydra reports it its own way
+                raise explain(exc) from None
+            check_values(cfg, strict=False)
+            check_placements(cfg)  # the table, before torch is imported
+        except ConfigurationError as exc:
+            if isinstance(jobs, SearchEnds):
+                raise jobs.where(exc, overrides) from None
+            raise
         configs.append(cfg)
     launcher = _check_hydra(argv, [*jobs[0], *search]) if jobs else None
     _check_resumes(configs)
     if len(configs) > 1 and launcher in _RUN_HERE:
         _plan_every_job(configs)
-    return configs
+    return SearchEnds(configs, jobs.space) if isinstance(jobs, SearchEnds) else configs
 
 
 _RUN_HERE = ("hydra._internal.core_plugins.basic_launcher.BasicLauncher",
@@ -251,7 +279,10 @@ def sweep_jobs(argv: list[str]) -> list[list[str]] | None:
         raise ConfigurationError(f"cannot read the override {exc.override!r}: {reason}"
                                  + ("; write key=value" if "EQUAL" in reason else ""),
                                  path=exc.override.split("=")[0].lstrip("+~")) from None
-    if any(o.key_or_group.startswith(_HYDRA_DECIDES) for o in overrides):
+    decides = [o for o in overrides if o.key_or_group.startswith(_HYDRA_DECIDES)]
+    if decides:
+        if args.multirun and all(o.key_or_group.startswith(_SWEEPER) for o in decides):
+            return optuna_jobs(overrides)
         return None
     task = [o for o in overrides if not (o.key_or_group == "hydra" or o.is_hydra_override())]
     if not args.multirun:
@@ -269,6 +300,158 @@ def sweep_jobs(argv: list[str]) -> list[list[str]] | None:
         values = o.sweep_string_iterator() if o.is_sweep_override() else [o.get_value_element_as_str()]
         axes[key] = [f"{key}={v}" for v in values]
     return [list(job) for job in itertools.product(*axes.values())]
+
+
+class SearchEnds(list):
+    """The jobs that stand for an Optuna sweep's search space (:func:`optuna_jobs`): each job's overrides, or (as
+    :func:`check_argv` returns them) each job's composed config; with the search space they stand for.
+
+    Args:
+        jobs: each job's overrides, or composed configs.
+        space: the searched keys' overrides as written (``recipe.lr=tag(log, interval(3e-4, 3e-2))``), by key.
+    """
+
+    def __init__(self, jobs: list, space: dict[str, str]):
+        super().__init__(jobs)
+        self.space = space
+
+    def at(self, job: list[str] | DictConfig) -> list[str]:
+        """The values of the searched keys that ``job`` (its overrides or its config) takes, as overrides."""
+        if isinstance(job, DictConfig):
+            return [f"{key}={OmegaConf.select(job, key.lstrip('+~'))}" for key in self.space]
+        return [o for o in job if o.split("=", 1)[0] in self.space]
+
+    def where(self, exc: ConfigurationError, job: list[str]) -> ConfigurationError:
+        """``exc`` (a mistake in ``job``) saying which values of the search space the job took."""
+        space = ", ".join(f"{line!r}" for line in self.space.values())
+        return ConfigurationError(f"{exc.message} (at {' '.join(self.at(job))}, an end of the Optuna search space "
+                                  f"{space})", path=exc.path, alternatives=exc.alternatives)
+
+
+def optuna_jobs(overrides: list) -> SearchEnds | None:
+    """The jobs that stand for an Optuna sweep's search space: one with the first value of every searched key, then
+    one for each other end of a key (each choice; both ends of an interval or a range), the other keys at their first.
+    The search space is ``hydra.sweeper.params`` and the keys the command line sweeps (which replace a key both name),
+    as the sweeper reads them.
+
+    Args:
+        overrides: the command line's overrides, parsed (Hydra's ``Override``).
+
+    Returns:
+        The jobs' config overrides; ``None``: the sweeper is not Optuna's, or Hydra's config does not compose here
+        (Hydra says why), or the search space holds what only Hydra expands (left to Hydra).
+
+    Raises:
+        ConfigurationError: ``hydra/sweeper=optuna`` without the plugin; a direction other than ``maximize``; a
+            ``storage`` this Optuna cannot open.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from .sweep import OPTUNA_SWEEPER
+
+    task = [o for o in overrides if not (o.key_or_group == "hydra" or o.is_hydra_override())]
+    own = [o.input_line for o in overrides if o.key_or_group.startswith("hydra.") or o.is_hydra_override()]
+    try:
+        cfg = compose([*(o.input_line for o in task if not o.is_sweep_override()), *own], hydra=True)
+    except Exception as exc:
+        _no_optuna_plugin(exc)
+        if _is_config_error(exc):
+            raise explain(exc) from None
+        return None
+    sweeper = cfg.hydra.sweeper
+    if sweeper.get("_target_") != OPTUNA_SWEEPER:
+        return None
+    _check_optuna(sweeper)
+    lines = [f"{key}={value}" for key, value in (sweeper.get("params") or {}).items()]
+    searched: dict[str, list[str]] = {}
+    space: dict[str, str] = {}
+    for o in OverridesParser.create().parse_overrides([*lines, *(o.input_line for o in task)]):
+        ends = _ends(o)
+        if ends is None:
+            return None
+        searched[o.get_key_element()] = ends
+        if o.is_sweep_override():
+            space[o.get_key_element()] = o.input_line
+        else:
+            space.pop(o.get_key_element(), None)
+    base = {key: ends[0] for key, ends in searched.items()}
+    jobs = [[f"{key}={value}" for key, value in base.items()]]
+    for key, ends in searched.items():
+        for value in ends[1:]:
+            jobs.append([f"{k}={value if k == key else v}" for k, v in base.items()])
+    return SearchEnds(jobs, space)
+
+
+TRIAL_SUBDIR = "${hydra.job.num}"
+"""``hydra.sweep.subdir`` of an Optuna sweep: each trial's directory named by its job number. The default (the job
+number and its overrides) outgrows a file name (255 bytes) with a few of Optuna's 17-digit values, and Hydra fails
+as the first trial starts; a trial's overrides are in its ``.hydra/overrides.yaml`` and in the sweep summary."""
+
+
+def trial_dirs(argv: list[str]) -> list[str]:
+    """``argv`` with ``hydra.sweep.subdir=`` :data:`TRIAL_SUBDIR` added for an Optuna sweep that does not choose its
+    own; else ``argv`` as it is."""
+    args = hydra_args(argv)
+    if args is None or not args.multirun or any(o.split("=", 1)[0].lstrip("+~") == "hydra.sweep.subdir"
+                                                for o in args.overrides):
+        return argv
+    try:
+        jobs = sweep_jobs(argv)
+    except ConfigurationError:
+        return argv  # the preflight said why already
+    return [*argv, f"hydra.sweep.subdir={TRIAL_SUBDIR}"] if isinstance(jobs, SearchEnds) else argv
+
+
+def _ends(o) -> list[str] | None:
+    """The values of one key of an Optuna search space to check: its value, each choice, both ends of an interval or
+    a range (an interval's upper end included: a superset of what Optuna draws); ``None``: another kind of sweep."""
+    if not o.is_sweep_override():
+        return [o.get_value_element_as_str()]
+    if o.is_choice_sweep():
+        return list(o.sweep_string_iterator())
+    if o.is_range_sweep():
+        values = list(o.sweep_string_iterator())
+        return [values[0], values[-1]] if len(values) > 1 else values or None
+    if o.is_interval_sweep():
+        value = o.value()
+        return [str(value.start), str(value.end)]
+    return None
+
+
+def _check_optuna(sweeper: DictConfig) -> None:
+    """What would make an Optuna search wrong from its first trial. Raises ConfigurationError."""
+    direction = sweeper.get("direction")
+    names = [getattr(d, "name", str(d)).rpartition(".")[2] for d in
+             (direction if isinstance(direction, (list, tuple)) or OmegaConf.is_list(direction) else [direction])]
+    if names != ["maximize"]:
+        raise ConfigurationError(
+            f"hydra.sweeper.direction={names[0] if len(names) == 1 else names}: a trial's objective is one number, "
+            "its run's return, which the search should maximize: set hydra.sweeper.direction=maximize "
+            "(hydra/sweeper=ppo_cartpole_optuna does)", path="hydra.sweeper.direction")
+    if sweeper.get("storage"):
+        import optuna
+        import sqlalchemy
+
+        if int(optuna.__version__.split(".")[0]) < 3 and int(sqlalchemy.__version__.split(".")[0]) >= 2:
+            raise ConfigurationError(
+                f"hydra.sweeper.storage={sweeper.storage!r}: Optuna {optuna.__version__} (the newest that "
+                f"hydra-optuna-sweeper takes) cannot open a database with SQLAlchemy {sqlalchemy.__version__}; "
+                "leave hydra.sweeper.storage=null (the study is kept in memory; optimization_results.yaml and the "
+                "sweep summary are written in the sweep directory)", path="hydra.sweeper.storage")
+
+
+def _no_optuna_plugin(exc: BaseException) -> None:
+    """Raise the install line where ``hydra/sweeper=...`` names Optuna's sweeper and the plugin is not installed."""
+    import importlib.util
+
+    from hydra.errors import MissingConfigException
+
+    missing = getattr(exc, "missing_cfg_file", None) if isinstance(exc, MissingConfigException) else None
+    if (missing or "").startswith("hydra/sweeper") and "optuna" in missing \
+            and importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is None:
+        raise ConfigurationError(f"hydra/sweeper={missing.rpartition('/')[2]} needs "
+                                 "Hydra's Optuna sweeper: pip install '.[optuna]' (hydra-optuna-sweeper)",
+                                 path="hydra/sweeper") from None
 
 
 def hydra_args(argv: list[str]) -> argparse.Namespace | None:
