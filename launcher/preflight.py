@@ -324,8 +324,11 @@ class SearchEnds(list):
     def where(self, exc: ConfigurationError, job: list[str]) -> ConfigurationError:
         """``exc`` (a mistake in ``job``) saying which values of the search space the job took."""
         space = ", ".join(f"{line!r}" for line in self.space.values())
+        line = self.space.get(exc.path or "", "")
+        hint = ("; Hydra's interval() is of floats: int(interval(a, b)) draws integers"
+                if "must be an integer" in exc.message and "interval(" in line and "int(" not in line else "")
         return ConfigurationError(f"{exc.message} (at {' '.join(self.at(job))}, an end of the Optuna search space "
-                                  f"{space})", path=exc.path, alternatives=exc.alternatives)
+                                  f"{space}){hint}", path=exc.path, alternatives=exc.alternatives)
 
 
 def optuna_jobs(overrides: list) -> SearchEnds | None:

@@ -146,14 +146,18 @@ def test_an_optuna_sweep_is_checked_at_the_ends_of_its_search_space():
      "must be divisible by num_minibatches=3 (at ", "recipe.num_minibatches"),
     (["hydra.sweeper.direction=minimize"], "hydra.sweeper.direction=minimize: a trial's objective is one number",
      "hydra.sweeper.direction"),
+    (["recipe.num_minibatches=interval(1, 8)"],  # Hydra's interval() is of floats: Optuna would draw 3.7 minibatches
+     "must be an integer, got 1.0 (at ", "recipe.num_minibatches"),
     (["recipe.lrr=0.1"], "recipe has no key 'lrr'", "recipe.lrr"),
-], ids=["interval-end", "choice", "minimize", "unknown-key"])
+], ids=["interval-end", "choice", "float-interval", "minimize", "unknown-key"])
 def test_a_search_space_no_trial_could_run_is_refused_before_any_trial(extra, refused, path):
     with pytest.raises(ConfigurationError) as err:
         check_argv(["--multirun", EXAMPLE, "recipe=ppo", *extra])
     assert refused in str(err.value) and err.value.path == path
     if extra[0].startswith("recipe.") and "(at " in refused:  # names the search space it came from
         assert "an end of the Optuna search space" in str(err.value)
+    if "integer" in refused:
+        assert "int(interval(a, b)) draws integers" in str(err.value)
 
 
 def test_plain_hydra_sweeper_optuna_minimizes_unless_told_so_it_is_refused():
@@ -250,3 +254,25 @@ def test_a_real_optuna_sweep_returns_each_runs_return_and_optuna_keeps_the_best(
         trial = study.ask(space)
         assert {k: str(v) for k, v in trial.params.items()} == {k: given[k] for k in space}
         study.tell(trial, value)
+
+
+@pytest.mark.slow
+def test_a_trial_that_fails_stops_the_sweep_with_its_status_and_the_trials_that_ran_are_summarized(tmp_path):
+    # 16 envs x 32 steps = 512 rows: both ends of int(interval(1, 8)) divide them, so the preflight lets the sweep
+    # start; the seeded sampler's second trial draws 6 minibatches, which do not (seed 1 draws 1, then 6)
+    sweep_dir = os.path.join(str(tmp_path), "sweep")
+    result = run_cli("--multirun", EXAMPLE, "hydra.sweeper.n_trials=3", "hydra.sweeper.sampler.seed=1", "+recipe=ppo",
+                     "recipe.total_frames=1024", "recipe.target_return=null", "launcher.progress=false",
+                     "launcher.plot=false", "recipe.num_minibatches=int(interval(1, 8))", f"hydra.sweep.dir={sweep_dir}",
+                     cwd=str(tmp_path), timeout=240)
+    assert result.returncode == 2, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-4000:]}"
+    assert "must be divisible by num_minibatches=6" in result.stderr
+    with open(os.path.join(sweep_dir, CSV_NAME), newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["job"], r["status"]) for r in rows] == [("0", "finished")]  # the refused trial left no directory
+    assert "recipe.num_minibatches=1" in rows[0]["overrides"] and float(rows[0]["objective"]) > 0
+    assert not os.path.exists(os.path.join(sweep_dir, OPTUNA_RESULTS))  # Optuna writes it only once every trial ran
+    with open(os.path.join(sweep_dir, MARKDOWN_NAME)) as f:
+        text = f.read()
+    assert "(the sweep ended early)" in text.splitlines()[0]
+    assert "Best trial so far (the sweep ended before Optuna wrote optimization_results.yaml): job 0" in text
