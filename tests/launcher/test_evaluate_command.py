@@ -1,6 +1,8 @@
-"""``python -m launcher.evaluate <run dir>`` on a real run directory made here (a short PPO CartPole run with a
-checkpoint): the table, the JSON, the video; and the one-line refusals."""
+"""Evaluation of a real run made here (a short PPO CartPole run, every service on a thread, with the evaluator and a
+checkpoint): what the evaluator logged while it trained, then ``python -m launcher.evaluate <run dir>``: the table,
+the JSON, the video; and the one-line refusals."""
 
+import csv
 import json
 import subprocess
 import sys
@@ -15,7 +17,9 @@ pytestmark = pytest.mark.slow  # real launcher runs
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("evaluate") / "run"
-    done = run_cli("+recipe=ppo", "recipe.total_frames=4096", "recipe.target_return=null",
+    done = run_cli("+recipe=ppo", "recipe.total_frames=4096", "recipe.target_return=null", "service=thread",
+                   "components.evaluator.eval_every=2048", "components.evaluator.episodes=2",
+                   "components.evaluator.video=true", "components.evaluator.max_episode_steps=300",
                    "launcher.checkpoint_every=2048", "launcher.progress=false", "launcher.plot=false",
                    f"hydra.run.dir={path}", cwd=str(path.parent))
     assert done.returncode == 0, done.stderr[-2000:]
@@ -25,6 +29,20 @@ def run_dir(tmp_path_factory):
 def evaluate(*args):
     return subprocess.run([sys.executable, "-m", "launcher.evaluate", *map(str, args)], capture_output=True,
                           text=True, timeout=120)
+
+
+def test_the_evaluator_logged_each_eval_every_and_the_final_weights_with_videos(run_dir):
+    summary = json.loads((run_dir / "summary.json").read_text())
+    evaluations = summary["evaluations"]
+    assert [e["frames"] for e in evaluations] == [2048, 4096]  # the last at the end: the final weights
+    assert summary["eval_mean_return"] == evaluations[-1]["mean_return"]
+    assert all(len(e["returns"]) == 2 and e["policy_version"] >= 1 for e in evaluations)
+    for e in evaluations:
+        frames, size = decoded_video(e["video"])
+        assert frames == e["lengths"][0] + 1 and size == (600, 400)
+    with open(run_dir / "metrics.csv") as f:
+        logged = [(int(r["step"]), float(r["value"])) for r in csv.DictReader(f) if r["tag"] == "eval/mean_return"]
+    assert logged == [(e["frames"], pytest.approx(e["mean_return"])) for e in evaluations]
 
 
 def test_the_checkpointed_policy_plays_and_prints_its_returns_with_a_video(run_dir):
