@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import sys
 from dataclasses import dataclass
@@ -256,8 +257,10 @@ def _write_summary(run_dir: str, summary: dict) -> None:
 @hydra.main(version_base=None, config_path="pkg://conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> float | None:
     """Phases 2 to 5 for the job Hydra composed. Returns the run's objective for a hyperparameter search
-    (:func:`launcher.sweep.objective`: what Optuna's sweeper takes as the trial's value), ``None`` for a dry run; a run
-    that fails or is interrupted exits with its status instead (a sweep stops there)."""
+    (:func:`launcher.sweep.objective`: what Optuna's sweeper takes as the trial's value); ``None`` for a dry run, and
+    for a run without a finite one (no episode ended), which Optuna's sweeper marks failed before it goes on (a NaN
+    would end the sweep: the sweeper tells Optuna the failed trial's value). A run that fails or is interrupted
+    exits with its status instead (a sweep stops there)."""
     from .sweep import objective
 
     run_dir = HydraConfig.get().runtime.output_dir
@@ -275,7 +278,8 @@ def _hydra_main(cfg: DictConfig) -> float | None:
         end_run(exc, cfg, run_dir)
     shield.lower_shield()  # a sweep's next job starts with the usual handlers
     ending()
-    return None if result is None else objective(result)
+    value = math.nan if result is None else objective(result)
+    return value if math.isfinite(value) else None
 
 
 OVERLAP_WAIT = {"OMP_WAIT_POLICY": "PASSIVE"}

@@ -55,7 +55,7 @@ def objective(summary: Mapping) -> float:
         ``eval_mean_return`` where the evaluator ran (``components.evaluator.eval_every``: the deterministic policy's
         whole games, unclipped), else ``final_mean_return`` (the training return over the recipe's last ``window``
         episodes); NaN where the run failed or was interrupted, or has neither as a finite number (no episode ended):
-        Optuna's sweeper marks such a trial failed and goes on.
+        the launcher then returns ``None``, and Optuna's sweeper marks the trial failed and goes on.
     """
     if summary.get("failed") or summary.get("interrupted"):
         return math.nan

@@ -44,7 +44,7 @@ def test_the_objective_is_the_evaluated_return_where_the_evaluator_ran_else_the_
      "mean_return": 31.5},                                         # what a failed run's summary.json holds
     {"interrupted": True, "signal": "SIGTERM", "failed": None, "frames": 1024, "mean_return": 18.0},
 ], ids=["no-episode", "nan", "failed", "interrupted"])
-def test_a_run_without_a_finished_return_has_a_nan_objective_which_optuna_marks_failed(summary):
+def test_a_run_without_a_finished_return_has_a_nan_objective(summary):
     assert math.isnan(objective(summary))
 
 
@@ -146,10 +146,12 @@ def test_an_optuna_sweep_is_checked_at_the_ends_of_its_search_space():
      "must be divisible by num_minibatches=3 (at ", "recipe.num_minibatches"),
     (["hydra.sweeper.direction=minimize"], "hydra.sweeper.direction=minimize: a trial's objective is one number",
      "hydra.sweeper.direction"),
+    (["hydra.sweeper.direction=[maximize,maximize]"], "direction=['maximize', 'maximize']: a trial's objective is one",
+     "hydra.sweeper.direction"),
     (["recipe.num_minibatches=interval(1, 8)"],  # Hydra's interval() is of floats: Optuna would draw 3.7 minibatches
      "must be an integer, got 1.0 (at ", "recipe.num_minibatches"),
     (["recipe.lrr=0.1"], "recipe has no key 'lrr'", "recipe.lrr"),
-], ids=["interval-end", "choice", "float-interval", "minimize", "unknown-key"])
+], ids=["interval-end", "choice", "float-interval", "minimize", "two-objectives", "unknown-key"])
 def test_a_search_space_no_trial_could_run_is_refused_before_any_trial(extra, refused, path):
     with pytest.raises(ConfigurationError) as err:
         check_argv(["--multirun", EXAMPLE, "recipe=ppo", *extra])
@@ -276,3 +278,26 @@ def test_a_trial_that_fails_stops_the_sweep_with_its_status_and_the_trials_that_
         text = f.read()
     assert "(the sweep ended early)" in text.splitlines()[0]
     assert "Best trial so far (the sweep ended before Optuna wrote optimization_results.yaml): job 0" in text
+
+
+@pytest.mark.slow
+def test_a_trial_without_a_finished_episode_is_failed_by_optuna_and_the_search_goes_on(tmp_path):
+    # 128 envs x 4 steps: 512 frames end no CartPole episode (NaN), 2048 do; seed 0 draws 512, then 2048
+    sweep_dir = os.path.join(str(tmp_path), "sweep")
+    result = run_cli("--multirun", EXAMPLE, "hydra.sweeper.n_trials=2", "+recipe=ppo", "recipe.num_envs=128",
+                     "recipe.num_steps=4", "recipe.total_frames=choice(512, 2048)", "recipe.target_return=null",
+                     "launcher.progress=false", "launcher.plot=false", f"hydra.sweep.dir={sweep_dir}",
+                     cwd=str(tmp_path), timeout=240)
+    assert result.returncode == 0, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-4000:]}"
+    assert "Failed experiment" in result.stdout + result.stderr  # the plugin's line for the trial Optuna failed
+    with open(os.path.join(sweep_dir, CSV_NAME), newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["status"], r["frames"]) for r in rows] == [("finished", "512"), ("finished", "2048")]
+    assert rows[0]["objective"] == "" and float(rows[1]["objective"]) > 0
+    with open(os.path.join(sweep_dir, OPTUNA_RESULTS)) as f:
+        results = yaml.safe_load(f)
+    assert results["best_value"] == float(rows[1]["objective"]) and results["best_params"]["recipe.total_frames"] == 2048
+    with open(os.path.join(sweep_dir, MARKDOWN_NAME)) as f:
+        text = f.read()
+    assert "- job 0: no finite return to maximize (no episode ended): Optuna marked the trial failed" in text
+    assert "Optuna's best trial (optimization_results.yaml): job 1, " in text
