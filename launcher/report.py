@@ -67,13 +67,19 @@ def strict_json(value):
 
 
 def summary_line(recipe: str, env_id: str, result: dict, run_dir: str) -> str:
-    """One line: what was trained, whether it solved, frames, seconds, frames/s, final mean return."""
+    """One line: what was trained, whether it solved, frames, seconds, frames/s, final mean return, and the evaluated
+    return where the evaluator ran."""
     state = "solved" if result.get("solved") else "finished"
     final = result.get("final_mean_return")
     final = f"{final:.1f}" if isinstance(final, (int, float)) and math.isfinite(final) else "none yet (no episode ended)"
+    evaluated = ""
+    if isinstance(result.get("eval_mean_return"), (int, float)):
+        episodes = len((result.get("evaluations") or [{}])[-1].get("returns", []))
+        evaluated = (f", evaluated {result['eval_mean_return']:.1f} +- {result.get('eval_return_std', 0.0):.1f} over "
+                     f"{episodes} episodes")
     return (
         f"{recipe} {env_id} {state}: {result['frames']:,} frames in {result['wall_seconds']:.1f} s "
-        f"({result['fps']:,.0f} frames/s), final mean return {final}; results in {run_dir}"
+        f"({result['fps']:,.0f} frames/s), final mean return {final}{evaluated}; results in {run_dir}"
     )
 
 

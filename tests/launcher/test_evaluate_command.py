@@ -23,6 +23,9 @@ def run_dir(tmp_path_factory):
                    "launcher.checkpoint_every=2048", "launcher.progress=false", "launcher.plot=false",
                    f"hydra.run.dir={path}", cwd=str(path.parent))
     assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((path / "summary.json").read_text())
+    assert (f"evaluated {summary['eval_mean_return']:.1f} +- {summary['eval_return_std']:.1f} over 2 episodes"
+            in done.stdout)  # the summary line
     return path
 
 
