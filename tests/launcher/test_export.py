@@ -1,5 +1,5 @@
-"""``python -m launcher.export``: a real run directory, made here by the commands the Export page shows, exported to
-ONNX; ``onnxruntime`` then acts on observations recorded from the env as the torch policy rebuilt from the checkpoint
+"""``python -m launcher.export``: real run directories, made here by the commands the Export page shows (once for
+the test session, whichever xdist worker gets there first), exported to ONNX; ``onnxruntime`` then acts on observations recorded from the env as the torch policy rebuilt from the checkpoint
 does (same actions, outputs within :data:`RTOL` / :data:`ATOL`), for the MLP (with observation normalisation, folded
 into the graph) and for the Nature CNN on Atari frames. And the one-line refusals (exit 2)."""
 
@@ -16,12 +16,11 @@ import subprocess
 import sys
 
 import numpy as np
+import onnxruntime  # the test extra installs it (and the export extra)
 import pytest
 import torch
 
 from tests.helpers import ROOT
-
-onnxruntime = pytest.importorskip("onnxruntime", reason="pip install '.[export]' installs onnxruntime")
 
 PAGE = os.path.join(ROOT, "docs", "pages", "export.md")
 TRAIN_CARTPOLE = ("python -m launcher +recipe=ppo recipe.normalize_observations=true recipe.total_frames=4096 "
@@ -72,24 +71,38 @@ def _export(command: str, cwd) -> str:
 
 
 def _made(train: str, export: str, where) -> dict:
-    _train(train, where)
-    printed = _export(export, where)
+    """The page's run and export in ``where``, made once for the test session: the first of pytest-xdist's workers to
+    get here makes them while holding a lock, the others wait for it and read what it made."""
+    from filelock import FileLock
+
+    made = where / "made.json"
+    with FileLock(f"{where}.lock", timeout=600):
+        if not made.exists():
+            where.mkdir(exist_ok=True)
+            _train(train, where)
+            made.write_text(json.dumps({"printed": _export(export, where)}))
     run_dir = where / shlex.split(export)[3]
     meta = json.loads((run_dir / "export" / "policy.json").read_text())
-    return {"where": where, "run_dir": run_dir, "printed": printed, "meta": meta,
+    return {"where": where, "run_dir": run_dir, "printed": json.loads(made.read_text())["printed"], "meta": meta,
             "onnx": str(run_dir / "export" / "policy.onnx")}
 
 
-@pytest.fixture(scope="module")
+def _shared(tmp_path_factory, name: str):
+    """A directory every worker of the test session sees (the workers' common temporary folder under xdist)."""
+    root = tmp_path_factory.getbasetemp()
+    return (root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root) / name
+
+
+@pytest.fixture(scope="session")
 def cartpole(tmp_path_factory):
     """PPO on CartPole with observation normalisation, trained, checkpointed and exported as the page shows."""
-    return _made(TRAIN_CARTPOLE, EXPORT_CARTPOLE, tmp_path_factory.mktemp("export"))
+    return _made(TRAIN_CARTPOLE, EXPORT_CARTPOLE, _shared(tmp_path_factory, "export_cartpole"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def breakout(tmp_path_factory):
     """PPO on Atari frames (the Nature CNN), a few frames, checkpointed and exported as the page shows."""
-    return _made(TRAIN_ATARI, EXPORT_ATARI, tmp_path_factory.mktemp("export"))
+    return _made(TRAIN_ATARI, EXPORT_ATARI, _shared(tmp_path_factory, "export_breakout"))
 
 
 def _torch_policy(run_dir):
