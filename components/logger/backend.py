@@ -11,6 +11,7 @@ opens.
 from __future__ import annotations
 
 import inspect
+import os
 import threading
 from typing import Any, Mapping, Protocol, runtime_checkable
 
@@ -153,3 +154,19 @@ def quiet_writer_threads() -> None:
 
     hook.quiet_full_disk = True
     threading.excepthook = hook
+
+
+def saved_run_id(log_dir: str, name: str) -> str | None:
+    """The run id a tracking backend (W&B, MLflow) saved in file ``name`` of ``log_dir`` when it first opened there, so
+    opening again (a resumed run) continues that run; ``None`` before."""
+    try:
+        with open(os.path.join(log_dir, name)) as f:
+            return f.read().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def save_run_id(log_dir: str, name: str, run_id: str) -> None:
+    """Save ``run_id`` in file ``name`` of ``log_dir`` (read back by :func:`saved_run_id`)."""
+    with open(os.path.join(log_dir, name), "w") as f:
+        f.write(run_id)

@@ -14,7 +14,7 @@ from typing import Any, Dict, Iterator, Mapping, Optional
 from transports.kernel.errors import ConfigurationError
 from transports.kernel.options import check_instance
 
-from .backend import installed
+from .backend import installed, save_run_id, saved_run_id
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +95,7 @@ class MlflowLogger:
     @property
     def run_id(self) -> str | None:
         """The MLflow run's id (``None`` before the first ``open``)."""
-        try:
-            with open(os.path.join(self.log_dir, RUN_ID_FILE)) as f:
-                return f.read().strip() or None
-        except FileNotFoundError:
-            return None
+        return saved_run_id(self.log_dir, RUN_ID_FILE)
 
     def open(self) -> None:
         """Open the store and start the run (continuing the one this directory holds, if any); log ``run_config``.
@@ -123,8 +119,7 @@ class MlflowLogger:
                 self.experiment, artifact_location=_file_uri(os.path.join(os.path.abspath(self.log_dir),
                                                                           "mlartifacts")))
             self._run_id = client.create_run(experiment, run_name=self.run_name).info.run_id
-            with open(os.path.join(self.log_dir, RUN_ID_FILE), "w") as f:
-                f.write(self._run_id)
+            save_run_id(self.log_dir, RUN_ID_FILE, self._run_id)
         self._client = client
         if self.run_config:
             self.write_hparams(dict(flatten(self.run_config)))

@@ -11,7 +11,7 @@ from typing import Any, Dict, Mapping, Optional
 from transports.kernel.errors import ConfigurationError
 from transports.kernel.options import check_instance, one_of
 
-from .backend import installed
+from .backend import installed, save_run_id, saved_run_id
 
 STEP = "global_step"
 """The key every record carries its step in: W&B's own ``_step`` counts records and only grows, while a logger's steps
@@ -70,11 +70,7 @@ class WandbLogger:
     @property
     def run_id(self) -> str | None:
         """The W&B run's id (``None`` before the first ``open``)."""
-        try:
-            with open(os.path.join(self.log_dir, RUN_ID_FILE)) as f:
-                return f.read().strip() or None
-        except FileNotFoundError:
-            return None
+        return saved_run_id(self.log_dir, RUN_ID_FILE)
 
     def open(self) -> None:
         """Start the W&B run (continuing the one this directory holds, if any); its config is ``run_config``.
@@ -97,8 +93,7 @@ class WandbLogger:
                                settings=wandb.Settings(console="off", silent=True))
         sys.excepthook, sys.exit = hooks  # W&B's exit hooks record an exit code for a run we finish ourselves
         if previous is None:
-            with open(os.path.join(self.log_dir, RUN_ID_FILE), "w") as f:
-                f.write(self._run.id)
+            save_run_id(self.log_dir, RUN_ID_FILE, self._run.id)
         self._run.define_metric(STEP)
         self._run.define_metric("*", step_metric=STEP)
 
