@@ -346,8 +346,9 @@ def markdown(sweep_dir: str, jobs: list[Job], *, ended_early: bool = False) -> s
                          f"{_fmt(m['fps'])} | {_fmt(m['final_mean_return'], 1)} |")
     notes = [f"- job {_fmt(r['job'])} {r['status']}: {r['detail']} ({r['run_dir']})"
              for r in table if r["status"] in ("failed", NO_RESULT)]
-    notes += [f"- job {_fmt(r['job'])}: no finite return to maximize (no episode ended): Optuna marked the trial failed "
-              f"({r['run_dir']})" for r in table if optuna and r["status"] == "finished" and r["objective"] is None]
+    notes += [f"- job {_fmt(r['job'])}: no finite return to maximize (no episode ended): Optuna marked the trial "
+              f"failed ({r['run_dir']})"
+              for r in table if optuna and r["status"] == "finished" and r["objective"] is None]
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
 

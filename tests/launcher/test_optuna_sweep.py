@@ -250,8 +250,10 @@ def test_a_real_optuna_sweep_returns_each_runs_return_and_optuna_keeps_the_best(
     # the sampler's seed (0, in the example): the trials are those a fresh TPE sampler of that seed draws
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0))
-    space = {"recipe.lr": LogUniformDistribution(3e-4, 3e-2), "recipe.update_epochs": CategoricalDistribution([2, 4, 8]),
-             "recipe.ent_coef": UniformDistribution(0.0, 0.02), "recipe.clip_coef": CategoricalDistribution([0.1, 0.3])}
+    space = {"recipe.lr": LogUniformDistribution(3e-4, 3e-2),  # the example's params, then the command line's
+             "recipe.update_epochs": CategoricalDistribution([2, 4, 8]),
+             "recipe.ent_coef": UniformDistribution(0.0, 0.02),
+             "recipe.clip_coef": CategoricalDistribution([0.1, 0.3])}
     for value, given in trials:
         trial = study.ask(space)
         assert {k: str(v) for k, v in trial.params.items()} == {k: given[k] for k in space}
@@ -265,7 +267,8 @@ def test_a_trial_that_fails_stops_the_sweep_with_its_status_and_the_trials_that_
     sweep_dir = os.path.join(str(tmp_path), "sweep")
     result = run_cli("--multirun", EXAMPLE, "hydra.sweeper.n_trials=3", "hydra.sweeper.sampler.seed=1", "+recipe=ppo",
                      "recipe.total_frames=1024", "recipe.target_return=null", "launcher.progress=false",
-                     "launcher.plot=false", "recipe.num_minibatches=int(interval(1, 8))", f"hydra.sweep.dir={sweep_dir}",
+                     "launcher.plot=false", "recipe.num_minibatches=int(interval(1, 8))",
+                     f"hydra.sweep.dir={sweep_dir}",
                      cwd=str(tmp_path), timeout=240)
     assert result.returncode == 2, f"exit {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-4000:]}"
     assert "must be divisible by num_minibatches=6" in result.stderr
@@ -296,7 +299,8 @@ def test_a_trial_without_a_finished_episode_is_failed_by_optuna_and_the_search_g
     assert rows[0]["objective"] == "" and float(rows[1]["objective"]) > 0
     with open(os.path.join(sweep_dir, OPTUNA_RESULTS)) as f:
         results = yaml.safe_load(f)
-    assert results["best_value"] == float(rows[1]["objective"]) and results["best_params"]["recipe.total_frames"] == 2048
+    assert results["best_value"] == float(rows[1]["objective"])
+    assert results["best_params"]["recipe.total_frames"] == 2048
     with open(os.path.join(sweep_dir, MARKDOWN_NAME)) as f:
         text = f.read()
     assert "- job 0: no finite return to maximize (no episode ended): Optuna marked the trial failed" in text
