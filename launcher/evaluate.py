@@ -42,7 +42,7 @@ def evaluate(run_dir: str, episodes: int = 10, *, mode: str = "deterministic", s
     """Play ``episodes`` episodes with the run's checkpointed policy; returns what ``evaluation.json`` holds.
 
     Raises:
-        launcher.export.ExportError: not a run directory, no checkpoint, or a policy that cannot be rebuilt here.
+        launcher.saved_run.RunError: not a run directory, no checkpoint, or a policy that cannot be rebuilt here.
         ValueError: ``episodes`` below 1.
     """
     if episodes < 1:
@@ -55,7 +55,7 @@ def evaluate(run_dir: str, episodes: int = 10, *, mode: str = "deterministic", s
     from components.evaluator.episodes import evaluation_env_node
     from components.logger.video import write_video
 
-    from .export import read_run
+    from .saved_run import read_run
 
     run = read_run(run_dir)
     env = evaluation_env_node(OmegaConf.to_container(run.config.env, resolve=True), render=video)
@@ -94,12 +94,12 @@ def table(summary: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     """Run the command; exit 2 with one line for a wrong run directory or argument."""
     args = arguments().parse_args(argv)
-    from .export import ExportError
+    from .saved_run import RunError
 
     try:
         summary = evaluate(args.run_dir, args.episodes, mode=args.mode, seed=args.seed,
                            max_episode_steps=args.max_episode_steps, video=args.video, fps=args.fps)
-    except (ExportError, ValueError) as exc:
+    except (RunError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(getattr(exc, "exit_code", 2))
     print(table(summary))
