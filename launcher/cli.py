@@ -301,16 +301,30 @@ def _choose_wait_policy(cfg: DictConfig) -> None:
             os.environ.setdefault(name, value)
 
 
+def dry_run_search(configs) -> None:
+    """The dry run of an Optuna sweep: the plan of each job at the ends of its search space (what the preflight
+    checked, :class:`launcher.preflight.SearchEnds`), then one line; Optuna is not started (no trial would have an
+    objective). Exits 0."""
+    for cfg in configs:
+        print(f"at {' '.join(configs.at(cfg))}:", flush=True)
+        dry_run(plan(cfg))
+    print(f"dry run of an Optuna sweep: the {len(configs)} jobs at the ends of its search space "
+          f"({', '.join(configs.space.values())}) planned; nothing trained, no trial run", flush=True)
+    sys.exit(0)
+
+
 def main() -> None:
     """Entry point of ``python -m launcher``: phase 1 (check), then Hydra runs phases 2 to 5 for each job."""
     from transports.kernel.plugins import hand_down
 
-    from .preflight import preflight, trial_dirs
+    from .preflight import SearchEnds, preflight, trial_dirs
     from .rundir import own_run_dir
 
     hand_down()  # every process of the run imports the plugins this one found, without reading the packages again
     sys.argv = [sys.argv[0], *normalize_argv(sys.argv[1:])]
-    preflight(sys.argv[1:])  # a config that does not compose, or a value out of range: exit 2 before Hydra starts
+    configs = preflight(sys.argv[1:])  # a config that does not compose, or a value out of range: exit 2 before Hydra
+    if isinstance(configs, SearchEnds) and configs and all(cfg.launcher.dry_run for cfg in configs):
+        dry_run_search(configs)
     sys.argv = [sys.argv[0], *own_run_dir(sys.argv[1:])]  # never the directory of a run started the same second
     sys.argv = [sys.argv[0], *trial_dirs(sys.argv[1:])]  # an Optuna trial's directory: its job number
     _hydra_main()

@@ -16,7 +16,7 @@ A sweep whose jobs run on this machine (Hydra's own launcher, ``hydra/launcher=l
 An Optuna sweep (``hydra/sweeper=optuna`` or an option extending it) is checked at the ends of its search space
 (:func:`optuna_jobs`): each choice, both ends of each interval and range, so a value no trial could run is refused
 before the first trial trains; what would make the search itself wrong (minimizing the return, a storage this Optuna
-cannot open) is refused too. Its dry run plans those jobs and stops (:func:`dry_run_search`).
+cannot open) is refused too. Its dry run plans those jobs and stops (:func:`launcher.cli.dry_run_search`).
 
 Where it cannot be sure what Hydra will do (``--help``, ``--cfg``, ``--info``, another config path or name,
 ``hydra.searchpath``, a sweeper other than Optuna's, ``HYDRA_FULL_ERROR=1``) the preflight steps aside and leaves
@@ -56,32 +56,18 @@ _SWEEPER = ("hydra.sweeper", "hydra/sweeper")
 
 
 # ---------------------------------------------------------------------------------------------- the command line
-def preflight(argv: list[str]) -> None:
-    """Exit with status 2 and one short message if the command line's config holds a mistake; else return.
+def preflight(argv: list[str]) -> list[DictConfig]:
+    """Exit with status 2 and one short message if the command line's config holds a mistake; else return the composed
+    configs (:func:`check_argv`: for an Optuna sweep, its :class:`SearchEnds`, whose dry run the caller prints).
 
     Args:
         argv: the command line after the program name.
     """
     try:
-        configs = check_argv(argv)
+        return check_argv(argv)
     except ConfigurationError as exc:
         print(f"configuration error: {exc}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG)
-    if isinstance(configs, SearchEnds) and configs and all(cfg.launcher.dry_run for cfg in configs):
-        dry_run_search(configs)
-
-
-def dry_run_search(configs: SearchEnds) -> None:
-    """The dry run of an Optuna sweep: the plan of each job at the ends of its search space (what the preflight
-    checked), then one line; Optuna is not started (no trial would have an objective). Exits 0."""
-    from .cli import dry_run, plan
-
-    for cfg in configs:
-        print(f"at {' '.join(configs.at(cfg))}:", flush=True)
-        dry_run(plan(cfg))
-    print(f"dry run of an Optuna sweep: the {len(configs)} jobs at the ends of its search space "
-          f"({', '.join(configs.space.values())}) planned; nothing trained, no trial run", flush=True)
-    sys.exit(0)
 
 
 def check_argv(argv: list[str]) -> list[DictConfig]:

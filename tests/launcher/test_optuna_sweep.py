@@ -195,8 +195,10 @@ def test_an_optuna_trials_directory_is_named_by_its_job_number_unless_the_user_n
 def test_the_dry_run_of_an_optuna_sweep_plans_the_ends_of_its_search_space_and_runs_no_trial(tmp_path, capsys,
                                                                                             monkeypatch):
     monkeypatch.chdir(tmp_path)
+    from launcher.cli import dry_run_search
+
     with pytest.raises(SystemExit) as ended:
-        preflight(["--multirun", EXAMPLE, "+recipe=ppo", "launcher.dry_run=true"])
+        dry_run_search(preflight(["--multirun", EXAMPLE, "+recipe=ppo", "launcher.dry_run=true"]))
     assert ended.value.code == 0
     out = capsys.readouterr().out
     assert out.count("plan: recipe=ppo env=CartPole-v1") == 5  # lr x2, update_epochs x3, ent_coef x2: 1 + 1 + 2 + 1
