@@ -30,34 +30,31 @@ def run_dir(tmp_path_factory):
 
 
 def evaluate(*args):
-    return subprocess.run([sys.executable, "-m", "launcher.evaluate", *map(str, args)], capture_output=True,
-                          text=True, timeout=120)
+    """``python -m launcher.evaluate`` with ``args``, in this process: ``(exit status, stdout, stderr)``."""
+    import contextlib
+    import io
 
+    from launcher.evaluate import main
 
-def test_the_evaluator_logged_each_eval_every_and_the_final_weights_with_videos(run_dir):
-    summary = json.loads((run_dir / "summary.json").read_text())
-    evaluations = summary["evaluations"]
-    assert [e["frames"] for e in evaluations] == [2048, 4096]  # the last at the end: the final weights
-    assert summary["eval_mean_return"] == evaluations[-1]["mean_return"]
-    assert all(len(e["returns"]) == 2 and e["policy_version"] >= 1 for e in evaluations)
-    for e in evaluations:
-        frames, size = decoded_video(e["video"])
-        assert frames == e["lengths"][0] + 1 and size == (600, 400)
-    with open(run_dir / "metrics.csv") as f:
-        logged = [(int(r["step"]), float(r["value"])) for r in csv.DictReader(f) if r["tag"] == "eval/mean_return"]
-    assert logged == [(e["frames"], pytest.approx(e["mean_return"])) for e in evaluations]
+    out, err, status = io.StringIO(), io.StringIO(), 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            main([str(a) for a in args])
+        except SystemExit as ended:
+            status = ended.code
+    return status, out.getvalue(), err.getvalue()
 
 
 def test_the_checkpointed_policy_plays_and_prints_its_returns_with_a_video(run_dir):
-    done = evaluate(run_dir, "--episodes", 3, "--video", "--max-episode-steps", 200)
-    assert done.returncode == 0, done.stderr[-2000:]
+    status, out, err = evaluate(run_dir, "--episodes", 3, "--video", "--max-episode-steps", 200)
+    assert status == 0, err[-2000:]
     saved = json.loads((run_dir / "evaluation" / "evaluation.json").read_text())
     assert saved["frames"] == 4096 and saved["mode"] == "deterministic" and len(saved["returns"]) == 3
     assert saved["returns"] == [float(n) for n in saved["lengths"]]  # CartPole: one point per step
-    lines = done.stdout.splitlines()
+    lines = out.splitlines()
     assert lines[0].startswith("ppo on CartPole-v1: checkpoint at 4,096 frames")
     assert [float(line.split()[1]) for line in lines[2:5]] == saved["returns"]
-    assert "return: mean" in done.stdout and f"video: {saved['video']}" in done.stdout
+    assert "return: mean" in out and f"video: {saved['video']}" in out
     frames, size = decoded_video(saved["video"])
     assert frames == saved["lengths"][0] + 1 and size == (600, 400)
 
@@ -65,14 +62,24 @@ def test_the_checkpointed_policy_plays_and_prints_its_returns_with_a_video(run_d
 def test_the_same_seed_plays_the_same_deterministic_episodes(run_dir):
     first = evaluate(run_dir, "--episodes", 2, "--max-episode-steps", 100)
     second = evaluate(run_dir, "--episodes", 2, "--max-episode-steps", 100)
-    assert first.returncode == second.returncode == 0
-    assert first.stdout == second.stdout
+    assert first[0] == second[0] == 0
+    assert first[1] == second[1]
 
 
 def test_what_is_not_a_run_is_refused_in_one_line(tmp_path, run_dir):
-    done = evaluate(tmp_path / "nothing")
-    assert done.returncode == 2 and done.stderr.strip().startswith("error:") and "is not a directory" in done.stderr
-    done = evaluate(run_dir.parent)  # the folder that holds the run
-    assert done.returncode == 2 and "it holds the runs run: name one of them" in done.stderr
-    done = evaluate(run_dir, "--episodes", 0)
-    assert done.returncode == 2 and "--episodes must be at least 1" in done.stderr
+    status, _, err = evaluate(tmp_path / "nothing")
+    assert status == 2 and err.strip().startswith("error:") and "is not a directory" in err
+    status, _, err = evaluate(run_dir.parent)  # the folder that holds the run
+    assert status == 2 and "it holds the runs run: name one of them" in err
+    status, _, err = evaluate(run_dir, "--episodes", 0)
+    assert status == 2 and "--episodes must be at least 1" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_the_command_runs_as_a_module(run_dir):
+    done = subprocess.run([sys.executable, "-m", "launcher.evaluate", str(run_dir), "--episodes", "1",
+                           "--max-episode-steps", "20"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert lines[1].split() == ["episode", "return", "steps"] and lines[2].split()[0] == "0"
+    assert lines[3].startswith("return: mean")  # one episode, then the summary
