@@ -7,6 +7,9 @@ A page asks for one with a marker on a line of its own, replaced by the generate
     <!-- generated: transports -->           every registered transport's descriptor, one row each
     <!-- generated: transport KIND -->       one transport's descriptor and options
     <!-- generated: benchmark NAME -->       the newest run in benchmarks/results/NAME.json, with its plots
+    <!-- generated: history NAME -->         one line per recorded run of benchmarks/results/NAME.json
+    <!-- generated: groups -->               every config group in conf/ and its options (launcher.reference)
+    <!-- generated: recipe_envs -->          every recipe x env setting in conf/recipe_env/ (launcher.reference)
 
 A marker that names nothing known fails the build (``mkdocs build --strict``), as does a page a marker points at
 that does not exist.
@@ -49,6 +52,18 @@ def _generate(what: str, arg: str | None, page_path: str) -> str:
         from launcher.reference import transport
 
         return transport(arg)
+    if what == "groups":
+        from launcher.reference import groups
+
+        return groups()
+    if what == "recipe_envs":
+        from launcher.reference import recipe_envs
+
+        return recipe_envs()
+    if what == "history" and arg:
+        import _results
+
+        return _results.history(arg, _results.load(os.path.join(_results.RESULTS_DIR, f"{arg}.json")))
     if what == "benchmark" and arg:
         import _results
 
