@@ -323,3 +323,55 @@ def plot_png(plot: Mapping[str, Any]) -> bytes:
     fig.savefig(out, format="png", bbox_inches="tight")
     plt.close(fig)
     return out.getvalue()
+
+
+HISTORY_ROWS = 15
+"""Runs the generated history table shows (the newest); the results file keeps up to `KEEP_RUNS`."""
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
+
+
+def _targets(verdicts: Sequence[str]) -> str:
+    """How many of a run's targets were met: the verdicts that start with `PASS` against those with `MISS`."""
+    met = sum(1 for v in verdicts if v.startswith("PASS"))
+    missed = sum(1 for v in verdicts if v.startswith("MISS"))
+    if not met + missed:
+        return "-"
+    return f"{met} of {met + missed} met"
+
+
+def history(benchmark: str, runs: list[dict], rows: int = HISTORY_ROWS) -> str:
+    """Every recorded run of `benchmark` as a Markdown table, newest first: the date, the commit, the command (its
+    script and arguments), the machine, how many targets the run met and what it measured (its first table's title).
+
+    Args:
+        benchmark: the results file's name (`learning_minatar` for `benchmarks/results/learning_minatar.json`).
+        runs: the file's runs, oldest first, as `load` returns them.
+        rows: the newest runs shown; a line under the table counts the older ones the file keeps.
+
+    Returns:
+        The table, or a sentence saying that no run is recorded.
+    """
+    path = f"benchmarks/results/{benchmark}.json"
+    if not runs:
+        return f"No runs recorded yet in `{path}`.\n"
+    lines = ["| date | commit | command | machine | targets | measured |", "|---|---|---|---|---|---|"]
+    for run in list(reversed(runs))[:rows]:
+        m = run.get("machine", {})
+        words = shlex.split(run.get("command", ""))
+        script = next((w for w in words if w.endswith(".py")), "")
+        arguments = shlex.join(words[words.index(script) + 1:]) if script else run.get("command", "")
+        command = f"`{os.path.basename(script)} {arguments}`".replace("|", "\\|")
+        commit_text = f"`{run.get('commit')}`" + (" + changes" if run.get("dirty") else "")
+        cpu = f"{m.get('cpu')}, {m.get('cores')} cores" if m else "-"
+        title = next((t["title"] for t in run.get("tables", [])), "")
+        measured = _shorten(title.split(": ", 1)[0], 90) if title else "-"
+        lines.append(f"| {str(run.get('date', '-'))[:10]} | {commit_text} | {command} | {_cell(cpu)} | "
+                     f"{_targets(run.get('verdicts', []))} | {_cell(measured)} |")
+    older = len(runs) - rows
+    lines.append("")
+    lines.append(f"{len(runs)} run{'s' if len(runs) > 1 else ''} recorded in `{path}`, newest first" +
+                 (f"; the {older} older ones are in the file." if older > 0 else "."))
+    return "\n".join(lines) + "\n"
