@@ -14,15 +14,15 @@ run in other virtual environments, measure with the same functions as ours.
 
 Its parts:
 
-* statistics: :func:`latency` (p50, p95, calls/s of measured latencies), :func:`percentiles`, :func:`spread`
+* statistics: `latency` (p50, p95, calls/s of measured latencies), `percentiles`, `spread`
   (median and range over seeds or rounds);
-* measuring: :func:`interleaved` (rows of calls in alternating blocks), :func:`round_trips` and :func:`summarize`
+* measuring: `interleaved` (rows of calls in alternating blocks), `round_trips` and `summarize`
   (one client's sequential calls, and several clients' together);
-* processes: :func:`start_owner`, :func:`stop_child`, :func:`stop_group`, :func:`start_child`, :func:`run_child`,
-  :func:`peer_json`, :func:`in_child`;
-* launcher runs: :func:`launcher_command`, :func:`launcher_run`, :func:`read_summary`, :func:`compose_launcher`,
-  :func:`steady_rate`;
-* :class:`OtherLoad`: the CPU seconds others used on a shared machine while a benchmark ran.
+* processes: `start_owner`, `stop_child`, `stop_group`, `start_child`, `run_child`,
+  `peer_json`, `in_child`;
+* launcher runs: `launcher_command`, `launcher_run`, `read_summary`, `compose_launcher`,
+  `steady_rate`;
+* `OtherLoad`: the CPU seconds others used on a shared machine while a benchmark ran.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def interleaved(calls: dict[str, Callable], warmup: int, n: int, *, budget: floa
 
 def round_trips(call: Callable[[], Any], warmup: int, n: int) -> tuple[np.ndarray, float, float]:
     """Latencies (us) of ``n`` calls after ``warmup``, and the monotonic start and end of the measured ones: one
-    part of :func:`summarize`."""
+    part of `summarize`."""
     for _ in range(warmup):
         call()
     lat = np.empty(n)
@@ -127,7 +127,7 @@ def round_trips(call: Callable[[], Any], warmup: int, n: int) -> tuple[np.ndarra
 
 
 def summarize(parts: list, sequential: bool = False) -> dict:
-    """:func:`latency` of the :func:`round_trips` ``parts`` together: clients measured at once (requests/s over the
+    """`latency` of the `round_trips` ``parts`` together: clients measured at once (requests/s over the
     span from the first start to the last end) or, ``sequential``, one client's rounds (over their own durations)."""
     lat = np.concatenate([p[0] for p in parts])
     seconds = (sum(p[2] - p[1] for p in parts) if sequential else
@@ -172,13 +172,13 @@ def stop_group(proc) -> None:
 
 def start_child(command: list[str], **popen: Any) -> subprocess.Popen:
     """``command`` started from the checkout in a session of its own, so that its whole process group can be
-    signalled (:func:`stop_group`); ``popen``: more ``subprocess.Popen`` arguments (its output, its environment)."""
+    signalled (`stop_group`); ``popen``: more ``subprocess.Popen`` arguments (its output, its environment)."""
     return subprocess.Popen(command, start_new_session=True, cwd=ROOT, **popen)
 
 
 def run_child(command: list[str], timeout: float, quiet: bool = False) -> str:
-    """Run ``command`` with :func:`start_child` and return its stdout; on a timeout or an interruption its whole
-    process group is stopped (:func:`stop_group`). ``quiet``: its stderr is kept, and shown only if it fails."""
+    """Run ``command`` with `start_child` and return its stdout; on a timeout or an interruption its whole
+    process group is stopped (`stop_group`). ``quiet``: its stderr is kept, and shown only if it fails."""
     proc = start_child(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE if quiet else None, text=True)
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -192,7 +192,7 @@ def run_child(command: list[str], timeout: float, quiet: bool = False) -> str:
 
 
 def peer_json(command: list[str], timeout: float, quiet: bool = False) -> dict:
-    """Run a peer's script (another interpreter) with :func:`run_child`; the JSON it prints last."""
+    """Run a peer's script (another interpreter) with `run_child`; the JSON it prints last."""
     return json.loads(run_child(command, timeout, quiet).strip().splitlines()[-1])
 
 
@@ -221,7 +221,7 @@ def read_summary(run_dir: str) -> dict | None:
 
 def launcher_run(overrides: Sequence[str], timeout: float, run_dir: str | None = None,
                  read: Callable[[str], Any] = read_summary) -> tuple[Any, float]:
-    """``python -m launcher *overrides`` (:func:`launcher_command`, run by :func:`run_child`, its stderr shown only if
+    """``python -m launcher *overrides`` (`launcher_command`, run by `run_child`, its stderr shown only if
     it fails) in ``run_dir`` (default: a temporary directory, removed after). Returns what ``read`` makes of the run
     directory (default: its ``summary.json``) and the seconds the process took, start-up and exit included."""
     with contextlib.ExitStack() as stack:
@@ -253,7 +253,7 @@ class OtherLoad:
     a benchmark measured beside someone else's test run says so instead of printing its slowdown as ours.
 
     This tree is this process, its live descendants and, through their ``cutime``/``cstime``, the descendants they
-    reaped (a forkserver's children, a vector env's subprocesses). Call :meth:`seconds` at the end."""
+    reaped (a forkserver's children, a vector env's subprocesses). Call `seconds` at the end."""
 
     def __init__(self):
         self._tick = os.sysconf("SC_CLK_TCK")

@@ -1,8 +1,8 @@
 """Load checks shared by ``benchmarks/load.py`` (full scale) and ``tests/components/test_load.py`` (CI scale).
 
-One *cell* is a component, a placement and a transport. :func:`run_cell` starts its owner, hands one client to
-each simulated caller, drives them all at once in two phases (a warm-up of :data:`WARMUP` of each caller's
-calls, then the rest), reads the owner's resident memory after each phase and returns a :class:`Result`:
+One *cell* is a component, a placement and a transport. `run_cell` starts its owner, hands one client to
+each simulated caller, drives them all at once in two phases (a warm-up of `WARMUP` of each caller's
+calls, then the rest), reads the owner's resident memory after each phase and returns a `Result`:
 
 * ``inference``: each request is the int64 pair ``(client id, sequence)`` and the server runs an echo policy
   (``action = observation``), so each answer names the request it belongs to. ``lost``: requests whose own
@@ -16,7 +16,7 @@ calls, then the rest), reads the owner's resident memory after each phase and re
   ``duplicated``: rows returned more than once, or two rows acknowledged at one position; ``misrouted``: rows
   found at a position other than the one their extend acknowledged.
 
-Callers of a ``process`` owner are threads of :class:`Workers` (spawned processes started once and handed each
+Callers of a ``process`` owner are threads of `Workers` (spawned processes started once and handed each
 cell's clients over a pipe); callers of ``thread`` and ``ray`` owners are threads of this process. Memory is
 ``VmRSS`` of ``/proc/<owner.host.pid>/status``: a Ray owner's actor process; for a ``thread`` owner, this process,
 so the figure includes the callers.

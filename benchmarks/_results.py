@@ -1,10 +1,10 @@
 """What every benchmark writes beside the tables it prints, and how the documentation renders it.
 
-A run is recorded with :class:`Results`: the tables the script printed (title, columns, rows), the plots worth
+A run is recorded with `Results`: the tables the script printed (title, columns, rows), the plots worth
 drawing (a round trip against payload size per transport beside its floor, frames/s per placement...), the target
-verdicts, and where it ran (machine, command, commit, date). :func:`Results.save` appends the run to
+verdicts, and where it ran (machine, command, commit, date). `Results.save` appends the run to
 ``benchmarks/results/<benchmark>.json``: the file keeps the history, newest last; the documentation's page for the
-benchmark (``docs/hooks.py``) renders the newest run with :func:`page` and draws its plots with :func:`plot_png`.
+benchmark (``docs/hooks.py``) renders the newest run with `page` and draws its plots with `plot_png`.
 
     results = Results("inference")
     results.table("1 client, p50", ["transport", "16 B us"], [["queue", 80.1]])
@@ -13,9 +13,9 @@ benchmark (``docs/hooks.py``) renders the newest run with :func:`page` and draws
     results.verdict("PASS process/shared_memory within 2x of direct")
     results.save()                          # benchmarks/results/inference.json
 
-Helpers keep a script's printout and its record one: :func:`say` prints a line and records it (a verdict or a
-note), :func:`show` a table; :func:`with_floors` splits a bar plot's series so that the floor rows among its x draw dashed. Values are
-stored as JSON's own types (:func:`_plain`: numpy scalars become numbers, NaN and infinities ``None``).
+Helpers keep a script's printout and its record one: `say` prints a line and records it (a verdict or a
+note), `show` a table; `with_floors` splits a bar plot's series so that the floor rows among its x draw dashed. Values are
+stored as JSON's own types (`_plain`: numpy scalars become numbers, NaN and infinities ``None``).
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ class Results:
                        "verdicts": self.verdicts, "notes": self.notes})
 
     def save(self, directory: str = RESULTS_DIR) -> str:
-        """Append this run to ``<directory>/<benchmark>.json`` (keeping the last :data:`KEEP_RUNS`); returns the path."""
+        """Append this run to ``<directory>/<benchmark>.json`` (keeping the last `KEEP_RUNS`); returns the path."""
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, f"{self.record}.json")
         runs = load(path)
@@ -154,7 +154,7 @@ def say(record, line: str, prefix: str = "- ") -> None:
 
 
 def show(record: "Results", title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], note: str = "") -> None:
-    """Record a table with ``record.table`` and print it as the benchmark's page renders it (:func:`markdown_table`):
+    """Record a table with ``record.table`` and print it as the benchmark's page renders it (`markdown_table`):
     what is printed and what is recorded stay one table."""
     record.table(title, columns, rows, note)
     print(f"\n{title}\n\n{markdown_table(record.tables[-1])}" + (f"\n\n{note}" if note else ""))
@@ -185,7 +185,7 @@ def with_floors(x: Sequence[Any], series: Mapping[str, Sequence[float | None]], 
                 suffix: str = " (floor)") -> tuple[dict[str, list], list[str]]:
     """For a bar plot whose ``x`` holds a table's rows, floors among them: each series split into its rows and,
     as ``<label><suffix>``, its floor rows (``is_floor(x)``), so the floors draw dashed. Returns ``(series, floors)``
-    for :meth:`Results.plot`."""
+    for `Results.plot`."""
     out = {label: [None if is_floor(at) else v for at, v in zip(x, values)] for label, values in series.items()}
     floors = {label + suffix: [v if is_floor(at) else None for at, v in zip(x, values)]
               for label, values in series.items()}
@@ -228,7 +228,7 @@ def markdown_table(table: Mapping[str, Any]) -> str:
 
 def page(benchmark: str, runs: list[dict], image_dir: str = "") -> str:
     """The newest run of ``benchmark`` as Markdown: where and how it ran, its tables, plots and verdicts. Plots are
-    referenced as ``<image_dir><benchmark>_<plot name>.png`` (see :func:`plot_png`)."""
+    referenced as ``<image_dir><benchmark>_<plot name>.png`` (see `plot_png`)."""
     if not runs:
         script = benchmark  # or, where one script keeps several files (learning_minatar), the script it names first
         if not os.path.exists(os.path.join(HERE, f"{script}.py")):

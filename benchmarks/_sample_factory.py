@@ -21,7 +21,7 @@ def sample_factory_appo(python: str, frames: int, seed: int, timeout: float, wra
                         env: str = "atari_breakout", overrides: list[str] = ()) -> dict:
     """Sample Factory 2.1.1's APPO on an Atari game (``benchmarks/sample_factory_peer.py``, run by ``python``, the
     interpreter of its own venv) for ``frames`` agent steps, making the update our APPO makes on Atari
-    (:func:`sample_factory_update`, ``overrides`` applied). ``wrappers``: ``sf`` for SF's own Atari stack, ``ours``
+    (`sample_factory_update`, ``overrides`` applied). ``wrappers``: ``sf`` for SF's own Atari stack, ``ours``
     for the game as ``env=atari`` plays it. The peer's JSON result."""
     update = sample_factory_update(overrides)
     return peer_json([python, os.path.join(HERE, "sample_factory_peer.py"), "--frames", str(frames),

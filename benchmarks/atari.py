@@ -137,7 +137,7 @@ def cleanrl_loop(updates: int, threads: int | None, seed: int) -> dict:
 
 
 def loop_in_child(updates: int, threads: int | None, seed: int, timeout: float) -> dict:
-    """:func:`cleanrl_loop` in a fresh interpreter (its own torch threads, nothing warm from the others)."""
+    """`cleanrl_loop` in a fresh interpreter (its own torch threads, nothing warm from the others)."""
     return in_child("atari", f"cleanrl_loop({updates}, {threads!r}, {seed})", timeout)
 
 

@@ -4,12 +4,12 @@ What is measured: environment frames collected per second of wall time on CartPo
 
 * the floors, single-process loops in this script: ``gymnasium.make_vec("CartPole-v1", num_envs=N,
   vectorization_mode="sync")`` (and ``"async"``: one subprocess per env), with same-step autoreset as the
-  collectors' envs (:func:`components.envs.make_vector_env`), stepped with the PPO recipe's actor network (4-64-64-2
+  collectors' envs (`components.envs.make_vector_env`), stepped with the PPO recipe's actor network (4-64-64-2
   MLP, tanh; ``recipes.ppo.make_policy``) that samples an action from its ``Categorical`` under ``torch.no_grad()``;
   observations go to torch and actions back to numpy, nothing else is kept;
-* :class:`components.collectors.Collector` (batches of ``N x 32`` frames, PPO's ``num_steps``) placed
+* `components.collectors.Collector` (batches of ``N x 32`` frames, PPO's ``num_steps``) placed
 
-  - ``direct``, given a ``direct`` :class:`~components.inference.InferenceServer` (what ``python -m launcher
+  - ``direct``, given a ``direct`` `InferenceServer` (what ``python -m launcher
     +recipe=ppo service=direct`` builds: the worker calls the server's forward in the caller's thread); beside it
     ``direct`` with the bare policy module behind ``torch.no_grad()`` and no server, which shows what the server
     path adds;
@@ -21,7 +21,7 @@ What is measured: environment frames collected per second of wall time on CartPo
 
   each iterated with ``sync=True`` (every batch gathers one rollout from every worker) and ``sync=False`` (each
   worker's rollout as soon as it is ready; the workers collect the next one meanwhile);
-* :class:`components.collectors.AsyncBatchedCollector` with its workers placed ``thread`` and ``process``
+* `components.collectors.AsyncBatchedCollector` with its workers placed ``thread`` and ``process``
   (``CollectorConfig.placement``; its default workers: one per core but one, here 1; N env groups of one env each,
   one policy request per env in flight, or with ``2 groups`` two groups of N/2 envs; against the server it creates
   beside them: ``thread`` transport, or ``process_slot`` by the table's ``auto`` rule), yielding flat batches of N x 32
@@ -57,7 +57,7 @@ Run from the repository root (on an idle 2-core machine: ``--quick`` about 2.5 m
     python benchmarks/collect.py --quick --backend vector     # or envpool: see below
 
 ``--backend vector|envpool`` makes every collector row's envs on that ``env.backend`` (CartPole's numpy
-``CartPoleVectorEnv``, or EnvPool; :mod:`components.envs.backends`, both adapted to same-step autoreset) and adds
+``CartPoleVectorEnv``, or EnvPool; `components.envs.backends`, both adapted to same-step autoreset) and adds
 ``raw vector`` / ``raw envpool``: the same policy loop over that backend natively (its own next-step autoreset),
 which is then the base of the ratios and of the targets; the raw gymnasium sync loop stays as a row.
 
@@ -133,7 +133,7 @@ BACKEND = "gymnasium"  # env.backend of every collector row (--backend); its raw
 
 # ---------------------------------------------------------------------------------------------- the policy
 def env_maker() -> EnvMaker:
-    """The collectors' envs: :data:`ENV_ID` (preprocessed as :data:`ATARI` says) on :data:`BACKEND`."""
+    """The collectors' envs: `ENV_ID` (preprocessed as `ATARI` says) on `BACKEND`."""
     return EnvMaker(id=ENV_ID, backend=BACKEND, atari=ATARI)
 
 
@@ -141,7 +141,7 @@ _SPECS: dict = {}
 
 
 def env_spec(env_id: str, atari: AtariConfig | None):
-    """The env's :class:`~components.envs.EnvSpec`, read once per process."""
+    """The env's `EnvSpec`, read once per process."""
     key = (env_id, repr(atari))
     if key not in _SPECS:
         _SPECS[key] = EnvMaker(id=env_id, atari=atari).spec()
@@ -150,7 +150,7 @@ def env_spec(env_id: str, atari: AtariConfig | None):
 
 def build_policy(env_id: str, atari: AtariConfig | None) -> torch.nn.Module:
     """The PPO recipe's behaviour policy for the env (the MLP for CartPole, the Nature CNN for Atari frames), built
-    from :data:`POLICY_SEED` (same weights everywhere)."""
+    from `POLICY_SEED` (same weights everywhere)."""
     from recipes.ppo import make_policy as ppo_policy
 
     with torch.random.fork_rng():  # the caller's random stream stays as it was
@@ -159,7 +159,7 @@ def build_policy(env_id: str, atari: AtariConfig | None) -> torch.nn.Module:
 
 
 def policy_factory() -> Callable[[], torch.nn.Module]:
-    """:func:`build_policy` for this run's env, picklable: process servers and workers build it where they live
+    """`build_policy` for this run's env, picklable: process servers and workers build it where they live
     (they import this module afresh, without the run's settings, so the factory carries them)."""
     return functools.partial(build_policy, ENV_ID, ATARI)
 
@@ -211,12 +211,12 @@ RAW_SYNC = Row("raw gymnasium sync", "raw", mode="sync")
 
 
 def base_row() -> Row:
-    """The raw loop of :data:`BACKEND`: the base of the ratios."""
+    """The raw loop of `BACKEND`: the base of the ratios."""
     return RAW_SYNC if BACKEND == "gymnasium" else Row(f"raw {BACKEND}", "raw", mode=BACKEND)
 
 
 def env_factory(num_envs: int) -> Callable[[], Any]:
-    """What a collector row's workers make their envs with: ``num_envs`` of :func:`env_maker`'s envs."""
+    """What a collector row's workers make their envs with: ``num_envs`` of `env_maker`'s envs."""
     return functools.partial(env_maker().vector, num_envs)
 
 
@@ -283,7 +283,7 @@ def drive(next_batch: Callable[[], int], target: int, budget: Budget) -> tuple[i
 
 
 class Tracker:
-    """Pids of the processes rows started; after each row they must be gone (see :meth:`check`)."""
+    """Pids of the processes rows started; after each row they must be gone (see `check`)."""
 
     def __init__(self):
         self.pids: set[int] = set()
@@ -408,7 +408,7 @@ def _measure_raw(row: Row, n: int, budget: Budget, tracker: Tracker) -> Measurem
 # ---------------------------------------------------------------------------------------------- rounds
 def run_rounds(rows: list[Row], envs: list[int], rounds: int, budget: Budget, tracker: Tracker,
                failures: dict) -> dict:
-    """``results[(label, n)]``: one :class:`Measurement` per round (``failures[(label, n)]``: the errors of the
+    """``results[(label, n)]``: one `Measurement` per round (``failures[(label, n)]``: the errors of the
     rounds that raised). Round ``r`` starts ``r * len(rows) / rounds`` rows further down the list, so each row meets the
     machine in a different state and after different rows."""
     results: dict = {}

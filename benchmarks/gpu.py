@@ -1,17 +1,17 @@
 """The GPU rows: inference, the learner and APPO on Atari with CUDA, each beside its CPU or eager counterpart measured
 in the same run; medians with their spread.
 
-- **Inference** (``--rows inference``): a real :class:`components.inference.InferenceServer` placed ``process`` with
-  the PPO recipe's behaviour policy on Atari (the Nature CNN; :func:`collect.build_policy`) on ``cuda``, serving one
+- **Inference** (``--rows inference``): a real `components.inference.InferenceServer` placed ``process`` with
+  the PPO recipe's behaviour policy on Atari (the Nature CNN; `collect.build_policy`) on ``cuda``, serving one
   4x84x84 uint8 frame (28 KB) per request over ``shared_memory`` slots. 64 clients, threads of worker processes as
-  :mod:`inference`'s clients are, each making sequential round trips; the server waits for all 64
+  `inference`'s clients are, each making sequential round trips; the server waits for all 64
   (``min_batch_size=64``), so every forward pass is a batch of 64. requests/s for four servers, started together and
   measured in interleaved rounds: ``static_batch_size=64`` (CUDA-graph batches) or eager, pinned host staging
   (``pin_memory=true``, the default) or not. Targets: static graphs at least 1.5x eager's requests/s (both pinned,
   the defaults); pinned at least 1.3x unpinned (both eager, the default); each on the median of the per-round ratios.
 - **Learner** (``--rows learner``): updates/s of the PPO recipe's learner on Atari (``conf/recipe_env/ppo_atari.yaml``:
   the Nature CNN, a batch of 8 x 128 frames, 4 epochs of 4 minibatches), with the recipe's own advantage estimate
-  and update (:func:`recipes.ppo.estimate_advantages`, :func:`recipes.ppo.update`) on a batch of that shape, moved
+  and update (`recipes.ppo.estimate_advantages`, `recipes.ppo.update`) on a batch of that shape, moved
   to the learner's device once per update as the recipe moves it; on ``cuda`` (also with ``recipe.amp=true``, and
   in a full run ``recipe.compile=true`` too) and on this machine's CPU cores (torch threads: one per core), each in a
   fresh interpreter. Target: the GPU (float32, not compiled) at least 5x the CPU.
@@ -104,7 +104,7 @@ def inference_layouts():
 
 
 def make_inference_server(device: str, static: int | None, pinned: bool, request, response):
-    """A ``process`` server of :func:`atari_policy` on ``device`` over ``shared_memory``, every batch of 64."""
+    """A ``process`` server of `atari_policy` on ``device`` over ``shared_memory``, every batch of 64."""
     from components.inference import InferenceServer, InferenceServerConfig
     from transports.config import TransportConfig
 
@@ -118,7 +118,7 @@ def make_inference_server(device: str, static: int | None, pinned: bool, request
 
 def _inference_worker(conn, clients: dict, request) -> None:
     """A process of client threads: for each message ``(label, warm-up, n)``, every client of that server makes its
-    round trips at once; the parts (:func:`round_trips`) go back."""
+    round trips at once; the parts (`round_trips`) go back."""
     import torch
 
     torch.set_num_threads(1)
@@ -251,8 +251,8 @@ def ppo_learner(device: str, updates: int, threads: int | None, amp: bool = Fals
                 seed: int = 0) -> dict:
     """Seconds per update of the PPO recipe's learner on Atari on ``device`` (after one warm-up update): the batch
     moved to the device, advantages estimated, ``update_epochs x num_minibatches`` gradient steps through the
-    recipe's own update (:func:`recipes.ppo.update`, its loss under :class:`recipes.update.UpdateStep`: ``amp``,
-    ``compile``), as :func:`recipes.ppo.run` learns; the minibatches are the rows at a random permutation drawn on the
+    recipe's own update (`recipes.ppo.update`, its loss under `recipes.update.UpdateStep`: ``amp``,
+    ``compile``), as `recipes.ppo.run` learns; the minibatches are the rows at a random permutation drawn on the
     device, as the replay buffer's numbers give them there."""
     import torch
     from omegaconf import OmegaConf
@@ -477,7 +477,7 @@ def _stop(signum, frame) -> None:
 
 
 class GpuResults(Results):
-    """:class:`_results.Results` whose commit may be given: on a GPU machine the checkout travels without its git
+    """`_results.Results` whose commit may be given: on a GPU machine the checkout travels without its git
     directory (``--commit``)."""
 
     def __init__(self, commit: str | None):
@@ -485,7 +485,7 @@ class GpuResults(Results):
         self.given_commit = commit
 
     def as_dict(self) -> dict:
-        """As :meth:`Results.as_dict`, with the given commit where git names none."""
+        """As `Results.as_dict`, with the given commit where git names none."""
         out = super().as_dict()
         if out.get("commit") is None and self.given_commit:
             out["commit"] = self.given_commit

@@ -360,7 +360,7 @@ def report_capacity(cap: dict, rec: Results) -> None:
 
 
 def report_fleet(cap: dict, rt: dict, rec: Results) -> list:
-    """Measured per-endpoint costs times :data:`FLEET` (extrapolated): one owner with every collector's endpoint."""
+    """Measured per-endpoint costs times `FLEET` (extrapolated): one owner with every collector's endpoint."""
     collectors, machines = FLEET
     base, s = cap["server"][0], per_endpoint(cap, "server")
     cbase, one = cap["caller"][0], cap["caller"][1]  # a caller process with one endpoint: one collector's process

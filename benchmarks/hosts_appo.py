@@ -143,7 +143,7 @@ def ratio(x: float | None, y: float | None) -> float | None:
 
 
 def report(rounds: list[list[dict]], rec: Results, args):
-    """The tables and the plot; returns the :func:`spread` of the per-round ratios of ``steady_fps``."""
+    """The tables and the plot; returns the `spread` of the per-round ratios of ``steady_fps``."""
     runs = {p: [r for pair in rounds for r in pair if r["placement"] == p] for p in (ACROSS, ONE)}
     by_round = [{r["placement"]: r for r in pair} for pair in rounds]
     steady = [ratio(r[ACROSS]["steady_fps"], r[ONE]["steady_fps"]) for r in by_round]

@@ -9,7 +9,7 @@ synchronous rows, this recipe's overlap bound and Sample Factory's APPO, all in 
   unclipped).
 - **PPO's synchronous rows** (collect a batch, then learn from it): the frames/s IMPALA is held against.
 - **The overlap bound** of a recipe: its own collect phase (C1: acting the frames of one update with its policy on a
-  vector env) and learn phase (L1: one update, :func:`recipes.impala.learn`) timed on one torch thread in a fresh
+  vector env) and learn phase (L1: one update, `recipes.impala.learn`) timed on one torch thread in a fresh
   interpreter. With every core busy and nothing wasted an update takes no less than ``(C1 + L1) / cores``: no
   placement can beat ``frames per update / ((C1 + L1) / cores)`` frames/s. A bound per env backend its rows use
   (``env.backend=ale_vector`` rows against a C1 timed on ale-py's vector env, itself held to one thread); L1, the

@@ -5,7 +5,7 @@ placement ``process`` with ``queue``, ``shared_memory``, ``process_slot`` and ``
 over Ray calls and over ``distributed`` (layouts discovered by the first request), in a local cluster on
 127.0.0.1 that the script starts and stops), for 1, 4 and 16 concurrent
 clients and three payloads (16 B: observation float32 [4]; 28 KB: 84x84x4 uint8; 1 MiB: uint8), a real
-:class:`components.inference.InferenceServer` serves an echo policy (``action = observation``, so the
+`components.inference.InferenceServer` serves an echo policy (``action = observation``, so the
 response carries the request's payload back) and each client does a bounded number of sequential round
 trips (``submit(td).result()``; warm-up discarded). Clients of a ``process`` server live in separate worker
 processes, spawned with multiprocessing ``spawn`` and handed their clients as ``Process`` arguments; clients
@@ -498,12 +498,12 @@ def per_round(warmup: int, n: int) -> tuple[int, int]:
 
 
 def _pooled(parts: list) -> dict:
-    """:func:`summarize` of one client's sequential rounds: requests/s over the rounds' own durations."""
+    """`summarize` of one client's sequential rounds: requests/s over the rounds' own durations."""
     return summarize(parts, sequential=True)
 
 
 def _p50(part) -> float:
-    """The median round trip of one round (a :func:`round_trips` part)."""
+    """The median round trip of one round (a `round_trips` part)."""
     return percentiles(part[0], (50,))[0]
 
 

@@ -2,11 +2,11 @@
 
 For every inference cell built today (``thread/thread``, ``thread/direct``, ``process/queue``,
 ``process/shared_memory``, ``process/process_slot``, ``process/distributed``, ``ray/ray``, ``ray/distributed``),
-64 clients make 10,000 requests each at once to a real :class:`components.inference.InferenceServer` serving an
+64 clients make 10,000 requests each at once to a real `components.inference.InferenceServer` serving an
 echo policy; each request is its own (client id, sequence) pair, so every answer is checked against its request.
 For every replay cell (``thread/thread``, ``process/queue``, ``process/shared_memory``, ``process/distributed``,
 ``ray/ray``, ``ray/distributed``), 8 producers make 10,000 extends of 4 rows each (unique ids) at once to a
-:class:`components.replay.ReplayBuffer` with the ``without_replacement`` sampler and room for every row; then one
+`components.replay.ReplayBuffer` with the ``without_replacement`` sampler and room for every row; then one
 epoch of samples must return every acknowledged row exactly once, at the position its extend acknowledged.
 What counts as lost, duplicated and misrouted is defined in ``benchmarks/_load.py``, which
 ``tests/components/test_load.py`` runs at a smaller scale.
@@ -57,7 +57,7 @@ def row(r: Result) -> str:
 
 
 def values(r: Result) -> list:
-    """:func:`row` as values (growth in %; ``in-process`` is said in the table's note)."""
+    """`row` as values (growth in %; ``in-process`` is said in the table's note)."""
     counted = [r.calls, r.rows] if r.component == "replay" else [r.calls]
     return [r.cell, *counted, r.lost, r.duplicated, r.misrouted, r.wall_s, r.calls / r.wall_s, r.rss_warm, r.rss_end,
             r.growth, "PASS" if r.correct and r.flat else "FAIL"]

@@ -1,7 +1,7 @@
 """Acknowledged ``log_scalar`` latency per logger placement, beside the floors under it; medians.
 
-For every logger backend built today (:class:`components.logger.CSVLogger`, and
-:class:`components.logger.TensorBoardLogger` when ``torch.utils.tensorboard`` imports) and every placement
+For every logger backend built today (`components.logger.CSVLogger`, and
+`components.logger.TensorBoardLogger` when ``torch.utils.tensorboard`` imports) and every placement
 (``direct``, ``thread``, ``process`` with its ``queue`` transport), a real logger writing into a temporary
 directory is started and ``owner.client().log_scalar("train/loss", value, step)`` is called repeatedly; each
 call returns once the row is written (p50, p95, calls/s). All owners of one logger run at once and are

@@ -4,7 +4,7 @@ For every replay cell built today (``direct/direct``, ``thread/thread``, ``proce
 ``process/shared_memory``, ``process/distributed``, ``ray/ray`` and ``ray/distributed``, in a local Ray cluster on
 127.0.0.1 the script starts) and two transition layouts (observation float32 [4], or uint8 [84, 84, 4]; each
 transition also carries an int64 ``action`` and a float32 ``reward``), a real
-:class:`components.replay.ReplayBuffer` (uniform sampler, batch size 256) is started and driven through
+`components.replay.ReplayBuffer` (uniform sampler, batch size 256) is started and driven through
 ``owner.client()`` (a direct owner is its own client):
 
 * ``extend`` of one pre-built batch of 256 transitions, repeated (p50 latency, transitions/s);

@@ -8,7 +8,7 @@ process group (``os.killpg``: the local Ray cluster's daemons and workers get it
 launcher's process takes to exit. Then it checks what the run left:
 
 * the exit status (143 expected) and ``summary.json`` (``interrupted``, ``signal: SIGTERM``);
-* the logged rows: the logger holds them in memory (:data:`LONG_RUN`), so ``metrics.csv`` has a row at the frames
+* the logged rows: the logger holds them in memory (`LONG_RUN`), so ``metrics.csv`` has a row at the frames
   ``summary.json`` reports only where the logger was stopped in order;
 * processes: every process of the run seen before the signal (the process group, the service pids of
   ``services.json``, every process holding a file in the local Ray cluster's session directory) still alive;
@@ -16,7 +16,7 @@ launcher's process takes to exit. Then it checks what the run left:
 * shared-memory segments (``/dev/shm/rlsvc_<pid>_*``) named after any of those processes;
 * multiprocessing's and the run's temporary files in its ``TMPDIR``.
 
-What is left is counted as the launcher exits and again after :data:`SETTLE_S` seconds (an actor's process may still
+What is left is counted as the launcher exits and again after `SETTLE_S` seconds (an actor's process may still
 be ending). Whatever is left at the end of a try is removed (SIGKILL to those processes, the directory and segments
 unlinked) so the next try starts clean. Run from the repository root:
 

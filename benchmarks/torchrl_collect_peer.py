@@ -97,7 +97,7 @@ ENVS = {"GymWrapper(gymnasium SyncVectorEnv)": vector_env, "SerialEnv(GymEnv)": 
 
 
 def choose_env(n: int, weights: str) -> str:
-    """The first env kind of :data:`ENVS` that TorchRL builds and the policy steps (a short rollout of N/2 envs)."""
+    """The first env kind of `ENVS` that TorchRL builds and the policy steps (a short rollout of N/2 envs)."""
     errors = []
     for name, make in ENVS.items():
         try:

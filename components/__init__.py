@@ -1,6 +1,6 @@
-"""Services: the owner/client contract (:mod:`.service`), one resolution per component (:mod:`.resolution`),
-scoped defaults, errors, the compatibility table assembled from each service's declaration (:mod:`.compat`),
-one host per placement (:mod:`.hosts`), acknowledged commands (:mod:`.commands`), and one package per service:
+"""Services: the owner/client contract (`components.service`), one resolution per component (`components.resolution`),
+scoped defaults, errors, the compatibility table assembled from each service's declaration (`components.compat`),
+one host per placement (`components.hosts`), acknowledged commands (`components.commands`), and one package per service:
 ``inference``, ``replay``, ``logger``, ``collectors``, ``weight_sync``."""
 
 from .errors import (

@@ -47,7 +47,7 @@ class Allowed:
 
 class _Serial:
     """Serves the requests of ``endpoint`` one at a time, in order, until ``stop`` is set: each answer is
-    :meth:`_compute`'s result, or its exception raised again at the call site (our own errors keep their type)."""
+    `_compute`'s result, or its exception raised again at the call site (our own errors keep their type)."""
 
     endpoint: ServerEndpoint
 

@@ -3,9 +3,9 @@ component declares next to its code (``components/<service>/declaration.py``).
 
 Validation, the plan, ``python -m launcher.matrix``, the README table and the tests all read this table;
 nothing else decides whether a combination is valid. A combination outside the table is rejected everywhere
-(the dry run included) with an :class:`IncompatibleCombinationError` naming the component, placement,
+(the dry run included) with an `IncompatibleCombinationError` naming the component, placement,
 transport, config path and the supported alternatives. A combination inside the table that is not built yet
-plans and prints (marked), and fails before anything starts when run, with :class:`NotImplementedYetError`.
+plans and prints (marked), and fails before anything starts when run, with `NotImplementedYetError`.
 """
 
 from __future__ import annotations
@@ -45,12 +45,12 @@ def _assemble() -> dict[str, Declaration]:
 
 
 DECLARATIONS: dict[str, Declaration] = _assemble()
-"""component -> its :class:`Declaration`, in table order."""
+"""component -> its `Declaration`, in table order."""
 COMPONENTS: tuple[str, ...] = tuple(DECLARATIONS)
 
 
 class _Table(Mapping):
-    """``(component, placement) -> Cell``, read from :data:`DECLARATIONS` on every lookup (so the table is always
+    """``(component, placement) -> Cell``, read from `DECLARATIONS` on every lookup (so the table is always
     what the declarations say)."""
 
     def __getitem__(self, key: tuple[str, str]) -> Cell:
@@ -72,7 +72,7 @@ TABLE: Mapping[tuple[str, str], Cell] = _Table()
 
 
 def declaration(component: str) -> Declaration:
-    """The :class:`Declaration` of ``component``.
+    """The `Declaration` of ``component``.
 
     Raises:
         IncompatibleCombinationError: no such component.
@@ -178,7 +178,7 @@ def resolve(
 
 
 def status(component: str, placement: str, kind: str) -> str:
-    """:data:`SUPPORTED` or :data:`NOT_YET` for a resolved combination (``kind`` may be ``-``)."""
+    """`SUPPORTED` or `NOT_YET` for a resolved combination (``kind`` may be ``-``)."""
     cell = get_cell(component, placement)
     if not cell.takes_transport:
         return cell.note
@@ -186,7 +186,7 @@ def status(component: str, placement: str, kind: str) -> str:
 
 
 def ensure_built(component: str, placement: str, kind: str, *, path: str | None = None) -> None:
-    """Raise :class:`NotImplementedYetError` when the resolved combination is not built yet, naming ``path`` and
+    """Raise `NotImplementedYetError` when the resolved combination is not built yet, naming ``path`` and
     the placements built for the component."""
     if status(component, placement, kind) != SUPPORTED:
         over = "" if kind == NO_TRANSPORT else f" over transport {kind!r}"

@@ -1,9 +1,9 @@
 """The config object an owner is built from: ``components.<name>`` in YAML, what its constructor takes, and what the
-plan's resolution holds (:attr:`components.resolution.Resolved.config`).
+plan's resolution holds (`components.resolution.Resolved.config`).
 
-Each component has one dataclass: :class:`ComponentConfig`'s fields (where the owner lives, how clients reach it,
+Each component has one dataclass: `ComponentConfig`'s fields (where the owner lives, how clients reach it,
 what its host may use) and the component's own options, each with one default and the range it declares
-(:func:`~transports.kernel.options.bounded`, :func:`~transports.kernel.options.one_of`); ``rules()`` says what must
+(`bounded`, `one_of`); ``rules()`` says what must
 hold between fields. Plain data that imports nothing heavy: ``launcher/schema.py`` registers these classes as the YAML
 schema, the preflight checks a composed config against their ranges, and constructing one from Python checks the
 same.
@@ -54,7 +54,7 @@ class ComponentConfig:
         return f"components.{self.component}" if self.component else "components"
 
     def check(self) -> None:
-        """Every field within its declared range, then :meth:`rules`.
+        """Every field within its declared range, then `rules`.
 
         Raises:
             ConfigurationError: naming ``components.<name>.<field>``, the value and what is allowed.
@@ -86,7 +86,7 @@ _DEVICE = device_option("cpu")
 
 def device_options(config: Any, path: str) -> list[tuple[str, str]]:
     """Every device a config object names, as ``(config path, device)``: its fields declared with
-    :func:`~transports.kernel.options.device_option` (``recipe.device``, ``components.inference.policy_device``...),
+    `device_option` (``recipe.device``, ``components.inference.policy_device``...),
     unset ones left out.
 
     Args:
@@ -99,14 +99,14 @@ def device_options(config: Any, path: str) -> list[tuple[str, str]]:
 
 def check_devices(config: Any, path: str) -> None:
     """Refuse a device that this machine does not have, of every device option of ``config`` (see
-    :func:`device_options`, :func:`check_device`)."""
+    `device_options`, `check_device`)."""
     for full, name in device_options(config, path):
         check_device(name, full)
 
 
 def check_device(name: str, path: str) -> None:
     """Refuse a device this machine does not have (imports torch). Whether ``name`` is a device at all is the option's
-    own range (:func:`~transports.kernel.options.device_option`), checked when a config is composed or made; this is
+    own range (`device_option`), checked when a config is composed or made; this is
     checked where the device is used: on the machine that runs a plan (``launcher.checks.check_here``, skipped by a dry
     run, which may plan for another node) and where an owner builds what runs on it.
 

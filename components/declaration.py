@@ -1,8 +1,8 @@
 """What a component declares next to its code: its placements and transports (with their status and the
-``auto`` rule), how it uses each transport (:class:`Binding`), what it depends on, whose clients it calls, and how
+``auto`` rule), how it uses each transport (`Binding`), what it depends on, whose clients it calls, and how
 its options are checked.
 
-Each service package has a ``declaration.py`` holding one :class:`Declaration`; :mod:`components.compat`
+Each service package has a ``declaration.py`` holding one `Declaration`; `components.compat`
 assembles them into the one compatibility table. Nothing here imports torch.
 """
 
@@ -64,9 +64,9 @@ class Cell:
 
 
 SELF = "self"
-"""A :class:`Binding` endpoint: requests travel over a request/reply transport of the resolved kind itself."""
+"""A `Binding` endpoint: requests travel over a request/reply transport of the resolved kind itself."""
 COMMANDS = "commands"
-"""A :class:`Binding` endpoint: requests travel as commands over the hosting placement's own command transport
+"""A `Binding` endpoint: requests travel as commands over the hosting placement's own command transport
 (``Host.command_transport``), while bulk payloads ride the resolved kind beside it (``payload``)."""
 
 
@@ -75,8 +75,8 @@ class Binding:
     """How a component uses one transport kind: declared beside its cells, read by its owner instead of the kind.
 
     Attributes:
-        endpoint: what carries the component's requests: :data:`SELF` (a request/reply transport of the resolved
-            kind), :data:`COMMANDS` (the host's command transport), another kind by name (``queue``), or ``None``
+        endpoint: what carries the component's requests: `SELF` (a request/reply transport of the resolved
+            kind), `COMMANDS` (the host's command transport), another kind by name (``queue``), or ``None``
             (no endpoint: clients reach the resource itself, in this process or in shared memory).
         payload: bulk payloads ride a transport of the resolved kind beside the endpoint (replay's tensors, weight
             versions), built from the resolved options.
@@ -111,20 +111,20 @@ class Declaration:
 
     Attributes:
         component: its name (``components.<name>`` in YAML).
-        cells: one :class:`Cell` per placement it can take.
+        cells: one `Cell` per placement it can take.
         depends_on: components whose clients it is built with: started (ready) before it, stopped after it.
         calls: components whose clients it calls from where it is placed.
         first: started before (and so stopped after) every other component, whatever the dependencies: a logger
             records the others' teardown.
         layouts_up_front: its fixed-layout transports need request and response layouts before it starts (a
             replay buffer's layout, by contrast, is bound by its first write).
-        check: ``check(config, inline=...)`` raises :class:`~transports.kernel.errors.ConfigurationError` naming
+        check: ``check(config, inline=...)`` raises `ConfigurationError` naming
             ``components.<name>.<option>``, the value and what is allowed, for what the config's own ranges and
             rules cannot say (``inline``: the owner lives in the caller's thread); the owner's constructor runs the
             same.
         default_placement: where it lives when nothing says otherwise.
-        bindings: how it uses each transport kind that is not :data:`DEFAULT_BINDING` (see :meth:`binding`).
-        config: its config dataclass (:class:`components.config.ComponentConfig` or a subclass): ``components.<name>``
+        bindings: how it uses each transport kind that is not `DEFAULT_BINDING` (see `binding`).
+        config: its config dataclass (`components.config.ComponentConfig` or a subclass): ``components.<name>``
             in YAML and what its owner is built from.
     """
 
@@ -140,5 +140,5 @@ class Declaration:
     config: type = ComponentConfig
 
     def binding(self, kind: str) -> Binding:
-        """How this component uses transport ``kind`` (:data:`DEFAULT_BINDING` unless declared otherwise)."""
+        """How this component uses transport ``kind`` (`DEFAULT_BINDING` unless declared otherwise)."""
         return self.bindings.get(kind, DEFAULT_BINDING)

@@ -1,4 +1,4 @@
-"""The public home of the project's error hierarchy (defined in :mod:`transports.kernel.errors`)."""
+"""The public home of the project's error hierarchy (defined in `transports.kernel.errors`)."""
 
 from transports.kernel.errors import (
     ConfigurationError,

@@ -133,7 +133,7 @@ class RayServiceRegistry(ServiceRegistry):
     The names and clients live in a small named actor of the namespace (created by the first registry that
     needs it), so independently started workers call ``RayServiceRegistry().get_client("replay")``. Only
     owners placed on ``ray`` can be registered (their clients reach the whole cluster). As with
-    :class:`ServiceRegistry`, a registered running owner keeps its owner: ``reset`` only shuts down the
+    `ServiceRegistry`, a registered running owner keeps its owner: ``reset`` only shuts down the
     services this registry instance created, and forgets the names it registered.
 
     Args:
@@ -210,7 +210,7 @@ class RayServiceRegistry(ServiceRegistry):
 
 
 class _Directory:
-    """The named actor behind :class:`RayServiceRegistry`: names -> clients."""
+    """The named actor behind `RayServiceRegistry`: names -> clients."""
 
     def __init__(self) -> None:
         self.entries: dict[str, Any] = {}

@@ -1,6 +1,6 @@
 """One resolution per component: where its owner lives, how its payloads move and why, its layouts, options
-and resources. The plan builds one :class:`Resolved` per component and every owner is built from it; an owner
-built from Python without one computes the same object once, through :func:`resolve_component`.
+and resources. The plan builds one `Resolved` per component and every owner is built from it; an owner
+built from Python without one computes the same object once, through `resolve_component`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class Resolved:
         transport: the resolved transport kind (``-`` for components that take none).
         transport_reason: ``explicit``, or why ``auto`` (or a broad default) chose it.
         transport_options: keyword options of the transport.
-        status: :data:`~components.declaration.SUPPORTED` or :data:`~components.declaration.NOT_YET`.
+        status: `SUPPORTED` or `NOT_YET`.
         resources: what its host may use.
         layouts: wire layouts by name (``request``, ``response``) where they are known up front.
         config: the component's config object (its declaration's config dataclass): placement, transport and
@@ -66,7 +66,7 @@ class Resolved:
         return self.status == compat.SUPPORTED
 
     def ensure_built(self) -> None:
-        """Raise :class:`NotImplementedYetError` if this cell of the table (or its host) is not built yet."""
+        """Raise `NotImplementedYetError` if this cell of the table (or its host) is not built yet."""
         compat.ensure_built(self.component, self.placement, self.transport,
                             path=f"components.{self.component}.placement")
         if self.placement not in HOSTS:
@@ -103,15 +103,15 @@ def resolve_component(
     resources. Starts nothing.
 
     Args:
-        component: a name from :data:`components.compat.COMPONENTS`.
+        component: a name from `components.compat.COMPONENTS`.
         placement: explicit placement (``None``: the scope, else the component's default).
-        transport: explicit kind or :class:`TransportConfig` (``None``: the scope, else ``auto``).
-        transport_options: options merged over those of a :class:`TransportConfig`.
+        transport: explicit kind or `TransportConfig` (``None``: the scope, else ``auto``).
+        transport_options: options merged over those of a `TransportConfig`.
         layouts: known wire layouts (``request``/``response``).
         layouts_known: whether fixed layouts will be given (default: whether ``layouts`` holds both).
         config: the component's config object (default: its config dataclass's defaults); its own ranges and rules
             are checked when it is made, what they cannot say by the declaration.
-        resources: a :class:`Resources`, or a mapping of its fields (default: the config's).
+        resources: a `Resources`, or a mapping of its fields (default: the config's).
         placement_path: config path of the placement setting, for messages.
         transport_path: config path of the transport setting, for messages.
         one_request_per_worker: its callers keep one request in flight per worker (steers ``auto``).

@@ -1,6 +1,6 @@
 """Scoped defaults for placement and transport: ``service_backend`` and ``transport_backend``.
 
-Both are context managers over :mod:`contextvars`, so a default is local to the thread or asyncio task
+Both are context managers over `contextvars`, so a default is local to the thread or asyncio task
 that set it, nests, and is restored on exit (also when the block raises). A value set in a parent process
 is ignored in forked children (each value remembers the process that set it) and never reaches spawned
 ones. Precedence everywhere: explicit argument > scoped default > component default.

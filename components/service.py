@@ -9,7 +9,7 @@ Owner contract:
     - ``client()`` returns the client; when the resource lives in the caller (``direct``) the client *is* the owner.
     - ``is_alive`` says whether the resource is serving; owners are context managers.
 
-Every owner is built from one :class:`~components.resolution.Resolved` (the plan's, or one it computes from its
+Every owner is built from one `Resolved` (the plan's, or one it computes from its
 arguments) and runs its resource on the host of its placement: the owner supplies the target to host and,
 where clients reach it through a transport, the endpoint's kind; the host and the transport do the rest.
 
@@ -97,10 +97,10 @@ class Service(Protocol[ClientT]):
 class Owner(Generic[ClientT]):
     """Base class of owners: one resolution, one host, one transport, and the lifecycle.
 
-    Subclasses set :attr:`component` and implement :meth:`_target` (a picklable factory of what the host runs)
-    and, for owners reached through a transport, :meth:`_wrap` (the client over a transport endpoint). Owners
-    with several hosts (collectors) override :meth:`_launch`, :meth:`_finish`, :meth:`_shutdown` and
-    :meth:`_alive`.
+    Subclasses set `component` and implement `_target` (a picklable factory of what the host runs)
+    and, for owners reached through a transport, `_wrap` (the client over a transport endpoint). Owners
+    with several hosts (collectors) override `_launch`, `_finish`, `_shutdown` and
+    `_alive`.
 
     One calling convention for every owner: ``Owner(config=None, *, dependencies..., transport=None,
     resolved=None)``. ``config`` is the component's config dataclass (its declaration's ``config``), positional
@@ -117,7 +117,7 @@ class Owner(Generic[ClientT]):
             placement (``None`` takes the ``service_backend`` context, else the default), transport (``None`` takes
             the ``transport_backend`` context, else ``auto``), transport options, resources and the component's own
             options.
-        transport: overrides ``config.transport``: a kind, a :class:`~transports.TransportConfig` or a transport
+        transport: overrides ``config.transport``: a kind, a `TransportConfig` or a transport
             instance (validated like a name).
         layouts_known: whether fixed payload layouts are known up front (steers ``auto``).
         resolved: the plan's resolution of this component (then ``config`` and ``transport`` are not read: the
@@ -169,7 +169,7 @@ class Owner(Generic[ClientT]):
 
     @property
     def transport_config(self):
-        """The resolved transport as a :class:`~transports.TransportConfig`."""
+        """The resolved transport as a `TransportConfig`."""
         return self.resolved.transport_config
 
     @property
@@ -179,7 +179,7 @@ class Owner(Generic[ClientT]):
 
     @property
     def descriptor(self):
-        """The resolved transport's :class:`~transports.descriptor.TransportDescriptor` (``None`` for components that
+        """The resolved transport's `TransportDescriptor` (``None`` for components that
         take none)."""
         if self._injected is not None:
             return self._injected.descriptor
@@ -205,7 +205,7 @@ class Owner(Generic[ClientT]):
         return self.host_type.inline
 
     def with_resources(self, resources: Any) -> "Owner":
-        """Set what the owner's host may use (a :class:`~components.hosts.Resources`, or a mapping with its
+        """Set what the owner's host may use (a `Resources`, or a mapping with its
         fields); before ``start``. Hosts without reservations ignore what they cannot use."""
         if self._state != "new":
             raise RuntimeError(f"{type(self).__name__}.with_resources() must come before start()")
@@ -214,7 +214,7 @@ class Owner(Generic[ClientT]):
 
     # ------------------------------------------------------------------ lifecycle
     def start(self):
-        """Build the resource and return ``self`` once it is ready (:meth:`launch`, then :meth:`wait_ready`).
+        """Build the resource and return ``self`` once it is ready (`launch`, then `wait_ready`).
 
         Raises:
             RuntimeError: the owner was already started (or shut down).
@@ -223,7 +223,7 @@ class Owner(Generic[ClientT]):
 
     def launch(self):
         """Begin building the resource without waiting for it to be ready, so owners that do not depend on each
-        other start at the same time; :meth:`wait_ready` completes the start. Returns ``self``.
+        other start at the same time; `wait_ready` completes the start. Returns ``self``.
 
         Raises:
             RuntimeError: the owner was already started (or shut down).
@@ -388,7 +388,7 @@ class Owner(Generic[ClientT]):
     @classmethod
     def hosts_of(cls, resolved: Resolved) -> tuple[int, ...]:
         """The hosts an owner of ``resolved`` launches, as the calls each must take at once (one entry per host), for
-        a placement that starts their processes ahead (:meth:`components.hosts.base.Host.warm`). By default: one
+        a placement that starts their processes ahead (`components.hosts.base.Host.warm`). By default: one
         host taking one call at a time."""
         return (1,)
 

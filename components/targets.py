@@ -1,9 +1,9 @@
 """User code named in YAML by ``_target_``: built with ``hydra.utils.instantiate``, failures mapped to ours.
 
 A config node such as ``{_target_: my_pkg.nets.make_net, hidden: 128}`` names a callable and its keyword
-arguments. :func:`instantiate_target` builds it where it is used (a collector process, a Ray actor: only the
+arguments. `instantiate_target` builds it where it is used (a collector process, a Ray actor: only the
 picklable node travels) and turns every way it can fail (no ``_target_``, a name that does not import, a
-call that raises, a result of the wrong type) into a :class:`ConfigurationError` naming the config path.
+call that raises, a result of the wrong type) into a `ConfigurationError` naming the config path.
 Hydra is imported on first use.
 """
 

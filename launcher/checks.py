@@ -1,6 +1,6 @@
 """The checks around the plan: the table from the torch-free declarations, before anything heavy is imported
-(:func:`check_placements`, run by the preflight), and what the machine that runs the plan cannot do
-(:func:`check_here`, run before anything starts). :func:`launcher.plan.build_plan` makes the plan itself."""
+(`check_placements`, run by the preflight), and what the machine that runs the plan cannot do
+(`check_here`, run before anything starts). `launcher.plan.build_plan` makes the plan itself."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ from .plan import LaunchPlan, needed_components, check_calls, resolve_components
 def check_placements(cfg: DictConfig) -> None:
     """The plan's table checks from the torch-free declarations alone: every component's placement and transport
     against the compatibility table, and every call edge's reach. The preflight runs it before Hydra starts and
-    before torch is imported, so a wrong combination is refused in about a second; :func:`build_plan` checks the
+    before torch is imported, so a wrong combination is refused in about a second; `build_plan` checks the
     same again, with everything the recipe sets. A config with no recipe, or a mistake of another kind (one that
-    may depend on what the recipe sets), is left to :func:`build_plan`.
+    may depend on what the recipe sets), is left to `build_plan`.
 
     Raises:
         IncompatibleCombinationError: a placement, transport or call edge outside the table.
@@ -42,10 +42,10 @@ def check_placements(cfg: DictConfig) -> None:
 
 def check_here(plan: LaunchPlan) -> None:
     """What the machine (or cluster) that runs the plan cannot do, refused before anything starts: the devices it uses
-    itself (:func:`check_devices_here`), then each placement's :meth:`~components.hosts.base.Host.check_session` (a Ray
+    itself (`check_devices_here`), then each placement's `check_session` (a Ray
     cluster without the GPUs asked for, a network interface that does not exist, Slurm that does not answer), then
-    what the plan holds on this machine (:mod:`launcher.footprint`: its shared-memory segments against the room in
-    the segment directory, its replay buffer against the memory available). Not part of :func:`build_plan`: a plan
+    what the plan holds on this machine (`launcher.footprint`: its shared-memory segments against the room in
+    the segment directory, its replay buffer against the memory available). Not part of `build_plan`: a plan
     made on a login node for a Slurm job is checked where the job runs.
 
     Raises:
@@ -63,7 +63,7 @@ def check_here(plan: LaunchPlan) -> None:
 
 
 def check_devices_here(plan: LaunchPlan) -> None:
-    """Refuse a device the plan uses on this machine (:func:`devices_here`) that this machine does not have.
+    """Refuse a device the plan uses on this machine (`devices_here`) that this machine does not have.
 
     Raises:
         ConfigurationError: naming the device option (``recipe.device``...), the value and the devices there are.

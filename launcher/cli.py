@@ -1,20 +1,20 @@
 """``python -m launcher``: the command line as phases, each one function, run in this order for every job.
 
-1. **check** (:func:`launcher.preflight.preflight`): compose the config of every job the command line runs, once,
+1. **check** (`launcher.preflight.preflight`): compose the config of every job the command line runs, once,
    as Hydra will, and check it; a mistake exits 2 with one short message before Hydra starts.
-2. **plan** (:func:`plan`): Hydra composes the job's config and hands it over; the plan resolves and checks every
-   component (:func:`launcher.plan.build_plan`). A dry run prints it and stops here.
-3. **run directory and resume** (:func:`prepare`): where the run writes and what checkpoint it continues from
-   (:func:`launcher.checkpointing.resolve`); the resolved config and the plan are written there.
-4. **execute** (:func:`launcher.run.execute`): the owners start in order, the recipe trains, everything stops.
-5. **report** (:func:`report`): ``summary.json``, the learning curve and the summary line.
+2. **plan** (`plan`): Hydra composes the job's config and hands it over; the plan resolves and checks every
+   component (`launcher.plan.build_plan`). A dry run prints it and stops here.
+3. **run directory and resume** (`prepare`): where the run writes and what checkpoint it continues from
+   (`launcher.checkpointing.resolve`); the resolved config and the plan are written there.
+4. **execute** (`launcher.run.execute`): the owners start in order, the recipe trains, everything stops.
+5. **report** (`report`): ``summary.json``, the learning curve and the summary line.
 
-How a run ends maps to one exit status in one place (:func:`launcher.endings.end_run`; the statuses:
-:mod:`launcher.conventions`):
+How a run ends maps to one exit status in one place (`launcher.endings.end_run`; the statuses:
+`launcher.conventions`):
 a configuration mistake exits 2 (leaving no run directory), a service that died is one line naming it (exit 3, the
 traceback in ``launcher.log``), a full disk is one line naming what could not be written (exit 4), Ctrl-C and
 SIGTERM tear every service down in order and exit 130 and 143 with ``summary.json`` saying ``interrupted``; in a
-submitit job its preemption signal does the same, then requeues the job (:mod:`launcher.requeue`).
+submitit job its preemption signal does the same, then requeues the job (`launcher.requeue`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ schema.register()
 
 # ---------------------------------------------------------------------------------------------- the phases
 def plan(cfg: DictConfig):
-    """Phase 2: the job's :class:`~launcher.plan.LaunchPlan`. A worker rank that ``torchrun`` or ``srun`` started
+    """Phase 2: the job's `LaunchPlan`. A worker rank that ``torchrun`` or ``srun`` started
     serves the driver instead and never returns.
 
     Raises:
@@ -82,7 +82,7 @@ class Prepared:
     """Where a run writes and what it continues from (phase 3).
 
     Attributes:
-        resumed: the run directory and the checkpoint (:class:`launcher.checkpointing.Resumed`).
+        resumed: the run directory and the checkpoint (`launcher.checkpointing.Resumed`).
         finished: why the resumed run needs no more training (its results stay where they are), or ``None``.
     """
 
@@ -91,7 +91,7 @@ class Prepared:
     lock: object = None
 
     def release(self) -> None:
-        """Let another run write into the run directory (:class:`launcher.rundir.RunDirLock`)."""
+        """Let another run write into the run directory (`launcher.rundir.RunDirLock`)."""
         if self.lock is not None:
             self.lock.release()
 
@@ -167,9 +167,9 @@ def _as_run(cfg: DictConfig, built) -> DictConfig:
 
 
 def execute(built, prepared: Prepared, shield=None) -> dict:
-    """Phase 4: run the plan (:func:`launcher.run.execute`) with the live progress line; a run that ends early
+    """Phase 4: run the plan (`launcher.run.execute`) with the live progress line; a run that ends early
     (Ctrl-C, SIGTERM, a dead service) still leaves its ``summary.json``. ``shield``: see
-    :class:`launcher.failures.ShutdownShield`."""
+    `launcher.failures.ShutdownShield`."""
     import torch
 
     from .report import ProgressLine
@@ -219,7 +219,7 @@ def report(built, result: dict, run_dir: str) -> dict:
 def launch(cfg: DictConfig, run_dir: str, shield: ShutdownShield | None = None) -> dict | None:
     """Phases 2 to 5 for one composed config. Returns the recipe's result (``None`` for a dry run; a resumed run that
     had finished returns its saved summary). ``shield``: the caller's, raised as the run's shutdown begins and left up
-    (:class:`launcher.failures.ShutdownShield`); ``None``: the run's own, lowered once its services are down."""
+    (`launcher.failures.ShutdownShield`); ``None``: the run's own, lowered once its services are down."""
     built = plan(cfg)
     if built.launcher.dry_run:
         dry_run(built)
@@ -257,7 +257,7 @@ def _write_summary(run_dir: str, summary: dict) -> None:
 @hydra.main(version_base=None, config_path="pkg://conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> float | None:
     """Phases 2 to 5 for the job Hydra composed. Returns the run's objective for a hyperparameter search
-    (:func:`launcher.sweep.objective`: what Optuna's sweeper takes as the trial's value); ``None`` for a dry run, and
+    (`launcher.sweep.objective`: what Optuna's sweeper takes as the trial's value); ``None`` for a dry run, and
     for a run without a finite one (no episode ended), which Optuna's sweeper marks failed before it goes on (a NaN
     would end the sweep: the sweeper tells Optuna the failed trial's value). A run that fails or is interrupted
     exits with its status instead (a sweep stops there)."""
@@ -291,7 +291,7 @@ measured the difference on both kinds of run)."""
 
 
 def _choose_wait_policy(cfg: DictConfig) -> None:
-    """:data:`OVERLAP_WAIT` for a run that overlaps collection with learning (``components.collector.sync=false``, or
+    """`OVERLAP_WAIT` for a run that overlaps collection with learning (``components.collector.sync=false``, or
     a recipe whose config says it always does, as IMPALA's); inherited by every process it starts."""
     collector = cfg.get("components", {}).get("collector") or {}
     recipe = cfg.get("recipe")
@@ -303,7 +303,7 @@ def _choose_wait_policy(cfg: DictConfig) -> None:
 
 def dry_run_search(configs) -> None:
     """The dry run of an Optuna sweep: the plan of each job at the ends of its search space (what the preflight
-    checked, :class:`launcher.preflight.SearchEnds`), then one line; Optuna is not started (no trial would have an
+    checked, `launcher.preflight.SearchEnds`), then one line; Optuna is not started (no trial would have an
     objective). Exits 0."""
     for cfg in configs:
         print(f"at {' '.join(configs.at(cfg))}:", flush=True)

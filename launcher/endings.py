@@ -1,10 +1,10 @@
-"""How a run that stops ends: one line saying how, and its exit status (:mod:`launcher.conventions`), decided in one
-place (:func:`end_run`); and how ``python -m launcher`` then exits (:func:`exit_now`).
+"""How a run that stops ends: one line saying how, and its exit status (`launcher.conventions`), decided in one
+place (`end_run`); and how ``python -m launcher`` then exits (`exit_now`).
 
 A configuration mistake exits 2 (leaving no run directory), a service that died is one line naming it (exit 3, the
 traceback in ``launcher.log``), a full disk is one line naming what could not be written (exit 4), Ctrl-C and SIGTERM
 exit 130 and 143 once every service is down; in a submitit job its preemption signal requeues the job
-(:mod:`launcher.requeue`). What is not an ending of ours (an error in the recipe or the launcher) is raised again.
+(`launcher.requeue`). What is not an ending of ours (an error in the recipe or the launcher) is raised again.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ def exit_now(code: object) -> NoReturn:
     handlers run (``launcher.log`` and the output flushed, temporary directories removed, a Ray connection closed), then
     the process ends without the interpreter's own teardown (every module and object cleared, the native libraries'
     destructors), which took 2-5 s after a Ray run on a loaded machine: a batch system counts them against its grace
-    period after SIGTERM, and every service is down by then. Only the entry point calls it; :func:`main` itself raises
+    period after SIGTERM, and every service is down by then. Only the entry point calls it; `main` itself raises
     ``SystemExit``, so a caller in the same process (a test) goes on."""
     import atexit
 

@@ -2,7 +2,7 @@
 
 The policy is rebuilt as the run built it (the recipe's ``make_policy``, the run's ``resolved_config.yaml``, the
 weights of its ``checkpoint.pt``) and plays whole episodes of the run's env as the evaluator service does
-(:func:`components.evaluator.play`): the deterministic policy by default, the env's own rewards, whole games.
+(`components.evaluator.play`): the deterministic policy by default, the env's own rewards, whole games.
 It prints one row per episode (return, steps) and their mean, spread and range, and writes them to
 ``<run dir>/evaluation/evaluation.json``; with ``--video`` the first episode is recorded to
 ``<run dir>/evaluation/episode_0.mp4``.

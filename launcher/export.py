@@ -20,9 +20,9 @@ graph as constants). The batch dimension is dynamic.
 
 Beside ``policy.onnx``, ``policy.json`` holds the env id and its preprocessing, the observation and action spaces,
 the input and output names, the recipe, and the checkpoint's frames and policy version (the same JSON is in the ONNX
-file's metadata, under :data:`METADATA_KEY`). Before it returns, the exporter plays the env for a few steps with the
+file's metadata, under `METADATA_KEY`). Before it returns, the exporter plays the env for a few steps with the
 exported file and checks, on the observations it saw, that ``onnxruntime`` gives the torch policy's actions and
-outputs (within :data:`RTOL` and :data:`ATOL`); ``policy.json`` says what it measured under ``check``.
+outputs (within `RTOL` and `ATOL`); ``policy.json`` says what it measured under ``check``.
 
 A run directory that is not one, a run without a checkpoint, or an unknown format: one line naming what is wrong,
 exit 2 (as the launcher's configuration errors). A check that fails: one line with the figures, exit 1 (the files are
@@ -94,10 +94,10 @@ class PolicyGraph:
     """What is exported of a policy: observations ``[batch, *shape]`` in, the named outputs out.
 
     Attributes:
-        module: the module traced, its running norms folded (:func:`fold_normalization`).
+        module: the module traced, its running norms folded (`fold_normalization`).
         reference: the same before folding (the policy's own modules: what the exported file is checked against).
-        outputs: the output names (:mod:`launcher.export`'s table).
-        norms: one record per running norm folded (:func:`fold_normalization`).
+        outputs: the output names (`launcher.export`'s table).
+        norms: one record per running norm folded (`fold_normalization`).
     """
 
     module: Any
@@ -107,7 +107,7 @@ class PolicyGraph:
 
 
 def policy_graph(policy: Any, spec: Any) -> PolicyGraph:
-    """The deterministic path of ``policy`` as the module table of :mod:`launcher.export` says: the actor-critic's
+    """The deterministic path of ``policy`` as the module table of `launcher.export` says: the actor-critic's
     network outputs and the most likely action, DQN's Q-values and the greedy action, or (any other policy) the
     action its TensorDict forward takes in the deterministic interaction mode.
 
@@ -174,7 +174,7 @@ class _Deterministic(nn.Module):
 
 
 class FoldedNorm(nn.Module):
-    """A :class:`recipes.networks.RunningNorm`'s standardisation with its statistics as constants: what the running
+    """A `recipes.networks.RunningNorm`'s standardisation with its statistics as constants: what the running
     norm computes on the CPU once it has seen observations, without the branch on its count.
 
     Args:
@@ -192,7 +192,7 @@ class FoldedNorm(nn.Module):
 
 
 def fold_normalization(module: Any) -> tuple[Any, list[dict]]:
-    """A copy of ``module`` with each :class:`recipes.networks.RunningNorm` replaced by its :class:`FoldedNorm` (by
+    """A copy of ``module`` with each `recipes.networks.RunningNorm` replaced by its `FoldedNorm` (by
     the identity where it has seen nothing yet, as the running norm itself is then); ``module`` is left as it is.
 
     Returns:
@@ -220,7 +220,7 @@ def export_onnx(run: Run, out_dir: str, *, check_steps: int = CHECK_STEPS) -> di
     """Write ``policy.onnx`` and ``policy.json`` into ``out_dir`` (made if missing) and check the file.
 
     Args:
-        run: the run (:func:`read_run`).
+        run: the run (`read_run`).
         out_dir: where the files go.
         check_steps: env steps played with the exported file to check it (0: no check).
 
@@ -248,10 +248,10 @@ def export_onnx(run: Run, out_dir: str, *, check_steps: int = CHECK_STEPS) -> di
 
 def write_onnx(graph: PolicyGraph, spec: Any, path: str, meta: dict | None = None, *, what: str = "the policy") -> int:
     """Trace ``graph`` with torch's exporter (``torch.onnx.export(dynamo=True)``, a dynamic batch dimension) and write
-    it to ``path`` as one file, the weights inside; ``meta`` goes into its metadata as JSON (:data:`METADATA_KEY`).
+    it to ``path`` as one file, the weights inside; ``meta`` goes into its metadata as JSON (`METADATA_KEY`).
 
     Args:
-        graph: what to export (:func:`policy_graph`).
+        graph: what to export (`policy_graph`).
         spec: the env's spaces (the input's shape and dtype).
         path: the ``.onnx`` file (replaced whole, or left as it was).
         meta: the metadata to embed, or ``None``.
@@ -304,7 +304,7 @@ def _summary(exc: BaseException) -> str:
 
 
 def metadata(run: Run, graph: PolicyGraph) -> dict:
-    """What ``policy.json`` says of the exported policy (without the check): see :mod:`launcher.export`."""
+    """What ``policy.json`` says of the exported policy (without the check): see `launcher.export`."""
     from omegaconf import OmegaConf
 
     spec = run.spec
@@ -403,7 +403,7 @@ def check(onnx_path: str, run: Run, graph: PolicyGraph, steps: int) -> dict | No
 
     Returns:
         What was measured: the largest difference of each output, how many actions agree, whether all is within
-        :data:`RTOL` and :data:`ATOL` (``ok``); ``None`` where ``onnxruntime`` is not installed.
+        `RTOL` and `ATOL` (``ok``); ``None`` where ``onnxruntime`` is not installed.
     """
     if importlib.util.find_spec("onnxruntime") is None:
         return None
@@ -447,7 +447,7 @@ def check(onnx_path: str, run: Run, graph: PolicyGraph, steps: int) -> dict | No
 
 
 def _agree(got: Any, expected: Any, scores: Any, discrete: bool) -> tuple[Any, Any]:
-    """Per row, whether the actions agree (discrete: equal; continuous: within :data:`RTOL` and :data:`ATOL`), and
+    """Per row, whether the actions agree (discrete: equal; continuous: within `RTOL` and `ATOL`), and
     whether the row's two best scores lie that close to each other (a near tie, where either action is the most
     likely one within rounding)."""
     import numpy as np
@@ -480,7 +480,7 @@ def export(run_dir: str, fmt: str = "onnx", output: str | None = None, check_ste
 
     Args:
         run_dir: the run directory.
-        fmt: the format (:data:`FORMATS`).
+        fmt: the format (`FORMATS`).
         output: where the files go (default: ``<run dir>/export``).
         check_steps: env steps played with the exported file to check it (0: no check).
 

@@ -1,5 +1,5 @@
 """How a run ends when it does not finish: which service died, and the signals that stop a run. The exit statuses
-are in :mod:`launcher.conventions`.
+are in `launcher.conventions`.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class Terminated(BaseException):
 
 
 def handle_sigterm() -> None:
-    """Turn SIGTERM into :class:`Terminated` in the main thread (call it there)."""
+    """Turn SIGTERM into `Terminated` in the main thread (call it there)."""
 
     def raise_terminated(signum, frame):
         raise Terminated()
@@ -88,7 +88,7 @@ class ShutdownShield:
             self._saved[sig] = signal.signal(sig, self._note)
 
     def lower_shield(self) -> None:
-        """The handlers the run had before (safe to call more than once, or without :meth:`raise_shield`)."""
+        """The handlers the run had before (safe to call more than once, or without `raise_shield`)."""
         saved, self._saved = self._saved, {}
         for sig, handler in saved.items():
             signal.signal(sig, handler)
@@ -110,7 +110,7 @@ def ending() -> None:
 def no_space(error: BaseException | None) -> str | None:
     """What a run could not write for want of space, where ``error`` (or an error it came from, here or in a
     service's owner) is a full disk or quota: ``"No space left on device: /path"`` (the path where known), or shared
-    memory that ran out (:class:`~transports.kernel.errors.SharedMemoryFull`: ``"ran out of shared memory in /dev/shm
+    memory that ran out (`SharedMemoryFull`: ``"ran out of shared memory in /dev/shm
     ..."``); else ``None``."""
     def said(e: BaseException) -> str | None:
         if isinstance(e, OSError) and e.errno in NO_SPACE:

@@ -1,22 +1,22 @@
 """What a plan holds on the node that runs it, estimated from the plan before anything starts, and the checks of it
-against what the node offers (:func:`launcher.checks.check_here` runs them; a dry run does not: it may plan for
+against what the node offers (`launcher.checks.check_here` runs them; a dry run does not: it may plan for
 another node).
 
-- **Shared memory** (:func:`check_shared_memory`): the segments that the owners and collector workers placed on this
-  node make, against the room left in the segment directory (:mod:`transports.segment_dir`: ``/dev/shm`` unless
+- **Shared memory** (`check_shared_memory`): the segments that the owners and collector workers placed on this
+  node make, against the room left in the segment directory (`transports.segment_dir`: ``/dev/shm`` unless
   ``RLSVC_SHM_DIR`` names another). Counted: a shared-memory weight sync's copy of the policy's state; a slot
-  transport's request and response banks (:meth:`~transports.base.RequestReplyTransport.shared_memory_bytes`); a
+  transport's request and response banks (`shared_memory_bytes`); a
   replay buffer whose storage is shared (its rows, its ring of frames, the rows of one write staged by its client);
   the rollout slots of each collector worker that hands rollouts over through shared memory (``prefetch`` rollouts of
   its share of a batch). Left out: blocks of a few bytes (status words, doorbells).
-- **Memory** (:func:`check_memory`): the replay buffer (its rows, its ring of frames, its sampler's index, shared or
-  not) against the memory the node has available (:func:`memory_here`).
+- **Memory** (`check_memory`): the replay buffer (its rows, its ring of frames, its sampler's index, shared or
+  not) against the memory the node has available (`memory_here`).
 
-Sizes come from the plan: one env step as a collector's rollout holds it (:attr:`LaunchPlan.step`), the policy's state
-(:attr:`LaunchPlan.policy_bytes`), the inference server's layouts, each component's options. A replay row is one step,
+Sizes come from the plan: one env step as a collector's rollout holds it (`LaunchPlan.step`), the policy's state
+(`LaunchPlan.policy_bytes`), the inference server's layouts, each component's options. A replay row is one step,
 or ``replay_row_steps`` of them where the recipe's config says so (IMPALA stores whole unrolls); its frame-stack keys
 (``components.replay.frames``) are stored as frame serial numbers beside a ring of single frames
-(:mod:`components.replay.frames`). The estimates are the bytes the segments take, to within their alignment.
+(`components.replay.frames`). The estimates are the bytes the segments take, to within their alignment.
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ def _by_component(found: list[Part]) -> str:
 
 
 def check_memory(plan) -> None:
-    """Refuse a plan whose replay buffer does not fit in the memory this node has available (:func:`memory_here`),
+    """Refuse a plan whose replay buffer does not fit in the memory this node has available (`memory_here`),
     naming what the buffer holds, the memory there is and the settings that size the buffer.
 
     Raises:

@@ -1,6 +1,6 @@
 """The layouts a plan derives from the env's spec and the policy (built once, on zeros, while planning): the inference
 server's request and response, one env step as a collector's rollout holds it, and the bytes of the policy's state.
-:func:`launcher.plan.build_plan` binds the first two to the inference server; :mod:`launcher.footprint` sizes rollouts,
+`launcher.plan.build_plan` binds the first two to the inference server; `launcher.footprint` sizes rollouts,
 replay rows and a shared weight sync from the other two."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ class PolicyLayouts:
         request: one request of the inference server (the observations of ``num_envs`` envs, their sampling seeds).
         response: its answer (the actions, whatever else the policy outputs, ``policy_version``).
         step: one env's step as a collector's rollout holds it: the observation, the policy's outputs and the env's
-            ``next`` (what a worker allocates per step, see :class:`components.collectors.worker.Worker`).
+            ``next`` (what a worker allocates per step, see `components.collectors.worker.Worker`).
         state_bytes: bytes of the policy's state dict.
     """
 

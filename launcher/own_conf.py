@@ -4,7 +4,7 @@ Hydra finds the launcher's configs as the package ``conf`` (``pkg://conf``). A w
 ``conf/`` folder of its own (Hydra's usual name for a project's configs) is first on ``sys.path`` under
 ``python -m launcher``, and where the launcher is installed in editable mode that folder would be imported as a
 namespace package ``conf`` ahead of the launcher's: Hydra would then read the user's folder as the launcher's
-configs. :func:`import_own_conf` imports the launcher's ``conf`` by its location first.
+configs. `import_own_conf` imports the launcher's ``conf`` by its location first.
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """compose -> **plan** -> run. The plan is pure data, built without side effects.
 
 ``build_plan`` makes each component's config object (its YAML node, then what the recipe needs of it), resolves it
-once (:func:`components.resolution.resolve_component`: explicit value > ``service`` / ``transport`` default >
+once (`components.resolution.resolve_component`: explicit value > ``service`` / ``transport`` default >
 component default; ``auto`` explained), which checks it against the compatibility table, its transport's options
 and layouts, its own options and its resources; then it checks each declared call edge for reachability, derives
 wire layouts from the env's specs and the policy, and orders owners by their declared dependencies. A
-:class:`LaunchPlan` prints as a table (the dry run) and is saved with every run; each of its entries is the
-:class:`~components.resolution.Resolved` the owner is built from, and it holds everything else a run reads of the
+`LaunchPlan` prints as a table (the dry run) and is saved with every run; each of its entries is the
+`Resolved` the owner is built from, and it holds everything else a run reads of the
 config (the recipe's config, the env, the logger backend, the launcher's settings, each placement's session
 settings), so executing a plan reads no config of its own.
 """
@@ -52,19 +52,19 @@ class LaunchPlan:
         recipe: the recipe's name.
         env_id: the environment.
         seed: the run's seed.
-        components: one :class:`~components.resolution.Resolved` per owner, in start order.
+        components: one `Resolved` per owner, in start order.
         env_backend: how collectors vectorize the envs (``env.backend``).
         defaults: each component's option defaults (the printed plan names only what a run sets otherwise).
         recipe_config: the recipe's config object.
-        env: the ``env`` node (for :meth:`components.envs.EnvMaker.from_config`).
+        env: the ``env`` node (for `components.envs.EnvMaker.from_config`).
         logger: the ``logger`` node: the backend's ``_target_`` and its options.
-        launcher: the ``launcher`` settings (:class:`launcher.schema.LauncherConf`).
+        launcher: the ``launcher`` settings (`launcher.schema.LauncherConf`).
         sessions: each placement's session settings (its node, ``ray:``, ``submitit:``...; empty where it has none).
         replica: the inference config whose devices a policy replica uses (``components.collector.local_policy``).
         recipe_sets: what the recipe sets of each component's config (``{"collector": {"sync": False, ...}}``),
             over what the YAML said.
-        step: the layout of one env step as a collector's rollout holds it (:mod:`launcher.layouts`).
-        policy_bytes: bytes of the policy's state. Both size what the run holds (:mod:`launcher.footprint`).
+        step: the layout of one env step as a collector's rollout holds it (`launcher.layouts`).
+        policy_bytes: bytes of the policy's state. Both size what the run holds (`launcher.footprint`).
     """
 
     recipe: str
@@ -178,7 +178,7 @@ def learner_threads(observation_shape: tuple, collector: Resolved | None, passes
 
 
 def recipe_of(cfg: DictConfig) -> tuple[Recipe, Any]:
-    """The selected :class:`Recipe` and its config object.
+    """The selected `Recipe` and its config object.
 
     Raises:
         ConfigurationError: no recipe was selected, or none takes the selected config's type.
@@ -346,7 +346,7 @@ def prepare_placements(cfg: DictConfig) -> None:
 
 
 def build_plan(cfg: DictConfig) -> LaunchPlan:
-    """Build the :class:`LaunchPlan` for a composed config. Starts nothing.
+    """Build the `LaunchPlan` for a composed config. Starts nothing.
 
     Raises:
         ConfigurationError: any configuration mistake, before anything starts.

@@ -1,12 +1,12 @@
 """Every configuration mistake, found before anything starts: the preflight of ``python -m launcher``.
 
-Two checks, both raising :class:`~transports.kernel.errors.ConfigurationError` (the CLI prints it and exits 2):
+Two checks, both raising `ConfigurationError` (the CLI prints it and exits 2):
 
-- :func:`check_argv` composes the command line's config the way Hydra will (every job of a ``--multirun``
+- `check_argv` composes the command line's config the way Hydra will (every job of a ``--multirun``
   sweep), and Hydra's own config with the ``hydra/...`` and ``hydra.*`` overrides (a launcher's fields), and turns
   Hydra's and OmegaConf's errors into one short message: the key or value, its config path, what is allowed there;
-- :func:`launcher.values.check_values` walks a composed config against its schema: the range each field declares
-  (:func:`transports.kernel.options.bounded`, :func:`~transports.kernel.options.one_of`), keys the schema does not
+- `launcher.values.check_values` walks a composed config against its schema: the range each field declares
+  (`transports.kernel.options.bounded`, `one_of`), keys the schema does not
   have, then the ``rules()`` between fields (``(field to blame, holds, what is wrong)``).
   ``build_plan`` runs it too, so a config composed in Python is checked the same way, dry run or not.
 
@@ -14,9 +14,9 @@ A sweep whose jobs run on this machine (Hydra's own launcher, ``hydra/launcher=l
 (its env, what its recipe asks of it), before the first job trains.
 
 An Optuna sweep (``hydra/sweeper=optuna`` or an option extending it) is checked at the ends of its search space
-(:func:`optuna_jobs`): each choice, both ends of each interval and range, so a value no trial could run is refused
+(`optuna_jobs`): each choice, both ends of each interval and range, so a value no trial could run is refused
 before the first trial trains; what would make the search itself wrong (minimizing the return, a storage this Optuna
-cannot open) is refused too. Its dry run plans those jobs and stops (:func:`launcher.cli.dry_run_search`).
+cannot open) is refused too. Its dry run plans those jobs and stops (`launcher.cli.dry_run_search`).
 
 Where it cannot be sure what Hydra will do (``--help``, ``--cfg``, ``--info``, another config path or name,
 ``hydra.searchpath``, a sweeper other than Optuna's, ``HYDRA_FULL_ERROR=1``) the preflight steps aside and leaves
@@ -52,13 +52,13 @@ _HANDS_OFF = ("help", "hydra_help", "cfg", "info", "package", "resolve", "shell_
 _HYDRA_DECIDES = ("hydra.searchpath", "hydra.sweeper", "hydra/sweeper", "hydra.mode")
 """Hydra overrides that change which configs exist or how a sweep is expanded."""
 _SWEEPER = ("hydra.sweeper", "hydra/sweeper")
-"""Of those, the ones choosing or configuring the sweeper: Optuna's is read here (:func:`optuna_jobs`)."""
+"""Of those, the ones choosing or configuring the sweeper: Optuna's is read here (`optuna_jobs`)."""
 
 
 # ---------------------------------------------------------------------------------------------- the command line
 def preflight(argv: list[str]) -> list[DictConfig]:
     """Exit with status 2 and one short message if the command line's config holds a mistake; else return the composed
-    configs (:func:`check_argv`: for an Optuna sweep, its :class:`SearchEnds`, whose dry run the caller prints).
+    configs (`check_argv`: for an Optuna sweep, its `SearchEnds`, whose dry run the caller prints).
 
     Args:
         argv: the command line after the program name.
@@ -72,15 +72,15 @@ def preflight(argv: list[str]) -> list[DictConfig]:
 
 def check_argv(argv: list[str]) -> list[DictConfig]:
     """Compose the config of every job the command line runs, as Hydra will, and check its values and where its
-    components go (:func:`launcher.checks.check_placements`); then, for a sweep whose jobs run on this machine, each
-    job's plan (:func:`_plan_every_job`), so no job trains before every one is known to start.
+    components go (`launcher.checks.check_placements`); then, for a sweep whose jobs run on this machine, each
+    job's plan (`_plan_every_job`), so no job trains before every one is known to start.
 
     Args:
         argv: the command line after the program name (``+recipe=ppo`` is read as ``recipe=ppo``).
 
     Returns:
         The composed config of each job (none where the preflight leaves the command line to Hydra); for an Optuna
-        sweep, of each job at the ends of its search space, as :class:`SearchEnds`.
+        sweep, of each job at the ends of its search space, as `SearchEnds`.
 
     Raises:
         ConfigurationError: an override that does not parse, an unknown key or group option, a value of the
@@ -125,7 +125,7 @@ _RUN_HERE = ("hydra._internal.core_plugins.basic_launcher.BasicLauncher",
 
 
 def _plan_every_job(configs: list[DictConfig]) -> None:
-    """Make the plan of every job of a sweep that runs on this machine (:func:`launcher.plan.build_plan`: the env
+    """Make the plan of every job of a sweep that runs on this machine (`launcher.plan.build_plan`: the env
     each job makes, what its recipe asks of it, its devices...), so a mistake in any job is refused before the first
     one trains, not as its turn comes. A dry run is left to its jobs (nothing trains); a sweep submitted elsewhere
     (``hydra/launcher=slurm``) too: a job's plan checks the machine it runs on (its devices).
@@ -190,7 +190,7 @@ def config_dir_override(argv: list[str]) -> list[str]:
 
     Raises:
         ConfigurationError: the directory does not exist, or holds a config file that one of the launcher's (or
-            Hydra's) own hides (:func:`_check_hidden`).
+            Hydra's) own hides (`_check_hidden`).
     """
     args = hydra_args(argv)
     if args is None or not args.config_dir:
@@ -289,8 +289,8 @@ def sweep_jobs(argv: list[str]) -> list[list[str]] | None:
 
 
 class SearchEnds(list):
-    """The jobs that stand for an Optuna sweep's search space (:func:`optuna_jobs`): each job's overrides, or (as
-    :func:`check_argv` returns them) each job's composed config; with the search space they stand for.
+    """The jobs that stand for an Optuna sweep's search space (`optuna_jobs`): each job's overrides, or (as
+    `check_argv` returns them) each job's composed config; with the search space they stand for.
 
     Args:
         jobs: each job's overrides, or composed configs.
@@ -378,7 +378,7 @@ as the first trial starts; a trial's overrides are in its ``.hydra/overrides.yam
 
 
 def trial_dirs(argv: list[str]) -> list[str]:
-    """``argv`` with ``hydra.sweep.subdir=`` :data:`TRIAL_SUBDIR` added for an Optuna sweep that does not choose its
+    """``argv`` with ``hydra.sweep.subdir=`` `TRIAL_SUBDIR` added for an Optuna sweep that does not choose its
     own; else ``argv`` as it is."""
     args = hydra_args(argv)
     if args is None or not args.multirun or any(o.split("=", 1)[0].lstrip("+~") == "hydra.sweep.subdir"
@@ -484,7 +484,7 @@ def _components_placed_on(placement: str) -> list[str]:
 
 
 def explain(exc: BaseException) -> ConfigurationError:
-    """A Hydra or OmegaConf composition error as one short :class:`ConfigurationError`: what is wrong, the value,
+    """A Hydra or OmegaConf composition error as one short `ConfigurationError`: what is wrong, the value,
     the config path and what is allowed there."""
     import yaml
     from hydra.errors import MissingConfigException

@@ -1,8 +1,8 @@
 """The configuration reference and the transports' table, generated from the code that the checks read.
 
-Every row comes from a schema dataclass (:mod:`launcher.schema` and the config dataclasses it registers) or a
-transport's descriptor: a field's type, the range it declares (:func:`transports.kernel.options.bounded`,
-:func:`~transports.kernel.options.one_of`), its default, and its meaning (the comment on the field's line, or the class
+Every row comes from a schema dataclass (`launcher.schema` and the config dataclasses it registers) or a
+transport's descriptor: a field's type, the range it declares (`transports.kernel.options.bounded`,
+`one_of`), its default, and its meaning (the comment on the field's line, or the class
 docstring's ``Attributes:`` entry). The documentation site renders these (``docs/hooks.py``);
 ``python -m launcher.reference`` prints the configuration reference.
 """
@@ -137,7 +137,7 @@ def rows(cls: type, path: str, *, nested: bool = True, skip: tuple[str, ...] = (
 
 
 def table(cls: type, path: str, heading: str | None = None, **which: Any) -> str:
-    """The fields of ``cls`` as a Markdown table (``which``: :func:`rows`' ``nested`` and ``skip``)."""
+    """The fields of ``cls`` as a Markdown table (``which``: `rows`' ``nested`` and ``skip``)."""
     lines = [f"{heading}\n" if heading else "", "| key | type | default | allowed | meaning |", "|---|---|---|---|---|"]
     for row in rows(cls, path, **which):
         lines.append(f"| `{row.path}` | {row.type} | `{row.default}` | {row.allowed or '-'} | "

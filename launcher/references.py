@@ -28,7 +28,7 @@ def register_references(argv: list[str]) -> None:
 
 
 def forget_references() -> None:
-    """Undo :func:`register_references`: drop the ``recipe`` group's options named by reference and the recipes they
+    """Undo `register_references`: drop the ``recipe`` group's options named by reference and the recipes they
     loaded, for a process that launches one command line after another (their modules stay imported)."""
     options = ConfigStore.instance().repo.get("recipe", {})
     for option in [o for o in options if is_reference(o)]:

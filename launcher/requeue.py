@@ -5,13 +5,13 @@ submitit binds its preemption signal (``SIGUSR2``, or the one ``SUBMITIT_PREEMPT
 requeues the job at once: it calls the job's ``checkpoint()`` (hydra-submitit-launcher's: the same job again), runs
 ``scontrol requeue`` unless the job timed out more than ``max_num_timeout`` times, and exits. Slurm sends that signal
 ``signal_delay_s`` seconds before the time limit; ``scancel --signal=USR2 <job>`` sends it by hand (a preemption).
-:func:`handle_preemption` puts :class:`Preempted` in front of it: raised in the main thread, it unwinds the run as
+`handle_preemption` puts `Preempted` in front of it: raised in the main thread, it unwinds the run as
 SIGTERM does, so the last batch boundary's checkpoint is written while the services still run and they stop in
-order. Only then does :meth:`Preempted.requeue` call submitit's handler.
+order. Only then does `Preempted.requeue` call submitit's handler.
 
 The requeued job has the same submitit job id and runs in the same Hydra run directory (the sweep directory's
 timestamp and the job's overrides travel in the pickled job). Each checkpoint records the job that wrote it, and a
-job whose run directory holds a checkpoint of its own id resumes it (:func:`launcher.checkpointing.resolve`), as
+job whose run directory holds a checkpoint of its own id resumes it (`launcher.checkpointing.resolve`), as
 ``launcher.resume=auto`` would: a requeue by submitit, by Slurm's own preemption or after a node failure alike.
 """
 
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 class Preempted(Terminated):
     """submitit's preemption signal arrived (a preemption, or the time limit ``signal_delay_s`` away): raised in the
-    main thread like :class:`~launcher.failures.Terminated`, so the run writes its checkpoint and shuts down.
+    main thread like `Terminated`, so the run writes its checkpoint and shuts down.
 
     Attributes:
         signal_name: the signal (``SIGUSR2``).
@@ -58,7 +58,7 @@ def job_id() -> str | None:
 
 
 def handle_preemption() -> None:
-    """In a submitit job, turn its preemption signal into :class:`Preempted` in the main thread (call it there).
+    """In a submitit job, turn its preemption signal into `Preempted` in the main thread (call it there).
 
     Only the first signal raises: a second one (Slurm may repeat it) is logged, so it cannot interrupt the
     checkpoint being written. Outside a submitit job, or where submitit bound no handler, nothing changes.

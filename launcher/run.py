@@ -1,9 +1,9 @@
 """compose -> plan -> **run**: start owners in plan order on an ExitStack (those that do not depend on each other at
 the same time), hand clients to the recipe, tear everything down in reverse (on success, on error and on Ctrl-C).
 With checkpoints on, the last batch boundary's state is written before the services stop, however the run ends
-(see :mod:`launcher.checkpointing`); a resumed run's services start where the checkpoint left off.
+(see `launcher.checkpointing`); a resumed run's services start where the checkpoint left off.
 
-Each owner is built from its :class:`~components.resolution.Resolved` by one builder per component; each
+Each owner is built from its `Resolved` by one builder per component; each
 placement's host may open a session first (a Ray cluster joined or started, a forkserver warmed up), entered
 before the first owner starts and left after the last one stopped.
 """
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 
 def ensure_runnable(plan: LaunchPlan) -> None:
-    """Raise :class:`NotImplementedYetError` for the first cell that is not built, before anything starts."""
+    """Raise `NotImplementedYetError` for the first cell that is not built, before anything starts."""
     for c in plan.components:
         c.ensure_built()
 
@@ -144,13 +144,13 @@ BUILDERS: Mapping[str, Callable[..., Any]] = {
 
 
 def _winding_down(plan: LaunchPlan) -> None:
-    """Tell the host of every placement of the plan that the run ends on a signal (:meth:`Host.winding_down`)."""
+    """Tell the host of every placement of the plan that the run ends on a signal (`Host.winding_down`)."""
     for c in plan.components:
         c.host.winding_down()
 
 
 def _signal_within(error: BaseException) -> BaseException | None:
-    """The :class:`Terminated` or ``KeyboardInterrupt`` an error came from, where a library's call ran the signal's
+    """The `Terminated` or ``KeyboardInterrupt`` an error came from, where a library's call ran the signal's
     handler and raised its own error instead (Ray's ``get``): the signal ended the run, not the services it took
     down with it (a SIGTERM to the process group reaches Ray's daemons too)."""
     return in_chain(error, lambda e: isinstance(e, (Terminated, KeyboardInterrupt)))
@@ -163,11 +163,11 @@ def execute(plan: LaunchPlan, run_dir: str, *, on_started: Callable[[dict], None
     reads is the plan's (it reads no config of its own).
 
     Args:
-        plan: what to run (:func:`launcher.plan.build_plan`).
+        plan: what to run (`launcher.plan.build_plan`).
         run_dir: where the run writes (unless it resumes another run directory).
         on_started: called with the owners once every one is ready.
         progress: the live progress line (default: one from the plan's launcher settings).
-        resumed: the checkpoint the run continues from (:func:`launcher.checkpointing.resolve`); its ``run_dir``
+        resumed: the checkpoint the run continues from (`launcher.checkpointing.resolve`); its ``run_dir``
             is where the run writes. ``None``: a fresh start in ``run_dir``.
         shield: keeps a second Ctrl-C or SIGTERM from cutting the shutdown short, raised as the shutdown begins; the
             caller lowers one it passes (the command line keeps it up until the process exits). ``None``: one of
@@ -197,7 +197,7 @@ def execute(plan: LaunchPlan, run_dir: str, *, on_started: Callable[[dict], None
 
 def _execute(run: _Run, progress: ProgressLine, shield: ShutdownShield,
              on_started: Callable[[dict], None] | None) -> dict:
-    """:func:`execute`'s body: once the shutdown begins (the recipe returned, raised, or a signal arrived), ``shield``
+    """`execute`'s body: once the shutdown begins (the recipe returned, raised, or a signal arrived), ``shield``
     lets it run to its end."""
     plan, settings, resumed = run.plan, run.plan.launcher, run.resumed
     owners: dict[str, Any] = {}  # every owner built so far, started or starting

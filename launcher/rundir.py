@@ -4,10 +4,10 @@ Hydra names a run's directory after the second it started (``outputs/<date>/<tim
 same second would write into one directory: interleaved metrics, one summary over the other. Two guards keep that
 from happening:
 
-- :func:`own_run_dir`, before Hydra starts: a command line that runs one job in the default directory gets that
+- `own_run_dir`, before Hydra starts: a command line that runs one job in the default directory gets that
   directory if no run has made it yet, else the first free ``<dir>-2``, ``<dir>-3``... (made here, atomically), and
   passes it on to Hydra as ``hydra.run.dir`` (a sweep in the default sweep directory likewise, as ``hydra.sweep.dir``).
-- :class:`RunDirLock`, while the run writes: an exclusive lock on ``<run dir>/.lock`` (``flock``: the system drops it
+- `RunDirLock`, while the run writes: an exclusive lock on ``<run dir>/.lock`` (``flock``: the system drops it
   when the process ends, however it ends). A run told to write into a directory that a live run holds (the same
   ``hydra.run.dir``, or ``launcher.resume`` of a run still going) is refused before it writes anything there.
 """
@@ -83,7 +83,7 @@ _STARTED = {".hydra": {"config.yaml", "hydra.yaml", "overrides.yaml"}, "launcher
 
 
 def discard_unused(run_dir: str) -> bool:
-    """Remove a run directory that this command line made (:data:`MADE_HERE`; a job's directory below a sweep directory
+    """Remove a run directory that this command line made (`MADE_HERE`; a job's directory below a sweep directory
     made here) and that holds nothing but what Hydra writes when a job starts (a run refused for a configuration
     mistake leaves no directory behind), then its parents that are left empty (a sweep's with only its
     ``multirun.yaml``), up to the working directory. Any other directory is kept as it is. Returns whether it was
@@ -155,7 +155,7 @@ def _held(lock_file: str) -> bool:
 
 
 class RunDirLock:
-    """Holds ``<run_dir>/.lock`` exclusively until :meth:`release` (or the process's end).
+    """Holds ``<run_dir>/.lock`` exclusively until `release` (or the process's end).
 
     Args:
         run_dir: the directory the run writes into (made if missing).

@@ -40,10 +40,10 @@ class Run:
     Attributes:
         run_dir: the run directory (absolute).
         config: ``resolved_config.yaml`` as a DictConfig.
-        recipe: the run's :class:`recipes.base.Recipe`.
+        recipe: the run's `recipes.base.Recipe`.
         recipe_config: the recipe's config object, from the resolved config.
-        maker: the env's :class:`components.envs.EnvMaker`.
-        spec: the env's spaces (:class:`components.envs.EnvSpec`).
+        maker: the env's `components.envs.EnvMaker`.
+        spec: the env's spaces (`components.envs.EnvSpec`).
         policy: the recipe's ``make_policy``, with the checkpoint's weights (in eval mode).
         frames: the checkpoint's frame count.
         policy_version: the weight-sync version of the checkpoint's weights.

@@ -2,7 +2,7 @@
 
 Each group option in ``conf/`` starts with ``defaults: [base_<name>, _self_]`` so the dataclass here types
 it: unknown keys and wrong types fail at compose time with the config path. A field's accepted range is declared
-with ``bounded`` and checked by :func:`launcher.values.check_values`. Dataclasses only; nothing heavy
+with ``bounded`` and checked by `launcher.values.check_values`. Dataclasses only; nothing heavy
 is imported. ``tests/launcher/test_config_parity.py`` keeps each schema in step with the constructor it configures.
 """
 
@@ -80,7 +80,7 @@ class EnvConf:
 
 
 def env_schema() -> type:
-    """:class:`EnvConf` with one optional node per env family that has a preprocessing, typed by its config dataclass
+    """`EnvConf` with one optional node per env family that has a preprocessing, typed by its config dataclass
     and named after the family (``env.atari``: the DeepMind preprocessing of an ALE id, ``env=atari`` sets it; null:
     none), so a family registered in its own module needs no field here."""
     families = [(name, Optional[config], field(default=None)) for name, config in configurable().items()]
@@ -115,8 +115,8 @@ class LauncherConf:
 
 @dataclass
 class Config:
-    """The top-level config; :func:`config_schema` adds each placement's session settings (``ray:``, ``submitit:``...),
-    whose dataclasses their host modules declare (:mod:`components.hosts.settings`)."""
+    """The top-level config; `config_schema` adds each placement's session settings (``ray:``, ``submitit:``...),
+    whose dataclasses their host modules declare (`components.hosts.settings`)."""
 
     service: Any = MISSING
     transport: Any = MISSING
@@ -129,7 +129,7 @@ class Config:
 
 
 def config_schema() -> type:
-    """:class:`Config` with one node per placement's session settings (each typed by its host's settings dataclass),
+    """`Config` with one node per placement's session settings (each typed by its host's settings dataclass),
     placed before ``launcher``."""
     head = [(f.name, f.type, f) for f in fields(Config) if f.name not in ("launcher", "seed")]
     sessions = [(name, cls, field(default_factory=cls)) for name, cls in settings_classes().items()]

@@ -1,7 +1,7 @@
 """A Slurm job's resources, from the plan it runs: what ``hydra/launcher=slurm`` asks ``sbatch`` for.
 
 One job runs one whole plan: the driver (it runs the recipe, the learner) and every owner the plan places on its
-machine. :func:`job_resources` counts, for one composed config and its :class:`~launcher.plan.LaunchPlan`:
+machine. `job_resources` counts, for one composed config and its `LaunchPlan`:
 
 - ``cpus_per_task``: the driver's ``launcher.torch_threads``; owners in the driver's process (``direct``,
   ``thread``) share those. Every other host on the job's machine is a process of its own (``process`` and
@@ -19,9 +19,9 @@ machine. :func:`job_resources` counts, for one composed config and its :class:`~
 - ``tasks_per_node``: 1 (the driver starts everything else itself).
 
 ``timeout_min`` is not derived: a plan does not say how long training takes. The dry run prints the line
-(:meth:`JobResources.line`); :func:`submission_parameters` fills the ones a sweep's launcher leaves unset with the
+(`JobResources.line`); `submission_parameters` fills the ones a sweep's launcher leaves unset with the
 largest over the sweep's jobs (submitit submits one array with one set of parameters) and refuses, before
-anything is submitted, a job that no node of the partition can hold (:func:`partition_nodes` reads ``sinfo``).
+anything is submitted, a job that no node of the partition can hold (`partition_nodes` reads ``sinfo``).
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def job_resources(plan) -> JobResources:
     """What a job running ``plan`` needs: see the module's docstring for the rules.
 
     Args:
-        plan: the :class:`~launcher.plan.LaunchPlan` (its components, ``launcher.torch_threads`` and each placement's
+        plan: the `LaunchPlan` (its components, ``launcher.torch_threads`` and each placement's
             session settings, ``ray.*``).
     """
     threads = int(plan.launcher.torch_threads)

@@ -12,7 +12,7 @@ interrupted stops Hydra's sweep before ``on_multirun_end``; the callback then wr
 ran when the command exits. Any sweep directory can be summarized again: ``python -m launcher.sweep <sweep dir>``.
 
 An Optuna sweep (``hydra/sweeper=optuna``, or an option extending it such as ``hydra/sweeper=ppo_cartpole_optuna``)
-runs one job per trial. What each job returns to the sweeper is its :func:`objective`; the summary adds that column
+runs one job per trial. What each job returns to the sweeper is its `objective`; the summary adds that column
 and names the best trial: the one of Optuna's ``optimization_results.yaml`` (written at the end of the sweep), or
 the best so far when the sweep ended early.
 """
@@ -91,7 +91,7 @@ class Job:
 
     @property
     def objective(self) -> float | None:
-        """What the job returned to the sweeper (:func:`objective`): ``None`` unless it finished with a finite one."""
+        """What the job returned to the sweeper (`objective`): ``None`` unless it finished with a finite one."""
         value = objective(self.summary) if self.status == "finished" else math.nan
         return value if math.isfinite(value) else None
 
@@ -201,7 +201,7 @@ def labels(jobs: list[Job]) -> tuple[list[str], list[str]]:
 
 
 def rows(jobs: list[Job], sweep_dir: str | None = None) -> list[dict]:
-    """One dict per job, keyed by :data:`COLUMNS` (``None`` where a figure is unknown; ``run_dir`` relative to
+    """One dict per job, keyed by `COLUMNS` (``None`` where a figure is unknown; ``run_dir`` relative to
     ``sweep_dir`` when given)."""
     names, _ = labels(jobs)
     out = []
@@ -250,7 +250,7 @@ class Best:
         job: its job (``None`` where no job of the sweep directory has Optuna's best parameters).
         value: its objective.
         params: the values Optuna chose for it, by key (those of Optuna's results file; ``{}`` for the best so far).
-        final: ``True``: Optuna's own choice, from :data:`OPTUNA_RESULTS`; ``False``: the sweep ended before Optuna
+        final: ``True``: Optuna's own choice, from `OPTUNA_RESULTS`; ``False``: the sweep ended before Optuna
             wrote it, and this is the finished job with the highest objective so far.
     """
 
@@ -278,7 +278,7 @@ def _has_params(job: Job, params: Mapping) -> bool:
 
 
 def optuna_best(sweep_dir: str, jobs: list[Job]) -> Best | None:
-    """The best trial of an Optuna sweep: the one Optuna's sweeper wrote in :data:`OPTUNA_RESULTS` (matched to the job
+    """The best trial of an Optuna sweep: the one Optuna's sweeper wrote in `OPTUNA_RESULTS` (matched to the job
     whose overrides hold its parameters), else the finished job with the highest objective so far.
 
     Returns:

@@ -56,7 +56,7 @@ def _replay_edge(owners: Mapping[str, Any]) -> dict[str, float]:
 
 
 class EdgeReporter:
-    """Logs :func:`edge_metrics` every ``every`` seconds until stopped; errors are logged, never raised.
+    """Logs `edge_metrics` every ``every`` seconds until stopped; errors are logged, never raised.
 
     Args:
         owners: the run's owners, by component.

@@ -1,6 +1,6 @@
 """A composed config against its schema: every key known, every value within the range its field declares
-(:func:`transports.kernel.options.bounded`, :func:`~transports.kernel.options.one_of`), then each dataclass's
-``rules()`` between its fields. The preflight runs it on the command line's config, :func:`launcher.plan.build_plan`
+(`transports.kernel.options.bounded`, `one_of`), then each dataclass's
+``rules()`` between its fields. The preflight runs it on the command line's config, `launcher.plan.build_plan`
 on any config."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def kind_text(hint: Any) -> str:
 
 def check_values(cfg: DictConfig, *, strict: bool = True) -> None:
     """Check a composed config against its schema: every key known, every value within the range its field
-    declares (:func:`transports.kernel.options.bounded`, :func:`~transports.kernel.options.one_of`), then each
+    declares (`transports.kernel.options.bounded`, `one_of`), then each
     dataclass's ``rules()`` between its fields.
 
     Args:

@@ -1,5 +1,5 @@
 """The actor-critic both PPO and IMPALA train: the stochastic actor, the behaviour policy the inference server owns,
-and the learner that trains actor and critic together (their networks built from :mod:`recipes.networks`, or the
+and the learner that trains actor and critic together (their networks built from `recipes.networks`, or the
 module ``network`` names by ``_target_``).
 """
 
@@ -41,11 +41,11 @@ def _network(cfg: ActorCriticConfig, spec, out: int, out_std: float, encoder: nn
 
 class Actor(nn.Module):
     """The stochastic policy: logits for discrete actions, a Gaussian for continuous ones. With a convolutional
-    encoder (images), :attr:`encoder` is the trunk the critic shares.
+    encoder (images), `encoder` is the trunk the critic shares.
 
     Args:
         cfg: the recipe's config (its network fields).
-        spec: the environment's spaces (:class:`components.envs.EnvSpec`).
+        spec: the environment's spaces (`components.envs.EnvSpec`).
     """
 
     def __init__(self, cfg: ActorCriticConfig, spec):
@@ -77,9 +77,9 @@ class Actor(nn.Module):
         return Normal(out, self.log_std.exp().expand_as(out), validate_args=False)
 
     def act(self, obs: torch.Tensor, seed: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(action, log-probability)`` per row, drawn as :meth:`sample` does (from ``seed`` where given); for
+        """``(action, log-probability)`` per row, drawn as `sample` does (from ``seed`` where given); for
         discrete actions straight from the log-softmax, without building a distribution (the collection hot path).
-        In a deterministic interaction mode (:mod:`components.inference.modes`): the most likely action, the mean."""
+        In a deterministic interaction mode (`components.inference.modes`): the most likely action, the mean."""
         greedy = acts_deterministically()
         if not self.discrete:
             dist = self.dist(obs)
@@ -204,7 +204,7 @@ class Learner(nn.Module):
 def fresh_steps(done: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The steps of a ``[time, env]`` batch whose next observation is not the next step's observation, as ``(time,
     env)`` index tensors: the batch's last step, and where an episode ended (its final observation, which a
-    cut-short episode bootstraps from). A learner that :attr:`~Learner.reuses_values` values only these apart.
+    cut-short episode bootstraps from). A learner that `reuses_values` values only these apart.
     Read where ``done`` is, which should be the host (on a device, reading which steps they are waits for it).
 
     Args:

@@ -1,8 +1,8 @@
 """What a recipe is: a config dataclass, a policy factory, the services it needs, and ``run``; and what every ``run``
-does around its training loop (:class:`Loop`).
+does around its training loop (`Loop`).
 
 A recipe never starts, stops or chooses anything about placement or transport: the launcher reads its
-:class:`Recipe` declaration, builds the services, and calls ``run(config, clients)``.
+`Recipe` declaration, builds the services, and calls ``run(config, clients)``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ class Progress(Protocol):
 
 
 class Checkpoint(Protocol):
-    """What a recipe calls on the run's checkpoint (the launcher's :class:`launcher.checkpointing.Checkpoint`)."""
+    """What a recipe calls on the run's checkpoint (the launcher's `launcher.checkpointing.Checkpoint`)."""
 
     def restore(self) -> Any | None:
         """The recipe's state as it was saved, or ``None`` for a fresh start."""
@@ -63,11 +63,11 @@ class Clients:
         replay: the replay-buffer client (``extend``, ``sample``, ``len``...).
         logger: the logger client (``log_scalar``, ``log_metrics``, ``log_hparams``).
         weight_sync: the weight-sync client (``push``), wired to the inference server.
-        env_spec: the environment's spaces as data (:class:`components.envs.EnvSpec`).
+        env_spec: the environment's spaces as data (`components.envs.EnvSpec`).
         progress: the live progress line.
         seed: the run's seed.
-        checkpoint: the run's :class:`Checkpoint`: ``restore()`` once, ``step(...)`` after each batch. The default
-            (:class:`NoCheckpoint`) never saves and restores nothing.
+        checkpoint: the run's `Checkpoint`: ``restore()`` once, ``step(...)`` after each batch. The default
+            (`NoCheckpoint`) never saves and restores nothing.
     """
 
     policy: Callable
@@ -92,11 +92,11 @@ class Recipe:
             server owns (built where the server lives).
         services: ``services(config, env_spec) -> {component: options}``: what the recipe needs of each service
             (collector frames per batch, replay capacity and sampler...).
-        run: ``run(config, clients) -> dict`` trains and returns the result (see :func:`result`). It pushes its
+        run: ``run(config, clients) -> dict`` trains and returns the result (see `result`). It pushes its
             (initial or restored) weights once before training; a resumed run's weight sync counts that push as the
             checkpoint's own version, so versions go on with no gap.
 
-    The services it needs are its config's (:func:`needs_of`), so the launcher checks where they go before it
+    The services it needs are its config's (`needs_of`), so the launcher checks where they go before it
     imports the recipe's module (torch).
     """
 
@@ -108,7 +108,7 @@ class Recipe:
 
     @property
     def needs(self) -> tuple[str, ...]:
-        """The services it needs (:func:`needs_of` its config class)."""
+        """The services it needs (`needs_of` its config class)."""
         return needs_of(self.config)
 
 
@@ -177,7 +177,7 @@ class EpisodeStats:
                 "elapsed": self._clock() - self.start}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from :meth:`state_dict`'s values."""
+        """Continue from `state_dict`'s values."""
         self.frames, self.episodes, self.solved_at = int(state["frames"]), int(state["episodes"]), state["solved_at"]
         self.returns.clear()
         self.returns.extend(state["returns"])
@@ -236,19 +236,19 @@ def host_values(metrics: Mapping[str, Any]) -> dict[str, Any]:
 
 
 RESERVED = ("stats", "rng")
-"""Names the checkpoint keeps for :class:`Loop` itself: the episode statistics and torch's generator."""
+"""Names the checkpoint keeps for `Loop` itself: the episode statistics and torch's generator."""
 
 
 class Loop:
     """What every recipe does around its training loop, so that ``run`` holds the algorithm only.
 
-    Built first (it seeds torch's generator, which the networks are then built from); :meth:`start` restores a
-    resumed run, pushes the first weights and logs the hyperparameters; :meth:`batches` counts every collected batch
-    (frames, episodes, the recent mean return: :attr:`stats`); :meth:`end_batch` logs, shows progress, keeps the
-    checkpoint's snapshot and says whether training is done; :meth:`result` is what ``run`` returns.
+    Built first (it seeds torch's generator, which the networks are then built from); `start` restores a
+    resumed run, pushes the first weights and logs the hyperparameters; `batches` counts every collected batch
+    (frames, episodes, the recent mean return: `stats`); `end_batch` logs, shows progress, keeps the
+    checkpoint's snapshot and says whether training is done; `result` is what ``run`` returns.
 
     Args:
-        cfg: the recipe's config (a :class:`~recipes.configs.RecipeConfig`: ``window``, ``target_return`` and
+        cfg: the recipe's config (a `RecipeConfig`: ``window``, ``target_return`` and
             ``total_frames`` are read).
         clients: the run's clients.
 
@@ -284,11 +284,11 @@ class Loop:
                 (modules, optimizers); ``None`` is left out.
 
         Returns:
-            The values the resumed run last gave :meth:`end_batch` (counters, a pending tail...), by name; empty
+            The values the resumed run last gave `end_batch` (counters, a pending tail...), by name; empty
             for a fresh start.
 
         Raises:
-            ValueError: a kept object named like what the loop keeps itself (:data:`RESERVED`).
+            ValueError: a kept object named like what the loop keeps itself (`RESERVED`).
         """
         import torch
 
@@ -310,13 +310,13 @@ class Loop:
         return values
 
     def batches(self) -> Iterator[Any]:
-        """The collector's batches, each counted in :attr:`stats` before it is handed over."""
+        """The collector's batches, each counted in `stats` before it is handed over."""
         for batch in self.clients.collector:
             self.stats.update(batch)
             yield batch
 
     def push(self, policy: Any) -> int:
-        """Publish ``policy``'s weights through weight sync; their version (also :attr:`version`)."""
+        """Publish ``policy``'s weights through weight sync; their version (also `version`)."""
         self.version = self.clients.weight_sync.push(policy)
         return self.version
 
@@ -328,16 +328,16 @@ class Loop:
 
         Args:
             metrics: the batch's metrics, or ``None``; values that are tensors (on the learner's device) are read
-                here, in one copy to the host per device (:func:`host_values`).
+                here, in one copy to the host per device (`host_values`).
             progress: more figures for the progress line beside the mean return.
             **values: tensors and plain data the checkpoint keeps beside the objects (counters, a pending tail),
-                handed back by :meth:`start` when the run resumes.
+                handed back by `start` when the run resumes.
 
         Returns:
             Whether training is done: ``target_return`` reached or ``total_frames`` spent.
 
         Raises:
-            ValueError: a value named like a kept object or like what the loop keeps itself (:data:`RESERVED`): it
+            ValueError: a value named like a kept object or like what the loop keeps itself (`RESERVED`): it
                 would overwrite it in the checkpoint.
         """
         import torch
@@ -359,6 +359,6 @@ class Loop:
         return done
 
     def result(self) -> dict:
-        """What ``run`` returns (:meth:`EpisodeStats.result`)."""
+        """What ``run`` returns (`EpisodeStats.result`)."""
         return self.stats.result()
 

@@ -2,7 +2,7 @@
 
 ``launcher/schema.py`` registers these with Hydra's ConfigStore, so composing a config never imports torch;
 each recipe (``recipes/<name>.py``) imports its config from here and reads on with its networks and loop.
-A field declares the range it accepts with :func:`~components.config.bounded` (the one mechanism every config of the
+A field declares the range it accepts with `bounded` (the one mechanism every config of the
 project uses), and ``rules()`` states what must hold between fields (a minibatch count that divides the batch): the
 launcher checks every composed config against both before anything starts.
 """
@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Optional
 from components.config import bounded, device_option, one_of
 
 ENCODERS = ("auto", "mlp", "nature_cnn", "impala_cnn", "minatar_cnn")
-"""The built-in encoders a recipe's ``encoder`` names (:mod:`recipes.networks`)."""
+"""The built-in encoders a recipe's ``encoder`` names (`recipes.networks`)."""
 
 
 @dataclass
@@ -35,7 +35,7 @@ class RecipeConfig:
             the policy is built (each recipe says for which of its networks). ``None``: the built-in MLP of
             ``hidden`` units.
         max_grad_norm: gradient norm clipping.
-        encoder: the built-in network's encoder (:mod:`recipes.networks`): ``auto`` picks the MLP for flat
+        encoder: the built-in network's encoder (`recipes.networks`): ``auto`` picks the MLP for flat
             observations, a CNN for images (``nature_cnn`` for Atari frames, ``minatar_cnn`` for MinAtar grids,
             ``impala_cnn`` for frames too small for the Nature CNN). Ignored when ``network`` is set.
         clip_rewards: learn from the sign of each reward (Atari's convention); episode returns still count the
@@ -72,7 +72,7 @@ class RecipeConfig:
 
 @dataclass
 class PPOConfig(RecipeConfig):
-    """PPO hyperparameters, beside :class:`RecipeConfig`'s (whose ``network`` is called once for the actor,
+    """PPO hyperparameters, beside `RecipeConfig`'s (whose ``network`` is called once for the actor,
     ``out_features``: actions or action dimensions, and once for the critic, ``out_features`` = 1; with a CNN
     ``encoder`` the actor and the critic share it: one trunk, two heads).
 
@@ -90,7 +90,7 @@ class PPOConfig(RecipeConfig):
         init_log_std: initial log standard deviation of continuous actions.
         clip_vloss: clip the value loss around the values the batch was collected with, by ``clip_coef``.
         normalize_observations: standardise observations by running statistics the policy holds and weight sync
-            ships (:class:`~recipes.networks.RunningNorm`), as CleanRL's ``NormalizeObservation`` does per worker.
+            ships (`RunningNorm`), as CleanRL's ``NormalizeObservation`` does per worker.
         normalize_rewards: scale rewards by the running standard deviation of each env's discounted return, in the
             learner (CleanRL's ``NormalizeReward``); episode returns still count the env's own rewards.
     """
@@ -112,7 +112,7 @@ class PPOConfig(RecipeConfig):
 
     replay_keys: ClassVar[tuple[str, ...]] = ("num_envs", "num_steps")
     """The settings that size its replay buffer (one batch): named where the buffer does not fit the machine's memory
-    (:mod:`launcher.footprint`)."""
+    (`launcher.footprint`)."""
 
     @property
     def frames_per_batch(self) -> int:
@@ -133,7 +133,7 @@ class PPOConfig(RecipeConfig):
 
 @dataclass
 class DQNConfig(RecipeConfig):
-    """DQN hyperparameters, beside :class:`RecipeConfig`'s (whose ``network`` is the Q-network, ``out_features``:
+    """DQN hyperparameters, beside `RecipeConfig`'s (whose ``network`` is the Q-network, ``out_features``:
     actions, called for the online and the target network; 8 envs, lr 1e-3, 128 hidden units and gradients clipped
     at 10 by default).
 
@@ -178,7 +178,7 @@ class DQNConfig(RecipeConfig):
     replay_frames: Optional[bool] = None
 
     replay_keys: ClassVar[tuple[str, ...]] = ("buffer_size",)
-    """The setting that sizes its replay buffer, as :attr:`PPOConfig.replay_keys`."""
+    """The setting that sizes its replay buffer, as `PPOConfig.replay_keys`."""
 
     @property
     def frames_per_batch(self) -> int:
@@ -188,9 +188,9 @@ class DQNConfig(RecipeConfig):
 
 @dataclass
 class IMPALAConfig(RecipeConfig):
-    """IMPALA hyperparameters, beside :class:`RecipeConfig`'s (its ``network`` as :class:`PPOConfig`'s; 300,000
+    """IMPALA hyperparameters, beside `RecipeConfig`'s (its ``network`` as `PPOConfig`'s; 300,000
     frames by default): an actor-critic learning from unrolls as they arrive, corrected for the lag of the
-    policy that acted them by V-trace (:mod:`recipes.vtrace`); with ``clip_coef`` set, APPO (Sample Factory's
+    policy that acted them by V-trace (`recipes.vtrace`); with ``clip_coef`` set, APPO (Sample Factory's
     asynchronous PPO: the clipped surrogate over V-trace's targets).
 
     Attributes:
@@ -220,7 +220,7 @@ class IMPALAConfig(RecipeConfig):
             waiting with ``k``, at up to ``k - 1`` more versions of lag.
         init_log_std: initial log standard deviation of continuous actions.
         normalize_observations: standardise observations by running statistics the policy holds, as
-            :class:`PPOConfig`'s.
+            `PPOConfig`'s.
     """
 
     total_frames: int = bounded(300_000, ge=1)
@@ -248,7 +248,7 @@ class IMPALAConfig(RecipeConfig):
     chooses how torch's threads wait."""
     replay_keys: ClassVar[tuple[str, ...]] = ("batch_size", "num_envs", "unroll_length")
     """The settings that size its learner queue (``batch_size + num_envs`` unrolls), as
-    :attr:`PPOConfig.replay_keys`."""
+    `PPOConfig.replay_keys`."""
 
     @property
     def variant(self) -> str:
@@ -263,7 +263,7 @@ class IMPALAConfig(RecipeConfig):
     @property
     def replay_row_steps(self) -> int:
         """Env steps in one row of its replay buffer (a learner queue of whole unrolls), where the launcher sizes the
-        buffer before anything starts (:mod:`launcher.footprint`); a recipe that says nothing stores one per row."""
+        buffer before anything starts (`launcher.footprint`); a recipe that says nothing stores one per row."""
         return self.unroll_length
 
     def rules(self) -> tuple[tuple[str, bool, str], ...]:

@@ -67,7 +67,7 @@ class EpsilonGreedy(nn.Module):
 
     def forward(self, td):
         """Set each row's ``action``: greedy, or with probability ``epsilon`` one drawn uniformly (greedy always in a
-        deterministic interaction mode, see :mod:`components.inference.modes`)."""
+        deterministic interaction mode, see `components.inference.modes`)."""
         q = self.q(td.get("observation"))
         greedy = q.argmax(-1)
         if acts_deterministically():
@@ -159,7 +159,7 @@ def td_loss(rows, weight: torch.Tensor, online: nn.Module, target: nn.Module,
 
 def learn(replay: Any, step: UpdateStep, online: nn.Module, target: nn.Module, optimizer: torch.optim.Optimizer,
           updates: int, cfg: DQNConfig) -> dict:
-    """One gradient step on a prioritized sample: the TD loss as ``step`` computes it (:func:`td_loss`, under autocast
+    """One gradient step on a prioritized sample: the TD loss as ``step`` computes it (`td_loss`, under autocast
     or compiled as configured), the backward pass, the gradient clip and the optimizer step; the sample's new
     priorities back to the replay buffer; the target network moved towards the online one every ``target_every``
     steps (``updates`` counts the steps before this one).
@@ -200,7 +200,7 @@ def run(cfg: DQNConfig, clients: Clients) -> dict:
         clients: the running services' clients.
 
     Returns:
-        :meth:`~recipes.base.EpisodeStats.result`: frames, wall seconds, frames/s, episodes, mean return, solved,
+        `result`: frames, wall seconds, frames/s, episodes, mean return, solved,
         the learning curve.
     """
     loop = Loop(cfg, clients)  # seeds torch: the networks are built from its generator

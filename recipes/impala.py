@@ -52,13 +52,13 @@ def time_major(unrolls: TensorDictBase) -> TensorDict:
 
 def unroll_by_unroll(leaf: torch.Tensor) -> torch.Tensor:
     """A ``[time, unroll, ...]`` leaf as one dim of steps, unroll after unroll: a view where the unrolls are the
-    queue's rows (:func:`time_major`), so the network's input is not copied to be flattened."""
+    queue's rows (`time_major`), so the network's input is not copied to be flattened."""
     return leaf.transpose(0, 1).flatten(0, 1)
 
 
 def unrolls_at(steps: TensorDictBase, columns: torch.Tensor) -> TensorDict:
     """The unrolls ``columns`` of a ``[time, unroll]`` batch, each copied whole: one block per unroll where the batch
-    is a view of the learner queue's rows (:func:`time_major`), where indexing the time-major view copies each step
+    is a view of the learner queue's rows (`time_major`), where indexing the time-major view copies each step
     apart (4 unrolls of 32 Atari frame stacks: 0.1 ms against 2.2 ms on one thread)."""
     return steps.apply(lambda leaf: leaf.transpose(0, 1).index_select(0, columns).transpose(0, 1),
                        batch_size=[steps.shape[0], len(columns)])
@@ -109,7 +109,7 @@ def forward(steps: TensorDictBase, learner: Learner) -> tuple[torch.Tensor, torc
 def bootstrap(steps: TensorDictBase, values: torch.Tensor, learner: Learner,
               fresh: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     """The value after each step (``[time, unroll]``): the next step's value, except at the ``fresh`` steps
-    (:func:`fresh_steps`), valued from their own next observation."""
+    (`fresh_steps`), valued from their own next observation."""
     next_values = torch.cat([values[1:], values[-1:]]).detach()
     next_values[fresh] = learner.value(steps.get(("next", "observation"))[fresh])
     return next_values
@@ -117,8 +117,8 @@ def bootstrap(steps: TensorDictBase, values: torch.Tensor, learner: Learner,
 
 def loss_of(steps: TensorDictBase, log_pi: torch.Tensor, values: torch.Tensor, entropy: torch.Tensor,
             next_values: torch.Tensor, cfg: IMPALAConfig) -> tuple[torch.Tensor, dict]:
-    """V-trace's targets and the loss of a ``[time, unroll]`` batch from the learner's pass over it (:func:`forward`)
-    and the values after each step (:func:`bootstrap`): the policy gradient (or APPO's clipped surrogate) with
+    """V-trace's targets and the loss of a ``[time, unroll]`` batch from the learner's pass over it (`forward`)
+    and the values after each step (`bootstrap`): the policy gradient (or APPO's clipped surrogate) with
     V-trace's advantages, the value regressed onto V-trace's targets, minus the entropy bonus.
 
     Returns:
@@ -152,9 +152,9 @@ def loss_of(steps: TensorDictBase, log_pi: torch.Tensor, values: torch.Tensor, e
 
 class ImpalaLoss:
     """The V-trace actor-critic loss of a ``[time, unroll]`` batch as the config asks it computed: the learner's pass
-    (:func:`forward`) and V-trace with the loss (:func:`loss_of`), each an :class:`~recipes.update.UpdateStep` (under
+    (`forward`) and V-trace with the loss (`loss_of`), each an `UpdateStep` (under
     bf16 autocast with ``amp``, compiled at the minibatch's fixed shapes with ``compile``); between them the values
-    of the steps whose next observation is not the next step's (:func:`bootstrap`), as many as episodes ended: a
+    of the steps whose next observation is not the next step's (`bootstrap`), as many as episodes ended: a
     shape that changes from batch to batch, run as it comes.
 
     Args:
@@ -175,7 +175,7 @@ class ImpalaLoss:
 
         Args:
             steps: a ``[time, unroll]`` batch on the learner's device.
-            fresh: :func:`fresh_steps` of the batch, on its device (default: read from it, which waits for a CUDA
+            fresh: `fresh_steps` of the batch, on its device (default: read from it, which waits for a CUDA
                 device).
         """
         log_pi, values, entropy = self.forward(steps)
@@ -187,7 +187,7 @@ class ImpalaLoss:
 
 
 def impala_loss(steps: TensorDictBase, learner: Learner, cfg: IMPALAConfig) -> tuple[torch.Tensor, dict]:
-    """V-trace actor-critic loss on a ``[time, unroll]`` batch (:class:`ImpalaLoss`, neither autocast nor compiled).
+    """V-trace actor-critic loss on a ``[time, unroll]`` batch (`ImpalaLoss`, neither autocast nor compiled).
 
     Args:
         steps: a ``[time, unroll]`` batch.
@@ -208,15 +208,15 @@ def learn(steps: TensorDictBase, learner: Learner, optimizer: torch.optim.Optimi
     with); the last minibatch's losses, on the learner's device.
 
     The batch moves to the learner's device once. Which unrolls each minibatch takes and which of its steps
-    :func:`bootstrap` values are drawn and read on the host, from the batch as the learner queue hands it over, and
+    `bootstrap` values are drawn and read on the host, from the batch as the learner queue hands it over, and
     reach the device in one copy that waits for nothing: the passes wait for nothing either.
 
     Args:
-        steps: a ``[time, unroll]`` batch (on the host, as :func:`time_major` gives it, or on the learner's device).
+        steps: a ``[time, unroll]`` batch (on the host, as `time_major` gives it, or on the learner's device).
         learner: the actor and critic being trained.
         optimizer: the learner's optimizer.
         cfg: the recipe's config.
-        loss: the loss as the run computes it (default: :class:`ImpalaLoss` as ``cfg`` asks, built for this call).
+        loss: the loss as the run computes it (default: `ImpalaLoss` as ``cfg`` asks, built for this call).
     """
     device = next(learner.parameters()).device
     loss = ImpalaLoss(learner, cfg, device) if loss is None else loss
@@ -250,7 +250,7 @@ def run(cfg: IMPALAConfig, clients: Clients) -> dict:
         clients: the running services' clients.
 
     Returns:
-        :meth:`~recipes.base.EpisodeStats.result`: frames, wall seconds, frames/s, episodes, mean return, solved,
+        `result`: frames, wall seconds, frames/s, episodes, mean return, solved,
         the learning curve.
     """
     loop = Loop(cfg, clients)  # seeds torch: the networks are built from its generator

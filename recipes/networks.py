@@ -9,7 +9,7 @@
   in Young & Tian 2019.
 
 ``auto`` (every recipe's default) picks ``mlp`` for observations of one dimension. For images it asks the env's family
-first: the encoder the family declares (:attr:`components.envs.family.EnvFamily.encoder`, carried by
+first: the encoder the family declares (`components.envs.family.EnvFamily.encoder`, carried by
 ``EnvSpec.encoder``: ``nature_cnn`` for Atari, ``minatar_cnn`` for MinAtar) where it takes the images. Otherwise the
 image's size decides: ``minatar_cnn`` for images of at most 16x16 cells, ``nature_cnn`` for larger ones it takes
 (36x36 and up) and ``impala_cnn``, which takes images of any size, for those between (``env.atari.screen_size=32``): a
@@ -71,7 +71,7 @@ class ImageEncoder(nn.Sequential):
 
     def __init__(self, convs: nn.Module, shape: tuple[int, int, int], scale: float, channels_last: bool,
                  features: int):
-        """``convs`` (ending flat) on channels-first images of ``shape``, after :class:`Scale`, then a ``features``-unit
+        """``convs`` (ending flat) on channels-first images of ``shape``, after `Scale`, then a ``features``-unit
         ReLU layer."""
         super().__init__(Scale(scale, channels_last), convs, layer(nn.Linear(_flat_size(convs, shape), features)),
                          nn.ReLU())
@@ -173,7 +173,7 @@ def choose(encoder: str, shape: tuple[int, ...], size: tuple[str, Any] | None = 
             images; ``None``: the image's size decides.
 
     Returns:
-        The name of an encoder of :data:`SHRINKING`, or ``mlp``.
+        The name of an encoder of `SHRINKING`, or ``mlp``.
 
     Raises:
         ConfigurationError: an encoder that cannot take observations of this shape.
@@ -213,7 +213,7 @@ def check_encoder(config: Any, shape: tuple[int, ...], size: tuple[str, Any] | N
                   preferred: str | None = None) -> None:
     """A recipe config's built-in encoder (its ``encoder``, where its ``network`` is unset) against one observation's
     shape: the plan calls it before it builds the policy, with the setting that sized the images and the env family's
-    preference (see :func:`choose`).
+    preference (see `choose`).
 
     Raises:
         ConfigurationError: an encoder that cannot take observations of this shape.
@@ -224,7 +224,7 @@ def check_encoder(config: Any, shape: tuple[int, ...], size: tuple[str, Any] | N
 
 
 def encoder(name: str, shape: tuple[int, ...], scale: float, preferred: str | None = None) -> nn.Module | None:
-    """The convolutional encoder ``name`` (after :func:`choose`) for observations of ``shape``; ``None`` for ``mlp``,
+    """The convolutional encoder ``name`` (after `choose`) for observations of ``shape``; ``None`` for ``mlp``,
     which each recipe builds itself. Every encoder has ``out_features``.
 
     Args:
@@ -245,7 +245,7 @@ class RunningNorm(nn.Module):
 
     The statistics are buffers of the policy, so weight sync ships them with the weights: every worker and every
     placement normalises with the learner's figures (a normalising env wrapper in each worker would keep statistics
-    of its own, and the placement would change what is learned). The learner calls :meth:`update` with each batch
+    of its own, and the placement would change what is learned). The learner calls `update` with each batch
     after learning from it, so a batch is learned with the statistics it was collected with.
 
     Before anything is seen the module is the identity: integer observations then go on as they are, to be scaled by

@@ -1,7 +1,7 @@
 """Proximal Policy Optimization (clipped objective, GAE), written against service clients only.
 
 Reads top to bottom: the config (``PPOConfig``, plain data in ``recipes/configs.py``; the actor and critic are
-:mod:`recipes.actor_critic`'s), advantage estimation, the loss, the update, then ``run``: collect a batch through the
+`recipes.actor_critic`'s), advantage estimation, the loss, the update, then ``run``: collect a batch through the
 collector (which calls the inference client), move it to the learner's device, estimate advantages, write the batch to
 the replay buffer, optimise on the minibatches of each epoch the buffer samples without replacement, push the new
 weights to the inference server. Nothing here knows where those services live.
@@ -61,7 +61,7 @@ class ReturnScale:
         return {"returns": self.returns, "stats": self.stats.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from :meth:`state_dict`'s values (on this scale's device, wherever they were saved)."""
+        """Continue from `state_dict`'s values (on this scale's device, wherever they were saved)."""
         returns = state["returns"]
         self.returns = None if returns is None else returns.to(self.device)
         self.stats.load_state_dict(state["stats"])
@@ -78,8 +78,8 @@ def estimate_advantages(batch, learner: Learner, cfg: PPOConfig, scale: ReturnSc
         learner: values the observations.
         cfg: the recipe's config.
         scale: the reward scale, or ``None``.
-        fresh: where the learner :attr:`~recipes.actor_critic.Learner.reuses_values`, the steps it values apart
-            (:func:`~recipes.actor_critic.fresh_steps`), on the batch's device: read on the host, where the batch
+        fresh: where the learner `reuses_values`, the steps it values apart
+            (`fresh_steps`), on the batch's device: read on the host, where the batch
             came from (default: read from the batch, which waits for a CUDA device).
 
     Returns:
@@ -118,7 +118,7 @@ def ppo_loss(mb, learner: Learner, cfg: PPOConfig) -> tuple[torch.Tensor, dict]:
     """Clipped surrogate + value loss - entropy bonus on one minibatch.
 
     Args:
-        mb: rows of :func:`estimate_advantages`.
+        mb: rows of `estimate_advantages`.
         learner: the actor and critic being trained.
         cfg: the recipe's config.
 
@@ -156,7 +156,7 @@ def minibatches(rows: TensorDictBase, replay: Any, cfg: PPOConfig,
     one copy to the rows' device that waits for nothing, and each minibatch is the rows at its numbers.
 
     Args:
-        rows: the batch's rows (:func:`estimate_advantages`, flattened), on the learner's device.
+        rows: the batch's rows (`estimate_advantages`, flattened), on the learner's device.
         replay: the replay client.
         cfg: the recipe's config.
         numbers: write the rows' numbers rather than the rows (default: where the rows are off the CPU).
@@ -174,15 +174,15 @@ def minibatches(rows: TensorDictBase, replay: Any, cfg: PPOConfig,
 
 def update(batches: Iterator[TensorDictBase], learner: Learner, optimizer: torch.optim.Optimizer,
            step: UpdateStep, cfg: PPOConfig) -> dict:
-    """One gradient step per minibatch: the loss as ``step`` computes it (:func:`ppo_loss`, under autocast or
+    """One gradient step per minibatch: the loss as ``step`` computes it (`ppo_loss`, under autocast or
     compiled as configured), then the backward pass, the gradient clip and the optimizer step. Nothing is read back
     to the host.
 
     Args:
-        batches: the minibatches (:func:`minibatches`), on the learner's device.
+        batches: the minibatches (`minibatches`), on the learner's device.
         learner: the actor and critic being trained.
         optimizer: the learner's optimizer.
-        step: the forward pass and loss (:class:`~recipes.update.UpdateStep` of :func:`ppo_loss`).
+        step: the forward pass and loss (`UpdateStep` of `ppo_loss`).
         cfg: the recipe's config.
 
     Returns:
@@ -209,7 +209,7 @@ def run(cfg: PPOConfig, clients: Clients) -> dict:
         clients: the running services' clients.
 
     Returns:
-        :meth:`~recipes.base.EpisodeStats.result`: frames, wall seconds, frames/s, episodes, mean return, solved,
+        `result`: frames, wall seconds, frames/s, episodes, mean return, solved,
         the learning curve.
     """
     loop = Loop(cfg, clients)  # seeds torch: the networks are built from its generator
@@ -241,7 +241,7 @@ def run(cfg: PPOConfig, clients: Clients) -> dict:
 def services(cfg: PPOConfig, spec) -> dict:
     """PPO's needs: a collector batch of ``num_envs * num_steps`` frames, and a replay buffer holding exactly
     one batch, sampled without replacement
-    (:meth:`~components.replay.operations.ReplayOperations.minibatches`).
+    (`minibatches`).
 
     Args:
         cfg: the recipe's config.

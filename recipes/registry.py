@@ -2,8 +2,8 @@
 repository, by reference (``+recipe=my_pkg.my_module:MY_RECIPE``).
 
 A reference is ``<module>:<attribute>``: the module is imported (it must be importable, e.g. on ``PYTHONPATH``), and
-the attribute is a :class:`~recipes.base.Recipe`, or a function taking no argument that returns one (a registration
-function). A reference that does not lead to a recipe is a :class:`RecipeNotFoundError`, a configuration error.
+the attribute is a `Recipe`, or a function taking no argument that returns one (a registration
+function). A reference that does not lead to a recipe is a `RecipeNotFoundError`, a configuration error.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from .configs import DQNConfig, IMPALAConfig, PPOConfig
 
 RECIPES: dict[str, type] = {"ppo": PPOConfig, "dqn": DQNConfig, "impala": IMPALAConfig}
 """The built-in recipes by name, each ``recipes/<name>.py`` declaring ``RECIPE``, with its config class (from the
-torch-free :mod:`recipes.configs`, so the launcher's schema names them without importing torch)."""
+torch-free `recipes.configs`, so the launcher's schema names them without importing torch)."""
 
 _loaded: dict[str, Recipe] = {}  # recipes loaded by reference, by their name
 
@@ -47,7 +47,7 @@ def load_recipe(reference: str) -> Recipe:
     """The recipe a ``module:attribute`` reference names (imported once; afterwards found by its name too).
 
     Args:
-        reference: ``<module>:<attribute>``, the attribute a :class:`Recipe` or a function returning one.
+        reference: ``<module>:<attribute>``, the attribute a `Recipe` or a function returning one.
 
     Returns:
         The recipe.

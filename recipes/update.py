@@ -1,9 +1,9 @@
 """How a learner's update step runs as its recipe's config says: on ``device``, its forward pass and loss under bf16
 autocast (``amp``) and compiled (``compile``), the backward pass and the optimizer step outside both.
 
-Every recipe's update goes through :class:`UpdateStep`; :func:`learner_device` checks what the device can do when the
+Every recipe's update goes through `UpdateStep`; `learner_device` checks what the device can do when the
 recipe starts. Nothing here reads a value back to the host: the losses an update returns stay tensors on the device,
-read once per batch where they are logged (:meth:`recipes.base.Loop.end_batch`).
+read once per batch where they are logged (`recipes.base.Loop.end_batch`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class UpdateStep:
     Args:
         loss: ``loss(*args) -> (loss, metrics)``: the forward pass and the loss, whose tensors it returns.
         cfg: the recipe's config (``amp``, ``compile``).
-        device: the learner's device (:func:`learner_device`).
+        device: the learner's device (`learner_device`).
 
     Attributes:
         amp: whether the forward pass and the loss run under bf16 autocast.

@@ -25,7 +25,7 @@ import torch
 
 @dataclass(frozen=True)
 class VTrace:
-    """What :func:`vtrace` returns, each ``[T, B]``.
+    """What `vtrace` returns, each ``[T, B]``.
 
     Attributes:
         vs: the value targets ``v_t``.
@@ -65,7 +65,7 @@ def vtrace(behaviour_log_probs: torch.Tensor, target_log_probs: torch.Tensor, re
             ``False`` after a cut-short step stops the trace there without stopping the bootstrap.
 
     Returns:
-        :class:`VTrace`: targets, advantages and the raw ratios.
+        `VTrace`: targets, advantages and the raw ratios.
 
     Raises:
         ValueError: tensors of different shapes, or clips that are not positive.

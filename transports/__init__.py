@@ -1,10 +1,10 @@
 """Payload transports: how TensorDicts and commands move between clients and owners.
 
 This package knows no domain (no inference, replay or logging): it holds the kernel every package builds on
-(:mod:`transports.kernel`: errors, option checks, the placement vocabulary), what each transport says about itself
-(:mod:`transports.descriptor`), the vocabulary of kinds derived from it, the ``TransportConfig`` value and the data
+(`transports.kernel`: errors, option checks, the placement vocabulary), what each transport says about itself
+(`transports.descriptor`), the vocabulary of kinds derived from it, the ``TransportConfig`` value and the data
 of a transport choice, wire ``Layout`` s, shared-memory segments, the registry that builds a transport by kind
-(:mod:`transports.registry`), and one module or package per transport over :class:`transports.base.Transport`.
+(`transports.registry`), and one module or package per transport over `transports.base.Transport`.
 """
 
 from . import _startup

@@ -1,7 +1,7 @@
 """Mechanics the process transports share: the peer-status block that tells clients whether their server is
 alive, endpoint claims (one process per channel), polling before blocking, and the waiting loop that turns
 "no answer yet" into a result, a peer failure or a timeout. Segments and slot banks live in
-:mod:`transports.segments`.
+`transports.segments`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ WAIT_SLICE = 0.1
 class PeerStatus:
     """A tiny shared block: is the server alive, and which pid serves. Written by the owner side.
 
-    Clients check it while they wait, so a dead server turns into :class:`PeerFailureError` quickly even
+    Clients check it while they wait, so a dead server turns into `PeerFailureError` quickly even
     when nothing else wakes them.
     """
 
@@ -91,7 +91,7 @@ class EndpointClaims:
 
     A client pickled into two processes would share one reply channel, and each copy could read the other's
     answers. The first process that uses endpoint ``i`` claims it; a copy in another live process is refused
-    at its call site with :class:`~transports.kernel.errors.TransportError` instead of waiting forever. A claim by a
+    at its call site with `TransportError` instead of waiting forever. A claim by a
     process that has exited is taken over. Pickle with the transport, at process creation.
 
     Args:
@@ -132,8 +132,8 @@ class EndpointClaims:
 SPIN_S = 50e-6
 """Seconds a waiter polls before it blocks, at least: a blocked process can take tens of microseconds to be woken
 on a small VM, more than a whole small round trip. Servers spin when idle; a slot client only while its request is
-the only one in flight (many spinning clients would take the cores the server needs). :class:`AdaptiveSpin` polls
-longer where a waiter's own recent waits say the answer comes within :data:`SPIN_MAX_S`."""
+the only one in flight (many spinning clients would take the cores the server needs). `AdaptiveSpin` polls
+longer where a waiter's own recent waits say the answer comes within `SPIN_MAX_S`."""
 YIELD_EVERY = 8
 """Spin turns between two yields of the core: a peer that shares it runs within a few microseconds instead of after
 our time slice, while a yield every turn would add its system call to every wake-up, a share of a small round trip
@@ -154,15 +154,15 @@ def spin(ready: Callable[[], bool], seconds: float = SPIN_S) -> bool:
 
 
 SPIN_MAX_S = 1e-3
-"""The longest an :class:`AdaptiveSpin` polls: a waiter whose answers come sooner (a collector worker asking its
+"""The longest an `AdaptiveSpin` polls: a waiter whose answers come sooner (a collector worker asking its
 server, a server between one worker's steps) catches them without a wake-up."""
 
 
 class AdaptiveSpin:
     """One waiter's polling budget, learned from its own recent waits.
 
-    It polls up to twice its typical wait, between :data:`SPIN_S` and :data:`SPIN_MAX_S`; a waiter whose waits
-    are longer than that (a server idle while the learner trains) polls only :data:`SPIN_S` before it blocks, so it
+    It polls up to twice its typical wait, between `SPIN_S` and `SPIN_MAX_S`; a waiter whose waits
+    are longer than that (a server idle while the learner trains) polls only `SPIN_S` before it blocks, so it
     does not burn a core for nothing. The typical wait is a running mean over about the last eight waits, each
     counted up to twice the cap (one long pause among short waits barely moves it).
 
@@ -179,7 +179,7 @@ class AdaptiveSpin:
         return SPIN_S if self.typical > SPIN_MAX_S else min(SPIN_MAX_S, max(SPIN_S, 2.0 * self.typical))
 
     def wait(self, ready: Callable[[], bool], block: Callable[[], bool]) -> bool:
-        """Poll ``ready()`` for :meth:`budget` seconds, then ``block()`` (which waits on its own terms); whether
+        """Poll ``ready()`` for `budget` seconds, then ``block()`` (which waits on its own terms); whether
         either succeeded. The time it took (or, when neither did, the longest counted) updates the typical wait."""
         start = time.perf_counter()
         done = ready() or spin(ready, self.budget()) or block()
@@ -207,7 +207,7 @@ class Spinners:
         return (Spinners, (self.n, self.segment))
 
     def spin(self, index: int, ready: Callable[[], bool], seconds: float) -> bool:
-        """As :func:`spin` for endpoint ``index``, unless another endpoint polls now (False at once)."""
+        """As `spin` for endpoint ``index``, unless another endpoint polls now (False at once)."""
         until, now = self._until, time.monotonic()
         if until.max() > now:
             return False
@@ -229,7 +229,7 @@ def wait_for(
     what: str,
 ) -> None:
     """Call ``poll(slice)`` (which blocks up to ``slice`` seconds and says whether the answer came) until it
-    succeeds; raise :class:`PeerFailureError` if the peer dies first, :class:`ServiceTimeoutError` after
+    succeeds; raise `PeerFailureError` if the peer dies first, `ServiceTimeoutError` after
     ``timeout`` seconds."""
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:

@@ -6,7 +6,7 @@ interpreter that imports tensordict (the driver, the forkserver, each Ray actor,
 for a compiler nothing here uses unless a policy is compiled. Both marks only register the function with Dynamo and
 return it unchanged (torch 2.13), so from the moment tensordict is imported they are recorded instead (tensordict's
 and anyone's), and made, exactly as asked for, the moment ``torch._dynamo`` is imported (which compiling anything
-does first); the originals are then put back. :func:`install` itself imports nothing.
+does first); the originals are then put back. `install` itself imports nothing.
 """
 
 from __future__ import annotations

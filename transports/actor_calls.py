@@ -5,7 +5,7 @@ server endpoint is an in-process queue that the server drains, so concurrent cal
 on a thread. An actor that takes several calls at once runs them in no guaranteed order, so each client copy is a
 producer that numbers its requests, and the actor puts each producer's requests into the queue in that order (a
 request that arrives early waits for its predecessors; requests of different producers never wait for each other).
-The placements differ only in how a client calls the actor (:class:`ActorCallTransport` subclasses).
+The placements differ only in how a client calls the actor (`ActorCallTransport` subclasses).
 """
 
 from __future__ import annotations
@@ -75,9 +75,9 @@ def submit_in_order(endpoint_id: str, message: tuple) -> Any:
 class ActorCallTransport(RequestReplyTransport):
     """Request/reply over calls to the actor that hosts the server.
 
-    Built on the owner's side and handed to the actor inside the target's factory; in the actor, :meth:`server`
-    returns an endpoint over an in-actor queue. :meth:`bind` records the host's actor handle once the host started
-    it, and :meth:`client` hands out endpoints over that handle (a subclass says how they call it: :meth:`_client`).
+    Built on the owner's side and handed to the actor inside the target's factory; in the actor, `server`
+    returns an endpoint over an in-actor queue. `bind` records the host's actor handle once the host started
+    it, and `client` hands out endpoints over that handle (a subclass says how they call it: `_client`).
 
     Args:
         name: names the endpoint in messages (``inference``, ``replay``...).
@@ -137,9 +137,9 @@ class ActorCallTransport(RequestReplyTransport):
 
 
 class ProducerClient:
-    """A client endpoint of an :class:`ActorCallTransport`: ``submit(payload)`` is one call of the actor's
+    """A client endpoint of an `ActorCallTransport`: ``submit(payload)`` is one call of the actor's
     ``deliver``. Each copy is a producer of its own, whose requests are served in the order it submitted them; a
-    subclass says how it calls the actor (:meth:`_deliver`)."""
+    subclass says how it calls the actor (`_deliver`)."""
 
     __slots__ = ("handle", "endpoint_id", "name", "_producer", "_seq", "_lock")
 
@@ -156,7 +156,7 @@ class ProducerClient:
         """Send ``payload`` to the actor as this producer's next request.
 
         Returns:
-            The placement's future of the answer (what :meth:`_deliver` returns).
+            The placement's future of the answer (what `_deliver` returns).
         """
         what = f"{self.name} {payload[0]!r}" if isinstance(payload, tuple) and payload and isinstance(payload[0], str) \
             else f"{self.name} request"

@@ -1,9 +1,9 @@
 """The small bases every payload transport implements.
 
 A transport connects clients to one owner. It is created on the owner side, hands out client endpoints
-with :meth:`Transport.client`, and releases what it holds with :meth:`Transport.close` (idempotent).
+with `Transport.client`, and releases what it holds with `Transport.close` (idempotent).
 
-:class:`RequestReplyTransport` is the shape inference uses (and replay's commands later): clients
+`RequestReplyTransport` is the shape inference uses (and replay's commands later): clients
 ``submit`` TensorDicts and get futures; the serving side, wherever it runs, ``collect`` s a batch of requests,
 then ``reply`` s with one output row per request or ``fail`` s the whole batch. The transport knows nothing
 of policies; batching policy (sizes, timeouts) belongs to the caller of ``collect``.
@@ -30,12 +30,12 @@ if TYPE_CHECKING:
 class Transport(ABC):
     """Base class of payload transports.
 
-    Subclasses set :attr:`descriptor` (what the transport is: its kind, reach, layouts, options; see
-    :mod:`transports.descriptor`), state their rules in the class docstring, and implement :meth:`client` and
-    :meth:`_close`. :attr:`kind` follows from the descriptor.
+    Subclasses set `descriptor` (what the transport is: its kind, reach, layouts, options; see
+    `transports.descriptor`), state their rules in the class docstring, and implement `client` and
+    `_close`. `kind` follows from the descriptor.
 
     Attributes:
-        descriptor: the transport's :class:`~transports.descriptor.TransportDescriptor`.
+        descriptor: the transport's `TransportDescriptor`.
         kind: its kind (``descriptor.kind``).
         options: the instance's options, an instance of ``descriptor.options`` (set by subclasses that take any).
     """
@@ -64,11 +64,11 @@ class Transport(ABC):
         self._close()
 
     def _close(self) -> None:
-        """Release resources; called once by :meth:`close`."""
+        """Release resources; called once by `close`."""
 
     @property
     def closed(self) -> bool:
-        """Whether :meth:`close` was called."""
+        """Whether `close` was called."""
         return self._closed
 
     @property
@@ -94,7 +94,7 @@ class Batch:
         stacked: the requests already gathered into one TensorDict with a leading request dimension
             (fixed-layout transports), or ``None``.
         enqueued: ``time.monotonic()`` of each submission (for queue-wait statistics).
-        version: the ``policy_version`` that served the batch, set by the serving loop before :meth:`reply`
+        version: the ``policy_version`` that served the batch, set by the serving loop before `reply`
             (an endpoint that ``stamps_version`` writes it into each answer itself).
     """
 
@@ -137,13 +137,13 @@ class ServerEndpoint(ABC):
 
     Attributes:
         fixed_keys: ``(request keys, response keys)`` for an endpoint of fixed layouts whose stacked batches are
-            fresh copies holding exactly the request keys and whose :meth:`reply` copies exactly the response keys
+            fresh copies holding exactly the request keys and whose `reply` copies exactly the response keys
             out of ``out`` (so ``out`` itself never reaches a caller); ``None`` otherwise. The serving loop uses it
             to skip work.
         private_copies: ``True`` for an endpoint whose requests are fresh copies nobody else holds (decoded from
-            bytes) and whose :meth:`reply` copies the answers out (encodes them): the serving loop may then use
+            bytes) and whose `reply` copies the answers out (encodes them): the serving loop may then use
             the requests' tensors in the batch without copying, and share a version tensor between batches.
-        stamps_version: ``True`` for an endpoint whose :meth:`reply` writes ``batch.version`` as every answer's
+        stamps_version: ``True`` for an endpoint whose `reply` writes ``batch.version`` as every answer's
             ``policy_version`` itself (a slot transport writes one integer into shared memory): the serving loop
             then leaves ``policy_version`` out of ``out``.
     """
@@ -166,12 +166,12 @@ class ServerEndpoint(ABC):
         """Answer every request of ``batch`` with ``error`` (raised again at each call site)."""
 
     def close(self, reason: str = "the server was shut down") -> None:
-        """Fail what is still pending with :class:`~transports.kernel.errors.PeerFailureError`; stop accepting."""
+        """Fail what is still pending with `PeerFailureError`; stop accepting."""
 
     def gather_into(self, buffers: dict) -> bool:
         """Gather later batches into ``buffers`` (leaf key -> a tensor of ``rows`` rows, e.g. pinned host memory for
         a CUDA policy), so a stacked batch's leaves are views of their first rows, valid until the next
-        :meth:`collect`. An endpoint of fixed layouts may do so; the default declines.
+        `collect`. An endpoint of fixed layouts may do so; the default declines.
 
         Returns:
             Whether the endpoint will.
@@ -181,8 +181,8 @@ class ServerEndpoint(ABC):
 
 class ResponseFuture(ABC):
     """The answer to one submitted request. ``result()`` waits; a dead server raises
-    :class:`~transports.kernel.errors.PeerFailureError`, a deadline
-    :class:`~transports.kernel.errors.ServiceTimeoutError`."""
+    `PeerFailureError`, a deadline
+    `ServiceTimeoutError`."""
 
     @abstractmethod
     def result(self, timeout: float | None = None) -> TensorDictBase:
@@ -201,7 +201,7 @@ class ResponseFuture(ABC):
         """Whether the answer (or its error) has arrived, without waiting."""
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        """The error :meth:`result` would raise, or ``None`` once it answers; waits as :meth:`result` does."""
+        """The error `result` would raise, or ``None`` once it answers; waits as `result` does."""
         try:
             self.result(timeout)
         except BaseException as exc:  # noqa: BLE001 - reported, not handled
@@ -239,7 +239,7 @@ class RequestReplyTransport(Transport):
 
     def bind(self, host: Any) -> None:
         """Tell clients where the server runs once its host started it (anything with ``pid`` and ``handle``, such
-        as a :class:`components.hosts.base.Host`); by default: :meth:`mark_serving` with the host's pid."""
+        as a `components.hosts.base.Host`); by default: `mark_serving` with the host's pid."""
         import os
 
         self.mark_serving(host.pid if host.pid is not None else os.getpid())

@@ -15,7 +15,7 @@ class TransportConfig:
     """A transport kind and its options.
 
     Args:
-        kind: ``auto`` or a registered transport kind (:func:`transports.kinds.transport_kinds`; aliases accepted).
+        kind: ``auto`` or a registered transport kind (`transports.kinds.transport_kinds`; aliases accepted).
         options: keyword options for the concrete transport (``num_slots``, ``backend``...).
 
     Example:
@@ -43,7 +43,7 @@ class TransportConfig:
 
 
 def as_transport_config(value: "str | TransportConfig | None", options: Mapping[str, Any] | None = None) -> TransportConfig:
-    """Coerce ``None`` (auto), a kind name or a :class:`TransportConfig` into a :class:`TransportConfig`."""
+    """Coerce ``None`` (auto), a kind name or a `TransportConfig` into a `TransportConfig`."""
     if isinstance(value, TransportConfig):
         if options:
             return TransportConfig(value.kind, {**value.options, **options})

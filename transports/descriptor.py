@@ -1,14 +1,14 @@
-"""What each transport says about itself: one :class:`TransportDescriptor` per transport class.
+"""What each transport says about itself: one `TransportDescriptor` per transport class.
 
 A descriptor is plain data and imports nothing heavy: its kind and aliases, how far its clients reach from the owner
-(:class:`~transports.kernel.placements.Reach`), whether it needs fixed wire layouts before the server starts, which
+(`Reach`), whether it needs fixed wire layouts before the server starts, which
 option names the wire it rides, and the dataclass of its keyword options (their types, defaults and ranges). The
-vocabulary of kinds (:mod:`transports.kinds`), the registry that builds a transport (:mod:`transports.registry`), the
+vocabulary of kinds (`transports.kinds`), the registry that builds a transport (`transports.registry`), the
 option checks, the plan's reachability checks and the generated documentation all read descriptors, so a plan is checked
 before any transport module, or torch, is imported.
 
 The built-in transports' descriptors are declared here; each transport class points at its own
-(``descriptor = descriptors.QUEUE``), and :func:`transports.registry.register` adds one more.
+(``descriptor = descriptors.QUEUE``), and `transports.registry.register` adds one more.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class TransportDescriptor:
 
     Attributes:
         kind: the transport's name (``transport=<kind>`` in YAML, ``transports/<kind>.py``).
-        implementation: ``module:Class`` of its :class:`~transports.base.RequestReplyTransport`, imported on first
+        implementation: ``module:Class`` of its `RequestReplyTransport`, imported on first
             use.
         reach: how far its clients reach from the owner.
         options: the dataclass of its keyword options (``transport_options``): each field is a keyword argument of
@@ -65,7 +65,7 @@ class TransportDescriptor:
         return {name: f.default for name, f in fields_of(self.options).items()}
 
     def check(self, options: Mapping[str, Any], *, path: str = "transport_options") -> None:
-        """Check ``options`` against :attr:`options`: known names, declared ranges.
+        """Check ``options`` against `options`: known names, declared ranges.
 
         Raises:
             ConfigurationError: naming ``<path>.<option>``, the value and what is allowed.

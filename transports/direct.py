@@ -81,7 +81,7 @@ def _finish(slot: _Slot, result=None, error: BaseException | None = None) -> Non
 
 
 class DirectSlotClient:
-    """A client endpoint of :class:`DirectSlotTransport`: one slot, at most one request in flight.
+    """A client endpoint of `DirectSlotTransport`: one slot, at most one request in flight.
 
     Pickles as a reference to the transport in this process (it cannot leave the process).
     """
@@ -119,7 +119,7 @@ class DirectSlotClient:
 
 
 class DirectSlotServer(ServerEndpoint):
-    """The serving end of :class:`DirectSlotTransport`: sweeps the filled slots into batches."""
+    """The serving end of `DirectSlotTransport`: sweeps the filled slots into batches."""
 
     def __init__(self, transport: DirectSlotTransport):
         self.transport = transport

@@ -1,7 +1,7 @@
 """The vocabulary of transport kinds (how payloads move), and whether a kind reaches a placement.
 
 Transport kinds, their aliases and how far their clients reach are the registered transports' own
-(:mod:`transports.registry`, each from its :class:`~transports.descriptor.TransportDescriptor`); this module names
+(`transports.registry`, each from its `TransportDescriptor`); this module names
 them in canonical spellings, so every other module compares those.
 """
 

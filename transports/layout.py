@@ -1,9 +1,9 @@
 """Wire layouts: the fixed shape of the TensorDicts an endpoint moves.
 
-Fixed-layout transports (shared_memory, process_slot, distributed) preallocate from a :class:`Layout` taken
+Fixed-layout transports (shared_memory, process_slot, distributed) preallocate from a `Layout` taken
 from a representative TensorDict. A layout is plain, picklable data: sorted nested keys, and per leaf the
 shape, dtype and device. Validation selects exactly the declared keys (extra keys are dropped, never sent)
-and raises :class:`~transports.kernel.errors.LayoutError` naming the key, what was expected and what came.
+and raises `LayoutError` naming the key, what was expected and what came.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ class Layout:
         return result
 
     def validate_stacked(self, td: TensorDictBase, n: int) -> TensorDictBase:
-        """Like :meth:`validate` for ``n`` payloads stacked along a new leading dimension."""
+        """Like `validate` for ``n`` payloads stacked along a new leading dimension."""
         if not isinstance(td, TensorDictBase):
             raise LayoutError((), "a TensorDict", type(td).__name__)
         out = TensorDict(batch_size=(n, *self.batch_size))
@@ -161,13 +161,13 @@ class Layout:
         return td
 
     def to_text(self) -> str:
-        """The layout as JSON text (what a connecting client announces; read back with :meth:`from_text`)."""
+        """The layout as JSON text (what a connecting client announces; read back with `from_text`)."""
         return json.dumps({"batch_size": list(self.batch_size),
                            "leaves": [[list(l.key), list(l.shape), _dtype_name(l.dtype), l.device] for l in self.leaves]})
 
     @classmethod
     def from_text(cls, text: str | bytes, *, max_bytes: int = 1 << 30) -> "Layout":
-        """Read a layout written by :meth:`to_text` from an untrusted peer: only plain JSON is parsed (nothing is
+        """Read a layout written by `to_text` from an untrusted peer: only plain JSON is parsed (nothing is
         executed or unpickled), dtypes come from a fixed list, and a payload over ``max_bytes`` is refused.
 
         Raises:

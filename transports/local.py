@@ -91,7 +91,7 @@ class LocalFuture(ResponseFuture):
         self._set(value, None)
 
     def set_exception(self, error: BaseException) -> None:
-        """Answer with ``error`` (raised by :meth:`result`), unless an answer was already set."""
+        """Answer with ``error`` (raised by `result`), unless an answer was already set."""
         self._set(None, error)
 
     def done(self) -> bool:

@@ -3,10 +3,10 @@
 Rules: the owner lives in a Monarch actor (placement ``monarch``); clients hold the actor's reference, so they are
 picklable into other Monarch actors (collectors, the learner's process). Any picklable payload may travel. The actor
 answers through an explicit response port from the server's thread, so it keeps taking calls while earlier ones
-wait to be batched (what happens inside the actor: :mod:`transports.actor_calls`). What a client raises is our error
-hierarchy: the owner's error as :class:`RemoteError` (our own :class:`ServiceError` subclasses keep their type); a
-dead actor or process as :class:`PeerFailureError`, within 0.1 s where the process is on this machine (Monarch
-itself reports a killed process after several seconds); no answer in time as :class:`ServiceTimeoutError`.
+wait to be batched (what happens inside the actor: `transports.actor_calls`). What a client raises is our error
+hierarchy: the owner's error as `RemoteError` (our own `ServiceError` subclasses keep their type); a
+dead actor or process as `PeerFailureError`, within 0.1 s where the process is on this machine (Monarch
+itself reports a killed process after several seconds); no answer in time as `ServiceTimeoutError`.
 
 Monarch (the ``monarch`` extra, ``torchmonarch``) is imported only when a Monarch owner starts.
 """
@@ -142,8 +142,8 @@ class MonarchTransport(ActorCallTransport):
 
 
 class MonarchClient(ProducerClient):
-    """The client endpoint of a :class:`MonarchTransport`: ``submit(payload)`` is one endpoint call, its answer a
-    :class:`MonarchFuture` (``handle`` is the actor's :class:`ActorRef`)."""
+    """The client endpoint of a `MonarchTransport`: ``submit(payload)`` is one endpoint call, its answer a
+    `MonarchFuture` (``handle`` is the actor's `ActorRef`)."""
 
     __slots__ = ()
 

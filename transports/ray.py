@@ -10,10 +10,10 @@ that numbers its requests, and the actor puts each producer's requests into the 
 that arrives early waits for its predecessors; requests of different producers never wait for each other).
 What a client raises is our error hierarchy, never a raw Ray exception:
 
-- the owner's method raised: :class:`RemoteError` with the remote type, message and traceback text (our own
-  :class:`ServiceError` subclasses keep their type);
-- the actor died (``kill -9``, node loss, an error while constructing it): :class:`PeerFailureError`;
-- no answer within the caller's timeout: :class:`ServiceTimeoutError`.
+- the owner's method raised: `RemoteError` with the remote type, message and traceback text (our own
+  `ServiceError` subclasses keep their type);
+- the actor died (``kill -9``, node loss, an error while constructing it): `PeerFailureError`;
+- no answer within the caller's timeout: `ServiceTimeoutError`.
 
 Ray is imported lazily (the ``ray`` extra), always after ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` is set, which
 together with ``_node_ip_address="127.0.0.1"`` keeps a local cluster on loopback.
@@ -132,7 +132,7 @@ def _restarted() -> bool:
 
 
 class RayTransport(ActorCallTransport):
-    """Request/reply over calls to the actor that hosts the server (see :class:`ActorCallTransport`).
+    """Request/reply over calls to the actor that hosts the server (see `ActorCallTransport`).
 
     Args:
         name: names the endpoint in messages (``inference``, ``replay``...).
@@ -149,8 +149,8 @@ class RayTransport(ActorCallTransport):
 
 
 class RayClient(ProducerClient):
-    """The client endpoint of a :class:`RayTransport`: ``submit(payload)`` is one actor call, its answer a
-    :class:`RayFuture`. Picklable anywhere in the cluster (it holds the actor handle)."""
+    """The client endpoint of a `RayTransport`: ``submit(payload)`` is one actor call, its answer a
+    `RayFuture`. Picklable anywhere in the cluster (it holds the actor handle)."""
 
     __slots__ = ()
 

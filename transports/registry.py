@@ -1,10 +1,10 @@
-"""Transports by kind: every registered :class:`~transports.descriptor.TransportDescriptor`, and building both ends of
+"""Transports by kind: every registered `TransportDescriptor`, and building both ends of
 a request/reply transport from its kind and options.
 
-The built-in descriptors (:data:`transports.descriptor.BUILT_IN`) are registered from the start; :func:`register`
+The built-in descriptors (`transports.descriptor.BUILT_IN`) are registered from the start; `register`
 adds another (a transport of your own, in a module of yours). Components never import a transport module: they ask
-:func:`build` for a kind the compatibility table resolved, and the plan checks the options (:func:`check_options`)
-and layouts (:func:`check_layouts`) from the descriptor alone, before any transport module is imported.
+`build` for a kind the compatibility table resolved, and the plan checks the options (`check_options`)
+and layouts (`check_layouts`) from the descriptor alone, before any transport module is imported.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def register(descriptor: TransportDescriptor) -> TransportDescriptor:
 
 
 def unregister(kind: str) -> None:
-    """Remove a transport :func:`register` added (built-in ones stay)."""
+    """Remove a transport `register` added (built-in ones stay)."""
     if any(d.kind == kind for d in BUILT_IN):
         raise ValueError(f"{kind!r} is a built-in transport")
     _REGISTERED.pop(kind, None)

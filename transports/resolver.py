@@ -1,9 +1,9 @@
-"""The data of transport selection: what a choice may know about the topology (:class:`TransportContext`) and
-its outcome (:class:`Resolution`: the concrete kind and why).
+"""The data of transport selection: what a choice may know about the topology (`TransportContext`) and
+its outcome (`Resolution`: the concrete kind and why).
 
 There is deliberately no cross-domain transport interface for *payloads*: inference, replay, logging and
 weight sync move different things. What is shared is the selection step, which the compatibility table
-(:func:`components.compat.resolve`) carries out with these values: ``auto`` is resolved deterministically, and
+(`components.compat.resolve`) carries out with these values: ``auto`` is resolved deterministically, and
 its reason is part of the answer so plans can show it.
 """
 

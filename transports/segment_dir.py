@@ -1,13 +1,13 @@
 """Where shared-memory segments live, and how much room is left there.
 
-Every segment (:mod:`transports.segments`) is a file in the *segment directory*: ``/dev/shm`` unless the environment
+Every segment (`transports.segments`) is a file in the *segment directory*: ``/dev/shm`` unless the environment
 variable ``RLSVC_SHM_DIR`` names another directory, preferably on a tmpfs (files elsewhere work, but their pages go
 through that file system). The variable is read whenever a segment is made, and every process a run starts inherits
 it, so set it before the run starts: a container's ``/dev/shm`` is often small (Docker's default is 64 MB), and a
 directory on a larger tmpfs gives the run's segments the room it lacks. A segment is attached in the directory it was
 made in, whatever the attaching process's variable says.
 
-Imports nothing heavy: planning reads the room left (:func:`room`), and failure reports name it (:func:`shortage`).
+Imports nothing heavy: planning reads the room left (`room`), and failure reports name it (`shortage`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import os
 VARIABLE = "RLSVC_SHM_DIR"
 """The environment variable naming the segment directory."""
 DEFAULT = "/dev/shm"
-"""The segment directory where :data:`VARIABLE` is unset or empty: POSIX shared memory on Linux."""
+"""The segment directory where `VARIABLE` is unset or empty: POSIX shared memory on Linux."""
 
 
 def segment_dir() -> str:
@@ -27,7 +27,7 @@ def segment_dir() -> str:
 
 
 def room(directory: str | None = None) -> tuple[int, int] | None:
-    """``(free, total)`` bytes of the file system holding ``directory`` (default: :func:`segment_dir`), as an
+    """``(free, total)`` bytes of the file system holding ``directory`` (default: `segment_dir`), as an
     unprivileged process may use them; ``None`` where it cannot be read (the directory does not exist)."""
     try:
         st = os.statvfs(directory or segment_dir())

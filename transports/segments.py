@@ -1,12 +1,12 @@
 """Named shared-memory segments and slot banks: the public pieces of shared memory that services build on.
 
-Segments are files named ``rlsvc_<pid>_<n>`` in the segment directory (:mod:`transports.segment_dir`: ``/dev/shm``
+Segments are files named ``rlsvc_<pid>_<n>`` in the segment directory (`transports.segment_dir`: ``/dev/shm``
 unless ``RLSVC_SHM_DIR`` names another). Each one's pages are reserved as it is made, so a segment that does not fit
-raises :class:`~transports.kernel.errors.SharedMemoryFull` there and then, instead of a SIGBUS when a page is first
+raises `SharedMemoryFull` there and then, instead of a SIGBUS when a page is first
 touched. The creating process unlinks them on close; in ``/dev/shm`` it also registers them with multiprocessing's
 resource tracker, so they are removed even if it dies (the tracker unlinks names in ``/dev/shm`` only: elsewhere a dead
-creator's segments are removed by its host, or by the next run's start, :func:`remove_orphans`). Processes that attach
-by name never unlink. A :class:`SlotBank` lays TensorDicts of one :class:`~transports.layout.Layout` out in one segment.
+creator's segments are removed by its host, or by the next run's start, `remove_orphans`). Processes that attach
+by name never unlink. A `SlotBank` lays TensorDicts of one `Layout` out in one segment.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class Segment:
     Args:
         size: bytes (rounded up to at least one byte).
         name: attach to this existing segment instead of creating one.
-        directory: where the segment is (default: :func:`~transports.segment_dir.segment_dir`).
+        directory: where the segment is (default: `segment_dir`).
 
     Raises:
         SharedMemoryFull: a new segment does not fit in the segment directory (nothing of it is left there).
@@ -108,7 +108,7 @@ def _reserve(fd: int, size: int, directory: str) -> None:
 
 
 class SlotBank:
-    """``num_slots`` TensorDicts of one :class:`Layout` in one shared segment; each leaf is a tensor view.
+    """``num_slots`` TensorDicts of one `Layout` in one shared segment; each leaf is a tensor view.
 
     ``bank.slots`` is a TensorDict with a leading ``num_slots`` dimension whose leaves live in shared memory:
     ``bank.slots[i]`` reads or writes slot ``i`` without copying the bank.

@@ -1,7 +1,7 @@
 """``thread``: clients and a server thread in one process, over a bounded queue and one future per request.
 
 Rules: the server runs in the clients' process; a client pickled and unpickled inside that process works,
-anywhere else it raises :class:`~transports.kernel.errors.PeerFailureError`. Any TensorDict may travel (no fixed
+anywhere else it raises `PeerFailureError`. Any TensorDict may travel (no fixed
 layout). ``max_queue_size`` bounds pending requests: producers block when it is full.
 """
 
@@ -68,7 +68,7 @@ def _drain(q: queue.Queue, reason: str) -> None:
 
 
 class ThreadClient:
-    """The client of a :class:`ThreadTransport`: ``submit(td)`` returns a future."""
+    """The client of a `ThreadTransport`: ``submit(td)`` returns a future."""
 
     def __init__(self, transport_id: tuple[int, int]):
         self._id = transport_id
@@ -102,7 +102,7 @@ class ThreadClient:
 
 
 class ThreadServer(ServerEndpoint):
-    """The serving end of :class:`ThreadTransport`: drains the queue into batches."""
+    """The serving end of `ThreadTransport`: drains the queue into batches."""
 
     def __init__(self, transport: ThreadTransport):
         self.transport = transport

@@ -1,6 +1,6 @@
 """Collectors: environments stepped against a policy, in the caller, on threads, in processes or in Ray actors.
 
-Their place in the compatibility table is :mod:`components.collectors.declaration` (imported without torch).
+Their place in the compatibility table is `components.collectors.declaration` (imported without torch).
 """
 
 from __future__ import annotations

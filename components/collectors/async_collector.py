@@ -3,7 +3,7 @@
 Each env worker (on a thread, or in a process: the collector's placement) holds several env groups (each one
 ``create_env_fn()`` vector env) and keeps one policy request in flight per group; the one server batches whatever
 requests wait, from all workers, into one forward pass. A worker writes its transitions in place into a ring of
-shared rollout slots (chunks of ``chunk_steps`` steps of all its envs, see :mod:`~components.collectors.handoff`)
+shared rollout slots (chunks of ``chunk_steps`` steps of all its envs, see `handoff`)
 and announces each full slot by index; the driver copies slots out into flat batches of ``frames_per_batch``
 transitions, each carrying ``env_id`` and the ``policy_version`` that chose its action, and frees them. Nothing is
 pickled per transition; a worker waits only when all its slots are full (the consumer is behind). The server is
@@ -43,7 +43,7 @@ class EnvLoop:
     Args:
         worker: its index (named in what it announces).
         free: counts this worker's free slots (the driver releases one per slot it copied out).
-        others: as :class:`~components.collectors.worker.Worker` (``frames``: one chunk of all its envs).
+        others: as `Worker` (``frames``: one chunk of all its envs).
     """
 
     def __init__(self, create_env_fn, policies, frames: int, seed: int, groups: int, worker: int, out, free,
@@ -89,12 +89,12 @@ class AsyncBatchedCollector(Owner["AsyncBatchedCollector"]):
     """An env pool stepping asynchronously against an inference server.
 
     Args:
-        config: where the env workers run and what a batch is (:class:`~components.collectors.config.CollectorConfig`):
+        config: where the env workers run and what a batch is (`CollectorConfig`):
             ``placement`` ``thread`` or ``process`` (``None``: ``thread``; a server created here is placed alike),
             ``frames_per_batch`` (transitions per yielded batch, required) and ``total_frames`` (stop after this many
             frames; ``-1``: never).
         create_env_fn: picklable callable returning a vector env with same-step autoreset (one env group; see
-            :func:`components.envs.make_vector_env`, e.g. ``num_envs=1``: one request per env).
+            `components.envs.make_vector_env`, e.g. ``num_envs=1``: one request per env).
         num_groups: env groups (``create_env_fn()`` vector envs) in all, split evenly over the workers.
         policy_factory: builds the policy for a server created here (exclusive with ``server``).
         server: a running inference owner to use instead.

@@ -5,9 +5,9 @@ shaped ``[time, env]``. Collectors take no transport of their own: policy calls 
 endpoint's transport and, with a replay buffer attached, writes go over the replay endpoint's transport
 (each worker writes its rollout straight into replay and only a completion count comes back).
 
-Each worker (:class:`~components.collectors.worker.Worker`) runs on the host of the collector's placement:
+Each worker (`Worker`) runs on the host of the collector's placement:
 in the caller's thread (``direct``, one worker), on threads, in child processes (rollouts are written in place into
-shared memory and handed over by index, see :mod:`~components.collectors.handoff`; a crash surfaces in the driver
+shared memory and handed over by index, see `handoff`; a crash surfaces in the driver
 within 2 s with the worker's traceback text) or in Ray actors (rollouts return through the object store). With
 ``resources.max_restarts`` a worker whose process or actor died is restarted (Ray restarts its actors itself; other
 hosts are rebuilt here, with fresh endpoints of the owners they were given) and the interrupted rollout retried;
@@ -44,7 +44,7 @@ class Collector(Owner["Collector"]):
     """Steps vector envs with a policy and yields ``[time, env]`` batches of ``frames_per_batch`` frames.
 
     Args:
-        config: where the workers run and what they collect (:class:`~components.collectors.config.CollectorConfig`:
+        config: where the workers run and what they collect (`CollectorConfig`:
             ``placement``, ``frames_per_batch`` (environment steps over all envs of all workers per yielded batch),
             ``total_frames`` (``-1``: until shut down), ``num_collectors`` (each worker collects an equal share),
             ``sync`` (``True``: each iteration gathers one rollout from every worker, concatenated along the env
@@ -53,7 +53,7 @@ class Collector(Owner["Collector"]):
             the other steps; an inference owner gives each group a client of its own)); ``None``: its defaults,
             which leave ``frames_per_batch`` unset (an error).
         create_env_fn: a picklable callable returning a vector env with same-step autoreset
-            (see :func:`components.envs.make_vector_env`); called where each worker lives, once per env group.
+            (see `components.envs.make_vector_env`); called where each worker lives, once per env group.
         policy: an inference owner (each worker then gets a client of its own, as ``process_slot`` needs) or
             a callable TensorDict policy (an inference client, a ``PolicyClientModule``...) shared by the
             workers; for ``process`` placement it must travel to worker processes (process clients do).
@@ -180,7 +180,7 @@ class Collector(Owner["Collector"]):
 
     @property
     def env_spec(self):
-        """The environment's :class:`~components.envs.EnvSpec`."""
+        """The environment's `EnvSpec`."""
         self._require_running()
         return self._spec
 
@@ -235,7 +235,7 @@ class CollectorClient:
 
     @property
     def env_spec(self):
-        """The environment's :class:`~components.envs.EnvSpec`."""
+        """The environment's `EnvSpec`."""
         return self._owner.env_spec
 
     def __reduce__(self):

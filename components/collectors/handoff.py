@@ -1,7 +1,7 @@
 """Rollouts handed from a worker process to the driver through shared memory, by index.
 
 A worker in another process of this machine writes each rollout in place into a slot of a shared segment it made
-(:class:`RolloutSlots`: the rollout's layout, ``num_slots`` times) and answers with a :class:`Handoff`: the slot's
+(`RolloutSlots`: the rollout's layout, ``num_slots`` times) and answers with a `Handoff`: the slot's
 index, plus the slots themselves the first time (they pickle by segment name and attach where they are unpickled).
 The driver copies the slot out once; nothing else travels per rollout. The worker owns the segment (it unlinks it
 when it closes, its resource tracker if it dies); the driver's attachment is closed with the collector, or when a
@@ -73,7 +73,7 @@ class SameMachine:
     """Whether a worker placed where it may or may not share this machine (a Ray actor: the local node or another)
     does: the driver makes a small segment holding a random token, and a worker that attaches to it by name and
     reads the token back shares ``/dev/shm`` with the driver, so it hands rollouts over through shared memory.
-    Travels as a :class:`Probe`; the driver closes it with the collector."""
+    Travels as a `Probe`; the driver closes it with the collector."""
 
     def __init__(self):
         self.token = os.urandom(16)
@@ -94,7 +94,7 @@ class SameMachine:
 
 @dataclass(frozen=True)
 class Probe:
-    """A :class:`SameMachine` in a worker's process."""
+    """A `SameMachine` in a worker's process."""
 
     name: str
     token: bytes
@@ -118,7 +118,7 @@ class Received:
         self.slots: dict[int, RolloutSlots] = {}
 
     def read(self, worker: int, value):
-        """The rollout ``value`` stands for (``value`` itself unless it is a :class:`Handoff`)."""
+        """The rollout ``value`` stands for (``value`` itself unless it is a `Handoff`)."""
         if not isinstance(value, Handoff):
             return value
         if value.slots is not None:  # a (re)started worker's slots: they replace the previous ones

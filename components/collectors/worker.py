@@ -67,19 +67,19 @@ class Worker:
             (inference clients and owners) is asked through it, so groups overlap.
         frames: frames per rollout (a multiple of the worker's total env count).
         seed: seeds env ``i`` (over all groups) with ``seed + i``; its policy requests carry sampling seeds from a
-            stream keyed by ``seed + i`` too (see :mod:`components.inference.sampling`), so its actions depend
+            stream keyed by ``seed + i`` too (see `components.inference.sampling`), so its actions depend
             neither on batching nor on the grouping.
-        replay_buffer: a replay client; rollouts are written there and :meth:`collect` returns the count.
+        replay_buffer: a replay client; rollouts are written there and `collect` returns the count.
         rollouts_done: rollouts this worker's place in the run made before it started (a resumed run, a restarted
             worker): the sampling streams continue from there, and the envs reset from a seed drawn from ``seed``
             and that count, so they do not replay the run's first episodes.
         env_groups: vector envs (each from ``create_env_fn``) stepped in turn.
-        handoff: hand rollouts over through shared memory (:mod:`~components.collectors.handoff`): for a worker in
-            another process of the driver's machine; a :class:`~components.collectors.handoff.Probe`: when it finds
+        handoff: hand rollouts over through shared memory (`handoff`): for a worker in
+            another process of the driver's machine; a `Probe`: when it finds
             this process on the driver's machine.
         prefetch: rollouts in flight, the one the driver asked for included. 1: a rollout starts when the driver
             asks for it; more: a thread of the worker's own collects up to ``prefetch - 1`` beyond the asks
-            (:class:`Ahead`), each into a slot of its own.
+            (`Ahead`), each into a slot of its own.
     """
 
     def __init__(self, create_env_fn, policy, frames: int, seed: int, replay_buffer=None, rollouts_done: int = 0,
@@ -111,7 +111,7 @@ class Worker:
 
     def rollout(self, into: TensorDictBase | None = None) -> TensorDictBase:
         """One rollout, written into ``into`` (a ``[time, env]`` TensorDict of this worker's rollout layout, as a
-        :class:`~components.collectors.handoff.RolloutSlots` slot) or into storage allocated for it."""
+        `RolloutSlots` slot) or into storage allocated for it."""
         steps, groups = self.steps, self.groups
         seeds = step_seeds(self.streams, self.step_count, steps).numpy()
         self.step_count += steps
@@ -159,7 +159,7 @@ class Worker:
         return buf, buf.get("observation").numpy(), buf.get("action").numpy(), outputs, nxt
 
     def collect(self) -> TensorDict | Handoff | int:
-        """One rollout (or its :class:`~components.collectors.handoff.Handoff`), or (with a replay buffer) the number
+        """One rollout (or its `Handoff`), or (with a replay buffer) the number
         of frames written there: the next one collected ahead, if the worker collects ahead."""
         return self._produce() if self.ahead is None else self.ahead.take()
 
@@ -180,7 +180,7 @@ class Worker:
         return Handoff(index)
 
     def spec(self):
-        """The environment's :class:`~components.envs.EnvSpec`."""
+        """The environment's `EnvSpec`."""
         return self.stepper.spec
 
     def close(self) -> None:

@@ -1,14 +1,15 @@
 """Environments: gymnasium envs made from the ``env`` config, vectorized on a chosen backend and stepped into
 TensorDicts, with what sets a kind of env apart declared by its family.
 
-- :mod:`.spec`: :class:`EnvSpec`, an env's spaces as plain data, and the ``next`` leaves of a step;
-- :mod:`.family`: :class:`~.family.EnvFamily` and the registry of families;
-- :mod:`.families`: the built-in families, one module each (``atari``, ``minatar``, ``mujoco``, ``classic_control``);
-- :mod:`.make`: ``gymnasium.make`` with the id's family made ready and config-friendly errors;
-- :mod:`.backends`: how a vector env is made on ``env.backend`` (``gymnasium``, ``vector``, ``ale_vector``,
+- `components.envs.spec`: `EnvSpec`, an env's spaces as plain data, and the ``next`` leaves of a step;
+- `components.envs.family`: `EnvFamily` and the registry of families;
+- `components.envs.families`: the built-in families, one module each (``atari``, ``minatar``, ``mujoco``,
+  ``classic_control``);
+- `components.envs.make`: ``gymnasium.make`` with the id's family made ready and config-friendly errors;
+- `components.envs.backends`: how a vector env is made on ``env.backend`` (``gymnasium``, ``vector``, ``ale_vector``,
   ``envpool``), every one with same-step autoreset;
-- :mod:`.maker`: :class:`EnvMaker`, the ``env`` config as one picklable object;
-- :mod:`.stepper`: :class:`VectorEnvStepper`, a collector's stepping of a vector env.
+- `components.envs.maker`: `EnvMaker`, the ``env`` config as one picklable object;
+- `components.envs.stepper`: `VectorEnvStepper`, a collector's stepping of a vector env.
 
 The names below are loaded on first use: the launcher composes configs (reading the family registry) without
 importing gymnasium or torch.

@@ -8,8 +8,8 @@
   the DeepMind preprocessing done in C++; for ``env=atari`` (an ``ALE/...`` id with ``env.atari`` set).
 
 A family's preprocessing (``env.atari``) is built on each fast backend by the family itself
-(:meth:`components.envs.family.EnvFamily.vector_kwargs`); an array-vectorized env that resets on the next step is
-reset by rows as its family says (:attr:`components.envs.family.EnvFamily.row_resets`).
+(`components.envs.family.EnvFamily.vector_kwargs`); an array-vectorized env that resets on the next step is
+reset by rows as its family says (`components.envs.family.EnvFamily.row_resets`).
 - ``envpool``: EnvPool's C++ environments (``pip install '.[envpool]'``), for the ids EnvPool implements; with
   ``env.atari`` set, its Atari pool with that preprocessing (``ALE/Breakout-v5`` is EnvPool's ``Breakout-v5``).
 
@@ -112,12 +112,12 @@ _MAKE_KWARGS = ("max_episode_steps", "disable_env_checker")
 def check_kwargs(backend: str, env_id: str, kwargs: Mapping[str, Any],
                  preprocessing: Preprocessing | None = None) -> None:
     """Refuse, before anything starts, an ``env.kwargs`` key that the backend's env does not take, or one that the
-    collector (:data:`SET_HERE`) or the env family's preprocessing (its
-    :attr:`~components.envs.family.EnvFamily.preprocessing`, e.g. :data:`components.envs.families.atari.PREPROCESSING`)
+    collector (`SET_HERE`) or the env family's preprocessing (its
+    `preprocessing`, e.g. `components.envs.families.atari.PREPROCESSING`)
     sets itself, where two values for it would clash (``+env.kwargs.frameskip=4`` with ``env=atari``) or one would
     silently win. What an env takes is read from its constructor's signature (``gymnasium.make``'s entry point, the
     vector entry point, ``AtariVectorEnv``, EnvPool's config); a constructor taking ``**kwargs`` takes anything here,
-    and making the env then says more (:meth:`components.envs.EnvMaker.spec`).
+    and making the env then says more (`components.envs.EnvMaker.spec`).
 
     Args:
         backend: ``env.backend``.
@@ -207,7 +207,7 @@ def make_vector(backend: str, env_id: str, num_envs: int, kwargs: Mapping[str, A
         kwargs: the vector env constructor's arguments (``gymnasium.make_vec``, ``AtariVectorEnv``: ``num_threads``...)
             or ``envpool.make_gymnasium``'s (``num_threads``, ``max_episode_steps``...).
         preprocessing: the env family's preprocessing, done in the backend's own arguments (see
-            :meth:`components.envs.family.EnvFamily.vector_kwargs`).
+            `components.envs.family.EnvFamily.vector_kwargs`).
 
     Raises:
         ConfigurationError: the backend cannot make the env.

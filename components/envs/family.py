@@ -37,15 +37,15 @@ class EnvFamily:
     """One family of environments; subclass it, set the attributes that apply and override the methods that do.
 
     Attributes:
-        name: the registry key and, where :attr:`config` is set, the config key of its preprocessing (``env.<name>``).
+        name: the registry key and, where `config` is set, the config key of its preprocessing (``env.<name>``).
         config: the dataclass of its preprocessing (``None``: it has none; its envs are made as gymnasium makes them).
         namespace: the gymnasium id namespace whose envs are its own (``ALE`` for ``ALE/Breakout-v5``), if any.
         package: the module that registers the namespace's envs with gymnasium, imported on first use.
         extra: what ``pip install '.[extra]'`` installs for its envs (named by errors about a missing package).
         encoder: the built-in encoder ``recipe.encoder=auto`` picks for its observations where that encoder takes them
             (``None``: the choice goes by the observation's shape alone).
-        image_size: the field of :attr:`config` that sizes its images (a too-small image names ``env.<name>.<field>``).
-        preprocessing: per backend, the keyword arguments its preprocessing sets itself, and the :attr:`config` field
+        image_size: the field of `config` that sizes its images (a too-small image names ``env.<name>.<field>``).
+        preprocessing: per backend, the keyword arguments its preprocessing sets itself, and the `config` field
             each comes from (``None``: fixed): ``env.kwargs`` may not set them.
         row_resets: per array-vectorized env class (its ``__qualname__``) whose own autoreset is on the next step: how
             to reset some of its envs at once, ``(unwrapped env, boolean rows) -> observations of every env``.
@@ -62,13 +62,13 @@ class EnvFamily:
     row_resets: Mapping[str, Callable[[Any, Any], Any]] = {}
 
     def claims(self, env_id: str | None) -> bool:
-        """Whether ``env_id`` is one of this family's envs (by default: its id is in :attr:`namespace`)."""
+        """Whether ``env_id`` is one of this family's envs (by default: its id is in `namespace`)."""
         return self.namespace is not None and env_id is not None and env_id.split("/", 1)[0] == self.namespace \
             and "/" in env_id
 
     def prepare(self, env_id: str) -> None:
-        """Make ``env_id`` (one this family claims) ready for ``gymnasium.make``: by default import :attr:`package`
-        and register its envs (:meth:`register_envs`).
+        """Make ``env_id`` (one this family claims) ready for ``gymnasium.make``: by default import `package`
+        and register its envs (`register_envs`).
 
         Raises:
             ConfigurationError: the package is not installed (naming the extra that installs it).
@@ -83,7 +83,7 @@ class EnvFamily:
         self.register_envs(module)
 
     def register_envs(self, module: Any) -> None:
-        """Register the envs of :attr:`package` (``module``, just imported) with gymnasium."""
+        """Register the envs of `package` (``module``, just imported) with gymnasium."""
         import gymnasium as gym
 
         gym.register_envs(module)
@@ -96,11 +96,11 @@ class EnvFamily:
         """
 
     def make_kwargs(self, config: Any) -> dict[str, Any]:
-        """The keyword arguments of ``gymnasium.make`` its preprocessing sets (``config``: its :attr:`config`)."""
+        """The keyword arguments of ``gymnasium.make`` its preprocessing sets (``config``: its `config`)."""
         return {}
 
     def wrap(self, env: Any, config: Any) -> Any:
-        """One env made with :meth:`make_kwargs`, wrapped in its preprocessing."""
+        """One env made with `make_kwargs`, wrapped in its preprocessing."""
         return env
 
     def vector_kwargs(self, env_id: str, config: Any, backend: str) -> tuple[str, dict[str, Any]]:
@@ -214,7 +214,7 @@ def family_named(name: str) -> EnvFamily:
 
 
 def row_resets() -> dict[str, Callable[[Any, Any], Any]]:
-    """Every family's :attr:`EnvFamily.row_resets`, merged."""
+    """Every family's `EnvFamily.row_resets`, merged."""
     return {name: reset for family in families() for name, reset in family.row_resets.items()}
 
 

@@ -1,5 +1,5 @@
 """``gymnasium.make`` for the env config: the id's family made ready first (its namespace registered), and every
-way making an env can fail turned into a :class:`ConfigurationError` naming the setting to change.
+way making an env can fail turned into a `ConfigurationError` naming the setting to change.
 
 Steps use gymnasium's same-step autoreset: when an episode ends, ``("next", "observation")`` holds the episode's
 final observation (for bootstrapping on truncation) while the observation carried into the next step is already
@@ -59,7 +59,7 @@ def make_env(env_id: str, **kwargs: Any) -> gym.Env:
 
 
 def spec_of(env_id: str, **kwargs: Any) -> EnvSpec:
-    """Read an :class:`EnvSpec` from a throwaway instance of the env (closed before returning).
+    """Read an `EnvSpec` from a throwaway instance of the env (closed before returning).
 
     Raises:
         ConfigurationError: the env id is unknown, or its spaces are not Box/Discrete.

@@ -1,4 +1,4 @@
-"""The env config as one picklable object: :class:`EnvMaker` makes one env, or a vector of them on the chosen backend,
+"""The env config as one picklable object: `EnvMaker` makes one env, or a vector of them on the chosen backend,
 as ``env.id`` / ``env._target_``, ``env.kwargs``, ``env.backend`` and an env family's preprocessing (``env.atari``)
 say."""
 
@@ -27,12 +27,12 @@ class EnvMaker:
         id: a registered gymnasium id (``CartPole-v1``).
         _target_: instead of ``id``, the dotted name of a callable that returns one gymnasium env.
         kwargs: keyword arguments of ``gymnasium.make``, or of the ``_target_`` callable; on the ``vector`` and
-            ``envpool`` backends, of the vector env (see :mod:`components.envs.backends`).
-        backend: how :meth:`vector` vectorizes: ``gymnasium`` (per-env SyncVectorEnv), ``vector`` (the env's own
+            ``envpool`` backends, of the vector env (see `components.envs.backends`).
+        backend: how `vector` vectorizes: ``gymnasium`` (per-env SyncVectorEnv), ``vector`` (the env's own
             array-vectorized implementation), ``ale_vector`` (ale-py's threaded Atari vector env) or ``envpool``; all
             with same-step autoreset.
         **families: at most one env family's preprocessing, under the family's name: ``atari=`` the DeepMind
-            preprocessing of an ALE env (:class:`~components.envs.families.atari.AtariConfig`, ``env=atari`` sets it),
+            preprocessing of an ALE env (`AtariConfig`, ``env=atari`` sets it),
             done by each backend's own implementation; a config object or a mapping of its fields. ``None`` or left
             out: the env as ``gymnasium.make`` gives it.
 
@@ -102,7 +102,7 @@ class EnvMaker:
         return instantiate_target({"_target_": self.target, **self.kwargs}, "env", expect=gym.Env)
 
     def spec(self) -> EnvSpec:
-        """The :class:`EnvSpec`, read from a throwaway instance (closed before returning): one env, or on a fast
+        """The `EnvSpec`, read from a throwaway instance (closed before returning): one env, or on a fast
         backend a vector of one (its kwargs are the vector env's).
 
         Raises:
@@ -137,14 +137,14 @@ class EnvMaker:
         return next((family.encoder for family in claiming(self.id) if family.encoder is not None), None)
 
     def _refused(self, exc: BaseException) -> ConfigurationError:
-        """What making the env with :attr:`kwargs` raised, as a configuration error naming them."""
+        """What making the env with `kwargs` raised, as a configuration error naming them."""
         where = f"env.kwargs.{next(iter(self.kwargs))}" if len(self.kwargs) == 1 else "env.kwargs"
         given = ", ".join(f"env.kwargs.{key}={value!r}" for key, value in self.kwargs.items())
         return ConfigurationError(f"{self.name} cannot be made with {given}: {type(exc).__name__}: "
                                   f"{' '.join(str(exc).split())}", path=where)
 
     def vector(self, num_envs: int) -> gym.vector.VectorEnv:
-        """``num_envs`` environments in one vector env on :attr:`backend`, with same-step autoreset."""
+        """``num_envs`` environments in one vector env on `backend`, with same-step autoreset."""
         if self.backend != "gymnasium":
             return make_vector(self.backend, self.id, num_envs, self.kwargs, self.preprocessing)
         if self.id is not None and self.preprocessing is None:

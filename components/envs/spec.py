@@ -1,4 +1,4 @@
-"""What the rest of the system knows about an environment, as plain data: its spaces (:class:`EnvSpec`), read from
+"""What the rest of the system knows about an environment, as plain data: its spaces (`EnvSpec`), read from
 gymnasium's, and the leaves one step writes under ``next``."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class EnvSpec:
         observation_scale: what one step of an integer observation is worth (``1 / 255`` for frames, 1 for
             byte grids and floats): networks multiply integer observations by it.
         encoder: the built-in encoder the env's family prefers for ``recipe.encoder=auto``
-            (:attr:`components.envs.family.EnvFamily.encoder`); ``None``: chosen from the observation's shape.
+            (`components.envs.family.EnvFamily.encoder`); ``None``: chosen from the observation's shape.
     """
 
     env_id: str
@@ -66,7 +66,7 @@ policy scales them), everything else as float32."""
 
 
 def spec_from_spaces(env_id: str, obs_space: gym.Space, act_space: gym.Space, *, path: str = "env.id") -> EnvSpec:
-    """Build an :class:`EnvSpec` from one env's observation and action spaces.
+    """Build an `EnvSpec` from one env's observation and action spaces.
 
     Args:
         env_id: the name the spec carries.
@@ -113,7 +113,7 @@ def next_storage(spec: EnvSpec, shape: tuple[int, ...]) -> TensorDict:
         shape: the batch shape.
 
     Returns:
-        A TensorDict of :data:`NEXT_KEYS`.
+        A TensorDict of `NEXT_KEYS`.
     """
     dtypes = (spec.observation_dtype, torch.float32, torch.bool, torch.bool, torch.bool, torch.float32, torch.long)
     return TensorDict({key: torch.empty((*shape, *(spec.observation_shape if key == "observation" else ())),

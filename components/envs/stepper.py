@@ -16,12 +16,12 @@ from .spec import NEXT_KEYS, next_storage, spec_from_spaces
 class VectorEnvStepper:
     """Steps a gymnasium vector env, writing each step's ``next`` into arrays the caller owns (no per-step objects).
 
-    The current observations and the running episode statistics live here as numpy arrays; :meth:`step_into` writes
-    one step at an index of preallocated ``[time, env]`` arrays (see :func:`next_storage`), :meth:`step` is the
+    The current observations and the running episode statistics live here as numpy arrays; `step_into` writes
+    one step at an index of preallocated ``[time, env]`` arrays (see `next_storage`), `step` is the
     convenience form that fills ``td["next"]``.
 
     Args:
-        env: a vector env using same-step autoreset (see :func:`components.envs.make.make_vector_env`).
+        env: a vector env using same-step autoreset (see `components.envs.make.make_vector_env`).
         seed: seeds env ``i`` with ``seed + i`` so every env (and every worker given its own ``seed``) differs.
     """
 
@@ -47,10 +47,10 @@ class VectorEnvStepper:
 
     def step_into(self, action: np.ndarray, nxt: Mapping[str, np.ndarray], index: Any) -> None:
         """Apply ``action`` (``[num_envs, ...]``) and write the step's ``next`` leaves at ``index`` of each array of
-        ``nxt`` (keyed by :data:`NEXT_KEYS`; ``index`` selects ``num_envs`` rows, e.g. ``(t, slice(a, b))``).
+        ``nxt`` (keyed by `NEXT_KEYS`; ``index`` selects ``num_envs`` rows, e.g. ``(t, slice(a, b))``).
 
         ``observation`` is the final one where an episode ended (the env itself carries on from its reset
-        observation, see :attr:`obs`); ``episode_return`` / ``episode_length`` are complete where ``done``.
+        observation, see `obs`); ``episode_return`` / ``episode_length`` are complete where ``done``.
         """
         if self._clip is not None:
             action = np.clip(action, *self._clip)
@@ -73,7 +73,7 @@ class VectorEnvStepper:
             self._episode_length[done] = 0
 
     def step(self, td: TensorDict) -> TensorDict:
-        """Apply ``td["action"]``; fill ``td["next", ...]`` (see :meth:`step_into`) and return ``td``."""
+        """Apply ``td["action"]``; fill ``td["next", ...]`` (see `step_into`) and return ``td``."""
         nxt = next_storage(self.spec, (self.num_envs,))
         self.step_into(td.get("action").numpy(force=True), {k: nxt.get(k).numpy() for k in NEXT_KEYS}, slice(None))
         td.set("next", nxt)

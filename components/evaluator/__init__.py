@@ -1,6 +1,6 @@
 """The evaluator service: the newest policy played in envs of its own, off the learner's path.
 
-Its place in the compatibility table is :mod:`components.evaluator.declaration` (imported without torch); the owner,
+Its place in the compatibility table is `components.evaluator.declaration` (imported without torch); the owner,
 its client and the episodes load on first use.
 """
 

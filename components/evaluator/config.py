@@ -1,4 +1,4 @@
-"""``components.evaluator``: where the evaluator lives and what it plays (:class:`EvaluatorConfig`). Plain data:
+"""``components.evaluator``: where the evaluator lives and what it plays (`EvaluatorConfig`). Plain data:
 nothing heavy is imported."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """What runs where the evaluator is placed: its env maker, its copy of the policy, and a thread that evaluates.
 
-The run tells it how many frames it has collected (:meth:`EvaluatorCore.notify`, answered at once); each time the
+The run tells it how many frames it has collected (`EvaluatorCore.notify`, answered at once); each time the
 count passes the next multiple of ``eval_every`` the thread copies the newest weights from weight sync into its own
-policy, plays ``episodes`` episodes (:func:`~components.evaluator.episodes.play`) and logs ``eval/...`` through the
+policy, plays ``episodes`` episodes (`play`) and logs ``eval/...`` through the
 logger client at that frame count, with the policy version it played and, on request, the first episode as a video.
 Nobody waits for it: a notification that comes while an evaluation runs replaces the one waiting (the newest frame
 count is evaluated next; ``skipped`` counts the others). An evaluation that fails is raised at the next call.
@@ -28,7 +28,7 @@ class EvaluatorCore:
     """The evaluator's resource.
 
     Args:
-        config: episodes, mode, video and cadence (:class:`EvaluatorConfig`).
+        config: episodes, mode, video and cadence (`EvaluatorConfig`).
         env: the run's ``env`` config node (as a mapping).
         policy_factory: picklable callable returning the policy (the behaviour policy the inference server runs).
         weight_sync: a weight-sync client to take the newest weights from (``None``: the policy as built).
@@ -95,7 +95,7 @@ class EvaluatorCore:
                 self._cond.notify_all()
 
     def results(self) -> list:
-        """Every evaluation so far, oldest first (:meth:`Evaluation.summary` and ``video``, the video's path)."""
+        """Every evaluation so far, oldest first (`Evaluation.summary` and ``video``, the video's path)."""
         with self._cond:
             return list(self._results)
 

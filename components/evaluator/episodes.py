@@ -2,7 +2,7 @@
 
 What is measured is the game: rewards as the env gives them (a recipe's ``clip_rewards`` is the learner's business),
 episodes to their real end (Atari's ``terminal_on_life_loss`` is turned off for evaluation: a game, not a life).
-The policy runs in an interaction mode (:mod:`components.inference.modes`): ``deterministic`` by default.
+The policy runs in an interaction mode (`components.inference.modes`): ``deterministic`` by default.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def play(make_env: Callable[[], Any], policy: Callable, episodes: int, seed: int
         should_stop: polled every step; ``True`` abandons the evaluation (returns what is complete).
 
     Returns:
-        The :class:`Evaluation` (its ``video`` where recorded).
+        The `Evaluation` (its ``video`` where recorded).
     """
     started = time.monotonic()
     returns, lengths, frames, limited = [], [], None, 0

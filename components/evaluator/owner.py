@@ -1,6 +1,6 @@
 """The evaluator service: episodes of the newest policy in envs of its own, placed like any other service.
 
-``Evaluator`` is the owner; what it runs where it is placed is an :class:`~components.evaluator.core.EvaluatorCore`
+``Evaluator`` is the owner; what it runs where it is placed is an `EvaluatorCore`
 (built there: the envs, a copy of the policy, the evaluating thread). Its client has the domain operations only:
 ``notify(frames)`` (answered at once: the caller never waits for an evaluation), ``results()``, ``evaluate()`` and
 ``wait_idle()``.
@@ -25,7 +25,7 @@ class EvaluatorClient(CommandClient):
     """The client of an evaluator placed on a thread, in a process or in a Ray actor."""
 
     def notify(self, frames: int) -> bool:
-        """The run has collected ``frames`` frames (see :meth:`EvaluatorCore.notify`); returns at once."""
+        """The run has collected ``frames`` frames (see `EvaluatorCore.notify`); returns at once."""
         return self._call("notify", int(frames))
 
     def results(self) -> list:
@@ -45,7 +45,7 @@ class Evaluator(Owner["EvaluatorClient"]):
     """The evaluator owner.
 
     Args:
-        config: where it lives and what it plays (:class:`EvaluatorConfig`; ``None``: its defaults).
+        config: where it lives and what it plays (`EvaluatorConfig`; ``None``: its defaults).
         env: the run's ``env`` config (a mapping, as the ``env`` node holds it).
         policy_factory: picklable callable returning the policy, called where the evaluator lives.
         weight_sync: a weight-sync client (the newest weights are taken from it before each evaluation).

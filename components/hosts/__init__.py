@@ -1,9 +1,9 @@
-"""Hosts: one module per placement, all behind :class:`~components.hosts.base.Host`.
+"""Hosts: one module per placement, all behind `Host`.
 
 Each host module declares its placement next to its host class (``PLACEMENT = register(Placement(...))``, see
-:mod:`transports.kernel.placements`): its name, aliases and reach. A new placement is its module, imported here (or
+`transports.kernel.placements`): its name, aliases and reach. A new placement is its module, imported here (or
 by a module of yours before the plan is made), plus its cells in the components' declarations (see
-:mod:`components.compat`). Host modules import their backend (threads, multiprocessing, Ray, Monarch) only when
+`components.compat`). Host modules import their backend (threads, multiprocessing, Ray, Monarch) only when
 they are used.
 """
 

@@ -1,6 +1,6 @@
 """The pieces of the ``rpc`` placement that run in its workers (and the few the driver shares with them): joining
 a world on the configured interface, running control calls in the order they were sent, leaving the world.
-See :mod:`components.hosts.rpc`."""
+See `components.hosts.rpc`."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def backend_options(init_method: str, threads: int, timeout: float):
 
 def leave_world(together: bool = True) -> None:
     """This rank leaves its rpc world; ``together``: with the others (every rank waits for the rest, at most
-    :data:`LEAVE_S`, then leaves alone)."""
+    `LEAVE_S`, then leaves alone)."""
     from torch.distributed import rpc
 
     quiet = logging.getLogger("torch.distributed.rpc.api")  # logs a failed barrier with a traceback: expected here
@@ -96,7 +96,7 @@ class _Served:
 def as_rpc_worker(factory, name: str, rank: int, size: int, init_method: str, counter: int,
                    settings: Any, timeout: float) -> Any:
     """In the child: join the rpc world as ``name`` (rank ``rank``) with the run's ``settings``
-    (:class:`~components.hosts.rpc.RpcSettings`), then build the target; its ``close`` leaves the world."""
+    (`RpcSettings`), then build the target; its ``close`` leaves the world."""
     from torch.distributed import rpc
 
     rpc._init_counter = counter

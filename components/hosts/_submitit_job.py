@@ -1,4 +1,4 @@
-"""What runs in a job of the ``submitit`` placement (see :mod:`components.hosts.submitit`): join the driver's Ray
+"""What runs in a job of the ``submitit`` placement (see `components.hosts.submitit`): join the driver's Ray
 cluster if it has one, connect back to the driver, then serve the target as a ``process`` child does."""
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 An owner supplies a *target factory*: a picklable callable that builds the heavy resource (a policy and its
 serving loop, a replay storage, a logging SDK, a rollout worker) and is called where the placement puts it.
 The host builds the target there, waits for the ready handshake (an error while building surfaces at
-:meth:`Host.start`), runs the target's serving loop (its ``serve(stop)`` method, when it has one), carries
-control calls to it (:meth:`Host.call`, :meth:`Host.submit`), watches it (``on_death`` is called once when it
+`Host.start`), runs the target's serving loop (its ``serve(stop)`` method, when it has one), carries
+control calls to it (`Host.call`, `Host.submit`), watches it (``on_death`` is called once when it
 dies unasked) and stops it within one deadline (``close()`` runs where the target lives).
 
 A target is any object; the host looks for two optional methods:
@@ -40,7 +40,7 @@ class Resources:
     ``max_restarts`` restarts a crashed Ray actor (its interrupted calls are retried as many times) and a collector
     worker on any host (its interrupted rollout is retried);
     ``startup_timeout`` bounds scheduling plus construction on every host;
-    ``nice`` lowers the scheduling priority of the owner's thread or process (see :class:`~components.hosts.nice.Niced`): on a machine whose
+    ``nice`` lowers the scheduling priority of the owner's thread or process (see `Niced`): on a machine whose
     cores the learner keeps busy, collectors and their inference server at ``nice=19`` take only the cycles it leaves.
     """
 
@@ -58,7 +58,7 @@ class Resources:
 
     @classmethod
     def of(cls, conf: Any) -> "Resources":
-        """A :class:`Resources` from ``None``, an instance, or a mapping / config node with its fields."""
+        """A `Resources` from ``None``, an instance, or a mapping / config node with its fields."""
         if conf is None:
             return cls()
         if isinstance(conf, cls):
@@ -95,7 +95,7 @@ class RunSetting:
 
 
 class Pending(ABC):
-    """The answer to one :meth:`Host.submit`: ``ready(timeout)`` and ``result(timeout)``."""
+    """The answer to one `Host.submit`: ``ready(timeout)`` and ``result(timeout)``."""
 
     @abstractmethod
     def ready(self, timeout: float) -> bool:
@@ -103,12 +103,12 @@ class Pending(ABC):
 
     @abstractmethod
     def result(self, timeout: float | None = None) -> Any:
-        """The method's result; raises its error (as :class:`~transports.kernel.errors.RemoteError` when it crossed a
-        process boundary), :class:`~transports.kernel.errors.PeerFailureError` when the target died."""
+        """The method's result; raises its error (as `RemoteError` when it crossed a
+        process boundary), `PeerFailureError` when the target died."""
 
 
 class Done(Pending):
-    """A :class:`Pending` that is complete already (a call that ran in the caller)."""
+    """A `Pending` that is complete already (a call that ran in the caller)."""
 
     __slots__ = ("value", "error")
 
@@ -125,7 +125,7 @@ class Done(Pending):
 
 
 class FuturePending(Pending):
-    """A :class:`Pending` over a future that has ``ready(timeout)`` and ``result(timeout)`` itself (an actor call's)."""
+    """A `Pending` over a future that has ``ready(timeout)`` and ``result(timeout)`` itself (an actor call's)."""
 
     __slots__ = ("future",)
 
@@ -141,12 +141,12 @@ class FuturePending(Pending):
 
 class Host(ABC):
     """Runs one target where a placement puts it. One subclass per placement, registered with its placement
-    (``PLACEMENT = register(Placement(...))`` in its module, :mod:`transports.kernel.placements`).
+    (``PLACEMENT = register(Placement(...))`` in its module, `transports.kernel.placements`).
 
     Args:
         name: names the thread, process or actor (shown by ``ps`` and in messages).
         factory: picklable callable building the target where the host runs it.
-        resources: what the host may use (see :class:`Resources`).
+        resources: what the host may use (see `Resources`).
         on_death: called once, with the reason, when the target dies without being asked to stop.
         concurrency: calls the target must take at once (a Ray actor serving batched requests needs several).
         index: ``(position, count)`` of this host among its owner's hosts (a collector's workers): a worker rank.
@@ -160,12 +160,12 @@ class Host(ABC):
         restarts_itself: the placement restarts a crashed target itself, up to ``resources.max_restarts`` times,
             and retries the interrupted calls (Ray); elsewhere the owner rebuilds the host where it can.
         process_memory_gb: memory of the process of its own a target hosted here runs in (where not
-            ``same_process``), as a Slurm job reserves it (:mod:`launcher.slurm`).
+            ``same_process``), as a Slurm job reserves it (`launcher.slurm`).
         shares_memory: the target runs in another process of the caller's machine, always: results may be handed
-            over through shared memory by name (collector rollouts, see :mod:`components.collectors.handoff`).
+            over through shared memory by name (collector rollouts, see `components.collectors.handoff`).
         may_share_memory: the target may run on the caller's machine or another (a cluster's node): it hands results
             over through shared memory where a probe finds the caller's shared memory
-            (:class:`components.collectors.handoff.SameMachine`).
+            (`components.collectors.handoff.SameMachine`).
     """
 
     placement: ClassVar[str] = ""
@@ -216,7 +216,7 @@ class Host(ABC):
 
     @abstractmethod
     def wait_ready(self) -> None:
-        """Wait for the ready handshake of :meth:`launch` (see :meth:`start` for what it raises)."""
+        """Wait for the ready handshake of `launch` (see `start` for what it raises)."""
 
     @abstractmethod
     def submit(self, method: str, *args: Any) -> Pending:
@@ -242,7 +242,7 @@ class Host(ABC):
     def warm(cls, expected: "Sequence[tuple[Resources, int]]") -> None:
         """Begin starting, without waiting, the processes of the hosts a run will launch here (one per entry: its
         resources and the calls it must take at once), so that each host's launch takes one that is already up
-        instead of starting its own. Called inside this placement's :meth:`session`, before the first owner starts;
+        instead of starting its own. Called inside this placement's `session`, before the first owner starts;
         what is not taken is stopped with the session. By default: nothing."""
 
     @classmethod
@@ -264,7 +264,7 @@ class Host(ABC):
     def check_session(cls, settings: Mapping[str, Any], placed: Mapping[str, "Resources"]) -> None:
         """Refuse, when the plan is made and before anything starts, what this placement cannot do on this machine
         or cluster: session settings it cannot honour, or resources that nothing it reaches offers. ``settings`` as
-        for :meth:`session`; ``placed``: each component placed here and its resources. By default: nothing.
+        for `session`; ``placed``: each component placed here and its resources. By default: nothing.
 
         Raises:
             ConfigurationError: naming the setting (``ray.temp_dir``) or the component's field
@@ -281,13 +281,13 @@ class Host(ABC):
     @classmethod
     def on_run_machine(cls, settings: Mapping[str, Any]) -> bool:
         """Whether targets hosted here run on the machine of the run that starts them (so a Slurm job running the
-        plan must hold them); ``settings`` as for :meth:`session`. By default: yes."""
+        plan must hold them); ``settings`` as for `session`. By default: yes."""
         return True
 
     @classmethod
     def own_jobs(cls, settings: Mapping[str, Any], resources: "Resources", count: int) -> str | None:
         """What ``count`` targets hosted here ask a batch system for, in words, where each is a job of its own
-        (printed by the dry run); ``settings`` as for :meth:`session`. By default: ``None`` (no jobs of their own)."""
+        (printed by the dry run); ``settings`` as for `session`. By default: ``None`` (no jobs of their own)."""
         return None
 
     @classmethod

@@ -1,6 +1,6 @@
 """The child side of a host that runs its target in a process of its own: what such a process runs (build the
 target, answer the ready handshake, serve control calls until told to stop), and the messages of the control pipe
-between it and its host. :class:`~components.hosts.process.ProcessHost` starts it as a child process; the
+between it and its host. `ProcessHost` starts it as a child process; the
 ``distributed`` ranks and ``submitit`` jobs run it once they have connected back to their host."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from .signals import WARNING_SIGNALS
 ORPHAN_CLOSE_S = 15.0
 """Seconds a child whose parent is gone has to close its target before it leaves anyway."""
 EXIT_ORPHANED = 70
-"""The exit status of a child that lost its parent and left: closing its target outlasted :data:`ORPHAN_CLOSE_S`,
+"""The exit status of a child that lost its parent and left: closing its target outlasted `ORPHAN_CLOSE_S`,
 or it is a rank or job (whose own launcher, torchrun or Slurm, then records a failure)."""
 
 

@@ -1,11 +1,11 @@
 """Hosts whose target runs in a process this machine did not start, which connects back over TCP.
 
-A submitit job (:mod:`.submitit`) or a rank started by ``torchrun`` / ``srun`` (:mod:`.distributed`) dials the
-host's listening socket and both sides prove they hold the same key with the HMAC challenge of
-:mod:`multiprocessing.connection`, each challenging the other: nothing either side receives is unpickled before
-that. Then the peer runs the control loop of a ``process`` child (the driver's calls by message, the answers
+A submitit job (`components.hosts.submitit`) or a rank started by ``torchrun`` / ``srun``
+(`components.hosts.distributed`) dials the host's listening socket and both sides prove they hold the same key with the
+HMAC challenge of `multiprocessing.connection`, each challenging the other: nothing either side receives is unpickled
+before that. Then the peer runs the control loop of a ``process`` child (the driver's calls by message, the answers
 back). A peer whose connection closes (a crash, a kill) or falls silent (its node or the link to it lost: see
-:data:`LOST_AFTER_S`) is a peer failure; ``stop`` asks by message and waits for the peer to close its end.
+`LOST_AFTER_S`) is a peer failure; ``stop`` asks by message and waits for the peer to close its end.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ HANDSHAKE_S = 10.0
 
 
 class ConnectedHost(ProcessHost):
-    """Serves the target through a peer that connects to :attr:`_server` and authenticates with :attr:`_key`.
+    """Serves the target through a peer that connects to `_server` and authenticates with `_key`.
 
-    Subclasses bind :attr:`_server` in ``_launch``, and say how the peer is lost (``_lost``), whether it ended
+    Subclasses bind `_server` in ``_launch``, and say how the peer is lost (``_lost``), whether it ended
     before connecting (``_gone``) and how to make it end (``_force_stop``).
     """
 
@@ -83,8 +83,8 @@ class ConnectedHost(ProcessHost):
             return conn, peer
 
     def _connect(self, deadline: float, waiting: Callable[[], str], send: bytes | None = None) -> None:
-        """Accept the peer (see :meth:`_accept`), send it ``send`` if given, then wait for it to be ready (see
-        :meth:`_ready`); a peer lost meanwhile is a peer failure, and whatever fails makes it end."""
+        """Accept the peer (see `_accept`), send it ``send`` if given, then wait for it to be ready (see
+        `_ready`); a peer lost meanwhile is a peer failure, and whatever fails makes it end."""
         try:
             self._conn, self._peer = self._accept(deadline, waiting)
             if send is not None:
@@ -198,7 +198,7 @@ times; data left unacknowledged that long ends it too (``TCP_USER_TIMEOUT``)."""
 
 def keep_alive(sock: socket.socket | int) -> None:
     """Have the kernel end ``sock`` (a socket or its descriptor) once its peer has been silent
-    :data:`LOST_AFTER_S` seconds, idle or not: a read or write on it then fails, where it would wait forever."""
+    `LOST_AFTER_S` seconds, idle or not: a read or write on it then fails, where it would wait forever."""
     target = socket.socket(fileno=os.dup(sock)) if isinstance(sock, int) else sock  # a dup: the same connection
     target.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     for option, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 3), ("TCP_KEEPCNT", 5),

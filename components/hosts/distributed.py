@@ -9,10 +9,10 @@ so a rank that dies is reported like any peer failure (naming the rank and its e
 ``python -m launcher ...`` with those variables set. Rank 0 is the driver; rank ``r >= 1`` becomes the host of
 worker ``r - 1`` (so ``WORLD_SIZE`` is the worker count plus one): it dials the driver at ``distributed.host``
 (default ``MASTER_ADDR``), port ``distributed.port + r - 1`` (default port ``MASTER_PORT + 1``), and both prove they
-hold the key in the ``RLSVC_KEY`` environment variable, which must be the same secret on every rank (nothing
-either side receives is unpickled before that; see :mod:`.connected`). The driver then sends the worker's target;
-the rank serves it as a ``process`` child does, until the driver stops it. A rank whose connection closes is a peer
-failure naming it.
+hold the key in the ``RLSVC_KEY`` environment variable, which must be the same secret on every rank (nothing either side
+receives is unpickled before that; see `components.hosts.connected`). The driver then sends the worker's target; the
+rank serves it as a ``process`` child does, until the driver stops it. A rank whose connection closes is a peer failure
+naming it.
 
 Everything a rank reaches of the other services goes through their clients, which for ranks are ``distributed``
 (gloo) or ``ray`` clients: the compatibility table and the plan's reachability check insist on it.
@@ -116,7 +116,7 @@ def _as_rank(factory: Callable[[], Any], rank: int, world_size: int) -> Any:
 
 class DistributedHost(ProcessHost):
     """Builds and serves the target in a worker rank: a local child process with its rank's environment, or (with
-    ``distributed.ranks=env``) a rank ``torchrun`` / ``srun`` started, as :class:`EnvRankHost`.
+    ``distributed.ranks=env``) a rank ``torchrun`` / ``srun`` started, as `EnvRankHost`.
 
     The rank is the host's position among its owner's hosts (``index``: ``(rank, world size)``).
     """

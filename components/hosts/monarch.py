@@ -1,14 +1,14 @@
 """``monarch``: the target lives in a Monarch actor, in a proc of its own on this machine's host mesh.
 
 ``start()`` returns once the actor built the target (an error there surfaces at ``start()`` as a
-:class:`~transports.kernel.errors.RemoteError` with the actor's traceback text); the target's serving loop runs on a
+`RemoteError` with the actor's traceback text); the target's serving loop runs on a
 thread of the actor; control calls run one at a time, in the order sent, on a thread of their own, and answer through an
 explicit response port (the actor keeps taking calls, transport requests among them, while one runs). A proc that
 dies is a peer failure within 0.1 s for a caller waiting on it (its pid is watched; Monarch's own supervision
 reports it seconds later; from the first Monarch host on, this process logs such reports instead of ending the
 driver, which is Monarch's default). ``stop()`` asks the target to close, then stops the proc. Monarch's procs talk
 over Unix sockets by default: nothing listens on the network. Monarch is imported when a Monarch owner starts
-(:mod:`components.hosts.monarch_actor` holds the actor), so the placement is known to every plan without it.
+(`components.hosts.monarch_actor` holds the actor), so the placement is known to every plan without it.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class MonarchHost(Host):
         return reason
 
     def shutdown(self, timeout: float | None = None) -> None:
-        """Let the target release its resource, then stop the proc (in a run, see :meth:`session`, the proc's end is
+        """Let the target release its resource, then stop the proc (in a run, see `session`, the proc's end is
         awaited when the run's session ends). Idempotent; never raises for a dead proc."""
         if self._procs is None or self._stopped:
             return

@@ -1,4 +1,4 @@
-"""The actor that hosts a target for :class:`components.hosts.monarch.MonarchHost`: imports Monarch, so it is imported
+"""The actor that hosts a target for `components.hosts.monarch.MonarchHost`: imports Monarch, so it is imported
 only where a Monarch owner starts."""
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ class HostActor(actor_api.Actor):
 
 
 def _reply(port, produce, remote: bool = False) -> None:
-    """Answer ``port`` with ``produce()``, or with its error (``remote``: as a :class:`RemoteError` with the traceback
+    """Answer ``port`` with ``produce()``, or with its error (``remote``: as a `RemoteError` with the traceback
     text; otherwise as raised: the transport's errors are ours already). Never raises: an answer that cannot travel
     (pickled here) becomes the caller's error, and the thread answering (a serving loop's) goes on."""
     try:

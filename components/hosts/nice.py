@@ -1,4 +1,4 @@
-"""``resources.nice``: an owner's thread or process at a lower scheduling priority (:class:`Niced`), refused where the
+"""``resources.nice``: an owner's thread or process at a lower scheduling priority (`Niced`), refused where the
 owner would run in its caller's own thread."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``process``: the target lives in a child process, started from a preloaded forkserver.
 
-The child builds the target from the factory (an error while building surfaces at :meth:`ProcessHost.start`
+The child builds the target from the factory (an error while building surfaces at `ProcessHost.start`
 with the child's traceback text), runs its serving loop on its main thread and control calls on a control
 thread, fed by a pipe whose end-of-file also tells the child that its parent died (it then exits too). A
 watcher thread in the parent notices the child's death at once and calls ``on_death``. ``stop`` asks, then
@@ -32,7 +32,7 @@ from .signals import warning_signals_blocked
 PRELOAD = ["transports", "torch", "tensordict", "components.hosts.process", "components.inference.target", "components.replay.storage",
            "components.commands"]
 """Imported once by the forkserver, so a child starts in tens of milliseconds instead of seconds (``transports`` first:
-its import makes tensordict's lighter, see :mod:`transports._startup`)."""
+its import makes tensordict's lighter, see `transports._startup`)."""
 
 _preloaded = False
 

@@ -2,9 +2,9 @@
 
 ``start()`` returns once the actor's constructor built the target (an error there surfaces at ``start()``
 with the actor's traceback text); the target's serving loop runs on a thread of the actor; control calls
-are actor calls. The actor reserves what :class:`~components.hosts.base.Resources` asks for and, with
+are actor calls. The actor reserves what `Resources` asks for and, with
 ``max_restarts``, Ray restarts it after a crash. The cluster itself is joined or started on loopback by
-:func:`~components.hosts.ray_cluster.ray_cluster` (re-exported here). Errors are ours, never raw Ray exceptions (see :mod:`transports.ray`).
+`ray_cluster` (re-exported here). Errors are ours, never raw Ray exceptions (see `transports.ray`).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def actor_options(resources: Resources, concurrency: int = 1) -> dict:
 
 # ---------------------------------------------------------------------------------------------- host
 class WarmActors:
-    """Actors started ahead of their hosts (:meth:`RayHost.warm`), by the options they were started with."""
+    """Actors started ahead of their hosts (`RayHost.warm`), by the options they were started with."""
 
     def __init__(self):
         self._by_options: dict[str, list] = {}
@@ -105,7 +105,7 @@ def address_of_node(node_id: str) -> str | None:
 
 
 class HostActor:
-    """The body of every hosting actor: builds the target (in its constructor, or in :meth:`build` for an actor
+    """The body of every hosting actor: builds the target (in its constructor, or in `build` for an actor
     started warm), serves it on a thread, runs control calls on it, and hands transport requests to their endpoints
     inside the actor."""
 
@@ -120,7 +120,7 @@ class HostActor:
         self.target, self._stop, self._serving = build_and_serve(factory)
 
     def build(self, factory) -> tuple[int, str]:
-        """Build the target of a warm actor; returns what :meth:`ready` does."""
+        """Build the target of a warm actor; returns what `ready` does."""
         self.target, self._stop, self._serving = build_and_serve(factory)
         return self.ready()
 
@@ -205,8 +205,8 @@ class RayHost(Host):
     @contextlib.contextmanager
     def session(cls, settings: Mapping[str, Any], *, run_dir: str | None = None):
         """Join the cluster at ``settings['address']`` (left running) or start a local one on 127.0.0.1 (stopped at
-        the end); ``settings`` holds :class:`RayClusterConfig` fields (``ray.*`` in YAML). Actors started warm
-        (:meth:`warm`) and not taken by a host are ended with the session."""
+        the end); ``settings`` holds `RayClusterConfig` fields (``ray.*`` in YAML). Actors started warm
+        (`warm`) and not taken by a host are ended with the session."""
         config = settings_of(RayClusterConfig, settings)
         pids: list[int] = []
         try:
@@ -287,7 +287,7 @@ class RayHost(Host):
     def is_alive(self) -> bool:
         """Whether the actor is alive, as the cluster's control store sees it; once the run winds down on a signal,
         ``False`` where the store does not answer within
-        :data:`~components.hosts.ray_cluster.CONTROL_STORE_S` (a cluster that is going down: a SIGTERM to the whole
+        `CONTROL_STORE_S` (a cluster that is going down: a SIGTERM to the whole
         process group, a Slurm job's end, reached Ray's daemons too)."""
         ray = import_ray()
         if self._handle is None or not ray.is_initialized():

@@ -1,6 +1,6 @@
-"""The Ray cluster of a run: joined at ``ray.address`` or started on loopback (:func:`ray_cluster`), what it can offer
-checked while planning (:func:`check_resources_offered`), and what a killed driver's cluster left removed at the next
-start (:func:`remove_dead_clusters`). The hosts themselves are :mod:`components.hosts.ray`."""
+"""The Ray cluster of a run: joined at ``ray.address`` or started on loopback (`ray_cluster`), what it can offer
+checked while planning (`check_resources_offered`), and what a killed driver's cluster left removed at the next
+start (`remove_dead_clusters`). The hosts themselves are `components.hosts.ray`."""
 
 from __future__ import annotations
 
@@ -167,7 +167,7 @@ class _Silent:
 
 def winding_down() -> None:
     """The run is ending on a signal: from now on no question to the control store waits more than
-    :data:`CONTROL_STORE_S` seconds."""
+    `CONTROL_STORE_S` seconds."""
     _Silent.patience = CONTROL_STORE_S
 
 
@@ -328,7 +328,7 @@ def ray_cluster(config: RayClusterConfig | None = None) -> Iterator[bool]:
 
 def _shutdown_started(ray: Any) -> None:
     """Disconnect from the local cluster this process started, then end every process of it at once (SIGKILL): its
-    daemons and workers block SIGTERM (:data:`~components.hosts.signals.CLUSTER_SIGNALS`), so Ray's own shutdown would
+    daemons and workers block SIGTERM (`CLUSTER_SIGNALS`), so Ray's own shutdown would
     give each daemon a second to heed a SIGTERM it never sees. The services on the cluster have stopped by now; its
     workers and agents (started by the raylet, holding its session's files) go with the daemons."""
     from ray._private import worker

@@ -2,8 +2,8 @@
 YAML, each node named after its placement.
 
 Each host module declares its settings dataclass once, beside the host that reads it; that class is also the YAML
-schema of its node (``launcher/schema.py`` builds the top-level config from :func:`settings_classes`), so every
-field has one default and one declared range. A placement with settings adds one line to :data:`SETTINGS`.
+schema of its node (``launcher/schema.py`` builds the top-level config from `settings_classes`), so every
+field has one default and one declared range. A placement with settings adds one line to `SETTINGS`.
 Plain data: the modules named here import nothing heavy at module level.
 """
 
@@ -35,7 +35,7 @@ def settings_class(placement: str) -> type | None:
 
 
 def settings_classes() -> dict[str, type]:
-    """Every placement's settings dataclass, in :data:`SETTINGS` order."""
+    """Every placement's settings dataclass, in `SETTINGS` order."""
     return {placement: settings_class(placement) for placement in SETTINGS}
 
 

@@ -1,10 +1,10 @@
 """A batch system's warning signals: Slurm's ``--signal`` before the time limit, submitit's preemption signal,
 ``scancel --signal=USR2``. Slurm sends them to every process of the job step; the driver acts on them (it writes its
-checkpoint, then stops its services, :mod:`launcher.requeue`), and to every other process they are fatal by default.
+checkpoint, then stops its services, `launcher.requeue`), and to every other process they are fatal by default.
 So service processes ignore them, and the helper processes a placement starts (a forkserver and its resource
 tracker, a local Ray cluster's daemons and workers) start with them blocked.
 
-A local Ray cluster's daemons and workers start with SIGTERM blocked too (:data:`CLUSTER_SIGNALS`): a SIGTERM to the
+A local Ray cluster's daemons and workers start with SIGTERM blocked too (`CLUSTER_SIGNALS`): a SIGTERM to the
 whole process group (a terminal, ``kill -- -pgid``) or to every process of a Slurm job step would otherwise end the
 control store and the raylet in the middle of the driver's orderly shutdown, and the actors with them.
 """
@@ -34,5 +34,5 @@ def signals_blocked(signals: tuple[signal.Signals, ...] = WARNING_SIGNALS) -> It
 
 
 def warning_signals_blocked() -> contextlib.AbstractContextManager[None]:
-    """:func:`signals_blocked` for the batch system's warning signals."""
+    """`signals_blocked` for the batch system's warning signals."""
     return signals_blocked(WARNING_SIGNALS)

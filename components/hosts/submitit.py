@@ -3,7 +3,7 @@
 Only collector workers take this placement (see the compatibility table): the hosts a collector launches together
 go out as one job array. Each job connects back to the driver over TCP (``submitit.host``, 127.0.0.1 unless set:
 on a cluster, an address of the driver's node that the compute nodes reach) and authenticates with the HMAC
-challenge of :mod:`multiprocessing.connection`, on a random key that only the job's own pickled function carries
+challenge of `multiprocessing.connection`, on a random key that only the job's own pickled function carries
 (in submitit's job folder, under the run directory). Nothing the driver receives is unpickled before that
 challenge passed. Then the job runs the control loop of a ``process`` child: the driver's calls by message, the
 answers back; everything the job reaches of the other services goes through their clients, which here are

@@ -2,7 +2,7 @@
 
 The host thread builds the target (so a thread-affine SDK is built on the thread that uses it) and runs its
 serving loop; control calls run on a second thread, one at a time, in order (an exception they raise comes back
-as :class:`~transports.kernel.errors.RemoteError` with its traceback text; our own errors keep their type). If the
+as `RemoteError` with its traceback text; our own errors keep their type). If the
 serving loop ends while nobody asked it to, ``on_death`` is called.
 """
 

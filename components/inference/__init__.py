@@ -1,6 +1,6 @@
 """The inference service: an auto-batching policy server and its clients.
 
-Its place in the compatibility table is :mod:`components.inference.declaration` (imported without torch);
+Its place in the compatibility table is `components.inference.declaration` (imported without torch);
 the server, its clients and configs load on first use.
 """
 

@@ -22,11 +22,11 @@ class InferenceClient:
     Args:
         endpoint: a transport client endpoint.
         fills_seeds: the endpoint's fixed request layout holds ``sample_seed``: a request without one gets seeds
-            from this process's torch generator (see :mod:`components.inference.sampling`).
+            from this process's torch generator (see `components.inference.sampling`).
         carries_modes: requests may carry an interaction-mode stamp (``False`` for a fixed request layout without
             ``interaction_mode``).
-        mode: the interaction mode to stamp every request with (:meth:`with_mode`); ``None``: the mode of the caller's
-            ``set_interaction_type`` block, if any (see :mod:`components.inference.modes`).
+        mode: the interaction mode to stamp every request with (`with_mode`); ``None``: the mode of the caller's
+            ``set_interaction_type`` block, if any (see `components.inference.modes`).
     """
 
     def __init__(self, endpoint: Any, fills_seeds: bool = False, carries_modes: bool = True, mode: str | None = None):

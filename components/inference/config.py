@@ -34,7 +34,7 @@ class InferenceServerConfig(ComponentConfig):
             pinned host memory, so copies to and from the device run asynchronously and one CUDA event per batch
             waits for them.
         interaction_mode: the mode forwards run in, ``random`` (sample actions) or ``deterministic`` (the most likely
-            ones), for requests a client did not stamp with a mode of their own (:mod:`components.inference.modes`).
+            ones), for requests a client did not stamp with a mode of their own (`components.inference.modes`).
             A CUDA graph is captured in this mode, and refuses requests stamped with another.
 
     Example:

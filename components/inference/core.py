@@ -108,7 +108,7 @@ class ServingCore:
         collate_fn: combines request TensorDicts into one batch (default: stack along a new dimension).
         static: serves batches at a fixed size from a captured graph (``config.static_batch_size``), or ``None``.
         staging: stage fixed-layout batches through host buffers and a persistent device batch
-            (:class:`~components.inference.staging.DeviceStaging`); ``None``: for a CUDA policy with ``pin_memory``.
+            (`DeviceStaging`); ``None``: for a CUDA policy with ``pin_memory``.
     """
 
     def __init__(

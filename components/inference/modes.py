@@ -1,8 +1,8 @@
 """Interaction modes: whether a policy samples its actions (``random``, what collection does) or takes its most
 likely ones (``deterministic``, what evaluation does).
 
-The mode is tensordict's process-wide interaction type (:func:`tensordict.nn.set_interaction_type`), which the
-built-in policies read (:func:`acts_deterministically`) as TorchRL's probabilistic modules do. The inference server
+The mode is tensordict's process-wide interaction type (`tensordict.nn.set_interaction_type`), which the
+built-in policies read (`acts_deterministically`) as TorchRL's probabilistic modules do. The inference server
 runs every forward under a mode: its ``interaction_mode``, or the mode a request is stamped with. A client stamps its
 requests (``MODE_KEY``, one ``uint8`` code per row) when it is given a mode or called inside a
 ``set_interaction_type`` block; an unstamped request is served in the server's mode.
@@ -17,7 +17,7 @@ MODES = ("random", "deterministic")
 """The modes a server serves in (``components.inference.interaction_mode``) and a client stamps."""
 
 MODE_KEY = "interaction_mode"
-"""The request key of a row's stamped mode (``uint8``; :data:`CODES`)."""
+"""The request key of a row's stamped mode (``uint8``; `CODES`)."""
 
 CODES = {"random": 1, "deterministic": 2}
 """Each mode's stamp (0: none)."""
@@ -29,7 +29,7 @@ _OF_TYPE = {InteractionType.RANDOM: "random", InteractionType.DETERMINISTIC: "de
 
 
 def check_mode(mode: str) -> str:
-    """``mode`` if it is one of :data:`MODES`.
+    """``mode`` if it is one of `MODES`.
 
     Raises:
         ValueError: naming the modes there are.

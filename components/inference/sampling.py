@@ -1,8 +1,8 @@
 """Sampling seeds that travel with requests, so what a policy samples for a row does not depend on batching.
 
 A collector worker writes one ``sample_seed`` (int64) per environment and step into each policy request, from a
-stream of its own per environment (keyed by the env's seed, see :func:`env_streams`). A stochastic policy that
-draws its noise from those seeds (:func:`uniform`) samples the same action for an environment's step whichever
+stream of its own per environment (keyed by the env's seed, see `env_streams`). A stochastic policy that
+draws its noise from those seeds (`uniform`) samples the same action for an environment's step whichever
 requests it was batched with, in whichever placement and process, so a seeded run learns the same everywhere.
 A row without a seed is sampled however the policy likes (usually torch's global generator, where it lives).
 
@@ -51,7 +51,7 @@ def step_seeds(streams: torch.Tensor, first: int, count: int = 1) -> torch.Tenso
 
 
 def _mix_np(z: np.ndarray) -> np.ndarray:
-    """:func:`mix` on uint64 arrays (the same bits: numpy's uint64 arithmetic wraps as int64's does)."""
+    """`mix` on uint64 arrays (the same bits: numpy's uint64 arithmetic wraps as int64's does)."""
     z = (z ^ (z >> _U30)) * _U_MUL1
     z = (z ^ (z >> _U27)) * _U_MUL2
     return z ^ (z >> _U31)
@@ -88,7 +88,7 @@ def random_seeds(shape: torch.Size) -> torch.Tensor:
 
 
 def with_seed_leaf(layout):
-    """``layout`` (a :class:`~transports.layout.Layout` or a representative TensorDict) with a ``sample_seed`` leaf
+    """``layout`` (a `Layout` or a representative TensorDict) with a ``sample_seed`` leaf
     (int64 of its batch shape, on its first leaf's device), so fixed-layout transports carry the seeds."""
     from transports.layout import Layout, LeafSpec
 

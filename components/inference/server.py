@@ -2,7 +2,7 @@
 
 ``InferenceServer`` owns the behaviour policy, its device and its weights, and stamps every answer with
 ``policy_version``. The policy is built where the server's placement puts it (see
-:class:`~components.inference.target.ServedPolicy`); clients reach it through the resolved transport. Placed
+`ServedPolicy`); clients reach it through the resolved transport. Placed
 ``direct``, there is no serving loop: the client is the owner and a call is one forward pass in the caller's
 thread.
 """
@@ -34,7 +34,7 @@ class InferenceServer(Owner["InferenceServer"]):
     """Auto-batching policy server.
 
     Args:
-        config: where it runs, batching, statistics and devices (:class:`InferenceServerConfig`; ``None``: its
+        config: where it runs, batching, statistics and devices (`InferenceServerConfig`; ``None``: its
             defaults).
         policy: a TensorDict module (reads ``observation``, writes ``action``...). Only for placements in this
             process; elsewhere the policy is built where the server lives: pass ``policy_factory``.
@@ -43,7 +43,7 @@ class InferenceServer(Owner["InferenceServer"]):
         request_layout: layout (or representative TensorDict) of one request; fixed-layout transports need it.
         response_layout: layout of one response (outputs and ``policy_version``). Give both layouts or neither.
         collate_fn: combines requests into a batch (default: stack along a new first dimension).
-        transport: overrides ``config.transport``: a kind, a :class:`~transports.TransportConfig`, or a transport
+        transport: overrides ``config.transport``: a kind, a `TransportConfig`, or a transport
             instance (validated against the placement like a name); ``None`` and no ``config.transport`` take the
             ``transport_backend`` context, else ``auto``.
         resolved: the plan's resolution of this server (placement, transport, layouts, resources).

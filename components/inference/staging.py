@@ -2,7 +2,7 @@
 CUDA event per pass.
 
 A fixed-slot transport (``shared_memory``, ``process_slot``) gathers the ready slots straight into the pinned host
-buffers of :class:`DeviceStaging` (see :meth:`transports.slots.server.SlotServer.gather_into`); each leaf is then
+buffers of `DeviceStaging` (see `transports.slots.server.SlotServer.gather_into`); each leaf is then
 copied without blocking into the same rows of a device batch allocated once. The answers come back the same way,
 into pinned host buffers, and the pass waits on one CUDA event recorded after the last copy (not a device-wide
 synchronize, and not one wait per leaf as ``TensorDict.to("cpu")`` does). Pinned buffers are reused from pass to

@@ -8,12 +8,12 @@ fixed holds for as long as the graph serves:
 
 - the input keys: every request must bring each of them (a missing key would leave the previous batch's values in
   the graph's input: checked on the first request, and on every batch of a transport without a fixed layout);
-- the interaction mode (:mod:`components.inference.modes`): requests stamped with another are refused;
+- the interaction mode (`components.inference.modes`): requests stamped with another are refused;
 - the policy's tensors: weight updates copy into them in place, which the graph sees. An update that replaces them
   (a new storage: a module moved, parameters reassigned) leaves the graph reading the old ones: it is given up, the
   server says so once in its log and serves eagerly from then on.
 
-``capture`` is :func:`cuda_graph` on a CUDA device; any callable ``(policy, example, keys) -> callable`` stands in
+``capture`` is `cuda_graph` on a CUDA device; any callable ``(policy, example, keys) -> callable`` stands in
 for it (tests on machines without CUDA run the same padding and checks with the eager policy).
 """
 
@@ -36,7 +36,7 @@ WARMUP = 3
 
 
 def cuda_graph(policy: torch.nn.Module, example: TensorDictBase, keys: list) -> Callable:
-    """Capture ``policy`` on ``example`` as a CUDA graph (:class:`tensordict.nn.CudaGraphModule`): warm-up forwards,
+    """Capture ``policy`` on ``example`` as a CUDA graph (`tensordict.nn.CudaGraphModule`): warm-up forwards,
     then the capture, done here (on the caller's thread, before the server takes requests).
 
     Returns:
@@ -71,7 +71,7 @@ class StaticBatches:
         rows: the static batch size.
         device: the policy device.
         mode: the interaction mode the graph is captured in.
-        capture: builds the graph (:func:`cuda_graph`, or :func:`eager` as a stand-in).
+        capture: builds the graph (`cuda_graph`, or `eager` as a stand-in).
     """
 
     def __init__(self, policy: torch.nn.Module, request: Layout, rows: int, device: torch.device | str, mode: str,
@@ -134,7 +134,7 @@ class StaticBatches:
         """The policy's answers for the ``n`` rows of ``src`` (on the device), from one forward of ``rows`` rows.
 
         Args:
-            src: the batch, on the policy device; may be the first ``n`` rows of :attr:`input` already.
+            src: the batch, on the policy device; may be the first ``n`` rows of `input` already.
             check_keys: check the batch's keys (always done on the first batch).
         """
         if self.graph is None:

@@ -2,7 +2,7 @@
 transport) the serving loop.
 
 ``ServedPolicy`` is built by the host of the server's placement from a picklable factory of the policy. Behind
-a transport it serves batches with :class:`~components.inference.core.ServingCore` (weight updates applied
+a transport it serves batches with `ServingCore` (weight updates applied
 between batches); in the caller's thread (``direct``) it is called directly, one forward per call.
 """
 
@@ -87,7 +87,7 @@ class ServedPolicy:
             return self._version
 
     def stats(self) -> dict:
-        """The serving loop's statistics (:meth:`~components.inference.core.Stats.snapshot`); zeros without a loop."""
+        """The serving loop's statistics (`snapshot`); zeros without a loop."""
         if self.core is None:
             return {"batches": 0, "requests": 0, "mean_batch_size": 0.0, "batch_size_histogram": {}}
         return self.core.stats.snapshot()

@@ -1,9 +1,9 @@
 """The logger service: acknowledged ``log_*`` calls into a backend opened where the logger lives.
 
-:class:`Logger` is the owner (``Logger(LoggerConfig(placement=...), backend=CSVLogger(log_dir))``); its backend is
-:class:`CSVLogger`, :class:`TensorBoardLogger`, :class:`WandbLogger`, :class:`MlflowLogger` or a class of yours with the
-small protocol of :class:`LoggerBackend`, named by ``_target_`` in YAML. Its place in the compatibility table is
-:mod:`components.logger.declaration` (imported without torch); the owner loads on first use.
+`Logger` is the owner (``Logger(LoggerConfig(placement=...), backend=CSVLogger(log_dir))``); its backend is
+`CSVLogger`, `TensorBoardLogger`, `WandbLogger`, `MlflowLogger` or a class of yours with the
+small protocol of `LoggerBackend`, named by ``_target_`` in YAML. Its place in the compatibility table is
+`components.logger.declaration` (imported without torch); the owner loads on first use.
 """
 
 from __future__ import annotations

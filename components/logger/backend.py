@@ -1,7 +1,7 @@
-"""What a logger writes into: a *backend*, one object the :class:`~components.logger.Logger` owner holds and opens where
+"""What a logger writes into: a *backend*, one object the `Logger` owner holds and opens where
 the logger lives.
 
-A backend is one class with the small protocol :class:`LoggerBackend`; its constructor's keywords are its options
+A backend is one class with the small protocol `LoggerBackend`; its constructor's keywords are its options
 (``logger.*`` in YAML besides ``_target_``), so a dataclass is the natural shape, and the built-in backends'
 dataclasses are also their YAML schemas (``logger=csv``, ``logger=tensorboard``). A user's backend is selected by
 ``logger._target_=my_pkg.my_module.MyBackend``. Plain data: nothing heavy is imported here, nor by a backend until it
@@ -33,7 +33,7 @@ class LoggerBackend(Protocol):
     step)`` (several scalars of one step at once: ``log_metrics`` calls it instead of ``write_scalar`` for each),
     ``write_video(name, path, step, fps)`` (the video file the logger wrote, to carry into the backend's own store),
     a class method ``check_config(options, path)`` (called while the run is planned, with the YAML options: raise
-    :class:`ConfigurationError` for what cannot work, such as a missing package) and methods named ``log_*``
+    `ConfigurationError` for what cannot work, such as a missing package) and methods named ``log_*``
     (callable through the logger's client, like its own operations).
 
     Attributes:
@@ -74,7 +74,7 @@ def as_float(name: str, value: Any) -> float:
 
 
 def check_backend(backend: Any) -> None:
-    """Refuse an object that lacks a method of :data:`REQUIRED` or ``log_dir``.
+    """Refuse an object that lacks a method of `REQUIRED` or ``log_dir``.
 
     Raises:
         ConfigurationError: naming what is missing.
@@ -167,6 +167,6 @@ def saved_run_id(log_dir: str, name: str) -> str | None:
 
 
 def save_run_id(log_dir: str, name: str, run_id: str) -> None:
-    """Save ``run_id`` in file ``name`` of ``log_dir`` (read back by :func:`saved_run_id`)."""
+    """Save ``run_id`` in file ``name`` of ``log_dir`` (read back by `saved_run_id`)."""
     with open(os.path.join(log_dir, name), "w") as f:
         f.write(run_id)

@@ -1,6 +1,6 @@
 """The logger service: scalars, metric dicts, hyperparameters and videos, acknowledged, into a backend.
 
-``Logger`` is the owner; what it writes into is its *backend* (:mod:`components.logger.backend`: ``CSVLogger``,
+``Logger`` is the owner; what it writes into is its *backend* (`components.logger.backend`: ``CSVLogger``,
 ``TensorBoardLogger`` or a class of yours), an object it holds and opens where the logger lives: on this owner in the
 caller's thread for ``direct``, on a twin of it on a thread, in a child process or in a Ray actor otherwise. Every
 call returns after the backend's method ran, returns its value, and raises its exception at the call site. Shutdown
@@ -41,7 +41,7 @@ class Logger(Owner["Logger"]):
     Args:
         config: where the logger lives (``components.logger``); ``None``: the defaults (``service_backend`` and
             ``transport_backend`` scopes, else ``direct`` and ``auto``).
-        backend: what it writes into (:class:`~components.logger.LoggerBackend`), not opened yet: it opens where the
+        backend: what it writes into (`LoggerBackend`), not opened yet: it opens where the
             logger lives. Methods of the backend named ``log_*`` are operations of the logger too.
         transport: a transport kind or instance instead of ``config.transport``.
         resolved: the plan's resolution of ``components.logger`` (then ``config`` and ``transport`` are its).

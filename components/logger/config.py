@@ -1,6 +1,6 @@
-"""``components.logger``: where the logger owner lives and how clients reach it (:class:`LoggerConfig`). What it
-writes into is its backend (the ``logger`` group in YAML: :class:`~components.logger.CSVLogger`,
-:class:`~components.logger.TensorBoardLogger` or a class of yours, see :mod:`components.logger.backend`), whose
+"""``components.logger``: where the logger owner lives and how clients reach it (`LoggerConfig`). What it
+writes into is its backend (the ``logger`` group in YAML: `CSVLogger`,
+`TensorBoardLogger` or a class of yours, see `components.logger.backend`), whose
 dataclass holds its own options. Plain data: nothing heavy is imported."""
 
 from __future__ import annotations

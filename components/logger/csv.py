@@ -20,7 +20,7 @@ from .backend import quiet_writer_threads
 class CSVLogger:
     """``logger=csv``: scalars to ``<log_dir>/metrics.csv`` (columns: tag, step, value, wall_time), hparams to
     ``hparams.json``; with ``tensorboard`` also TensorBoard event files under ``<log_dir>/tensorboard`` when the
-    tensorboard package is installed. A logger backend (:class:`~components.logger.LoggerBackend`), and the schema of
+    tensorboard package is installed. A logger backend (`LoggerBackend`), and the schema of
     ``logger=csv`` in YAML.
 
     Attributes:

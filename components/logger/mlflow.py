@@ -40,7 +40,7 @@ class MlflowLogger:
     """``logger=mlflow``: scalars, hyperparameters and videos into an MLflow run (needs the ``mlflow`` extra). By
     default a local store: ``sqlite:///<log_dir>/mlflow.db`` with the artifacts in ``<log_dir>/mlartifacts``, read by
     ``mlflow.tracking.MlflowClient`` or ``mlflow ui --backend-store-uri sqlite:///<log_dir>/mlflow.db``. A logger
-    backend (:class:`~components.logger.LoggerBackend`), and the schema of ``logger=mlflow`` in YAML.
+    backend (`LoggerBackend`), and the schema of ``logger=mlflow`` in YAML.
 
     Scalars are metrics (a step of ``None`` is step 0, as in MLflow), hyperparameters and the run's resolved config
     (flattened: ``recipe.lr``) are params, and a video is an artifact under ``videos/``.

@@ -16,7 +16,7 @@ from .backend import installed, quiet_writer_threads
 @dataclass
 class TensorBoardLogger:
     """``logger=tensorboard``: scalars and hparams to TensorBoard event files in ``log_dir`` (needs the
-    ``tensorboard`` extra). A logger backend (:class:`~components.logger.LoggerBackend`), and the schema of
+    ``tensorboard`` extra). A logger backend (`LoggerBackend`), and the schema of
     ``logger=tensorboard`` in YAML.
 
     Attributes:

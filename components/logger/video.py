@@ -103,7 +103,7 @@ class VideoRecorder:
         self.frames: list[torch.Tensor] = []
 
     def record(self, frame) -> None:
-        """Keep one frame (or one frame per vector env) for the next :meth:`flush`.
+        """Keep one frame (or one frame per vector env) for the next `flush`.
 
         Raises:
             TypeError: ``frame`` is not uint8 ``H x W x C`` or ``N x H x W x C``.

@@ -26,7 +26,7 @@ same W&B run."""
 class WandbLogger:
     """``logger=wandb``: scalars, hyperparameters and videos into a W&B run (needs the ``wandb`` extra). Offline by
     default: the run's files, ``<log_dir>/wandb/offline-run-<time>-<id>/run-<id>.wandb``, wait there for
-    ``wandb sync``. A logger backend (:class:`~components.logger.LoggerBackend`), and the schema of ``logger=wandb``
+    ``wandb sync``. A logger backend (`LoggerBackend`), and the schema of ``logger=wandb``
     in YAML.
 
     Every record carries its step as ``global_step``, the x-axis of every metric. The run's resolved config is the

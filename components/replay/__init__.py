@@ -1,6 +1,6 @@
 """The replay buffer service: storage, samplers and policy-age filtering behind ``extend`` / ``sample``.
 
-Its place in the compatibility table is :mod:`components.replay.declaration` (imported without torch); the
+Its place in the compatibility table is `components.replay.declaration` (imported without torch); the
 rest loads on first use.
 """
 

@@ -1,9 +1,9 @@
-"""The replay buffer owner: hosts a :class:`~components.replay.storage.ReplayStorage` where it is placed.
+"""The replay buffer owner: hosts a `ReplayStorage` where it is placed.
 
 Placed ``direct`` the owner is its own client and every operation runs on the storage in the caller. Elsewhere
 the storage is built where the host runs it and the operations are acknowledged commands over the resolved
 transport (``thread``, ``queue``, ``ray``); with ``shared_memory`` the commands go over a local socket while
-the payloads of ``extend`` and ``sample`` stay in shared memory (see :mod:`components.replay.client`).
+the payloads of ``extend`` and ``sample`` stay in shared memory (see `components.replay.client`).
 """
 
 from __future__ import annotations
@@ -42,18 +42,18 @@ class ReplayBuffer(ReplayOperations, Owner["ReplayBuffer"]):
     """A replay buffer owner (and, placed ``direct``, its own client).
 
     Args:
-        config: where the buffer lives, its storage and its sampler (:class:`~components.replay.config.ReplayConfig`;
+        config: where the buffer lives, its storage and its sampler (`ReplayConfig`;
             ``None``: its defaults).
         weight_sync: a weight-sync client: the live policy version that ``config.max_policy_lag`` is measured
             against (required with it).
-        filters: more :class:`PolicyAgeFilter` s, applied at extend or sample time.
+        filters: more `PolicyAgeFilter`s, applied at extend or sample time.
         seed: seed of the sampler's generator.
         layouts: explicit layouts of the ``distributed`` transport's operations (``extend``: a batch as written;
             ``sample``: a sample as returned; ``update_priority``): their channels bind up front and the owner
             refuses other layouts; any operation without one binds its layout with its first call, so a subset
             is complete. With another transport (``auto`` included) they raise ``IncompatibleCombinationError``.
         transport: overrides ``config.transport``: ``queue`` or ``shared_memory`` for ``process`` (samples come back
-            through shared memory without pickling), a :class:`~transports.TransportConfig` or an instance.
+            through shared memory without pickling), a `TransportConfig` or an instance.
         resolved: the plan's resolution of this buffer (it holds the config).
 
     Example:
@@ -136,7 +136,7 @@ class ReplayBuffer(ReplayOperations, Owner["ReplayBuffer"]):
 
     def add(self, item: TensorDictBase) -> int | None:
         """Write one transition (a TensorDict without batch dimension). Returns its storage position (``None``
-        when a :class:`PolicyAgeFilter` at extend time drops it)."""
+        when a `PolicyAgeFilter` at extend time drops it)."""
         return self._storage().add(item)
 
     def extend(self, batch: TensorDictBase) -> torch.Tensor:
@@ -144,7 +144,7 @@ class ReplayBuffer(ReplayOperations, Owner["ReplayBuffer"]):
 
         Returns:
             The storage positions written, in row order, as a 1-D int64 tensor, ready for
-            :meth:`update_priority`. Its length is how many were written (fewer when a :class:`PolicyAgeFilter`
+            `update_priority`. Its length is how many were written (fewer when a `PolicyAgeFilter`
             at extend time drops stale ones); a batch longer than ``capacity`` keeps its last rows, and the
             positions of the earlier ones repeat (as in torchrl).
 
@@ -176,5 +176,5 @@ class ReplayBuffer(ReplayOperations, Owner["ReplayBuffer"]):
         return self._storage().state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned (same capacity)."""
+        """Restore what `state_dict` returned (same capacity)."""
         return self._storage().load_state_dict(state)

@@ -5,7 +5,7 @@ and ``sample`` do not travel in the command: the client writes rows into its own
 memory and the owner copies them into storage; the owner keeps its storage in shared memory and answers a
 sample with indices only, and the client gathers the rows itself (one copy, as in one process), retrying if a
 concurrent write touched a row while it was copied. The sample layout is fixed per endpoint: a different
-batch size raises :class:`~transports.kernel.errors.LayoutError`.
+batch size raises `LayoutError`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ MAX_RETRIES = 10
 
 class ReplayClient(ReplayOperations, CommandClient):
     """``add``, ``extend``, ``sample``, ``update_priority``, ``len``, ``empty``, ``state_dict``,
-    ``load_state_dict``, and the domain operations of :class:`~components.replay.operations.ReplayOperations` over
+    ``load_state_dict``, and the domain operations of `ReplayOperations` over
     them.
 
     Args:
@@ -154,5 +154,5 @@ class ReplayClient(ReplayOperations, CommandClient):
         return self._call("state_dict")
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned into the owner (same capacity)."""
+        """Restore what `state_dict` returned into the owner (same capacity)."""
         return self._call("load_state_dict", state)

@@ -31,7 +31,7 @@ class ReplayConfig(ComponentConfig):
         max_policy_lag: drop transitions acted by a policy more than this many versions behind the live one, at
             sampling time (``None``: keep every one).
         frames: keys (``next.observation`` for nested ones) whose values are frame stacks ``[stack, *frame]``,
-            stored one frame at a time and rebuilt at sampling (:mod:`components.replay.frames`); DQN on pixels
+            stored one frame at a time and rebuilt at sampling (`components.replay.frames`); DQN on pixels
             sets ``[observation, next.observation]``. Empty: every leaf is stored as it is.
 
     Example:

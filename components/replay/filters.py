@@ -41,7 +41,7 @@ class PolicyAgeFilter:
             raise ValueError(f"max_policy_lag must be >= 0, got {self.max_policy_lag!r}")
 
     def live_version(self) -> int:
-        """The current policy version, read from :attr:`source` (its ``version``, or a call)."""
+        """The current policy version, read from `source` (its ``version``, or a call)."""
         source = self.source
         return int(source.version if hasattr(source, "version") else source())
 

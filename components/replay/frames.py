@@ -2,7 +2,7 @@
 
 Consecutive observations of a frame-stacked env (Atari's ``(4, 84, 84)``) share three of their four frames, and a
 transition's next observation shares three with its observation, so storing whole stacks keeps every frame eight
-times over (a 100k-transition buffer of observation and next observation: 5.6 GB). A :class:`FramePool` keeps
+times over (a 100k-transition buffer of observation and next observation: 5.6 GB). A `FramePool` keeps
 single frames in a ring of slots; a stored stack becomes the serial numbers of its frames (``stack`` int64 each)
 and is rebuilt from them at sample time, as memory-optimised DQN buffers do.
 
@@ -12,7 +12,7 @@ whatever the order of envs, steps, n-step windows and episode ends in a batch, a
 stack written. A frame is written again rather than reused once it is older than half the ring, which keeps the
 frames of every transition close in age to the transition itself; a transition whose oldest frame has been
 overwritten all the same (a batch that brought more new frames than the ring's spare room) is reported stale by
-:meth:`FramePool.live` and the storage stops sampling it.
+`FramePool.live` and the storage stops sampling it.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class FramePool:
         frame: the layout of one frame (shape and dtype).
         slots: ring size, in frames.
         share: keep the ring in shared memory, for clients that rebuild samples themselves.
-        bank: an existing shared ring to read (:meth:`attach`).
+        bank: an existing shared ring to read (`attach`).
     """
 
     def __init__(self, frame: LeafSpec, slots: int, share: bool = False, bank: SlotBank | None = None):
@@ -150,7 +150,7 @@ class FramePool:
         return {"frames": self.frames.clone(), "serials": self.serials.clone(), "next_serial": self.next_serial}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned (a ring of the same size and frame layout)."""
+        """Restore what `state_dict` returned (a ring of the same size and frame layout)."""
         self.frames.copy_(state["frames"])
         self.serials.copy_(state["serials"])
         self.next_serial = int(state["next_serial"])

@@ -1,12 +1,12 @@
 """What a learner asks of a replay buffer, in its own terms: every replay client (the buffer placed ``direct``, and
-:class:`~components.replay.client.ReplayClient` elsewhere) offers these over its ``extend`` and ``sample``.
+`ReplayClient` elsewhere) offers these over its ``extend`` and ``sample``.
 
-- :meth:`ReplayOperations.minibatches`: an update's minibatches, fetched several at a time. A shared-memory or
+- `ReplayOperations.minibatches`: an update's minibatches, fetched several at a time. A shared-memory or
   ``distributed`` endpoint binds its sample layout with its first call, so the rows per call are chosen once, from
   the first batch written, and stay fixed.
-- :meth:`ReplayOperations.sample_prioritized`: rows with their importance weights and the handle
-  :meth:`update_priority` takes back.
-- :meth:`ReplayOperations.take`: rows as the sampler hands them out (a FIFO queue: the oldest), holding only what
+- `ReplayOperations.sample_prioritized`: rows with their importance weights and the handle
+  `update_priority` takes back.
+- `ReplayOperations.take`: rows as the sampler hands them out (a FIFO queue: the oldest), holding only what
   was written.
 
 The bookkeeping keys a sample carries (``index``, ``_weight``) stay behind these operations.
@@ -21,16 +21,16 @@ import torch
 from tensordict import TensorDictBase
 
 SAMPLE_BYTES = 64 << 20
-"""The most bytes :meth:`ReplayOperations.minibatches` asks the buffer for in one call."""
+"""The most bytes `ReplayOperations.minibatches` asks the buffer for in one call."""
 
 BOOKKEEPING = ("index", "_weight")
 """The keys a sample carries beside the rows written: storage positions and importance weights."""
 
 
 def rows_per_call(batch_rows: int, count: int, size: int, row_bytes: int = 0) -> int:
-    """How many rows :meth:`ReplayOperations.minibatches` asks the buffer for at once.
+    """How many rows `ReplayOperations.minibatches` asks the buffer for at once.
 
-    When minibatches tile the batch written: as many of an update's minibatches as fit in :data:`SAMPLE_BYTES`
+    When minibatches tile the batch written: as many of an update's minibatches as fit in `SAMPLE_BYTES`
     (every one of them, with small rows: a buffer in another process then costs one round trip per update), a
     number that divides them; else one minibatch.
 
@@ -56,7 +56,7 @@ class PrioritizedSample:
     Attributes:
         rows: the rows as written.
         weight: each row's importance weight (ones where the sampler weighs none).
-        index: the rows' storage positions: hand them back to :meth:`ReplayOperations.update_priority`.
+        index: the rows' storage positions: hand them back to `ReplayOperations.update_priority`.
     """
 
     rows: TensorDictBase
@@ -67,14 +67,14 @@ class PrioritizedSample:
 class ReplayOperations:
     """The domain operations of a replay client, over its ``extend``, ``sample`` and ``update_priority``.
 
-    A client calls :meth:`note_write` with each batch it writes (the first sizes :meth:`minibatches`' calls).
+    A client calls `note_write` with each batch it writes (the first sizes `minibatches`' calls).
     """
 
     _per_call = 0  # rows per sample call of minibatches(): fixed by its first call
     _written = (0, 0)  # (rows, bytes per row) of the latest batch written before that call
 
     def note_write(self, batch: TensorDictBase) -> None:
-        """Remember the size of a batch written (until :meth:`minibatches` has chosen its rows per call)."""
+        """Remember the size of a batch written (until `minibatches` has chosen its rows per call)."""
         if not self._per_call:
             rows = max(1, batch.numel())
             self._written = (batch.numel(), batch.bytes() // rows)
@@ -85,8 +85,8 @@ class ReplayOperations:
         The rows are those ``count`` calls of ``sample(size)`` would give one by one, in the same order, where the
         sampler draws without replacement (one permutation of what the buffer holds at a time, a call for more rows
         than it holds continuing through the next permutations); a buffer in another process then costs a round trip
-        per update (or per :data:`SAMPLE_BYTES`) rather than per minibatch. The rows per call are chosen by the first
-        call (:func:`rows_per_call`, from the batch written before it) and stay fixed.
+        per update (or per `SAMPLE_BYTES`) rather than per minibatch. The rows per call are chosen by the first
+        call (`rows_per_call`, from the batch written before it) and stay fixed.
 
         Args:
             count: minibatches to yield.

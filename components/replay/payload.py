@@ -3,9 +3,9 @@
 
 Each operation's layout is bound by its first call, which goes over the command channel (and is applied
 there, once); its request and answer fix the layouts of that operation's channel for this client in this
-process. Later calls with another layout raise :class:`~transports.kernel.errors.LayoutError` in the caller (other keys,
+process. Later calls with another layout raise `LayoutError` in the caller (other keys,
 shapes or dtypes; a ``sample`` of another size): never a silent fallback to commands. ``extend`` batches of a
-new length (a learner's first, shorter n-step batch) bind one more channel each, up to :data:`MAX_EXTEND_SIZES`.
+new length (a learner's first, shorter n-step batch) bind one more channel each, up to `MAX_EXTEND_SIZES`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def _extend(storage: Any, request: TensorDictBase) -> TensorDict:
 
 def extend_answer(batch_size: Sequence[int]) -> TensorDict:
     """The answer of an ``extend`` of ``batch_size`` rows: one position per row, in row order, ``-1`` padding the
-    end where an extend-time filter dropped rows (the client keeps only the positions, see :func:`positions`)."""
+    end where an extend-time filter dropped rows (the client keeps only the positions, see `positions`)."""
     return TensorDict({"index": torch.full((math.prod(batch_size),), -1, dtype=torch.int64)})
 
 
@@ -53,7 +53,7 @@ MAX_EXTEND_SIZES = 8
 """Distinct ``extend`` lengths one client binds a channel for; another length then raises LayoutError."""
 
 SERVER_OPS: dict[str, Callable] = {"extend": _extend, "sample": _sample, "update_priority": _update_priority}
-"""What the owner runs for each payload operation (see :class:`components.commands.PayloadLoop`)."""
+"""What the owner runs for each payload operation (see `components.commands.PayloadLoop`)."""
 
 
 def explicit_operations(layouts: Mapping[str, Any]) -> dict[str, tuple[Layout, Layout]]:
@@ -95,7 +95,7 @@ class PayloadChannels:
     Args:
         endpoint: an unbound client of the owner's payload transport.
         call: ``call(method, *args)``: one command over the command channel.
-        operations: explicit ``{operation: (request layout, response layout)}`` (see :func:`explicit_operations`).
+        operations: explicit ``{operation: (request layout, response layout)}`` (see `explicit_operations`).
     """
 
     def __init__(self, endpoint: Any, call: Callable, operations: Mapping[str, tuple] | None = None):

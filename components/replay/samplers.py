@@ -66,7 +66,7 @@ class Sampler:
         return {}
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned."""
+        """Restore what `state_dict` returned."""
         pass
 
 
@@ -237,8 +237,8 @@ class FifoSampler(Sampler):
 
     The queued items are a run of the ring the storage writes circularly: from the oldest not yet sampled to the
     last written. A write that passes the oldest queued item (the consumer is behind by more than the capacity)
-    drops it, counted in :attr:`overwritten`; an item invalidated before its turn (a stale policy, at sample time)
-    is passed over, counted in :attr:`skipped`. A sample asks for exactly ``n`` items: fewer queued is an error
+    drops it, counted in `overwritten`; an item invalidated before its turn (a stale policy, at sample time)
+    is passed over, counted in `skipped`. A sample asks for exactly ``n`` items: fewer queued is an error
     (the consumer checks ``len`` first), so every sample has one layout.
     """
 
@@ -283,7 +283,7 @@ class FifoSampler(Sampler):
 
 
 def make_sampler(name: str, capacity: int, generator: torch.Generator, alpha: float, beta: float) -> Sampler:
-    """Build the sampler ``name`` (one of :data:`SAMPLERS`) for a buffer of ``capacity`` items.
+    """Build the sampler ``name`` (one of `SAMPLERS`) for a buffer of ``capacity`` items.
 
     Args:
         name: the sampler's name; an unknown name gives the prioritized sampler (the config checks names first).

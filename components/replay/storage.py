@@ -1,5 +1,5 @@
 """The replay storage: a TensorDict storage and a sampler behind ``extend`` / ``sample``; the resource a
-:class:`~components.replay.ReplayBuffer` owner hosts where it is placed.
+`ReplayBuffer` owner hosts where it is placed.
 
 The storage is shaped by the first write (each leaf gets a leading ``capacity`` dimension), in memory or
 memory-mapped on disk, and written circularly. Once ``extend`` returns, ``len`` counts what it wrote and it can
@@ -7,7 +7,7 @@ be sampled. Writes return the storage positions they wrote, in row order (as tor
 a batch lands at ``(cursor + i) % capacity``, so a batch longer than the capacity keeps its last ``capacity``
 rows and the positions of the earlier ones repeat. With ``share=True`` (a buffer reached over ``shared_memory``)
 the storage lives in shared memory and clients stage writes and gather samples themselves (see
-:class:`~components.replay.client.ReplayClient`).
+`ReplayClient`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from .samplers import make_sampler
 class ReplayStorage:
     """Storage, sampler and filters of one replay buffer, where it lives.
 
-    Args: those of :class:`~components.replay.ReplayBuffer` (which checked them), and
+    Args: those of `ReplayBuffer` (which checked them), and
         share: keep the storage in shared memory and accept staged writes (the ``shared_memory`` transport).
     """
 
@@ -81,14 +81,14 @@ class ReplayStorage:
 
     def add(self, item: TensorDictBase) -> int | None:
         """Write one transition (a TensorDict without batch dimension). Returns its storage position (``None``
-        when a :class:`PolicyAgeFilter` at extend time drops it)."""
+        when a `PolicyAgeFilter` at extend time drops it)."""
         index = self._write(item.unsqueeze(0))
         return int(index[0]) if len(index) else None
 
     def extend(self, batch: TensorDictBase) -> torch.Tensor:
         """Write every element of ``batch`` (flattened over its batch dimensions). Returns the storage positions
-        written, in row order, as a 1-D int64 tensor (for :meth:`update_priority`); its length is how many were
-        written (fewer when a :class:`PolicyAgeFilter` at extend time drops stale ones).
+        written, in row order, as a 1-D int64 tensor (for `update_priority`); its length is how many were
+        written (fewer when a `PolicyAgeFilter` at extend time drops stale ones).
 
         Raises:
             LayoutError: ``batch`` does not match the layout fixed by the first write.
@@ -265,7 +265,7 @@ class ReplayStorage:
             }
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore what :meth:`state_dict` returned (same capacity)."""
+        """Restore what `state_dict` returned (same capacity)."""
         with self._lock:
             if state["storage"] is not None:
                 if self._storage is None:
@@ -288,7 +288,7 @@ class ReplayStorage:
         return len(self._stages) - 1, bank
 
     def _extend_from_stage(self, stage: int, n: int):
-        """:meth:`extend` of the first ``n`` staged rows; the positions as a numpy array (it pickles faster)."""
+        """`extend` of the first ``n`` staged rows; the positions as a numpy array (it pickles faster)."""
         return self._write(self._stages[stage].slots[:n]).numpy()
 
     def _shared_storage(self):

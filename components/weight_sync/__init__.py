@@ -1,6 +1,6 @@
 """Weight sync: versioned weights from the learner to inference owners and collectors.
 
-Its place in the compatibility table is :mod:`components.weight_sync.declaration` (imported without torch).
+Its place in the compatibility table is `components.weight_sync.declaration` (imported without torch).
 """
 
 from __future__ import annotations

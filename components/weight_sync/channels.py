@@ -87,7 +87,7 @@ class RayWeights:
     def push(self, weights: nn.Module | StateDict) -> int:
         """Publish ``weights`` (a module or a state dict) as a new version; returns that version.
 
-        The tensors are copied to the host (:func:`on_host`) and sent to the actor in one call.
+        The tensors are copied to the host (`on_host`) and sent to the actor in one call.
         """
         state = on_host(state_of(weights))
         return self._calls._call("push", state)
@@ -188,7 +188,7 @@ class SharedWeights:
 
     def push(self, weights: nn.Module | StateDict) -> int:
         """Write a new version (one writer at a time: the learner); tensors on a device (a CUDA learner's) come to
-        the host first (:func:`on_host`), before the version is marked in progress."""
+        the host first (`on_host`), before the version is marked in progress."""
         state = on_host(state_of(weights))
         missing = set(self._views) - set(state)
         if missing:

@@ -1,5 +1,5 @@
 """``components.weight_sync``: where the versions of the weights live and how receivers reach them
-(:class:`WeightSyncConfig`). Plain data: nothing heavy is imported."""
+(`WeightSyncConfig`). Plain data: nothing heavy is imported."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ POLL = 0.05
 
 def to_tensordict(state: StateDict, version: int | None = None) -> TensorDict:
     """A state dict as a TensorDict of nested keys (``"0.weight"`` -> ``("0", "weight")``), on the host
-    (:func:`~components.weight_sync.channels.on_host`: what goes on the wire)."""
+    (`on_host`: what goes on the wire)."""
     td = TensorDict()
     for name, tensor in on_host(state).items():
         td.set(tuple(name.split(".")), tensor)
@@ -40,7 +40,7 @@ def to_tensordict(state: StateDict, version: int | None = None) -> TensorDict:
 
 
 def from_tensordict(td: TensorDict) -> dict[str, torch.Tensor]:
-    """The state dict inside a TensorDict of :func:`to_tensordict` (its version left out)."""
+    """The state dict inside a TensorDict of `to_tensordict` (its version left out)."""
     out = {}
     for key, value in td.items(include_nested=True, leaves_only=True):
         name = key if isinstance(key, str) else ".".join(key)

@@ -2,7 +2,7 @@
 
 ``push(module)`` publishes a new version; receivers ``poll(since, into=module)`` between their batches and
 copy a newer version in place; versions are monotonic. How versions move is the resolved transport's, as the
-component's bindings (:mod:`.declaration`) say:
+component's bindings (`components.weight_sync.declaration`) say:
 
 - no endpoint (``direct``): a board in this owner. Placed ``direct`` (receivers share the caller's thread) a push
   hands over references; placed on ``thread`` it snapshots the state so a receiver never sees a torn one.
@@ -13,7 +13,7 @@ component's bindings (:mod:`.declaration`) say:
   travel with them, and the client reaches receivers anywhere in the cluster.
 - commands and a payload transport (``distributed``, placements ``process``, ``ray`` and ``distributed``): the
   owner's process, actor or rank holds the versions; pushes and each receiver's standing subscription travel over
-  gloo, so a poll is local (see :mod:`.hub`).
+  gloo, so a poll is local (see `components.weight_sync.hub`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class WeightSync(Owner["WeightSync"]):
 
     Args:
         config: where the versions live and how receivers reach them
-            (:class:`~components.weight_sync.config.WeightSyncConfig`; ``None``: its defaults, whose placement takes
+            (`WeightSyncConfig`; ``None``: its defaults, whose placement takes
             the ``service_backend`` context, else ``direct``).
         template: a module or state dict with the layout of the weights (required where the versions live in shared
             memory: ``shared_memory``).

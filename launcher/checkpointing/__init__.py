@@ -1,9 +1,9 @@
-"""Checkpointing, in one place: the file (:mod:`.files`), the :class:`Checkpoint` the launcher hands a recipe
-(:mod:`.checkpoint`), and resuming a run (:mod:`.resume`).
+"""Checkpointing, in one place: the file (`launcher.checkpointing.files`), the `Checkpoint` the launcher hands a recipe
+(`launcher.checkpointing.checkpoint`), and resuming a run (`launcher.checkpointing.resume`).
 
-A checkpoint flows one way: the launcher reads it (:func:`resolve`), hands the recipe's part to the recipe through
-:class:`Checkpoint` (a recipe sees only :class:`recipes.base.Checkpoint`: ``restore`` and ``step``), puts the
-services' part back (:func:`restore_services`), and writes the last snapshot when the run ends (:func:`save`).
+A checkpoint flows one way: the launcher reads it (`resolve`), hands the recipe's part to the recipe through
+`Checkpoint` (a recipe sees only `recipes.base.Checkpoint`: ``restore`` and ``step``), puts the
+services' part back (`restore_services`), and writes the last snapshot when the run ends (`save`).
 """
 
 from .checkpoint import Checkpoint

@@ -1,11 +1,11 @@
 """The run's checkpoint as the launcher hands it to a recipe: it gives back what was saved and keeps a snapshot at each
 batch boundary.
 
-A recipe calls :meth:`Checkpoint.restore` once (``None``: a fresh start) and :meth:`Checkpoint.step` after each
-batch with a function that returns its state (the interface is :class:`recipes.base.Checkpoint`). ``step`` copies
+A recipe calls `Checkpoint.restore` once (``None``: a fresh start) and `Checkpoint.step` after each
+batch with a function that returns its state (the interface is `recipes.base.Checkpoint`). ``step`` copies
 that state at once (tensors cloned), so the snapshot is consistent at that boundary however training goes on, and
-writes it every ``every`` frames; the launcher calls :meth:`Checkpoint.save` at the end or when the run stops early,
-which writes the last snapshot (:mod:`launcher.checkpointing.files`).
+writes it every ``every`` frames; the launcher calls `Checkpoint.save` at the end or when the run stops early,
+which writes the last snapshot (`launcher.checkpointing.files`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ class Checkpoint:
 
     Args:
         path: the checkpoint file (``None``: never write).
-        every: frames between writes (``0``: only when :meth:`save` is called).
-        restored: the checkpoint this run continues from (what :func:`~launcher.checkpointing.files.load`
+        every: frames between writes (``0``: only when `save` is called).
+        restored: the checkpoint this run continues from (what `load`
             returned), or ``None``.
         extras: more state read when a checkpoint is written, by name (``{"replay": replay.state_dict}``); an
             extra that cannot be read stops that write (the previous checkpoint stays).
@@ -76,7 +76,7 @@ class Checkpoint:
             Whether a checkpoint was written.
 
         Raises:
-            TypeError: the state holds something other than tensors and plain data (see :func:`encode`).
+            TypeError: the state holds something other than tensors and plain data (see `encode`).
         """
         if not self.enabled:
             return False
@@ -89,7 +89,7 @@ class Checkpoint:
         return False
 
     def save(self, *, finished: Mapping[str, Any] | None = None) -> bool:
-        """Write the last snapshot to ``path`` (atomically); nothing is written before the first :meth:`step`.
+        """Write the last snapshot to ``path`` (atomically); nothing is written before the first `step`.
 
         Args:
             finished: how the run ended when it ended on its own (``{"solved": ..., "frames": ...}``); a resumed
@@ -118,7 +118,7 @@ class Checkpoint:
 
     @property
     def frames(self) -> int:
-        """The frame count of the last snapshot (of the restored checkpoint before the first :meth:`step`)."""
+        """The frame count of the last snapshot (of the restored checkpoint before the first `step`)."""
         if self._last is not None:
             return self._last[0]
         return int(self.restored["frames"]) if self.restored else 0

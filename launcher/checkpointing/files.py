@@ -80,7 +80,7 @@ def write_atomically(payload: Mapping[str, Any], path: str) -> None:
 
 
 def load(path: str) -> dict:
-    """Read a checkpoint written by :class:`~launcher.checkpointing.Checkpoint` (tensors on the CPU; no pickled code
+    """Read a checkpoint written by `Checkpoint` (tensors on the CPU; no pickled code
     runs).
 
     Raises:
@@ -112,7 +112,7 @@ def copy_state(obj: Any) -> Any:
 
 
 def encode(obj: Any, where: str = "recipe") -> Any:
-    """``obj`` as tensors and plain data (TensorDicts and numpy arrays marked, to be rebuilt by :func:`decode`).
+    """``obj`` as tensors and plain data (TensorDicts and numpy arrays marked, to be rebuilt by `decode`).
 
     Raises:
         TypeError: a value of another kind, named by its place in ``obj`` (e.g. ``recipe['opt']``).
@@ -141,7 +141,7 @@ def encode(obj: Any, where: str = "recipe") -> Any:
 
 
 def decode(obj: Any) -> Any:
-    """Undo :func:`encode`: rebuild the TensorDicts and numpy arrays."""
+    """Undo `encode`: rebuild the TensorDicts and numpy arrays."""
     if isinstance(obj, dict):
         if _TENSORDICT in obj:
             from tensordict import TensorDict

@@ -1,13 +1,13 @@
-"""Resume: where a resumed run continues and from what, the :class:`~launcher.checkpointing.Checkpoint` a recipe
+"""Resume: where a resumed run continues and from what, the `Checkpoint` a recipe
 gets, and the writes at the end of a run.
 
 ``launcher.checkpoint_every=N`` (frames; ``0``: no checkpoints) writes ``checkpoint.pt`` into the run directory
-every ``N`` frames, and :func:`launcher.run.execute` writes the last batch boundary's state when the recipe returns,
+every ``N`` frames, and `launcher.run.execute` writes the last batch boundary's state when the recipe returns,
 on Ctrl-C, SIGTERM and a submitit job's preemption signal, and when a service dies, before the services stop.
 ``launcher.resume=<run dir>`` (``auto``: this job's own run directory, a fresh start when it holds no checkpoint)
 continues that run there: its services start where it stopped (frame count, weight-sync version, replay contents when
 saved), the logger drops what was logged after the checkpoint, and the recipe restores its own state. A requeued
-submitit job resumes its own checkpoint without being told (:mod:`launcher.requeue`).
+submitit job resumes its own checkpoint without being told (`launcher.requeue`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class Resumed:
 
     Attributes:
         run_dir: the run directory: metrics, summary, learning curve and checkpoint go there.
-        state: the checkpoint read there (see :func:`launcher.checkpointing.files.load`); ``None``: a fresh start.
+        state: the checkpoint read there (see `launcher.checkpointing.files.load`); ``None``: a fresh start.
     """
 
     run_dir: str
@@ -69,10 +69,10 @@ def resolve(plan: Any, own_dir: str) -> Resumed:
     """The run directory this invocation writes into, and the checkpoint it continues from.
 
     Inside a submitit job, ``launcher.resume`` unset resumes a checkpoint in its own run directory that this same job
-    wrote (an earlier attempt, before a requeue: :mod:`launcher.requeue`), and starts afresh otherwise.
+    wrote (an earlier attempt, before a requeue: `launcher.requeue`), and starts afresh otherwise.
 
     Args:
-        plan: the run's :class:`~launcher.plan.LaunchPlan`: its ``launcher.resume``, and the recipe and environment
+        plan: the run's `LaunchPlan`: its ``launcher.resume``, and the recipe and environment
             it runs (a checkpoint of another one is refused).
         own_dir: this invocation's own run directory (Hydra's output directory).
 
@@ -121,7 +121,7 @@ def changed_settings(resumed: Resumed, plan: Any) -> list[str]:
 
 
 def checkpoint_for(plan: Any, resumed: Resumed, clients: Mapping[str, Any]) -> Checkpoint:
-    """The recipe's :class:`Checkpoint`: it writes ``checkpoint.pt`` in the run directory every
+    """The recipe's `Checkpoint`: it writes ``checkpoint.pt`` in the run directory every
     ``launcher.checkpoint_every`` frames (none at 0), flushing the logger first, with the replay buffer's contents
     when ``launcher.checkpoint_replay`` is set; it hands back the resumed state."""
     settings = plan.launcher

@@ -1,11 +1,11 @@
 """The framing of one message of the ``distributed`` transport on a pair of standalone groups (see
-:mod:`transports.distributed.gloo` for the store and the groups), and a client's connected endpoint.
+`transports.distributed.gloo` for the store and the groups), and a client's connected endpoint.
 
-A message is a fixed 32-byte header (:data:`HEADER`: magic, kind, request id, an auxiliary count) and, for
+A message is a fixed 32-byte header (`HEADER`: magic, kind, request id, an auxiliary count) and, for
 requests and replies, the payload's leaves packed in the layout's key order. Errors and shutdown reasons are
-UTF-8 JSON text of the length the header announces (at most :data:`MAX_TEXT_BYTES`). Nothing received is
+UTF-8 JSON text of the length the header announces (at most `MAX_TEXT_BYTES`). Nothing received is
 unpickled: a header with the wrong magic, an unknown kind or an oversized count is a
-:class:`MalformedMessage`, and the channel that carried it is dropped.
+`MalformedMessage`, and the channel that carried it is dropped.
 """
 
 from __future__ import annotations
@@ -53,11 +53,11 @@ class Wire:
     With gloo the header and the payload travel as one message; with NCCL the header (and any text) rides the
     gloo control groups and the payload the NCCL groups: the sender puts it on the data group right after its
     header, and the receiver posts the data receive only once that header has arrived and announced a REQUEST or a
-    REPLY (:meth:`recv`), so a control message never meets a posted CUDA receive. The NCCL payload lives on this
-    side's one CUDA device, the one its layouts name (:func:`~transports.distributed.devices.side_device`); over
+    REPLY (`recv`), so a control message never meets a posted CUDA receive. The NCCL payload lives on this
+    side's one CUDA device, the one its layouts name (`side_device`); over
     gloo a leaf on another device goes through host memory, and lands on its layout's device. Sends copy the
     payload's leaves into one buffer allocated once (checking each leaf against the layout on the way); messages
-    up to :data:`SMALL_BYTES` land in one buffer per endpoint and their leaves are copied out, larger ones land in
+    up to `SMALL_BYTES` land in one buffer per endpoint and their leaves are copied out, larger ones land in
     a fresh buffer whose views become the received TensorDict's leaves (no copy after the receive).
 
     Args:
@@ -242,7 +242,7 @@ def _buffers(layout: Layout | None, with_header: bool, allocate: bool = True):
 
 
 def _views(buf: torch.Tensor, layout: Layout | None, start: int) -> dict:
-    """A typed view of ``buf`` per leaf of ``layout``, at the offsets :func:`_offsets` gives."""
+    """A typed view of ``buf`` per leaf of ``layout``, at the offsets `_offsets` gives."""
     if layout is None:
         return {}
     return {leaf.key: buf[offset:offset + leaf.nbytes].view(leaf.dtype).view(leaf.shape)

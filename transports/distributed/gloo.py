@@ -1,5 +1,5 @@
 """The mechanics under the ``distributed`` transport: a rendezvous store bound where we say and standalone
-point-to-point process groups (the framing of a message on a pair of them: :mod:`transports.distributed.framing`).
+point-to-point process groups (the framing of a message on a pair of them: `transports.distributed.framing`).
 
 Nothing here touches the application's default process group: every group is built directly from a store of
 its own (``ProcessGroupGloo(store, rank, 2, options)``), so ``init_process_group`` / ``destroy_process_group``
@@ -29,7 +29,7 @@ requests as long as its peer lives: peers end channels with messages (SHUTDOWN /
 reports at once (the connection closes)."""
 CONNECT_S = 60.0
 """Seconds both sides of an accepted endpoint have to build its groups. It is the groups' own timeout (every
-receive passes :data:`IDLE` explicitly), so a peer that dies between its announcement and its groups costs the
+receive passes `IDLE` explicitly), so a peer that dies between its announcement and its groups costs the
 other side this long, never longer: no thread stays inside gloo's rendezvous when the process ends. Generous: 64
 clients connecting at once to a server on 2 busy cores took more than 10 s (tests/components/test_load.py)."""
 BACKENDS = DistributedOptions.__dataclass_fields__["backend"].metadata["choices"]
@@ -70,7 +70,7 @@ def open_store(host: str, port: int, timeout: float, name: str = "service") -> t
     to dial, and the relay in front of it (``None`` on loopback).
 
     On loopback the store itself listens on ``host:port``. Elsewhere it listens on 127.0.0.1 only, and a
-    :class:`~transports.distributed.relay.Relay` on ``host:port`` admits only peers proving the run's key. torch's
+    `Relay` on ``host:port`` admits only peers proving the run's key. torch's
     own TCPStore server listens on every interface; handing it a bound socket keeps it where we say.
 
     Raises:
@@ -220,7 +220,7 @@ class Lease(Store):
     """A store lent to gloo groups while they are built, then released: the groups keep a reference to their store
     for their whole life but use it only in their rendezvous, so once they are built the connection under it can
     close (off loopback, a connection through the relay: two of its threads and two of this process's entry's).
-    A use after :meth:`release` raises (none was seen: tests/transports/test_distributed.py builds many endpoints
+    A use after `release` raises (none was seen: tests/transports/test_distributed.py builds many endpoints
     through leases and serves them).
 
     Args:
@@ -241,35 +241,35 @@ class Lease(Store):
         return self._store
 
     def set(self, key, value):
-        """As :meth:`torch.distributed.Store.set`."""
+        """As `torch.distributed.Store.set`."""
         return self._lent().set(key, value)
 
     def get(self, key):
-        """As :meth:`torch.distributed.Store.get`."""
+        """As `torch.distributed.Store.get`."""
         return self._lent().get(key)
 
     def add(self, key, amount):
-        """As :meth:`torch.distributed.Store.add`."""
+        """As `torch.distributed.Store.add`."""
         return self._lent().add(key, amount)
 
     def check(self, keys):
-        """As :meth:`torch.distributed.Store.check`."""
+        """As `torch.distributed.Store.check`."""
         return self._lent().check(keys)
 
     def wait(self, keys, timeout=None):
-        """As :meth:`torch.distributed.Store.wait`."""
+        """As `torch.distributed.Store.wait`."""
         return self._lent().wait(keys) if timeout is None else self._lent().wait(keys, timeout)
 
     def compare_set(self, key, expected, desired):
-        """As :meth:`torch.distributed.Store.compare_set`."""
+        """As `torch.distributed.Store.compare_set`."""
         return self._lent().compare_set(key, expected, desired)
 
     def delete_key(self, key):
-        """As :meth:`torch.distributed.Store.delete_key`."""
+        """As `torch.distributed.Store.delete_key`."""
         return self._lent().delete_key(key)
 
     def num_keys(self):
-        """As :meth:`torch.distributed.Store.num_keys`."""
+        """As `torch.distributed.Store.num_keys`."""
         return self._lent().num_keys()
 
 
@@ -277,7 +277,7 @@ def groups(store, prefix: str, rank: int, host: str, backend: str) -> tuple[tupl
     """Both directions' groups of one endpoint, built in the same order on both sides: ``(out, inp)`` for
     ``rank`` (0: the server). NCCL payload groups get gloo control groups beside them.
 
-    gloo groups hold ``store`` only while they are built (through a :class:`Lease`): once this returns, the
+    gloo groups hold ``store`` only while they are built (through a `Lease`): once this returns, the
     caller's connection is theirs to close. NCCL groups keep it (NCCL builds its communicator at the first
     operation, through the store)."""
     lease = Lease(store) if backend == "gloo" else store

@@ -2,13 +2,13 @@
 
 torch's ``TCPStore`` accepts any connection and lets it write any key, and gloo trusts what the store says (the
 addresses its pairs connect to). So where a ``distributed`` endpoint's ``host`` is not loopback, the store listens on
-``127.0.0.1`` of the owner's machine only, and a :class:`Relay` listens on ``host:port`` instead. Each connection
-to the relay first proves the run's key (:mod:`transports.kernel.secret`: an HMAC challenge each way, fixed sizes,
+``127.0.0.1`` of the owner's machine only, and a `Relay` listens on ``host:port`` instead. Each connection
+to the relay first proves the run's key (`transports.kernel.secret`: an HMAC challenge each way, fixed sizes,
 a deadline); only then is it joined to the store, byte for byte. A peer without the key is closed after at most
 ``CHALLENGE_S`` seconds, having read nothing but the relay's nonce, and never reaches the store; a flood of such
 peers is capped per address, so the real clients of another host still get in.
 
-On the other side, a process that connects to such a store gets an :class:`Entry`: a listener on its own loopback
+On the other side, a process that connects to such a store gets an `Entry`: a listener on its own loopback
 that torch's store client connects to, each connection proven to the relay before it is joined to it.
 """
 
@@ -196,7 +196,7 @@ _ENTRIES_LOCK = threading.Lock()
 
 
 def entry(host: str, port: int, key: bytes, timeout: float, what: str) -> int:
-    """The loopback port of this process's :class:`Entry` to the relay at ``host:port`` (made on first use).
+    """The loopback port of this process's `Entry` to the relay at ``host:port`` (made on first use).
 
     Raises:
         PeerFailureError: nothing answers there within ``timeout`` (retried until then: the owner may be starting).

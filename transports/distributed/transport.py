@@ -11,20 +11,20 @@ Rules:
   per direction (gloo for CPU tensors; NCCL for CUDA tensors, with gloo control groups beside them). Creating a
   client never waits for the owner.
 - With NCCL each side keeps its payload on one CUDA device, the one its own layouts name, and the two sides of an
-  endpoint are on different GPUs (one device per rank; :mod:`transports.distributed.devices` says what is refused).
+  endpoint are on different GPUs (one device per rank; `transports.distributed.devices` says what is refused).
 - Each message is a 32-byte binary header and the payload's leaves in the layout's key order, through buffers
   allocated once per endpoint; errors are JSON text. Nothing received from the store or the network is
   unpickled: a malformed announcement is refused with a reason, a malformed header drops its channel.
 - Layouts are fixed per endpoint: extra keys are not sent; a missing key or a wrong shape, dtype or device raises
-  :class:`~transports.kernel.errors.LayoutError` in the caller, before anything is sent. A server built with layouts
+  `LayoutError` in the caller, before anything is sent. A server built with layouts
   accepts only clients announcing the same; one built without (a Ray owner discovering them) accepts what each
   client announces.
 - Shutdown is a message each way; a peer that dies closes its connections, and whoever waits on it gets
-  :class:`~transports.kernel.errors.PeerFailureError` at once. A restarted owner is a new store and a new generation.
+  `PeerFailureError` at once. A restarted owner is a new store and a new generation.
 
 Security: on loopback the store listens on ``host`` itself. Off loopback it stays on 127.0.0.1 behind a relay on
 ``host:port`` that admits only peers proving the run's key (``RLSVC_KEY``, an HMAC challenge each way; see
-:mod:`transports.distributed.relay`), so only they can read or write its keys. Payloads travel unencrypted, and gloo's
+`transports.distributed.relay`), so only they can read or write its keys. Payloads travel unencrypted, and gloo's
 own pair connections, whose addresses only the store publishes, are not challenged: keep such runs on networks you
 trust.
 """
@@ -367,7 +367,7 @@ def read_hello(text: bytes, spec: ServerSpec, device: str | None = None, gpu: st
 
 
 class DistributedClient:
-    """A client endpoint of a :class:`DistributedTransport`: ``submit(td)`` returns a future.
+    """A client endpoint of a `DistributedTransport`: ``submit(td)`` returns a future.
 
     Picklable to any process that reaches the owner's host; each process connects its own endpoint the first
     time it submits (several threads may submit at once; answers may complete out of order).
@@ -438,7 +438,7 @@ class DistributedClient:
             return self._connection
 
     def _open_to_the_end(self) -> Connection:
-        """:meth:`_open` on a thread of its own, waited for: where the caller is interrupted meanwhile (a signal's
+        """`_open` on a thread of its own, waited for: where the caller is interrupted meanwhile (a signal's
         exception in the main thread: Ctrl-C, the launcher's SIGTERM), the endpoint is still built to the end and
         kept, so the server, which admitted it, is not left waiting for its side of the groups (up to
         ``gloo.CONNECT_S``) as it shuts down. Not a daemon thread, as the server's: no thread is left inside gloo."""

@@ -1,5 +1,6 @@
-"""The kernel under every package of the project: the error hierarchy (:mod:`.errors`), typed options with declared
-ranges and their checks (:mod:`.options`), and the placement vocabulary with its registry (:mod:`.placements`).
+"""The kernel under every package of the project: the error hierarchy (`transports.kernel.errors`), typed options with
+declared ranges and their checks (`transports.kernel.options`), and the placement vocabulary with its registry
+(`transports.kernel.placements`).
 
 ``transports`` and ``components`` both build on it; it imports nothing else of the project, and nothing heavy.
 """

@@ -78,7 +78,7 @@ class PeerFailureError(TransportError):
 
 
 class ServiceTimeoutError(TransportError, TimeoutError):
-    """No answer within the deadline. Distinct from :class:`PeerFailureError`: the peer may be alive."""
+    """No answer within the deadline. Distinct from `PeerFailureError`: the peer may be alive."""
 
 
 class LayoutError(TransportError, ValueError):
@@ -113,7 +113,7 @@ NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 class SharedMemoryFull(OSError):
-    """A shared-memory segment does not fit in the segment directory (:mod:`transports.segment_dir`), found where
+    """A shared-memory segment does not fit in the segment directory (`transports.segment_dir`), found where
     the segment is made, before any of its pages is touched (a page that could not be backed later would end the
     process with SIGBUS). An ``OSError`` with ``errno`` ENOSPC; its message names the directory, the room left there
     and what to do.
@@ -167,7 +167,7 @@ def qualified_name(kind: type) -> str:
 
 def error_to_text(error: BaseException, limit: int = 8192) -> str:
     """``error`` as JSON text that travels between processes without pickling (at most ``limit`` UTF-8 bytes: the
-    head of a huge traceback is dropped first). :func:`error_from_text` rebuilds it."""
+    head of a huge traceback is dropped first). `error_from_text` rebuilds it."""
     import json
 
     if isinstance(error, LayoutError):
@@ -186,7 +186,7 @@ def error_to_text(error: BaseException, limit: int = 8192) -> str:
 
 
 def error_from_text(text: str | bytes) -> BaseException:
-    """The error :func:`error_to_text` wrote; text that is not such a record becomes a :class:`RemoteError` saying
+    """The error `error_to_text` wrote; text that is not such a record becomes a `RemoteError` saying
     so (nothing in it is executed)."""
     import json
 

@@ -1,8 +1,8 @@
 """Typed options with declared ranges: the one mechanism every config dataclass of the project checks with.
 
-A dataclass field declares what it accepts with :func:`bounded` (a numeric range), :func:`one_of` (a choice) or
-:func:`device_option` (a torch device's name);
-:func:`check_fields` checks a mapping of values (a transport's options, a component's config, a composed YAML node)
+A dataclass field declares what it accepts with `bounded` (a numeric range), `one_of` (a choice) or
+`device_option` (a torch device's name);
+`check_fields` checks a mapping of values (a transport's options, a component's config, a composed YAML node)
 against the dataclass: unknown keys, then each declared range, naming the config path, the value and what is
 allowed. The launcher's preflight, the plan, the owners built from Python and the generated configuration reference
 read the same metadata. Plain data: nothing heavy is imported.
@@ -48,16 +48,16 @@ _DEVICE = re.compile(r"cpu|cuda(:[0-9]+)?")
 
 
 def device_option(default: str | None) -> Any:
-    """A dataclass field naming a torch device, one of :data:`DEVICES` (``None`` passes an ``Optional`` field).
+    """A dataclass field naming a torch device, one of `DEVICES` (``None`` passes an ``Optional`` field).
 
     Only the name is checked here: whether a machine has the device is checked where the device is used (the
-    launcher's :func:`~launcher.checks.check_here`, the owner's host), since a plan may be made for another node.
+    launcher's `check_here`, the owner's host), since a plan may be made for another node.
     """
     return dataclasses.field(default=default, metadata={"device": True})
 
 
 def is_device(f: dataclasses.Field) -> bool:
-    """Whether field ``f`` names a torch device (:func:`device_option`)."""
+    """Whether field ``f`` names a torch device (`device_option`)."""
     return bool(f.metadata.get("device"))
 
 
@@ -104,7 +104,7 @@ def within(f: dataclasses.Field, value: Any) -> bool:
 
 
 def check_value(f: dataclasses.Field, value: Any, path: str, hint: Any = None) -> None:
-    """Raise :class:`ConfigurationError` naming ``path`` unless ``value`` is within what field ``f`` declares."""
+    """Raise `ConfigurationError` naming ``path`` unless ``value`` is within what field ``f`` declares."""
     if value is None and is_optional(hint):
         return
     if not within(f, value):

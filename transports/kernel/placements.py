@@ -1,8 +1,8 @@
 """The placement vocabulary: where an owner lives, and how far that is from the driver.
 
-Each placement is declared by the module of its host (``components/hosts/<placement>.py``) with :func:`register`,
+Each placement is declared by the module of its host (``components/hosts/<placement>.py``) with `register`,
 next to its host class: its name, the other spellings accepted for it, how far from the driver it puts an owner
-(:class:`Reach`, which a client handed to that owner must reach), and what it says about itself. Nothing here knows
+(`Reach`, which a client handed to that owner must reach), and what it says about itself. Nothing here knows
 which placements exist; the order they are registered in is the order of every table that lists them.
 """
 
@@ -37,7 +37,7 @@ class Placement:
 
     Attributes:
         name: the placement's name (``placement: <name>`` in YAML, ``service=<name>``).
-        host: its host class (a :class:`components.hosts.base.Host` subclass), which builds and serves owners there.
+        host: its host class (a `components.hosts.base.Host` subclass), which builds and serves owners there.
         reach: how far from the driver it puts an owner: a client that owner is handed must reach that far.
         aliases: other spellings accepted for ``name``.
         summary: one line for tables and the documentation (which components it takes, where it runs).

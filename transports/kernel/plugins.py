@@ -8,11 +8,11 @@ env-family modules do. Its package names it in its own ``pyproject.toml``::
     my_family = "my_pkg.my_family"
 
 Every interpreter of a run (the driver, each owner's process, actor or rank, a Slurm job) imports the plugins when it
-first imports :mod:`components`, so a name a plugin registers means the same thing everywhere. The launcher's command
+first imports `components`, so a name a plugin registers means the same thing everywhere. The launcher's command
 line reads the installed packages' entry points and hands the list down in the environment variable
-``RLSVC_PLUGINS`` (:func:`hand_down`): the processes of its run import those modules without reading every installed
+``RLSVC_PLUGINS`` (`hand_down`): the processes of its run import those modules without reading every installed
 package again. A process outside a run (a notebook, a script) reads them itself each time. A plugin that fails to
-import is named in a :class:`PluginWarning` and left out; the run goes on without what it would have declared (a
+import is named in a `PluginWarning` and left out; the run goes on without what it would have declared (a
 config that names it is then refused, listing what is registered).
 """
 
@@ -34,7 +34,7 @@ _found_here: list[tuple[str, str]] | None = None  # what this interpreter found,
 
 
 class PluginWarning(UserWarning):
-    """A plugin named in :data:`GROUP` could not be imported."""
+    """A plugin named in `GROUP` could not be imported."""
 
 
 def _found() -> list[tuple[str, str]]:

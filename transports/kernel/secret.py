@@ -2,7 +2,7 @@
 
 Every connection that leaves loopback proves the secret in ``RLSVC_KEY`` before anything else is read from it:
 worker ranks dialing their driver (``distributed.ranks=env``), and every connection to a ``distributed`` transport's
-rendezvous store that listens on an address other than loopback (through :mod:`transports.distributed.relay`).
+rendezvous store that listens on an address other than loopback (through `transports.distributed.relay`).
 Each side sends a fresh nonce and answers the other's with an HMAC-SHA256 of it under the key, so neither the key
 nor a reusable answer crosses the network, and a peer without the key learns nothing but the server's nonce.
 The secret is read from the environment of each process (set it on every node); it never travels in a pickle.

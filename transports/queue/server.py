@@ -1,4 +1,4 @@
-"""The serving side of ``queue`` (see :mod:`transports.queue.transport`): one ``poll`` over the listening socket and
+"""The serving side of ``queue`` (see `transports.queue.transport`): one ``poll`` over the listening socket and
 every channel, admission of same-user processes only, and outboxes so the server never blocks on a slow reader."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def socket_of(conn, holder) -> socket.socket:
 
 
 class QueueServerSide:
-    """The server's share of a :class:`QueueTransport`: the listening socket (it travels to the server's process
+    """The server's share of a `QueueTransport`: the listening socket (it travels to the server's process
     as that process starts)."""
 
     def __init__(self, listener: socket.socket):

@@ -11,9 +11,9 @@ answers meanwhile) while that many are unanswered.
 A client writes each request straight into its own channel (no feeder thread, so no thread hand-off per
 request); the server waits on every channel at once with one ``poll`` and never blocks on an answer: what a
 channel cannot take now waits in that channel's outbox, so a client that is slow to read holds up only itself.
-Messages use the framing of :meth:`multiprocessing.connection.Connection.send_bytes` (a 4-byte big-endian
+Messages use the framing of `multiprocessing.connection.Connection.send_bytes` (a 4-byte big-endian
 length, or -1 and an 8-byte length), so either end reads them with ``recv_bytes``. Both ends poll before they
-block (the idle server for 50 us, a waiting client for up to :data:`CLIENT_SPIN_S` while no other client of the
+block (the idle server for 50 us, a waiting client for up to `CLIENT_SPIN_S` while no other client of the
 server polls): most of a small round trip would otherwise be two wake-ups.
 """
 
@@ -122,7 +122,7 @@ class _QueueFuture(ResponseFuture):
 
 
 class QueueClient:
-    """The client of a :class:`QueueTransport`: ``submit(td)`` returns a future. Threads of a process share its
+    """The client of a `QueueTransport`: ``submit(td)`` returns a future. Threads of a process share its
     channel; a copy in another process (pickled there, or inherited by ``fork``) connects a channel of its own
     the first time it is used."""
 

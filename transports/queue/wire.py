@@ -2,7 +2,7 @@
 
 A plain, flat TensorDict of CPU tensors travels as its leaves' raw bytes (rebuilt without pickling the
 TensorDict); anything else is pickled as it is. Messages use the framing of
-:meth:`multiprocessing.connection.Connection.send_bytes`, so either end reads them with ``recv_bytes``.
+`multiprocessing.connection.Connection.send_bytes`, so either end reads them with ``recv_bytes``.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def rows_to_wire(value, n: int) -> list:
 
 
 def _raw_leaves(value) -> list | None:
-    """The ``(key, tensor)`` leaves of ``value`` if it travels as raw bytes (see :func:`to_wire`), else ``None``."""
+    """The ``(key, tensor)`` leaves of ``value`` if it travels as raw bytes (see `to_wire`), else ``None``."""
     if type(value) is not TensorDict or value.is_locked or value._has_names():
         return None
     leaves = list(value.items())
@@ -90,7 +90,7 @@ def _device_name(value) -> str | None:
 
 
 def from_wire(wire):
-    """Rebuild what :func:`to_wire` sent."""
+    """Rebuild what `to_wire` sent."""
     raw, value = wire
     if not raw:
         return value

@@ -23,7 +23,7 @@ class ProcessSlotTransport(SlotTransport):
     """Fixed-layout request/reply with a dedicated slot per client.
 
     Args:
-        request_layout: layout of one request (a :class:`~transports.layout.Layout` or a representative TensorDict).
+        request_layout: layout of one request (a `Layout` or a representative TensorDict).
         response_layout: layout of one response.
         num_slots: client endpoints (workers) this transport can hand out.
         context: multiprocessing start method of the processes involved.

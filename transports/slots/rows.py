@@ -32,12 +32,12 @@ def copier(view: torch.Tensor):
 
 
 def leaves(pairs) -> list:
-    """``(key, copier)`` for ``(key, view)`` pairs: the input of :func:`clones`."""
+    """``(key, copier)`` for ``(key, view)`` pairs: the input of `clones`."""
     return [(key, copier(view)) for key, view in pairs]
 
 
 def clones(leaves: list, batch_size: torch.Size, device) -> TensorDictBase:
-    """A TensorDict of fresh copies of a flat layout's leaves (``(key, copier)`` pairs, see :func:`leaves`),
+    """A TensorDict of fresh copies of a flat layout's leaves (``(key, copier)`` pairs, see `leaves`),
     built directly: TensorDict.clone costs several times the copies of a small payload. tensordict is pinned;
     ``_new_unsafe`` skips the checks a TensorDict of fresh CPU copies does not need."""
     return TensorDict._new_unsafe({key: copy() for key, copy in leaves}, batch_size=batch_size, device=device,

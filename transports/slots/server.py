@@ -1,5 +1,5 @@
 """The serving side of the slot transports: sweeps READY slots in submission order, gathers them in one pass and
-scatters the answers in one pass (see :mod:`transports.slots.control` for the slot states)."""
+scatters the answers in one pass (see `transports.slots.control` for the slot states)."""
 
 from __future__ import annotations
 

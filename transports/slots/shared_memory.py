@@ -1,7 +1,7 @@
 """``shared_memory``: preallocated request/response slots in shared memory; only slot states move.
 
 Rules: fixed layouts (CPU tensors only, declared up front; extra keys are not sent, a missing key or a wrong
-shape or dtype raises :class:`~transports.kernel.errors.LayoutError` in the caller). Any client may use any free
+shape or dtype raises `LayoutError` in the caller). Any client may use any free
 slot; ``num_slots`` bounds the requests in flight and so gives backpressure. Clients pickle to any process of
 this machine (segments and semaphores reattach by name), and any number of processes may share one. Read every future you submit:
 its slot is free again only once its answer is read.
@@ -23,7 +23,7 @@ class SharedMemoryTransport(SlotTransport):
     """Fixed-layout request/reply over a shared-memory slot bank.
 
     Args:
-        request_layout: layout of one request (a :class:`~transports.layout.Layout` or a representative TensorDict).
+        request_layout: layout of one request (a `Layout` or a representative TensorDict).
         response_layout: layout of one response.
         num_slots: requests in flight at most, over all clients.
         context: multiprocessing start method of the processes involved.

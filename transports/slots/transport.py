@@ -1,9 +1,9 @@
 """Slot banks in shared memory with semaphore doorbells: the transport and client under ``shared_memory`` and
 ``process_slot``.
 
-Requests and responses live in two :class:`~transports.segments.SlotBank` s (fixed layouts, tensors only);
-only slot states and semaphore posts move between processes. A control block (:mod:`.control`) holds per slot its
-state, its submission time and room for an error text; the serving side is :mod:`.server`.
+Requests and responses live in two `SlotBank`s (fixed layouts, tensors only); only slot states and semaphore posts
+move between processes. A control block (`transports.slots.control`) holds per slot its state, its submission time
+and room for an error text; the serving side is `transports.slots.server`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class SlotTransport(RequestReplyTransport):
     """Base of the fixed-layout slot transports.
 
     Args:
-        request_layout: layout of one request (a :class:`Layout` or a representative TensorDict).
+        request_layout: layout of one request (a `Layout` or a representative TensorDict).
         response_layout: layout of one response.
         num_slots: requests in flight at most.
         context: multiprocessing start method of the processes involved.
@@ -169,7 +169,7 @@ class SlotClientBase:
         self.doorbell.release()
 
     def _validate(self, td: TensorDictBase) -> list:
-        """The request's leaf tensors in layout order, checked as :meth:`Layout.validate` checks them."""
+        """The request's leaf tensors in layout order, checked as `Layout.validate` checks them."""
         problem = self.status.problem(probe=False)
         if problem is not None:
             raise PeerFailureError(problem)

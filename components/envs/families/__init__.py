@@ -1,4 +1,4 @@
-"""The built-in env families, one module each, every one registering itself with :mod:`components.envs.family`:
+"""The built-in env families, one module each, every one registering itself with `components.envs.family`:
 importing this package loads them all (a module dropped here is a family, with nothing to list)."""
 
 import importlib

@@ -1,7 +1,7 @@
 """The Atari family: ``ALE/...`` ids (ale-py), and the DeepMind preprocessing as one config, built the same way on
 every env backend.
 
-``env=atari`` sets ``env.atari`` (an :class:`AtariConfig`); each backend then builds its envs from it with its own
+``env=atari`` sets ``env.atari`` (an `AtariConfig`); each backend then builds its envs from it with its own
 library's implementation of the same steps:
 
 - ``gymnasium``: ``gymnasium.make(id, frameskip=1, ...)`` wrapped in gymnasium's ``AtariPreprocessing`` (no-op
@@ -81,9 +81,9 @@ PREPROCESSING: dict[str, dict[str, str | None]] = {
                 "repeat_action_probability": "repeat_action_probability", "episodic_life": "terminal_on_life_loss",
                 "reward_clip": None, "use_fire_reset": None, "max_episode_steps": "max_episode_frames"},
 }
-"""Each backend's keyword arguments that the preprocessing sets itself, and the :class:`AtariConfig` field each comes
+"""Each backend's keyword arguments that the preprocessing sets itself, and the `AtariConfig` field each comes
 from (``None``: fixed, so that every backend plays the same game): ``env.kwargs`` may not set them
-(:func:`components.envs.backends.check_kwargs`). On ``gymnasium`` these go to the ALE env, whose own frame skip is 1
+(`components.envs.backends.check_kwargs`). On ``gymnasium`` these go to the ALE env, whose own frame skip is 1
 (``AtariPreprocessing`` skips ``frame_skip`` frames)."""
 
 
@@ -94,7 +94,7 @@ def ale_kwargs(atari: AtariConfig) -> dict[str, Any]:
 
 
 class Atari(EnvFamily):
-    """ALE envs (``ALE/Breakout-v5``, registered by ale-py), preprocessed as :class:`AtariConfig` says where
+    """ALE envs (``ALE/Breakout-v5``, registered by ale-py), preprocessed as `AtariConfig` says where
     ``env.atari`` is set."""
 
     name, config, namespace, package, extra = "atari", AtariConfig, "ALE", "ale_py", "atari"
@@ -144,12 +144,12 @@ class Atari(EnvFamily):
         return gym.wrappers.FrameStackObservation(env, config.stack)
 
     def vector_kwargs(self, env_id: str, config: AtariConfig, backend: str) -> tuple[str, dict[str, Any]]:
-        """See :func:`vector_kwargs`."""
+        """See `vector_kwargs`."""
         return vector_kwargs(env_id, config, backend)
 
 
 def vector_kwargs(env_id: str, atari: AtariConfig, backend: str) -> tuple[str, dict[str, Any]]:
-    """``(id, keyword arguments)`` for a fast backend's own Atari vector env doing :class:`AtariConfig`'s steps."""
+    """``(id, keyword arguments)`` for a fast backend's own Atari vector env doing `AtariConfig`'s steps."""
     if backend == "ale_vector":
         return game_of(env_id), {
             "frameskip": atari.frame_skip, "stack_num": atari.stack, "img_height": atari.screen_size,
