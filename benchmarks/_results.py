@@ -3,8 +3,10 @@
 A run is recorded with `Results`: the tables the script printed (title, columns, rows), the plots worth
 drawing (a round trip against payload size per transport beside its floor, frames/s per placement...), the target
 verdicts, and where it ran (machine, command, commit, date). `Results.save` appends the run to
-``benchmarks/results/<benchmark>.json``: the file keeps the history, newest last; the documentation's page for the
-benchmark (``docs/hooks.py``) renders the newest run with `page` and draws its plots with `plot_png`.
+`benchmarks/results/<benchmark>.json`: the file keeps the history, newest last. The documentation (`docs/hooks.py`)
+renders the newest run with `page`, the file's runs as one table with `history`, and draws the newest run's plots
+with `plot_png`: floors and bounds grey and hatched or dashed, many rows as horizontal bars, the legend below the
+axes, and the published figures of `QUOTED` as stars on the learning curves they are compared with.
 
     results = Results("inference")
     results.table("1 client, p50", ["transport", "16 B us"], [["queue", 80.1]])
@@ -14,8 +16,8 @@ benchmark (``docs/hooks.py``) renders the newest run with `page` and draws its p
     results.save()                          # benchmarks/results/inference.json
 
 Helpers keep a script's printout and its record one: `say` prints a line and records it (a verdict or a
-note), `show` a table; `with_floors` splits a bar plot's series so that the floor rows among its x draw dashed. Values are
-stored as JSON's own types (`_plain`: numpy scalars become numbers, NaN and infinities ``None``).
+note), `show` a table; `with_floors` splits a bar plot's series so that the floor rows among its x draw as floors.
+Values are stored as JSON's own types (`_plain`: numpy scalars become numbers, NaN and infinities `None`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ import os
 import platform
 import shlex
 import subprocess
+import re
 import sys
+import textwrap
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -103,11 +108,14 @@ class Results:
     def plot(self, name: str, title: str, *, x: Sequence[Any], series: Mapping[str, Sequence[float | None]],
              kind: str = "line", xlabel: str = "", ylabel: str = "", log: bool = False,
              floors: Iterable[str] = (),
-             bands: Mapping[str, tuple[Sequence[float | None], Sequence[float | None]]] | None = None) -> None:
+             bands: Mapping[str, tuple[Sequence[float | None], Sequence[float | None]]] | None = None,
+             references: Sequence[str] | None = None) -> None:
         """A plot of ``series`` (label -> one value per ``x``; ``None`` where a series has none) against ``x``:
         ``kind`` ``line`` (numbers on x; ``log``: both axes logarithmic) or ``bar`` (labels on x; ``log``: the
         values' axis logarithmic). Series named in ``floors`` are drawn dashed: what the others are compared with.
-        ``bands`` (line plots): label -> (low, high) per ``x``, shaded around that series (a spread over seeds)."""
+        ``bands`` (line plots): label -> (low, high) per ``x``, shaded around that series (a spread over seeds).
+        ``references``: env ids of `QUOTED` whose published figures the plot draws (looked up when it is drawn, so a
+        corrected figure redraws every plot of it)."""
         if kind not in ("line", "bar"):
             raise ValueError(f"kind must be line or bar, got {kind!r}")
         if bands and (kind != "line" or set(bands) - set(series)):
@@ -116,7 +124,8 @@ class Results:
         self.plots.append({"name": name, "title": title, "kind": kind, "x": list(x),
                            "series": {label: list(values) for label, values in series.items()},
                            "xlabel": xlabel, "ylabel": ylabel, "log": log, "floors": list(floors),
-                           "bands": {label: [list(low), list(high)] for label, (low, high) in (bands or {}).items()}})
+                           "bands": {label: [list(low), list(high)] for label, (low, high) in (bands or {}).items()},
+                           **({} if references is None else {"references": list(references)})})
 
     def verdict(self, line: str) -> None:
         """A target's verdict as printed (``PASS ...`` / ``MISS ...``)."""
@@ -260,67 +269,284 @@ def page(benchmark: str, runs: list[dict], image_dir: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_png(plot: Mapping[str, Any]) -> bytes:
-    """One recorded plot drawn as a PNG."""
+# ---------------------------------------------------------------------------------------------- quoted figures
+CLEANRL_PPO = "https://docs.cleanrl.dev/rl-algorithms/ppo/"
+
+
+@dataclass(frozen=True)
+class Quoted:
+    """A published figure set beside our learning curves: not measured here, quoted with its source.
+
+    Attributes:
+        source: who measured it, with what and on which env (`CleanRL ppo_atari.py, BreakoutNoFrameskip-v4,
+            3 seeds`).
+        url: where the figure is published.
+        mean: the mean episode return the source gives.
+        spread: the +/- the source gives beside it (CleanRL: the standard deviation over its seeds).
+        frames: the agent steps it was measured at.
+    """
+
+    source: str
+    url: str
+    mean: float
+    spread: float
+    frames: int
+
+    def label(self) -> str:
+        """The legend's and a page's name for it: `quoted: <source>: <mean> +/- <spread> at <frames> agent steps`."""
+        return f"quoted: {self.source}: {self.mean:g} +/- {self.spread:g} at {_count(self.frames)} agent steps"
+
+
+QUOTED: dict[str, Quoted] = {
+    "ALE/Breakout-v5": Quoted("CleanRL ppo_atari.py, BreakoutNoFrameskip-v4, 3 seeds", CLEANRL_PPO,
+                              414.66, 28.09, 10_000_000),
+    "ALE/Pong-v5": Quoted("CleanRL ppo_atari.py, PongNoFrameskip-v4, 3 seeds", CLEANRL_PPO, 20.36, 0.20, 10_000_000),
+    "HalfCheetah-v5": Quoted("CleanRL ppo_continuous_action.py, HalfCheetah-v4, tag pr-424", CLEANRL_PPO,
+                             1442.64, 46.03, 1_000_000),
+}
+"""The published figures the learning pages compare with, by the env id of ours each is set beside: one table, which
+`benchmarks/learning.py` prints and verdicts against and `plot_png` draws on the learning curves of that env."""
+
+
+def quoted_for(plot: Mapping[str, Any]) -> list[Quoted]:
+    """The quoted figures a recorded plot is drawn with: those its `references` name (env ids of `QUOTED`), or, for
+    a learning-curve plot recorded without them, those of the env its title names (`... on ALE/Breakout-v5: ...`)."""
+    if plot.get("references") is not None:
+        return [QUOTED[env] for env in plot["references"] if env in QUOTED]
+    if plot.get("kind") != "line" or plot.get("name") != "curves":
+        return []
+    return [quoted for env, quoted in QUOTED.items() if f" on {env}:" in plot.get("title", "")]
+
+
+def _count(n: float) -> str:
+    """`10,000,000` as `10M`, `250,000` as `250k`: a frame count short enough for a tick or a legend."""
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:g}"
+
+
+# ---------------------------------------------------------------------------------------------- drawing
+MEASURED_COLORS = [f"C{i}" for i in range(10) if i != 7]
+"""Measured series' colours: matplotlib's ten without its grey, which is the floors'."""
+FLOOR_GREYS = ["0.6", "0.85", "0.4", "0.75", "0.5"]
+"""Floor bars' fills (under a black hatch); floor lines take `FLOOR_LINE_GREYS`, darker to read as thin lines."""
+FLOOR_LINE_GREYS = ["0.3", "0.5", "0.15", "0.6", "0.4"]
+FLOOR_HATCHES = ["//", "xx", "\\\\", "..", "++"]
+FLOOR_LINES = ["--", ":", "-.", (0, (6, 2, 1, 2, 1, 2)), (0, (1, 1))]
+FLOOR_MARKERS = ["s", "^", "v", "D", "P"]
+HORIZONTAL_ROWS = 6
+"""A bar plot with more rows than this, or with a row label longer than `HORIZONTAL_LABEL`, draws horizontal bars."""
+HORIZONTAL_LABEL = 22
+LABEL_WIDTH = 44
+"""Characters per line of a horizontal bar plot's row label (longer labels wrap)."""
+WIDTH_IN = 7.5
+"""Every plot's width in inches (825 pixels at its 110 dpi): what the page column shows without scaling fonts down."""
+_FLOOR_WORD = re.compile(r"\b(floor|bound)\b", re.I)
+
+
+RENAMED = {
+    "floor (a) shm + semaphore": "shared-memory floor (shm copy + semaphore)",
+    "floor (b) mp.Queue bytes": "queue floor (mp.Queue of bytes)",
+    "floor (c) Ray actor call": "Ray floor (bare actor call)",
+    "floor (d) gloo send/recv": "gloo floor (send/recv pair)",
+    "floor (e) Monarch endpoint call": "Monarch floor (bare endpoint call)",
+}
+"""Series recorded under a name since replaced (`benchmarks/inference.py`'s floors were lettered): drawn under
+the new one, so a plot of an older run names its floors as the pages do."""
+
+
+def _renamed(plot: Mapping[str, Any]) -> dict:
+    plot = dict(plot)
+    plot["series"] = {RENAMED.get(name, name): values for name, values in plot["series"].items()}
+    plot["floors"] = [RENAMED.get(name, name) for name in plot.get("floors", [])]
+    plot["bands"] = {RENAMED.get(name, name): band for name, band in (plot.get("bands") or {}).items()}
+    return plot
+
+
+def _split_floor_rows(plot: Mapping[str, Any]) -> dict:
+    """A bar plot whose rows name floors or bounds (`floor: csv row`, `overlap bound`) but whose record drew them as
+    measured bars: those rows split into a floor series per measured series (`with_floors`), named `<series>
+    (bound)` where every such row is a bound (`<series> (overlap bound)` where the title or a row says so) and
+    `<series> (floor)` otherwise."""
+    plot = dict(plot)
+    floors = list(plot.get("floors", []))
+    rows = [at for at in plot["x"] if isinstance(at, str) and _FLOOR_WORD.search(at)]
+    measured = {name: values for name, values in plot["series"].items() if name not in floors}
+    if plot["kind"] != "bar" or not rows or all(values[plot["x"].index(row)] is None
+                                                 for values in measured.values() for row in rows):
+        return plot
+    word = "bound" if all("bound" in row.lower() for row in rows) else "floor"
+    if word == "bound" and "overlap bound" in " ".join([plot.get("title", ""), *rows]).lower():
+        word = "overlap bound"
+    split, new = with_floors(plot["x"], measured, lambda at: at in rows, f" ({word})")
+    plot["series"] = {**split, **{name: plot["series"][name] for name in floors}}
+    plot["floors"] = floors + new
+    return plot
+
+
+def _styles(names: Sequence[str], floors: set) -> dict[str, dict]:
+    """Each series' look: measured ones a colour each (a floor split off a series by `with_floors` is still a floor,
+    never that series' colour), floors a grey, hatch, dash and marker each."""
+    measured = [name for name in names if name not in floors]
+    colors = MEASURED_COLORS if len(measured) <= len(MEASURED_COLORS) else \
+        [f"tab20:{i}" for i in range(20) if i not in (14, 15)]
+    styles = {}
+    for i, name in enumerate(measured):
+        styles[name] = {"color": colors[i % len(colors)], "floor": False}
+    for i, name in enumerate(name for name in names if name in floors):
+        styles[name] = {"color": FLOOR_GREYS[i % len(FLOOR_GREYS)], "line_color": FLOOR_LINE_GREYS[i % 5],
+                        "hatch": FLOOR_HATCHES[i % len(FLOOR_HATCHES)],
+                        "line": FLOOR_LINES[i % len(FLOOR_LINES)], "marker": FLOOR_MARKERS[i % len(FLOOR_MARKERS)],
+                        "floor": True}
+    return styles
+
+
+def _color(name: str):
+    if name.startswith("tab20:"):
+        import matplotlib
+
+        return matplotlib.colormaps["tab20"](int(name.split(":")[1]))
+    return name
+
+
+def is_horizontal(plot: Mapping[str, Any]) -> bool:
+    """Whether `plot_png` draws `plot` with horizontal bars: a bar plot of many rows or long row labels, whose labels
+    would otherwise be written steeply across a wide image."""
+    return plot["kind"] == "bar" and (len(plot["x"]) > HORIZONTAL_ROWS
+                                      or max((len(str(at)) for at in plot["x"]), default=0) > HORIZONTAL_LABEL)
+
+
+def plot_figure(plot: Mapping[str, Any]):
+    """One recorded plot drawn as a matplotlib `Figure` (`plot_png` saves it; a test can look at its artists).
+
+    Measured series take a colour each; floors and bounds (the plot's `floors`, and bar rows whose label names a
+    floor or bound) are grey, hatched or dashed, with a dashed black outline on bars; quoted figures (`quoted_for`)
+    are black stars with the source's +/- as error bars. A bar plot of many rows or long labels draws horizontal bars,
+    its rows top to bottom in the table's order. The legend sits outside the axes, below them."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-    labels = plot["x"]
-    many = plot["kind"] == "bar" and len(labels) > 8  # long row labels: wider, and written steeply
-    fig, ax = plt.subplots(figsize=(max(7.5, 0.42 * len(labels)) if many else 7.5, 6.0 if many else 4.2), dpi=110)
-    floors = set(plot.get("floors", []))
+    plot = _split_floor_rows(_renamed(plot))
     names = list(plot["series"])
-    # one colour per series: the default cycle repeats after 10, past which two series would read as one
-    palette = [plt.get_cmap("tab20")(i % 20) for i in range(len(names))] if len(names) > 10 else \
-        [f"C{i}" for i in range(len(names))]
-    colors = dict(zip(names, palette))
-    for name in floors & set(names):  # a floor split off a series by with_floors keeps that series' colour
-        colors[name] = next((colors[n] for n in names if n not in floors and name.startswith(n + " ")), colors[name])
-    if plot["kind"] == "bar":
-        # A series without a value at an x draws no bar there (not a bar of 0, which reads as measured, and which a
-        # log axis cannot draw); the bars present at an x share its slot, centred on its tick.
-        present = [[name for name in names if plot["series"][name][j] is not None] for j in range(len(labels))]
-        width = 0.8 / max([1, *map(len, present)])
-        drawn = set()
-        for j, here in enumerate(present):
-            for k, name in enumerate(here):
-                ax.bar(j + (k - (len(here) - 1) / 2) * width, plot["series"][name][j], width, color=colors[name],
-                       label=None if name in drawn else name, hatch="//" if name in floors else None,
-                       alpha=0.55 if name in floors else 1.0, edgecolor="black" if name in floors else None,
-                       linestyle="--" if name in floors else "-", linewidth=0.8 if name in floors else 0)
-                drawn.add(name)
-        ax.set_xticks(range(len(labels)))
-        ax.set_xticklabels(labels, rotation=60 if many else 20, ha="right", fontsize=7 if many else 8)
-        if plot.get("log"):
-            ax.set_yscale("log")
+    floors = set(plot.get("floors", [])) & set(names)
+    styles = _styles(names, floors)
+    labels = [str(at) for at in plot["x"]]
+    horizontal = is_horizontal(plot)
+    quoted = quoted_for(plot)
+    entries = len(names) + len(quoted)
+    legend_lines = 0 if entries < 2 else math.ceil(entries / _legend_columns(plot, quoted))
+    if horizontal:
+        wrapped = [textwrap.fill(label, LABEL_WIDTH) for label in labels]
+        present = max(1, *(sum(plot["series"][n][j] is not None for n in names) for j in range(len(labels))))
+        row = max(0.28, 0.15 * max(w.count("\n") + 1 for w in wrapped) + 0.08, 0.12 * present + 0.08)
+        height = 1.3 + row * len(labels) + 0.2 * legend_lines
     else:
-        for name, values in plot["series"].items():
-            points = [(x, y) for x, y in zip(plot["x"], values) if y is not None]
-            if points:
-                ax.plot(*zip(*points), marker="o", label=name, linestyle="--" if name in floors else "-",
-                        color=colors[name])
-            low, high = plot.get("bands", {}).get(name, ([], []))
-            spread = [(x, lo, hi) for x, lo, hi in zip(plot["x"], low, high) if lo is not None and hi is not None]
-            if spread:
-                xs, los, his = zip(*spread)
-                ax.fill_between(xs, los, his, color=colors[name], alpha=0.2, linewidth=0)
+        height = 4.2 + 0.2 * legend_lines
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, height), dpi=110, layout="constrained")
+    if plot["kind"] == "bar":
+        _bars(ax, plot, names, styles, horizontal, wrapped if horizontal else labels)
+        measured = [v for values in plot["series"].values() for v in values if v is not None]
+        if measured and max(measured) >= 10_000 and not plot.get("log"):
+            (ax.xaxis if horizontal else ax.yaxis).set_major_formatter(FuncFormatter(lambda value, _: _count(value)))
+    else:
+        _lines(ax, plot, styles, quoted)
+        numbers = [at for at in plot["x"] if isinstance(at, (int, float))]
+        if numbers and all(isinstance(at, int) for at in numbers) and max(numbers) < 1000 and not plot.get("log"):
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        elif numbers and max(numbers) >= 10_000 and not plot.get("log"):
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: _count(value)))
+    fig.suptitle(textwrap.fill(plot["title"], 90), fontsize=10)
+    ax.set_xlabel(plot.get("ylabel", "") if horizontal else plot.get("xlabel", ""))
+    ax.set_ylabel("" if horizontal else plot.get("ylabel", ""))
+    ax.grid(True, alpha=0.3, axis="x" if horizontal else "both")
+    ax.set_axisbelow(True)
+    handles, legend = ax.get_legend_handles_labels()
+    if entries > 1 and handles:
+        order = sorted(range(len(legend)), key=lambda i: (names + [q.label() for q in quoted]).index(legend[i]))
+        fig.legend([handles[i] for i in order], [legend[i] for i in order], fontsize=7, frameon=False,
+                   loc="outside lower center", ncols=_legend_columns(plot, quoted))
+    return fig
+
+
+def _legend_columns(plot: Mapping[str, Any], quoted: Sequence[Quoted]) -> int:
+    longest = max([len(name) for name in plot["series"]] + [len(q.label()) for q in quoted] + [1])
+    return 1 if longest > 48 else 2 if longest > 28 else 3
+
+
+def _bars(ax, plot, names, styles, horizontal, labels) -> None:
+    """Bars: a series without a value at a row draws no bar there (not a bar of 0, which reads as measured and which
+    a log axis cannot draw); the bars present at a row share its slot, centred on its tick."""
+    present = [[name for name in names if plot["series"][name][j] is not None] for j in range(len(labels))]
+    width = 0.8 / max([1, *map(len, present)])
+    drawn = set()
+    draw = ax.barh if horizontal else ax.bar
+    for j, here in enumerate(present):
+        for k, name in enumerate(here):
+            style = styles[name]
+            look = {"color": _color(style["color"]), "label": None if name in drawn else name}
+            if style["floor"]:
+                look.update(hatch=style["hatch"], edgecolor="black", linestyle="--", linewidth=0.9)
+            else:
+                look.update(linewidth=0)
+            draw(j + (k - (len(here) - 1) / 2) * width, plot["series"][name][j], width, **look)
+            drawn.add(name)
+    if horizontal:
+        ax.set_yticks(range(len(labels)), labels, fontsize=8)
+        ax.set_ylim(len(labels) - 0.5, -0.5)  # the table's first row on top
         if plot.get("log"):
             ax.set_xscale("log")
+    else:
+        ax.set_xticks(range(len(labels)), labels, rotation=20 if len(labels) > 3 else 0,
+                      ha="right" if len(labels) > 3 else "center", fontsize=8)
+        if plot.get("log"):
             ax.set_yscale("log")
-    ax.set_title(plot["title"], fontsize=10)
-    ax.set_xlabel(plot.get("xlabel", ""))
-    ax.set_ylabel(plot.get("ylabel", ""))
-    ax.grid(True, alpha=0.3)
-    handles, legend = ax.get_legend_handles_labels()
-    if len(names) > 1 and handles:
-        order = sorted(range(len(legend)), key=lambda i: names.index(legend[i]))  # the series' order, not the bars'
-        where = {"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)} if len(names) > 5 else {}  # beside the data
-        ax.legend([handles[i] for i in order], [legend[i] for i in order], fontsize=7, **where)
-    fig.tight_layout()
+
+
+def _lines(ax, plot, styles, quoted) -> None:
+    """Lines (floors dashed grey with open markers), each band shaded around its series, and the quoted figures as
+    stars: where one lies far past the run's frames or returns, the axes turn logarithmic so both stay readable."""
+    values = []
+    for name, ys in plot["series"].items():
+        style = styles[name]
+        points = [(x, y) for x, y in zip(plot["x"], ys) if y is not None]
+        values += [y for _, y in points]
+        if points:
+            if style["floor"]:
+                ax.plot(*zip(*points), marker=style["marker"], markerfacecolor="white", markersize=5, label=name,
+                        linestyle=style["line"], color=style["line_color"], linewidth=1.6)
+            else:
+                ax.plot(*zip(*points), marker="o", markersize=4, label=name, color=_color(style["color"]))
+        low, high = plot.get("bands", {}).get(name, ([], []))
+        spread = [(x, lo, hi) for x, lo, hi in zip(plot["x"], low, high) if lo is not None and hi is not None]
+        if spread:
+            xs, los, his = zip(*spread)
+            ax.fill_between(xs, los, his, color=_color(style["color"]), alpha=0.2, linewidth=0)
+    for q in quoted:
+        ax.errorbar([q.frames], [q.mean], yerr=[q.spread], fmt="*", markersize=13, color="black",
+                    markeredgecolor="white", capsize=4, label=q.label(), zorder=5)
+    numbers = [x for x in plot["x"] if isinstance(x, (int, float))]
+    if plot.get("log"):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    elif quoted and numbers:
+        if max(q.frames for q in quoted) > 3 * max(numbers):
+            ax.set_xscale("log")
+        everything = values + [q.mean for q in quoted]
+        if everything and min(everything) > 0 and max(everything) > 10 * max(values or [1]):
+            ax.set_yscale("log")
+
+
+def plot_png(plot: Mapping[str, Any]) -> bytes:
+    """One recorded plot drawn as a PNG (`plot_figure`)."""
+    import matplotlib.pyplot as plt
+
+    fig = plot_figure(plot)
     out = io.BytesIO()
-    fig.savefig(out, format="png", bbox_inches="tight")
+    fig.savefig(out, format="png")
     plt.close(fig)
     return out.getvalue()
 

@@ -90,6 +90,10 @@ FLOOR_OF = {"queue": "b", "ray": "c", "distributed": "d", "monarch": "e"}  # eve
 FLOOR_NAMES = {"a": "floor (a) shm + semaphore", "b": "floor (b) mp.Queue bytes", "c": "floor (c) Ray actor call",
                "d": "floor (d) gloo send/recv", "e": "floor (e) Monarch endpoint call",
                "f": "(f) = (d) + our wire framing only"}
+PLOT_FLOOR_NAMES = {"a": "shared-memory floor (shm copy + semaphore)", "b": "queue floor (mp.Queue of bytes)",
+                    "c": "Ray floor (bare actor call)", "d": "gloo floor (send/recv pair)",
+                    "e": "Monarch floor (bare endpoint call)"}
+"""The floors' names in the round-trip plot's legend: what each is the floor of, and what it does."""
 LOCAL_FLOORS = ("a", "b", "d", "f")  # measured between two processes in the interleaved rounds
 TARGETS = [("shared_memory", "a"), ("process_slot", "a"), ("queue", "b")]
 # our transport -> TorchRL's corresponding one, as benchmarks/torchrl_peer.py names it
@@ -634,7 +638,8 @@ def record_plots(rec: Results, sizes, client_counts) -> None:
                 if (label in FLOOR_NAMES.values()) == floors and any((label, s, n) in rows for s in order)}
 
     nbytes = [request_td(s)["observation"].numel() * request_td(s)["observation"].element_size() for s in order]
-    dashed = series(1, 2, floors=True)
+    plot_name = {name: PLOT_FLOOR_NAMES[letter] for letter, name in FLOOR_NAMES.items() if letter in PLOT_FLOOR_NAMES}
+    dashed = {plot_name[label]: values for label, values in series(1, 2, floors=True).items()}
     rec.plot("round_trip", "p50 round trip with 1 client against the payload, beside the floors", x=nbytes,
              series={**series(1, 2, floors=False), **dashed}, kind="line", xlabel="payload (bytes)",
              ylabel="p50 round trip (us)", log=True, floors=list(dashed))

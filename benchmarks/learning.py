@@ -47,18 +47,8 @@ import sys
 from dataclasses import dataclass
 
 from _harness import ROOT, launcher_run, spread, steady_rate  # first: the checkout on sys.path (_harness.py)
-from _results import RESULTS_DIR, Results, load, say, show
+from _results import QUOTED, RESULTS_DIR, Quoted, Results, load, say, show
 from _sample_factory import sample_factory_appo
-
-
-@dataclass(frozen=True)
-class Published:
-    """A published figure to set beside ours: the mean return (and its spread) at ``frames`` agent steps."""
-
-    source: str
-    mean: float
-    spread: float
-    frames: int
 
 
 @dataclass(frozen=True)
@@ -66,23 +56,19 @@ class Preset:
     overrides: tuple[str, ...]
     frames: int
     unit: str
-    published: Published | None = None
+    published: Quoted | None = None
 
 
-CLEANRL_PPO = "https://docs.cleanrl.dev/rl-algorithms/ppo/"
 PRESETS = {
     "minatar": Preset(("env=minatar", "env.id=MinAtar/Breakout-v1"), 1_000_000, "agent steps (no frame skip)"),
     "breakout": Preset(("env=atari", "env.id=ALE/Breakout-v5"), 2_000_000,
-                       "agent steps (4 emulator frames each)",
-                       Published(f"CleanRL ppo_atari.py, BreakoutNoFrameskip-v4, 3 seeds ({CLEANRL_PPO})",
-                                 414.66, 28.09, 10_000_000)),
+                       "agent steps (4 emulator frames each)", QUOTED["ALE/Breakout-v5"]),
     "pong": Preset(("env=atari", "env.id=ALE/Pong-v5"), 2_000_000, "agent steps (4 emulator frames each)",
-                   Published(f"CleanRL ppo_atari.py, PongNoFrameskip-v4, 3 seeds ({CLEANRL_PPO})",
-                             20.36, 0.20, 10_000_000)),
+                   QUOTED["ALE/Pong-v5"]),
     "halfcheetah": Preset(("env=mujoco", "env.id=HalfCheetah-v5"), 1_000_000, "agent steps (no frame skip)",
-                          Published(f"CleanRL ppo_continuous_action.py, HalfCheetah-v4, tag pr-424 ({CLEANRL_PPO})",
-                                    1442.64, 46.03, 1_000_000)),
+                          QUOTED["HalfCheetah-v5"]),
 }
+"""The presets; their published figures are `QUOTED`'s (`benchmarks/_results.py`), which the plots draw too."""
 PLACEMENTS = {
     "direct": ["service=direct"],
     "process/shared_memory": ["service=process", "transport=shared_memory"],
@@ -291,7 +277,8 @@ def main() -> None:
     show(rec, f"Each seed: mean return of recent episodes at {', '.join(f'{grid[i]:,}' for i in READ_AT)} frames",
          ["run" if several else "placement", "seed", *returns_at, "frames/s"], per_seed)
     rec.plot("curves", f"{names} on {env_id}: median over seeds {args.seeds}, shaded: their range", x=grid,
-             series=series, bands=bands, xlabel=preset.unit, ylabel="mean episode return")
+             series=series, bands=bands, xlabel=preset.unit, ylabel="mean episode return",
+             references=[env_id] if env_id in QUOTED else [])
     if several and "ppo" in args.recipes:  # each other recipe against PPO in the same placement
         for recipe, placement, label in labels:
             if recipe != "ppo" and f"ppo {placement}" in series:
@@ -308,7 +295,7 @@ def main() -> None:
     if preset.published is not None:
         pub = preset.published
         where = "at the same frame count" if pub.frames == frames else f"at {pub.frames:,} agent steps"
-        say(rec.note, f"Published: {pub.source}: {pub.mean:g} +/- {pub.spread:g} {where}.")
+        say(rec.note, f"Published: {pub.source} ({pub.url}): {pub.mean:g} +/- {pub.spread:g} {where}.")
         if pub.frames == frames:
             for *_, label in labels:
                 final = series[label][-1]
