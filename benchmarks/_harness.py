@@ -3,7 +3,7 @@ loops, the processes it starts and stops, and its ``python -m launcher`` runs.
 
 A script imports it first, by its bare name (``python benchmarks/<name>.py`` puts ``benchmarks/`` on ``sys.path``,
 so this module is found beside the script); importing it puts the checkout on ``sys.path`` too, so the project's
-packages import after it from wherever the script is run::
+packages import after it from wherever the script is run:
 
     from _harness import latency, start_owner    # first: the imports below it find the project
     from _results import Results, say

@@ -17,7 +17,7 @@ from .service import Owner
 class ServiceRegistry:
     """A process-local, dict-like registry of services.
 
-    Example:
+    Examples:
         >>> registry = ServiceRegistry()
         >>> registry.register("replay", ReplayBuffer, ReplayConfig(capacity=10_000))  # the registry owns this one
         >>> registry.register("logger", logger_owner)                      # only its client is stored

@@ -5,7 +5,7 @@ that set it, nests, and is restored on exit (also when the block raises). A valu
 is ignored in forked children (each value remembers the process that set it) and never reaches spawned
 ones. Precedence everywhere: explicit argument > scoped default > component default.
 
-Example:
+Examples:
     >>> with service_backend("direct"), transport_backend("auto"):
     ...     buffer = ReplayBuffer(ReplayConfig(capacity=1000))
     >>> buffer.placement

@@ -57,7 +57,7 @@ class JobResources:
         tasks_per_node: always 1.
         why: how each number was counted, by field name (for messages).
 
-    Example:
+    Examples:
         >>> JobResources(2, 1, 0).line()
         'slurm job: cpus_per_task=2 mem_gb=1 gpus_per_node=0 tasks_per_node=1 (from the plan)'
     """

@@ -437,7 +437,7 @@ def write_sweep_summary(sweep_dir: str, *, file: TextIO | None = None, ended_ear
 class SweepSummary(Callback):
     """Hydra callback: the sweep summary at the end of every ``--multirun``.
 
-    Registered in ``conf/config.yaml``::
+    Registered in ``conf/config.yaml``:
 
         hydra:
           callbacks:

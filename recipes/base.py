@@ -252,7 +252,7 @@ class Loop:
             ``total_frames`` are read).
         clients: the run's clients.
 
-    Example:
+    Examples:
         >>> loop = Loop(cfg, clients)
         >>> net = make_net(cfg, clients.env_spec)
         >>> optimizer = torch.optim.Adam(net.parameters())

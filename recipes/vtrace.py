@@ -1,7 +1,7 @@
 """V-trace (Espeholt et al., 2018, "IMPALA", section 4.1): value targets and policy-gradient advantages for
 trajectories that a lagging behaviour policy collected, corrected by truncated importance weights.
 
-For an unroll of ``T`` steps (time-major, ``[T, B]``), behaviour policy ``mu`` and the learner's policy ``pi``::
+For an unroll of ``T`` steps (time-major, ``[T, B]``), behaviour policy ``mu`` and the learner's policy ``pi``:
 
     rho_t = min(rho_bar, pi(a_t|x_t) / mu(a_t|x_t))        c_t = lambda * min(c_bar, pi(a_t|x_t) / mu(a_t|x_t))
     delta_t = rho_t * (r_t + gamma_t * V(x_{t+1}) - V(x_t))

@@ -18,7 +18,7 @@ class TransportConfig:
         kind: ``auto`` or a registered transport kind (`transports.kinds.transport_kinds`; aliases accepted).
         options: keyword options for the concrete transport (``num_slots``, ``backend``...).
 
-    Example:
+    Examples:
         >>> TransportConfig("shm", {"num_slots": 8})
         TransportConfig(kind='shared_memory', options={'num_slots': 8})
     """

@@ -58,7 +58,7 @@ class Layout:
         leaves: the tensor leaves, sorted by nested key.
         batch_size: the TensorDict batch size the layout was taken from.
 
-    Example:
+    Examples:
         >>> td = TensorDict({"observation": torch.zeros(4)})
         >>> layout = Layout.from_tensordict(td)
         >>> layout.keys

@@ -25,7 +25,7 @@ class ThreadTransport(RequestReplyTransport):
         max_queue_size: most pending requests before producers block.
         name: the component served (kept for messages).
 
-    Example:
+    Examples:
         >>> transport = ThreadTransport()
         >>> client = transport.client()   # hand to actor threads
     """

@@ -64,7 +64,7 @@ class Collector(Owner["Collector"]):
             ``total_frames``, and each env's sampling stream continues where it stopped (its episodes restart).
         resolved: the plan's resolution of this collector (it holds the config).
 
-    Example:
+    Examples:
         >>> collector = Collector(CollectorConfig(frames_per_batch=256, total_frames=10_000),
         ...                       create_env_fn=partial(make_vector_env, "CartPole-v1", 8), policy=policy).start()
         >>> for batch in collector:

@@ -37,7 +37,7 @@ class CollectorConfig(ComponentConfig):
         total_frames: stop after this many frames; ``-1`` iterates until shut down (set by the recipe).
         num_envs: environments over all workers, split evenly between them (set by the recipe).
 
-    Example:
+    Examples:
         >>> CollectorConfig(placement="process", num_collectors=2, frames_per_batch=512, total_frames=100_000)
     """
 

@@ -7,7 +7,7 @@ auto`` picks for its observations. The maker, the backends, the schema and the n
 of them names a family.
 
 Adding a family is one module in ``components/envs/families/`` (loaded with the built-ins) or anywhere imported before
-the env is made, plus its YAML in ``conf/env/``::
+the env is made, plus its YAML in ``conf/env/``:
 
     @dataclass
     class MazeConfig:

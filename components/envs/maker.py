@@ -41,7 +41,7 @@ class EnvMaker:
             a keyword argument the env does not take, or one the collector or the preprocessing sets itself; a
             preprocessing of no registered family, or of two.
 
-    Example:
+    Examples:
         >>> EnvMaker(_target_="my_envs.make_maze", kwargs={"size": 5}).vector(8)   # a SyncVectorEnv of 8 mazes
     """
 

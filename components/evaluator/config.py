@@ -26,7 +26,7 @@ class EvaluatorConfig(ComponentConfig):
         seed: the seed of the first episode's env (episode ``i`` gets ``seed + i``): every evaluation plays the same
             starts.
 
-    Example:
+    Examples:
         >>> EvaluatorConfig(placement="process", eval_every=50_000, episodes=10, video=True)
     """
 

@@ -54,7 +54,7 @@ class Evaluator(Owner["EvaluatorClient"]):
         transport: a transport kind or instance instead of ``config.transport``.
         resolved: the plan's resolution of ``components.evaluator``.
 
-    Example:
+    Examples:
         >>> with Evaluator(EvaluatorConfig(placement="process", eval_every=10_000), env={"id": "CartPole-v1"},
         ...                policy_factory=make_policy, weight_sync=sync.client(), logger=logger.client()) as ev:
         ...     ev.client().notify(10_000)

@@ -74,7 +74,7 @@ class RunSetting:
     """A placement's settings for the run in progress: set by its host class's ``session``, read by its hosts (a
     host made outside any session sees ``default``).
 
-    Example:
+    Examples:
         >>> _current = RunSetting(Settings())
         >>> with _current.holding(Settings(port=9000)):   # in session()
         ...     _current.value.port                       # in a host

@@ -118,7 +118,7 @@ class PolicyClientModule(TensorDictModuleBase):
         out_keys: keys written back (``policy_version`` is a good one to keep).
         max_inflight: most requests this module keeps in flight at once (``None``: unbounded).
 
-    Example:
+    Examples:
         >>> policy = PolicyClientModule(server, in_keys=["observation"], out_keys=["action", "policy_version"])
         >>> td = policy(TensorDict({"observation": obs}, [8]))
     """

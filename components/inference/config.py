@@ -37,7 +37,7 @@ class InferenceServerConfig(ComponentConfig):
             ones), for requests a client did not stamp with a mode of their own (`components.inference.modes`).
             A CUDA graph is captured in this mode, and refuses requests stamped with another.
 
-    Example:
+    Examples:
         >>> InferenceServerConfig(placement="process", max_batch_size=32)
     """
 

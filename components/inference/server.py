@@ -52,7 +52,7 @@ class InferenceServer(Owner["InferenceServer"]):
         IncompatibleCombinationError: only one of the two layouts is given (whatever the transport: ``auto``
             never drops a half layout for ``queue``), or the placement does not support the transport.
 
-    Example:
+    Examples:
         >>> server = InferenceServer(InferenceServerConfig(placement="thread"), policy_factory=make_policy)
         >>> with server:
         ...     td = server.client()(TensorDict({"observation": obs}, [8]))

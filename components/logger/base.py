@@ -49,7 +49,7 @@ class Logger(Owner["Logger"]):
     Raises:
         ConfigurationError: ``backend`` lacks a method of the protocol.
 
-    Example:
+    Examples:
         >>> from components.logger import CSVLogger, Logger, LoggerConfig
         >>> with Logger(LoggerConfig(placement="thread"), backend=CSVLogger("runs/a")) as logger:
         ...     logger.log_scalar("loss", 0.5, step=1)

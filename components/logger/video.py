@@ -89,7 +89,7 @@ class VideoRecorder:
         tag: the video's name.
         fps: frames per second of the written video.
 
-    Example:
+    Examples:
         >>> recorder = VideoRecorder(logger_owner, tag="eval/video", fps=30)
         >>> recorder.record(env.render())          # H x W x C uint8, or N x H x W x C for vector envs
         >>> path = recorder.flush(step=1000)

@@ -56,7 +56,7 @@ class ReplayBuffer(ReplayOperations, Owner["ReplayBuffer"]):
             through shared memory without pickling), a `TransportConfig` or an instance.
         resolved: the plan's resolution of this buffer (it holds the config).
 
-    Example:
+    Examples:
         >>> with ReplayBuffer(ReplayConfig(capacity=1000, batch_size=32)) as buffer:
         ...     index = buffer.extend(TensorDict({"observation": torch.randn(100, 4)}, [100]))
         ...     buffer.sample()["observation"].shape

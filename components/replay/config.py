@@ -34,7 +34,7 @@ class ReplayConfig(ComponentConfig):
             stored one frame at a time and rebuilt at sampling (`components.replay.frames`); DQN on pixels
             sets ``[observation, next.observation]``. Empty: every leaf is stored as it is.
 
-    Example:
+    Examples:
         >>> ReplayConfig(capacity=100_000, sampler="prioritized", batch_size=256)
     """
 

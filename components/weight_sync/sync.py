@@ -52,7 +52,7 @@ class WeightSync(Owner["WeightSync"]):
         transport: overrides ``config.transport``; ``None`` takes the ``transport_backend`` context, else ``auto``.
         resolved: the plan's resolution of this channel (it holds the config).
 
-    Example:
+    Examples:
         >>> sync = WeightSync().start()
         >>> server = InferenceServer(policy_factory=make_policy, weight_sync=sync.client()).start()
         >>> sync.push(learner)

@@ -33,7 +33,7 @@ class Checkpoint:
         before_write: called before each write (the launcher flushes the logger there, so every value logged up to
             the checkpoint's frame is on disk when the checkpoint is).
 
-    Example:
+    Examples:
         >>> state = clients.checkpoint.restore()
         >>> if state is not None:
         ...     net.load_state_dict(state["net"])

@@ -1,6 +1,6 @@
 """An example of your own network, chosen in YAML by ``_target_`` instead of a recipe's built-in MLP.
 
-``conf/recipe/ppo_custom_mlp.yaml`` selects it for PPO (``python -m launcher +recipe=ppo_custom_mlp``)::
+``conf/recipe/ppo_custom_mlp.yaml`` selects it for PPO (``python -m launcher +recipe=ppo_custom_mlp``):
 
     network:
       _target_: recipes.examples.custom_mlp.CustomMLP
@@ -30,7 +30,7 @@ class CustomMLP(nn.Sequential):
         activation: the name of a ``torch.nn`` activation module (``Tanh``, ``ReLU``, ``ELU``, ...).
         layer_norm: normalise each hidden layer's pre-activations.
 
-    Example:
+    Examples:
         >>> import torch
         >>> CustomMLP(4, 2, hidden=[32], activation="ReLU")(torch.zeros(8, 4)).shape
         torch.Size([8, 2])

@@ -27,7 +27,7 @@ def bounded(default: Any, *, ge: float | None = None, gt: float | None = None, l
         ge, gt, le, lt: the bounds: ``>=``, ``>``, ``<=``, ``<``.
         unit: what the value counts (``"seconds"``), shown in messages and in the configuration reference.
 
-    Example:
+    Examples:
         >>> @dataclasses.dataclass
         ... class Conf:
         ...     lr: float = bounded(1e-3, gt=0)

@@ -2,7 +2,7 @@
 table), found through the entry-point group ``rl_services.plugins``.
 
 A plugin is a module that registers what it declares when it is imported, the way the built-in host, transport and
-env-family modules do. Its package names it in its own ``pyproject.toml``::
+env-family modules do. Its package names it in its own ``pyproject.toml``:
 
     [project.entry-points."rl_services.plugins"]
     my_family = "my_pkg.my_family"

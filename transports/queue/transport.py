@@ -62,7 +62,7 @@ class QueueTransport(RequestReplyTransport):
         context: multiprocessing start method of the processes involved.
         name: the component served, named in its clients' errors.
 
-    Example:
+    Examples:
         >>> transport = QueueTransport()
         >>> client = transport.client()   # picklable: hand it to any process of this machine
     """
