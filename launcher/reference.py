@@ -1,10 +1,12 @@
-"""The configuration reference and the transports' table, generated from the code that the checks read.
+"""The configuration reference, the config groups, the recipe x env settings and the transports' table, generated
+from the code and the YAML files that the checks read.
 
-Every row comes from a schema dataclass (`launcher.schema` and the config dataclasses it registers) or a
-transport's descriptor: a field's type, the range it declares (`transports.kernel.options.bounded`,
-`one_of`), its default, and its meaning (the comment on the field's line, or the class
-docstring's ``Attributes:`` entry). The documentation site renders these (``docs/hooks.py``);
-``python -m launcher.reference`` prints the configuration reference.
+Every row of the configuration reference comes from a schema dataclass (`launcher.schema` and the config dataclasses
+it registers) or a transport's descriptor: a field's type, the range it declares (`transports.kernel.options.bounded`,
+`one_of`), its default, and its meaning (the comment on the field's line, or the class docstring's ``Attributes:``
+entry). The groups table comes from the files under ``conf/`` (each option's leading comment, its ``defaults:`` list
+and the keys it sets), the recipe x env table from ``conf/recipe_env/``. The documentation site renders these
+(``docs/hooks.py``); ``python -m launcher.reference`` prints the configuration reference.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import io
+import os
 import re
 import sys
 import tokenize
@@ -146,7 +149,14 @@ def table(cls: type, path: str, heading: str | None = None, **which: Any) -> str
 
 
 def _escape(text: str) -> str:
-    return text.replace("|", "\\|")
+    """``text`` for a Markdown table cell: ``|`` escaped, and names that begin or end with an underscore outside code
+    spans (``_target_``, ``__init__``) put in one, so that Markdown does not read their underscores as emphasis, and
+    ``<`` outside code spans written as an entity (``<run dir>`` is text, not an HTML tag)."""
+    parts = re.split(r"(`[^`]*`)", text.replace("|", "\\|"))
+    for i in range(0, len(parts), 2):  # the even parts are outside code spans
+        parts[i] = parts[i].replace("<", "&lt;")  # <run dir> is text, not a tag
+        parts[i] = re.sub(r"(?<![\w`\\])(_\w*_|_\w+|\w+_)(?![\w`])", r"`\1`", parts[i])
+    return "".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------- the reference
@@ -170,12 +180,220 @@ def configuration() -> str:
     parts.append("## Placement settings")
     for name, cls in (*settings_classes().items(), ("launcher", schema.LauncherConf)):
         parts.append(table(cls, name, f"### `{name}`"))
-    parts.append("## Groups")
+    parts.append("## Group options")
+    files = config_groups()
     for group, options in schema.SCHEMAS.items():
-        for option, cls in options.items():
-            label = option.removeprefix("base_")
-            parts.append(table(cls, group, f"### `{group}={label}` ({cls.__name__})"))
+        for cls in dict.fromkeys(options.values()):  # each schema once, with the options of conf/ it types
+            bases = {name for name, c in options.items() if c is cls}
+            typed = [f"`{group}={o.name}`" for o in files.get(group, ()) if bases & set(o.extends)]
+            parts.append(table(cls, group, f"### {cls.__name__} (`{group}`)\n\nTypes " +
+                               (", ".join(typed) if typed else "no option of `conf/`") + "."))
     return "\n\n".join(parts) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- config groups
+CONF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One option of a config group: a file under ``conf/``, or one that a plugin or Hydra provides.
+
+    Attributes:
+        group: the group, as an override names it (``service``, ``hydra/launcher``).
+        name: the option (``direct``, ``slurm``).
+        description: the first sentence of the file's leading comment (empty where it has none).
+        extends: the entries of its ``defaults:`` list other than ``_self_`` (the schema or option it builds on).
+        sets: every key the file sets (besides ``defaults``), dotted, with its value.
+        provider: ``conf`` (a file under ``conf/``), ``plugin`` (an option a ``conf/`` file extends that no file
+            under ``conf/`` is: a Hydra plugin's) or ``hydra`` (Hydra's own default of the group).
+        package: the node the option writes (``# @package`` where the file has one, else the group's path).
+    """
+
+    group: str
+    name: str
+    description: str = ""
+    extends: tuple = ()
+    sets: tuple = ()
+    provider: str = "conf"
+    package: str = ""
+
+
+def _leading_comment(text: str) -> tuple[str, str]:
+    """The ``# @package`` of a YAML file ("" without one) and its one-line description: the first sentence of the first
+    line of its leading comment, without a ``group=option:`` prefix or a trailing "e.g." (which an example follows)."""
+    package, first = "", ""
+    for line in text.splitlines():
+        body = line[1:].strip() if line.startswith("#") else None
+        if body and body.startswith("@package"):
+            package = body.split(None, 1)[1]
+            continue
+        first = body or ""
+        break
+    first = re.sub(r"^[\w/]+=\w+:\s*", "", first)
+    first = re.sub(r",?\s+e\.g\.$", ".", first)
+    sentence = re.match(r"(.+?[.!?])(?=\s+[A-Z(`]|$)", first)
+    first = sentence.group(1) if sentence else first
+    return package, first[:1].upper() + first[1:]
+
+
+def _flatten(node: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(node, dict) and (node or not prefix):
+        for key, value in node.items():
+            yield from _flatten(value, f"{prefix}.{key}" if prefix else str(key))
+    else:
+        yield prefix, node
+
+
+def _value(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (dict, list)):
+        return re.sub(r"'", "", str(value)) if value else ("{}" if isinstance(value, dict) else "[]")
+    return str(value)
+
+
+@lru_cache(maxsize=None)
+def config_groups() -> dict[str, tuple[Option, ...]]:
+    """Every config group under ``conf/`` and its options: the files of each folder that holds YAML files (walked,
+    so ``hydra/launcher`` is one), the options those files extend that no file is (a plugin's: ``submitit_slurm``,
+    ``optuna``), and for Hydra's own groups Hydra's default (``basic``). Groups in the order the primary config's
+    ``defaults:`` list names them, then the others by name."""
+    import yaml
+
+    found: dict[str, list[Option]] = {}
+    for parent, dirs, files in os.walk(CONF):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+        group = os.path.relpath(parent, CONF).replace(os.sep, "/")
+        for file in sorted(f for f in files if f.endswith(".yaml")):
+            if group == ".":
+                continue  # the primary config
+            text = open(os.path.join(parent, file)).read()
+            package, description = _leading_comment(text)
+            data = yaml.safe_load(text) or {}
+            extends = tuple(str(d) for d in data.pop("defaults", []) if d != "_self_")
+            found.setdefault(group, []).append(Option(group, file[:-len(".yaml")], description, extends,
+                                                      tuple(_flatten(data)), "conf",
+                                                      package or group.replace("/", ".")))
+    for group, options in found.items():
+        names = {o.name for o in options}
+        parents = sorted({e for o in options for e in o.extends if not e.startswith("base_") and e not in names})
+        options.extend(Option(group, name, provider="plugin", package=group.replace("/", ".")) for name in parents)
+        hydra_default = _hydra_defaults().get(group)
+        if hydra_default and hydra_default not in names:
+            options.append(Option(group, hydra_default, provider="hydra",
+                                  package=group.replace("/", ".")))
+    order = list(_primary_defaults())
+    return {g: tuple(found[g]) for g in sorted(found, key=lambda g: (order.index(g) if g in order else len(order), g))}
+
+
+@lru_cache(maxsize=None)
+def _primary_defaults() -> dict[str, str]:
+    """``group -> default`` from the ``defaults:`` list of ``conf/config.yaml`` (``null``: none; an ``optional``
+    entry keeps its interpolation)."""
+    import yaml
+
+    out = {}
+    for entry in yaml.safe_load(open(os.path.join(CONF, "config.yaml")))["defaults"]:
+        if isinstance(entry, dict):
+            (key, value), = entry.items()
+            out[key.removeprefix("optional ")] = value
+    return out
+
+
+def _hydra_defaults() -> dict[str, str]:
+    """Hydra's own default option of each of its groups (``hydra/launcher -> basic``)."""
+    from hydra.conf import HydraConf
+
+    defaults = next(f for f in dataclasses.fields(HydraConf) if f.name == "defaults").default_factory()
+    return {f"hydra/{k}": v for entry in defaults for k, v in entry.items() if v is not None}
+
+
+def group_options() -> dict[str, set[str]]:
+    """``group -> every option it offers`` (the files under ``conf/``, the plugins' options they extend, Hydra's
+    default): what a page may offer as ``group=option``."""
+    return {group: {o.name for o in options} for group, options in config_groups().items()}
+
+
+def _default_text(group: str) -> str:
+    default = {**_hydra_defaults(), **_primary_defaults()}.get(group, "")
+    if group in _primary_defaults() and default is None:
+        return f"none: choose one (`+{group}=NAME`)"
+    if default and "${" in default:
+        return f"`{default}` where such a file exists"
+    if group in _hydra_defaults() and group not in _primary_defaults():
+        return f"`{default}` (Hydra's own)"
+    return f"`{default}`" if default else "-"
+
+
+def _schemas(group: str, options: tuple[Option, ...]) -> str:
+    from . import schema
+
+    registered = schema.SCHEMAS.get(group, {})
+    names = sorted({registered[e].__name__ for o in options for e in o.extends if e in registered})
+    return ", ".join(f"`{n}`" for n in names)
+
+
+def groups() -> str:
+    """Every config group under ``conf/`` as Markdown: a table of the groups (default, options, the node each sets
+    and the dataclass that types it), then one table per group of its options (what each is, from the file's
+    leading comment, and the keys it sets)."""
+    table_ = ["| group | default | options | sets the node | typed by |", "|---|---|---|---|---|"]
+    parts = []
+    for group, options in config_groups().items():
+        listed = ", ".join(f"`{o.name}`" + {"conf": "", "plugin": " (a plugin's)", "hydra": " (Hydra's)"}[o.provider]
+                           for o in options)
+        nodes = ", ".join(sorted({f"`{o.package}`" for o in options}))
+        table_.append(f"| `{group}` | {_default_text(group)} | {listed} | {nodes} | {_schemas(group, options) or '-'} |")
+        lines = [f"### `{group}`", "", "| option | what it is | extends | sets |", "|---|---|---|---|"]
+        for o in options:
+            users = ", ".join(f"`{u.name}`" for u in options if o.name in u.extends)
+            what = _escape(o.description) or {"plugin": f"A Hydra plugin's option, which {users} extends",
+                                              "hydra": "Hydra's own default"}.get(o.provider, "-")
+            sets = ", ".join(f"`{key}={_value(value)}`" for key, value in o.sets) or "-"
+            extends = ", ".join(f"`{e}`" for e in o.extends) or "-"
+            lines.append(f"| `{group}={o.name}` | {what} | {extends} | {_escape(sets)} |")
+        parts.append("\n".join(lines))
+    return "\n".join(table_) + "\n\n" + "\n\n".join(parts) + "\n"
+
+
+def recipe_envs() -> str:
+    """Every file of ``conf/recipe_env/`` as a Markdown table: the recipe and the env it applies to (the file is
+    ``<recipe>_<env>.yaml``, chosen when ``+recipe=<recipe> env=<env>``), what it is (its leading comment's first
+    sentence) and each setting it changes, with the recipe's own value beside it."""
+    groups_ = config_groups()
+    recipes = {o.name: o for o in groups_.get("recipe", ())}
+    envs = {o.name for o in groups_.get("env", ())}
+    lines = ["| recipe | env | what it is | settings (the recipe's own value) |", "|---|---|---|---|"]
+    for o in groups_.get("recipe_env", ()):
+        pair = next(((r, o.name[len(r) + 1:]) for r in sorted(recipes, key=len, reverse=True)
+                     if o.name.startswith(r + "_") and o.name[len(r) + 1:] in envs), None)
+        if pair is None:
+            raise ValueError(f"conf/recipe_env/{o.name}.yaml names no recipe and env of conf/ (<recipe>_<env>.yaml)")
+        recipe, env = pair
+        own = _recipe_values(recipes[recipe])
+        settings = ", ".join(f"`{key}={_value(value)}`" + (f" ({_value(own[key])})" if key in own else "")
+                             for key, value in o.sets)
+        what = re.sub(r"^.*?\(env=[^)]*\)[:,]\s*", "", o.description)  # the columns name the recipe and env
+        lines.append(f"| `{recipe}` | `{env}` | {_escape(what[:1].upper() + what[1:]) or '-'} | "
+                     f"{_escape(settings) or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+def _recipe_values(option: Option) -> dict[str, Any]:
+    """A recipe option's values: its schema dataclass's defaults, then the keys its file sets."""
+    from . import schema
+
+    values: dict[str, Any] = {}
+    for base in option.extends:
+        cls = schema.SCHEMAS["recipe"].get(base)
+        for f in dataclasses.fields(cls) if cls else ():
+            if f.default is not dataclasses.MISSING:
+                values[f.name] = f.default
+    values.update(dict(option.sets))
+    return values
 
 
 def transports_table() -> str:
