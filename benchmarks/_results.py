@@ -487,7 +487,7 @@ def _bars(ax, plot, names, styles, horizontal, labels) -> None:
     for j, here in enumerate(present):
         for k, name in enumerate(here):
             style = styles[name]
-            look = {"color": _color(style["color"]), "label": None if name in drawn else name}
+            look = {"color": _color(style["color"]), "label": None if name in drawn else name, "gid": name}
             if style["floor"]:
                 look.update(hatch=style["hatch"], edgecolor="black", linestyle="--", linewidth=0.9)
             else:

@@ -27,8 +27,16 @@ Every owner and helper process is stopped before the script exits (also on error
 temporary directory is removed; the last line says whether any ``rlsvc_*`` shared-memory segment of this
 run's processes is left in ``/dev/shm``.
 
+The peer, measured in the same run with ``--peer-python PATH`` (the python of an environment with torchrl 0.14.1;
+``--peer-path DIR`` adds a ``pip install --target`` directory to import torchrl from): TorchRL's
+``ProcessLogger(CSVLogger)``, whose client's ``log_scalar`` also waits for the child to have written the row
+(``benchmarks/torchrl_logger_peer.py``). It runs in its own interpreter after our rows, not interleaved with them,
+for as many calls (at most ``BUDGET_S`` seconds); its row is ``peer: TorchRL <version> ProcessLogger(CSVLogger)``.
+
+    python benchmarks/logger.py --quick --peer-python .venv/bin/python --peer-path /tmp/trl_pkgs
+
 Target (PASS/MISS printed at the end): a process-placed logger's acknowledged ``log_scalar`` at most 0.3 ms
-p50 (for reference, TorchRL's process logger measured 7.5 ms on these machines).
+p50; each verdict also gives its ratio to the TorchRL peer's p50 where the peer was measured in the run.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ import argparse
 import contextlib
 import cProfile
 import csv
+import importlib
 import io
 import os
 import pickle
@@ -50,7 +59,7 @@ import numpy as np
 import torch
 
 from _harness import (  # first: the checkout on sys.path (benchmarks/_harness.py)
-    interleaved, latency, start_owner, stop_child)
+    interleaved, latency, peer_json, start_owner, stop_child)
 from _results import Results, say, with_floors
 from components.logger import CSVLogger, Logger, LoggerConfig
 from components.hosts.process import context as mp_context
@@ -61,12 +70,24 @@ CALLS = 5000  # measured log_scalar calls per row in a full run
 TARGET_US = 300.0
 BUDGET_S = 15.0  # most seconds one row's measured calls may take
 TAG = "train/loss"
+PEER_PREFIX = "peer: "
+PEER_TIMEOUT = 180.0  # the peer's start (a multiprocessing manager and a spawned child), its calls and its stop
+
+
+def torchrl_peer(python: str, path: str | None, n: int) -> tuple[str, dict]:
+    """TorchRL's `ProcessLogger(CSVLogger)` measured by `benchmarks/torchrl_logger_peer.py` with ``python``: its row
+    label and its `latency` cell."""
+    command = [python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrl_logger_peer.py"),
+               "--calls", str(n), "--budget", str(BUDGET_S), *(["--path", path] if path else [])]
+    peer = peer_json(command, PEER_TIMEOUT)
+    return (f"{PEER_PREFIX}TorchRL {peer['torchrl']} {peer['logger']}",
+            {key: peer[key] for key in ("p50", "p95", "rate", "n")})
 
 
 def tensorboard_logger():
     """TensorBoardLogger if its SDK imports, else None."""
     try:
-        import torch.utils.tensorboard  # noqa: F401
+        importlib.import_module("torch.utils.tensorboard")
         from components.logger import TensorBoardLogger
     except Exception:  # noqa: BLE001 - an optional extra
         return None
@@ -248,24 +269,33 @@ def report(results: dict, profiles: dict, rec: Results) -> None:
         print(prof["cprofile"])
         print("```")
         rec.table(title, PROFILE_COLUMNS, prof["cprofile_rows"])
-    print(f"\n### Target (process logger: acknowledged log_scalar p50 at most {TARGET_US / 1000:.1f} ms; "
-          "TorchRL's process logger: 7.5 ms)\n")
+    print(f"\n### Target (process logger: acknowledged log_scalar p50 at most {TARGET_US / 1000:.1f} ms)\n")
     rows = [row for row in results if row.endswith("/ process")]
+    peer = next((row for row in results if row.startswith(PEER_PREFIX)), None)
     if not rows:
         say(rec.verdict, "no process logger measured in this run")
     for row in rows:
         p50 = results[row]["p50"]
+        beside = (f"{results[peer]['p50'] / p50:.1f}x faster than {peer[len(PEER_PREFIX):]}'s "
+                  f"{results[peer]['p50'] / 1000:.3f} ms, measured in this run" if peer else
+                  "TorchRL's ProcessLogger not measured in this run (--peer-python)")
         say(rec.verdict, f"{'PASS' if p50 <= TARGET_US else 'MISS'} {row}: p50 {p50 / 1000:.3f} ms; target <= "
-            f"{TARGET_US / 1000:.3f} ms ({7500 / p50:.0f}x faster than TorchRL's 7.5 ms)")
+            f"{TARGET_US / 1000:.3f} ms ({beside})")
 
 
 def record_plot(rec: Results, results: dict) -> None:
-    """log_scalar p50 (us) per row: every logger x placement, the floors dashed."""
+    """log_scalar p50 (us) per row: every logger x placement, the floors drawn as floors, the TorchRL peer in a
+    colour of its own."""
     x = list(results)
-    series, floors = with_floors(x, {"p50 us": [results[row]["p50"] for row in x]},
-                                 lambda row: row.startswith("floor: "))
-    rec.plot("log_scalar", "acknowledged log_scalar p50 per logger and placement (floors dashed)", x=x,
-             series=series, kind="bar", xlabel="row", ylabel="log_scalar p50 (us)", log=True, floors=floors)
+    is_peer = [row.startswith(PEER_PREFIX) for row in x]
+    ours, floors = with_floors(x, {"p50 us": [None if peer else results[row]["p50"] for row, peer in zip(x, is_peer)]},
+                               lambda row: row.startswith("floor: "))
+    series = {"p50 us": ours.pop("p50 us")}
+    if any(is_peer):
+        series["p50 us, TorchRL peer"] = [results[row]["p50"] if peer else None for row, peer in zip(x, is_peer)]
+    rec.plot("log_scalar", "acknowledged log_scalar p50 per logger and placement, beside the floors and the peer", x=x,
+             series={**series, **ours}, kind="bar", xlabel="row", ylabel="log_scalar p50 (us)", log=True,
+             floors=floors)
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -273,6 +303,10 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true", help="a fifth of the calls")
     parser.add_argument("--loggers", nargs="+", default=["csv", "tensorboard"], choices=["csv", "tensorboard"])
     parser.add_argument("--placements", nargs="+", default=PLACEMENTS, choices=PLACEMENTS)
+    parser.add_argument("--peer-python", metavar="PATH", default=None,
+                        help="the python of an environment with torchrl 0.14.1: measure TorchRL's ProcessLogger too")
+    parser.add_argument("--peer-path", metavar="DIR", default=None,
+                        help="a pip install --target directory the peer imports torchrl from first")
     return parser
 
 
@@ -302,6 +336,16 @@ def main() -> None:
             run_logger(name, cls, placements, directory, n, ctx, pids, results, profiles, floors=i == 0)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+    peer_note = None
+    if args.peer_python:
+        print("  measuring TorchRL's ProcessLogger (benchmarks/torchrl_logger_peer.py)", file=sys.stderr, flush=True)
+        try:
+            row, cell = torchrl_peer(args.peer_python, args.peer_path, n)
+            results[row] = cell
+            peer_note = (f"{row[len(PEER_PREFIX):]}: measured after our rows in the same run, in its own "
+                         f"interpreter ({cell['n']} calls), not interleaved with them.")
+        except Exception as exc:  # noqa: BLE001 - a missing peer leaves its row out, and says so
+            peer_note = f"TorchRL peer ({args.peer_python}) failed, so its row is missing: {exc!r}"
 
     say(rec.note, f"Logger: acknowledged log_scalar (median over calls; {os.cpu_count()} CPUs; torch "
         f"{torch.__version__}; {'quick' if args.quick else 'full'} run, {time.monotonic() - started:.0f} s)", "# ")
@@ -310,6 +354,8 @@ def main() -> None:
         "\n")
     if skipped:
         say(rec.note, f"Skipped: {', '.join(skipped)}.", "")
+    if peer_note:
+        say(rec.note, peer_note, "")
     report(results, profiles, rec)
     left = segments_of(pids)
     say(rec.note, f"cleanup: every owner and helper process stopped, temporary directory removed; {len(left)} rlsvc "
