@@ -171,9 +171,24 @@ def _cuda_devices() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+# A rough cost of a test by its marks, in seconds: what orders the modules (below).
+_COST = (("hosts", 30.0), ("slurm", 30.0), ("slow", 5.0))
+
+
+def _cost(item) -> float:
+    return next((seconds for mark, seconds in _COST if item.get_closest_marker(mark) is not None), 0.2)
+
+
 def pytest_collection_modifyitems(config, items):
-    # Tests with a Ray cluster of their own stop the shared one; run them last, so it starts only once.
-    items.sort(key=lambda item: "own_ray_cluster" in getattr(item, "fixturenames", ()))
+    # The longest modules first, each kept whole (module fixtures are built once): the two workers then end on short
+    # tests, and one does not idle while the other finishes a minute-long Slurm or hosts test. Tests with a Ray cluster
+    # of their own stop the shared one; they run last, so it starts only once.
+    module_cost: dict[str, float] = {}
+    for item in items:
+        module_cost[item.nodeid.split("::")[0]] = module_cost.get(item.nodeid.split("::")[0], 0.0) + _cost(item)
+    first_seen = {module: i for i, module in enumerate(module_cost)}
+    items.sort(key=lambda item: ("own_ray_cluster" in getattr(item, "fixturenames", ()),
+                                 -module_cost[item.nodeid.split("::")[0]], first_seen[item.nodeid.split("::")[0]]))
     # ``gpu`` tests need CUDA (``@pytest.mark.gpu(devices=2)``: that many devices); skipped saying so where it lacks
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if gpu_items:

@@ -280,9 +280,10 @@ def test_a_preempted_job_is_requeued_and_resumes_from_its_checkpoint(local_slurm
 def test_a_job_at_its_time_limit_is_requeued_and_resumes_from_its_checkpoint(local_slurm, tmp_path):
     from launcher.checkpointing import load
 
-    # Slurm signals signal_delay_s before the 1-minute limit, at a tick of its 30-second timer: 15-45 s in
+    # Slurm signals signal_delay_s before the 1-minute limit, at a tick of its 30-second timer: 20-50 s in (a
+    # checkpoint at 4,096 frames takes a few seconds of training)
     proc = _submit(tmp_path, local_slurm, "recipe.total_frames=100000000", "hydra.launcher.timeout_min=1",
-                   "hydra.launcher.signal_delay_s=15", "hydra.launcher.max_num_timeout=1")
+                   "hydra.launcher.signal_delay_s=40", "hydra.launcher.max_num_timeout=1")
     with _cancelled_at_exit(proc, local_slurm):  # the requeued job would time out again: it is cancelled at the end
         (log_path,) = wait_until(_while_submitted(proc, tmp_path, lambda: glob.glob(
             str(tmp_path / "sweep" / ".submitit" / "*" / "*_0_log.out"))), timeout=60, what="the job to start")
