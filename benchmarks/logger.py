@@ -81,7 +81,7 @@ def torchrl_peer(python: str, path: str | None, n: int) -> tuple[str, dict]:
                "--calls", str(n), "--budget", str(BUDGET_S), *(["--path", path] if path else [])]
     peer = peer_json(command, PEER_TIMEOUT)
     return (f"{PEER_PREFIX}TorchRL {peer['torchrl']} {peer['logger']}",
-            {key: peer[key] for key in ("p50", "p95", "rate", "n")})
+            {key: peer[key] for key in ("p50", "p95", "rate", "n", "block_p50")})
 
 
 def tensorboard_logger():
@@ -342,8 +342,10 @@ def main() -> None:
         try:
             row, cell = torchrl_peer(args.peer_python, args.peer_path, n)
             results[row] = cell
+            blocks = cell.pop("block_p50")
             peer_note = (f"{row[len(PEER_PREFIX):]}: measured after our rows in the same run, in its own "
-                         f"interpreter ({cell['n']} calls), not interleaved with them.")
+                         f"interpreter ({cell['n']} calls), not interleaved with them; the p50 of each fifth of its "
+                         f"calls: {min(blocks) / 1000:.2f}-{max(blocks) / 1000:.2f} ms.")
         except Exception as exc:  # noqa: BLE001 - a missing peer leaves its row out, and says so
             peer_note = f"TorchRL peer ({args.peer_python}) failed, so its row is missing: {exc!r}"
 

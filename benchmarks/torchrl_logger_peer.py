@@ -17,7 +17,8 @@ stands alone: it imports torchrl, numpy and the standard library, and from this 
     python benchmarks/torchrl_logger_peer.py --path /tmp/trl_pkgs --calls 1000
 
 Prints one JSON object on stdout: ``{"torchrl": version, "tensordict": version, "logger":
-"ProcessLogger(CSVLogger)", "p50", "p95", "rate", "n"}`` (latencies in microseconds, ``rate`` in calls/s).
+"ProcessLogger(CSVLogger)", "p50", "p95", "rate", "n", "block_p50"}`` (latencies in microseconds, ``rate`` in
+calls/s; ``block_p50``: the p50 of each of `BLOCKS` consecutive blocks of the calls).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import tempfile
 import time
 
 TAG = "train/loss"
+BLOCKS = 5
+"""The measured calls are also reported as the p50 of each of this many consecutive blocks: how much it moved."""
 
 
 def measure(calls: int, budget: float, warmup: int) -> dict:
@@ -62,8 +65,10 @@ def measure(calls: int, budget: float, warmup: int) -> dict:
             owner.shutdown()
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+    lat_us = np.asarray(lat) * 1e6
+    blocks = [float(np.median(block)) for block in np.array_split(lat_us, BLOCKS) if len(block)]
     return {"torchrl": torchrl.__version__, "tensordict": tensordict.__version__, "logger": "ProcessLogger(CSVLogger)",
-            **latency(np.asarray(lat) * 1e6, wall)}
+            **latency(lat_us, wall), "block_p50": blocks}
 
 
 def main() -> None:
