@@ -337,24 +337,28 @@ def _schemas(group: str, options: tuple[Option, ...]) -> str:
 
 
 def groups() -> str:
-    """Every config group under ``conf/`` as Markdown: a table of the groups (default, options, the node each sets
-    and the dataclass that types it), then one table per group of its options (what each is, from the file's
-    leading comment, and the keys it sets)."""
-    table_ = ["| group | default | options | sets the node | typed by |", "|---|---|---|---|---|"]
+    """Every config group under ``conf/`` as Markdown: a table of the groups (default, options, the dataclass that
+    types them), then one table per group of its options (what each is, from the file's leading comment, and the keys
+    it sets), but ``recipe_env``'s, which `recipe_envs` shows (on the configuration page, which links to it)."""
+    table_ = ["| group | default | options | typed by |", "|---|---|---|---|"]
     parts = []
     for group, options in config_groups().items():
         listed = ", ".join(f"`{o.name}`" + {"conf": "", "plugin": " (a plugin's)", "hydra": " (Hydra's)"}[o.provider]
                            for o in options)
-        nodes = ", ".join(sorted({f"`{o.package}`" for o in options}))
-        table_.append(f"| `{group}` | {_default_text(group)} | {listed} | {nodes} | {_schemas(group, options) or '-'} |")
-        lines = [f"### `{group}`", "", "| option | what it is | extends | sets |", "|---|---|---|---|"]
+        table_.append(f"| `{group}` | {_default_text(group)} | {listed} | {_schemas(group, options) or '-'} |")
+        if group == "recipe_env":  # one file per recipe and env: the recipe x env table shows them
+            parts.append(f"### `{group}`\n\nOne option per recipe and env, chosen by them: the "
+                         "[recipe x env table](#recipe-x-env-settings) shows each and what it changes.")
+            continue
+        lines = [f"### `{group}`", "", "| option | what it is | sets |", "|---|---|---|"]
         for o in options:
             users = ", ".join(f"`{u.name}`" for u in options if o.name in u.extends)
-            what = _escape(o.description) or {"plugin": f"A Hydra plugin's option, which {users} extends",
-                                              "hydra": "Hydra's own default"}.get(o.provider, "-")
+            what = _escape(o.description) or {"plugin": f"A Hydra plugin's option, which {users} extends.",
+                                              "hydra": "Hydra's own default."}.get(o.provider, "-")
+            parents = [e for e in o.extends if not e.startswith("base_")]
+            what += "".join(f" Extends `{e}`." for e in parents)
             sets = ", ".join(f"`{key}={_value(value)}`" for key, value in o.sets) or "-"
-            extends = ", ".join(f"`{e}`" for e in o.extends) or "-"
-            lines.append(f"| `{group}={o.name}` | {what} | {extends} | {_escape(sets)} |")
+            lines.append(f"| `{o.name}` | {what} | {_escape(sets)} |")
         parts.append("\n".join(lines))
     return "\n".join(table_) + "\n\n" + "\n\n".join(parts) + "\n"
 
