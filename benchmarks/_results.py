@@ -555,10 +555,6 @@ HISTORY_ROWS = 15
 """Runs the generated history table shows (the newest); the results file keeps up to `KEEP_RUNS`."""
 
 
-def _shorten(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit - 1].rstrip() + "…"
-
-
 def _targets(verdicts: Sequence[str]) -> str:
     """How many of a run's targets were met: the verdicts that start with `PASS` against those with `MISS`."""
     met = sum(1 for v in verdicts if v.startswith("PASS"))
@@ -569,8 +565,8 @@ def _targets(verdicts: Sequence[str]) -> str:
 
 
 def history(benchmark: str, runs: list[dict], rows: int = HISTORY_ROWS) -> str:
-    """Every recorded run of `benchmark` as a Markdown table, newest first: the date, the commit, the command (its
-    script and arguments), the machine, how many targets the run met and what it measured (its first table's title).
+    """Every recorded run of `benchmark` as a Markdown table, newest first: the date, the commit, the machine, how
+    many targets the run met, and the command (its script and arguments, the widest column, last).
 
     Args:
         benchmark: the results file's name (`learning_minatar` for `benchmarks/results/learning_minatar.json`).
@@ -583,7 +579,7 @@ def history(benchmark: str, runs: list[dict], rows: int = HISTORY_ROWS) -> str:
     path = f"benchmarks/results/{benchmark}.json"
     if not runs:
         return f"No runs recorded yet in `{path}`.\n"
-    lines = ["| date | commit | command | machine | targets | measured |", "|---|---|---|---|---|---|"]
+    lines = ["| date | commit | machine | targets | command |", "|---|---|---|---|---|"]
     for run in list(reversed(runs))[:rows]:
         m = run.get("machine", {})
         words = shlex.split(run.get("command", ""))
@@ -592,10 +588,9 @@ def history(benchmark: str, runs: list[dict], rows: int = HISTORY_ROWS) -> str:
         command = f"`{os.path.basename(script)} {arguments}`".replace("|", "\\|")
         commit_text = f"`{run.get('commit')}`" + (" + changes" if run.get("dirty") else "")
         cpu = f"{m.get('cpu')}, {m.get('cores')} cores" if m else "-"
-        title = next((t["title"] for t in run.get("tables", [])), "")
-        measured = _shorten(title.split(": ", 1)[0], 90) if title else "-"
-        lines.append(f"| {str(run.get('date', '-'))[:10]} | {commit_text} | {command} | {_cell(cpu)} | "
-                     f"{_targets(run.get('verdicts', []))} | {_cell(measured)} |")
+        date = str(run.get("date", "-"))[:10]
+        lines.append(f'| <span style="white-space: nowrap">{date}</span> | {commit_text} | {_cell(cpu)} | '
+                     f"{_targets(run.get('verdicts', []))} | {command} |")
     older = len(runs) - rows
     lines.append("")
     lines.append(f"{len(runs)} run{'s' if len(runs) > 1 else ''} recorded in `{path}`, newest first" +

@@ -187,11 +187,11 @@ def run(i, verdicts=("PASS a", "MISS b"), dirty=False):
 def test_the_history_table_lists_the_newest_runs_first_and_counts_the_older_ones():
     runs = [run(i) for i in range(20)]
     text = _results.history("collect", runs)
-    rows = [line for line in text.splitlines() if line.startswith("| 2026")]
+    rows = [line for line in text.splitlines() if "2026-" in line]
     assert len(rows) == _results.HISTORY_ROWS
     assert [row.split(" | ")[1] for row in rows] == [f"`c{i:06d}`" for i in range(19, 4, -1)]
     assert "`collect.py --quick --seed 19`" in rows[0] and "AMD EPYC, 2 cores" in rows[0]
-    assert "1 of 2 met" in rows[0] and "16 envs in total, run 19" in rows[0]
+    assert "1 of 2 met" in rows[0] and "2026-12-20" in rows[0]
     assert "20 runs recorded in `benchmarks/results/collect.json`" in text and "the 5 older ones" in text
     everything = _results.history("collect", runs, rows=len(runs))
     assert all(f"`c{i:06d}`" in everything for i in range(20))
@@ -200,5 +200,5 @@ def test_the_history_table_lists_the_newest_runs_first_and_counts_the_older_ones
 def test_the_history_table_says_so_when_nothing_is_recorded_and_marks_a_dirty_tree():
     assert "No runs recorded yet" in _results.history("nothing", [])
     text = _results.history("collect", [run(0, verdicts=(), dirty=True)])
-    (row,) = [line for line in text.splitlines() if line.startswith("| 2026")]
+    (row,) = [line for line in text.splitlines() if "2026-" in line]
     assert "`c000000` + changes" in row and "| - |" in row
