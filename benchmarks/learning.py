@@ -5,7 +5,8 @@ Each run is ``python -m launcher +recipe=R <env> seed=S recipe.total_frames=N`` 
 is the ``train/mean_return`` series of its ``metrics.csv`` (the mean return of the recent finished episodes, as the
 launcher's progress line and ``learning_curve.png`` show it). The curves of the seeds are read at common frame
 counts (each seed's latest point at or before the count) and summarised as the median with the range over seeds.
-Published figures are printed beside them, with the frame count they were measured at.
+Published figures (`QUOTED` in `benchmarks/_results.py`) are printed beside them with the frame count they were
+measured at, and drawn on the curves as quoted stars.
 
     python benchmarks/learning.py minatar --seeds 0 1 2 --frames 1000000
     python benchmarks/learning.py breakout --seeds 0 1 2 --frames 2000000
