@@ -30,7 +30,7 @@ PROMPT = "$ python -m launcher "
 
 
 def _sections(text: str) -> list[dict]:
-    """Each `###` section of ``text``: its heading, its quoted messages, and its examples as ``(argv, printed lines)``."""
+    """Each section of ``text``: its heading, its quoted messages, and its examples as ``(argv, printed lines)``."""
     sections: list[dict] = []
     lines = text.splitlines()
     i = 0
