@@ -364,24 +364,45 @@ def _renamed(plot: Mapping[str, Any]) -> dict:
     return plot
 
 
-def _split_floor_rows(plot: Mapping[str, Any]) -> dict:
-    """A bar plot whose rows name floors or bounds (`floor: csv row`, `overlap bound`) but whose record drew them as
-    measured bars: those rows split into a floor series per measured series (`with_floors`), named `<series>
-    (bound)` where every such row is a bound (`<series> (overlap bound)` where the title or a row says so) and
-    `<series> (floor)` otherwise."""
+PEER_ROWS = ("peer: ", "CleanRL-style loop", "Sample Factory ")
+"""How a bar plot's row label starts where the row is a peer measured in the same run (another project's code):
+drawn as measured, in a colour of its own."""
+
+
+def _split_rows(plot: Mapping[str, Any]) -> dict:
+    """A bar plot whose rows name floors, bounds or peers (`floor: csv row`, `overlap bound`, `Sample Factory 2.1.1
+    APPO`) but whose record drew them as its measured series: those rows split off each measured series
+    (`with_floors`) into `<series> (floor)`, `<series> (bound)` (`<series> (overlap bound)` where the title or a row
+    says so), drawn as floors, and `<series> (peer)`, drawn as measured in a colour of its own."""
     plot = dict(plot)
-    floors = list(plot.get("floors", []))
-    rows = [at for at in plot["x"] if isinstance(at, str) and _FLOOR_WORD.search(at)]
-    measured = {name: values for name, values in plot["series"].items() if name not in floors}
-    if plot["kind"] != "bar" or not rows or all(values[plot["x"].index(row)] is None
-                                                 for values in measured.values() for row in rows):
+    if plot["kind"] != "bar":
         return plot
-    word = "bound" if all("bound" in row.lower() for row in rows) else "floor"
-    if word == "bound" and "overlap bound" in " ".join([plot.get("title", ""), *rows]).lower():
-        word = "overlap bound"
-    split, new = with_floors(plot["x"], measured, lambda at: at in rows, f" ({word})")
-    plot["series"] = {**split, **{name: plot["series"][name] for name in floors}}
-    plot["floors"] = floors + new
+    floors = list(plot.get("floors", []))
+    measured = {name: values for name, values in plot["series"].items() if name not in floors}
+    text = " ".join([plot.get("title", ""), *map(str, plot["x"])]).lower()
+
+    def kind(row: Any) -> str | None:
+        row = str(row)
+        if row.startswith(PEER_ROWS):
+            return "peer"
+        found = _FLOOR_WORD.search(row)
+        if found and found.group(1).lower() == "bound":
+            return "overlap bound" if "overlap bound" in text else "bound"
+        return "floor" if found else None
+
+    base, extra, drawn_as_floors = dict(measured), {}, []
+    for what in ("peer", "floor", "bound", "overlap bound"):
+        rows = [at for at in plot["x"] if kind(at) == what]
+        if not rows or all(values[plot["x"].index(row)] is None for values in base.values() for row in rows):
+            continue
+        split, new = with_floors(plot["x"], base, lambda at: at in rows, f" ({what})")
+        base = {name: split[name] for name in base}
+        extra.update({name: split[name] for name in new})
+        drawn_as_floors += [] if what == "peer" else new
+    if not extra:
+        return plot
+    plot["series"] = {**base, **extra, **{name: plot["series"][name] for name in floors}}
+    plot["floors"] = floors + drawn_as_floors
     return plot
 
 
@@ -430,7 +451,7 @@ def plot_figure(plot: Mapping[str, Any]):
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-    plot = _split_floor_rows(_renamed(plot))
+    plot = _split_rows(_renamed(plot))
     names = list(plot["series"])
     floors = set(plot.get("floors", [])) & set(names)
     styles = _styles(names, floors)

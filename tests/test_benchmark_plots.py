@@ -93,6 +93,20 @@ def test_bound_rows_recorded_as_measured_bars_are_drawn_as_the_pages_overlap_bou
     assert legend == ["frames/s", "frames/s (overlap bound)"]
 
 
+def test_a_peer_row_recorded_as_a_measured_bar_is_drawn_as_measured_in_a_colour_of_its_own():
+    plot = bar_plot(["ppo direct", "appo process/local_policy", "Sample Factory 2.1.1 APPO", "appo bound"],
+                    {"frames/s": [310.0, 443.0, 318.0, 581.0]},
+                    title="IMPALA and APPO: median frames/s per row, and each recipe's overlap bound")
+    fig = _results.plot_figure(plot)
+    by_label = {label: patch for label, patch in bars(fig)}
+    assert set(by_label) == {"frames/s", "frames/s (peer)", "frames/s (overlap bound)"}
+    peer = by_label["frames/s (peer)"]
+    assert not peer.get_hatch(), "a peer is measured, not a floor"
+    assert to_rgba(peer.get_facecolor()) != to_rgba(by_label["frames/s"].get_facecolor())
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["frames/s", "frames/s (peer)",
+                                                                  "frames/s (overlap bound)"]
+
+
 def test_floor_lines_never_take_a_measured_lines_colour_and_are_dashed():
     names = [f"cell {i}" for i in range(9)] + [f"floor {i}" for i in range(5)]
     plot = {"name": "round_trip", "title": "p50 round trip", "kind": "line", "x": [16, 28_224, 1_048_576],
