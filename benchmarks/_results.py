@@ -393,10 +393,12 @@ def _split_rows(plot: Mapping[str, Any]) -> dict:
     base, extra, drawn_as_floors = dict(measured), {}, []
     for what in ("peer", "floor", "bound", "overlap bound"):
         rows = [at for at in plot["x"] if kind(at) == what]
-        if not rows or all(values[plot["x"].index(row)] is None for values in base.values() for row in rows):
+        mixed = {name: values for name, values in base.items()  # a series already of these rows alone stays whole
+                 if any(v is not None for at, v in zip(plot["x"], values) if at not in rows)}
+        if not rows or all(values[plot["x"].index(row)] is None for values in mixed.values() for row in rows):
             continue
-        split, new = with_floors(plot["x"], base, lambda at: at in rows, f" ({what})")
-        base = {name: split[name] for name in base}
+        split, new = with_floors(plot["x"], mixed, lambda at: at in rows, f" ({what})")
+        base = {name: split.get(name, values) for name, values in base.items()}
         extra.update({name: split[name] for name in new})
         drawn_as_floors += [] if what == "peer" else new
     if not extra:

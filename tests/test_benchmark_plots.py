@@ -107,6 +107,14 @@ def test_a_peer_row_recorded_as_a_measured_bar_is_drawn_as_measured_in_a_colour_
                                                                   "frames/s (overlap bound)"]
 
 
+def test_a_peer_recorded_in_a_series_of_its_own_keeps_its_name():
+    rows = ["floor: Pipe round trip", "csv / process", "peer: TorchRL 0.14.1 ProcessLogger(CSVLogger)"]
+    plot = bar_plot(rows, {"p50 us": [None, 190.0, None], "p50 us, TorchRL peer": [None, None, 1500.0],
+                           "p50 us (floor)": [36.0, None, None]}, floors=["p50 us (floor)"], log=True)
+    fig = _results.plot_figure(plot)
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == list(plot["series"])
+
+
 def test_floor_lines_never_take_a_measured_lines_colour_and_are_dashed():
     names = [f"cell {i}" for i in range(9)] + [f"floor {i}" for i in range(5)]
     plot = {"name": "round_trip", "title": "p50 round trip", "kind": "line", "x": [16, 28_224, 1_048_576],
