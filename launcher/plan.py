@@ -177,6 +177,14 @@ def learner_threads(observation_shape: tuple, collector: Resolved | None, passes
     return max(1, cores - int(collector.config.num_collectors)) if shares else max(1, cores)
 
 
+def recipe_options() -> tuple[str, ...]:
+    """The `+recipe=` options the package ships (`conf/recipe/*.yaml`: APPO is IMPALA's recipe with other settings)."""
+    import conf
+
+    folder = os.path.join(os.path.dirname(conf.__file__), "recipe")
+    return tuple(sorted(name[:-5] for name in os.listdir(folder) if name.endswith(".yaml")))
+
+
 def recipe_of(cfg: DictConfig) -> tuple[Recipe, Any]:
     """The selected `Recipe` and its config object.
 
@@ -185,7 +193,7 @@ def recipe_of(cfg: DictConfig) -> tuple[Recipe, Any]:
     """
     if cfg.get("recipe") is None:
         raise ConfigurationError("no recipe selected: add one on the command line, e.g. +recipe=ppo, or your own "
-                                 "as +recipe=my_pkg.my_module:RECIPE", path="recipe", alternatives=tuple(RECIPES))
+                                 "as +recipe=my_pkg.my_module:RECIPE", path="recipe", alternatives=recipe_options())
     recipe_cfg = OmegaConf.to_object(cfg.recipe)
     recipe = recipe_for_config(recipe_cfg)
     if recipe is None:
