@@ -24,7 +24,10 @@ def bounded(default: Any, *, ge: float | None = None, gt: float | None = None, l
 
     Args:
         default: the field's default.
-        ge, gt, le, lt: the bounds: ``>=``, ``>``, ``<=``, ``<``.
+        ge: the least value allowed (``>=``).
+        gt: a value the field must exceed (``>``).
+        le: the greatest value allowed (``<=``).
+        lt: a value the field must stay below (``<``).
         unit: what the value counts (``"seconds"``), shown in messages and in the configuration reference.
 
     Examples:
