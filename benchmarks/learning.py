@@ -165,7 +165,8 @@ def recorded_ppo(preset_name: str, run_number: int, frames: int, seeds: list[int
                          f"this one {frames:,} on {seeds}: {run['command']}")
     plot = next(p for p in run["plots"] if p["name"] == "curves")
     summary, each = run["tables"][0], run["tables"][1]
-    where = f"recorded: run {run_number} of {os.path.basename(path)}, {run['date'][:10]}, {run['commit']}"
+    # named by its date and commit (the history table's columns), not by its place in the file
+    where = f"recorded in {os.path.basename(path)} on {run['date'][:10]} at {run['commit']}"
     found = {}
     for placement in placements:
         label = f"ppo {placement}"

@@ -97,3 +97,18 @@ def test_no_page_narrates_runs(path):
 def test_no_page_is_longer_than_its_limit(path):
     count = words(open(path).read())
     assert count <= limit(path), f"{_name(path)}: {count:,} words, more than {limit(path):,}"
+
+
+RESULTS = sorted(glob.glob(os.path.join(ROOT, "benchmarks", "results", "*.json")))
+
+
+@pytest.mark.parametrize("path", RESULTS, ids=_name)
+def test_what_a_page_renders_from_the_newest_run_names_no_run_by_number(path, monkeypatch):
+    # the generated block is part of the page a reader sees: its labels and notes name a run by date and commit
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
+    import _results
+
+    name = os.path.basename(path)[:-5]
+    runs = _results.load(path)
+    found = diary(_results.page(name, runs[-1:]))
+    assert found == [], f"the newest run of {_name(path)} renders {found}"
