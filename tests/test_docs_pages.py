@@ -112,3 +112,11 @@ def test_what_a_page_renders_from_the_newest_run_names_no_run_by_number(path, mo
     runs = _results.load(path)
     found = diary(_results.page(name, runs[-1:]))
     assert found == [], f"the newest run of {_name(path)} renders {found}"
+
+
+def test_the_pages_say_no_gpu_run_was_made_only_while_none_is_recorded():
+    recorded = os.path.exists(os.path.join(ROOT, "benchmarks", "results", "gpu.json"))
+    for page in ("benchmarks/gpu.md", "benchmarks/index.md"):
+        says_none = "no gpu run has been made yet" in open(os.path.join(PAGES_DIR, page)).read().lower()
+        assert says_none is not recorded, f"{page}: {'says' if says_none else 'does not say'} no GPU run was made, " \
+                                          f"and benchmarks/results/gpu.json {'exists' if recorded else 'does not'}"
