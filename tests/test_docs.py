@@ -39,10 +39,15 @@ MY_CONF = {
 }
 
 
+def _read(path) -> str:
+    with open(path) as f:
+        return f.read()
+
+
 def _commands(path: str) -> list[list[str]]:
     """The shell commands of the ```bash blocks of ``path`` as words, one list per command (continuations joined,
     comments dropped, ``a && b`` and ``a; b`` split)."""
-    text = open(path).read()
+    text = _read(path)
     commands = []
     for block in re.findall(r"```(?:bash|sh|console)\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():
@@ -141,7 +146,7 @@ def _assert_dry_run_plans(where: str, command: list[str], user_dir, monkeypatch)
     from launcher.preflight import check_argv
 
     args = _launcher_args(command)
-    if all("export RLSVC_KEY=" in open(os.path.join(ROOT, page)).read() for page in where.split(", ")):
+    if all("export RLSVC_KEY=" in _read(os.path.join(ROOT, page)) for page in where.split(", ")):
         monkeypatch.setenv("RLSVC_KEY", "the page's secret")  # each page showing it sets the run's secret first
     sweep = "--multirun" in args or "-m" in args
     with contextlib.chdir(user_dir):  # where the page's reader stands (--config-dir my_conf)
@@ -189,7 +194,7 @@ def test_the_readme_is_short_and_its_table_is_the_generated_one():
     from components.compat import render_markdown
     from launcher.matrix import README_BEGIN, README_END
 
-    text = open(README).read()
+    text = _read(README)
     assert len(text.splitlines()) <= README_LINES
     assert text.split(README_BEGIN)[1].split(README_END)[0].strip() == render_markdown()
     assert "python -m launcher +recipe=ppo" in text and "python -m pytest" in text
@@ -198,7 +203,7 @@ def test_the_readme_is_short_and_its_table_is_the_generated_one():
 def test_no_page_keeps_a_diary():
     # benchmark results live in benchmarks/results/*.json and the pages generated from them, not in prose
     diary = re.compile(r"\bat [0-9a-f]{7}\b|\b20\d\d-\d\d-\d\d\b|\bpassed, \d+ skipped\b|\b\d[\d,]* tests\b(?!/)")
-    prose = {path: re.sub(r"```.*?```", "", open(path).read(), flags=re.S) for path in [README, *PAGES]}
+    prose = {path: re.sub(r"```.*?```", "", _read(path), flags=re.S) for path in [README, *PAGES]}
     found = [f"{os.path.relpath(path, ROOT)}: {m.group(0)}" for path, text in prose.items()
              for m in diary.finditer(text)]
     assert found == []
@@ -228,9 +233,9 @@ def _misrendered(site) -> list[str]:
     own Markdown asks for aside)."""
     found = []
     for path in sorted(glob.glob(os.path.join(str(site), "**", "*.html"), recursive=True)):
-        html, page = open(path).read(), os.path.relpath(path, str(site))
+        html, page = _read(path), os.path.relpath(path, str(site))
         source = os.path.join(ROOT, "docs", "pages", page[:-len(".html")] + ".md")
-        asked = open(source).read().count("*target*") if os.path.exists(source) else 0
+        asked = _read(source).count("*target*") if os.path.exists(source) else 0
         for m in MISRENDERED.finditer(html):
             if m.group(0) == "<em>target</em>" and asked > 0:
                 asked -= 1

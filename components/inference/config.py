@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
+from transports.kernel.errors import ConfigurationError
 from transports.kernel.options import bounded, device_option, one_of
 
 from ..config import ComponentConfig, check_devices
@@ -66,6 +67,21 @@ class InferenceServerConfig(ComponentConfig):
                 ("static_batch_size", static is None or static >= self.max_batch_size,
                  f"{self.path}.static_batch_size must be at least max_batch_size={self.max_batch_size} (a batch never "
                  f"outgrows its graph), got {static!r}"))
+
+    def check_placement(self, placement: str, *, inline: bool) -> None:
+        """Refuse static batches for an owner without a serving loop (one called in the caller's thread, `direct`):
+        checked while planning and again when the server is built.
+
+        Raises:
+            ConfigurationError: naming `components.inference.static_batch_size`.
+        """
+        if inline and self.static_batch_size is not None:
+            path = f"{self.path}.static_batch_size"
+            raise ConfigurationError(
+                f"{path}={self.static_batch_size}: static batches are what a serving loop forwards, and placement "
+                f"{placement!r} has none (each call is a forward in the caller's thread); place the server in a "
+                "thread or process (components.inference.placement=process), or leave static_batch_size unset",
+                path=path)
 
     def check_devices(self) -> None:
         """Refuse a device this machine does not have (imports torch: called where the policy is built, not when a

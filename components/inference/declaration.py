@@ -16,6 +16,12 @@ def _process_auto(ctx: TransportContext) -> tuple[str, str]:
     return "queue", "process owner without fixed layouts: pickled payloads over a local socket per client"
 
 
+def check(config: InferenceServerConfig, *, inline: bool = False) -> None:
+    """What the config's own rules cannot say: static batches need a serving loop (an inline owner, `direct`, has
+    none)."""
+    config.check_placement("direct", inline=inline)
+
+
 DECLARATION = Declaration(
     component="inference",
     cells=(
@@ -30,4 +36,5 @@ DECLARATION = Declaration(
     calls=(Calls("weight_sync"),),
     layouts_up_front=True,
     config=InferenceServerConfig,
+    check=check,
 )

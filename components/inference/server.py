@@ -164,11 +164,7 @@ def _check_static(config: InferenceServerConfig, placement: str, inline: bool, r
     """Refuse static batches where they cannot be captured: without a serving loop (an owner called in the caller's
     thread, ``direct``) or without the request layout the graph's input is made from."""
     path = "components.inference.static_batch_size"
-    if inline:
-        raise ConfigurationError(
-            f"{path}={config.static_batch_size}: static batches are what a serving loop forwards, and placement "
-            f"{placement!r} has none (each call is a forward in the caller's thread); place the server in a thread or "
-            "process, or leave static_batch_size unset", path=path)
+    config.check_placement(placement, inline=inline)
     if request_layout is None:
         raise ConfigurationError(
             f"{path}={config.static_batch_size} needs the layout of one request to capture its graph for: pass "

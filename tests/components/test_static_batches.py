@@ -90,12 +90,23 @@ def test_static_batches_need_a_serving_loop_and_a_request_layout():
         InferenceServer(config, policy=Recording(), transport="thread")
 
 
+def test_a_plan_with_static_batches_on_a_direct_server_is_refused_before_anything_starts(compose_cfg):
+    from launcher.plan import build_plan
+
+    static = ("components.inference.policy_device=cuda", "components.inference.static_batch_size=64")
+    with pytest.raises(ConfigurationError, match="placement 'direct' has none") as refused:
+        build_plan(compose_cfg("+recipe=appo", "env=atari", *static))
+    assert refused.value.path == "components.inference.static_batch_size"
+    plan = build_plan(compose_cfg("+recipe=appo", "env=atari", "service=process", *static))
+    assert next(c for c in plan.components if c.component == "inference").placement == "process"
+
+
 @pytest.mark.slow
 def test_a_plan_with_static_batches_on_a_machine_without_cuda_exits_2_naming_the_device(tmp_path):
     from tests.helpers import run_cli
 
-    done = run_cli("+recipe=ppo", "components.inference.static_batch_size=64", "components.inference.policy_device=cuda",
-                   f"hydra.run.dir={tmp_path}", cwd=str(tmp_path))
+    done = run_cli("+recipe=ppo", "service=process", "components.inference.static_batch_size=64",
+                   "components.inference.policy_device=cuda", f"hydra.run.dir={tmp_path}", cwd=str(tmp_path))
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the plan is not refused")
     assert done.returncode == 2, done.stderr[-2000:]
