@@ -199,3 +199,30 @@ def decoded_video(path: str) -> tuple[int, tuple[int, int]]:
 
     with Image.open(path) as gif:
         return gif.n_frames, gif.size
+
+
+def shell_commands(text: str, languages: tuple[str, ...] = ("bash", "sh", "console")) -> list[list[str]]:
+    """The shell commands of the fenced blocks of Markdown `text` in `languages`, as words, one list per command:
+    continuations joined, a `$ ` prompt and comments dropped, `a && b`, `a; b`, `a || b`, `a | b` and `a &` split."""
+    import re
+    import shlex
+
+    commands = []
+    for language, block in re.findall(r"^```(\w*)\n(.*?)^```", text, re.S | re.M):
+        if language not in languages:
+            continue
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.strip().removeprefix("$ ")
+            if not line or line.startswith("#"):
+                continue
+            lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|")
+            lexer.whitespace_split, lexer.commenters = True, "#"
+            command: list[str] = []
+            for word in lexer:
+                if word in ("&&", ";", "||", "|", "&"):
+                    commands.append(command)
+                    command = []
+                else:
+                    command.append(word)
+            commands.append(command)
+    return [c for c in commands if c]

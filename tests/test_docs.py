@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from tests.helpers import ROOT, cli_in_process
+from tests.helpers import ROOT, cli_in_process, shell_commands
 from tests.user_code import OWN_RECIPE
 
 README = os.path.join(ROOT, "README.md")
@@ -45,26 +45,8 @@ def _read(path) -> str:
 
 
 def _commands(path: str) -> list[list[str]]:
-    """The shell commands of the ```bash blocks of ``path`` as words, one list per command (continuations joined,
-    comments dropped, ``a && b`` and ``a; b`` split)."""
-    text = _read(path)
-    commands = []
-    for block in re.findall(r"```(?:bash|sh|console)\n(.*?)```", text, re.S):
-        for line in block.replace("\\\n", " ").splitlines():
-            line = line.strip().removeprefix("$ ")
-            if not line or line.startswith("#"):
-                continue
-            lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|")
-            lexer.whitespace_split, lexer.commenters = True, "#"
-            command: list[str] = []
-            for word in lexer:
-                if word in ("&&", ";", "||", "|"):
-                    commands.append(command)
-                    command = []
-                else:
-                    command.append(word)
-            commands.append(command)
-    return [c for c in commands if c]
+    """The shell commands of the ```bash, ```sh and ```console blocks of ``path`` (`tests.helpers.shell_commands`)."""
+    return shell_commands(_read(path))
 
 
 def _all_commands() -> list[tuple[str, list[str]]]:

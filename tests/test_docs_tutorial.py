@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from tests import test_docs
-from tests.helpers import ROOT
+from tests.helpers import ROOT, shell_commands
 
 TUTORIAL = os.path.join(ROOT, "docs", "pages", "tutorial")
 STEPS = ["1-cartpole.md", "2-processes.md", "3-atari.md", "4-appo.md", "5-ray.md", "6-slurm.md",
@@ -69,27 +69,8 @@ def _fences(text: str) -> list[tuple[str, str]]:
 
 
 def _commands(text: str) -> list[list[str]]:
-    """The commands of the ```bash blocks of ``text`` as words, by the rules of ``tests/test_docs.py``
-    (continuations joined, comments dropped, ``a && b``, ``a; b``, ``a | b`` split)."""
-    commands = []
-    for language, block in _fences(text):
-        if language != "bash":
-            continue
-        for line in block.replace("\\\n", " ").splitlines():
-            line = line.strip().removeprefix("$ ")
-            if not line or line.startswith("#"):
-                continue
-            lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|")
-            lexer.whitespace_split, lexer.commenters = True, "#"
-            command: list[str] = []
-            for word in lexer:
-                if word in ("&&", ";", "||", "|", "&"):
-                    commands.append(command)
-                    command = []
-                else:
-                    command.append(word)
-            commands.append(command)
-    return [c for c in commands if c]
+    """The commands of the ```bash blocks of ``text`` as words, by the rules of ``tests/test_docs.py``."""
+    return shell_commands(text, ("bash",))
 
 
 COMMANDS = [(page, command) for page in PAGES for command in _commands(_read(page))]
