@@ -23,6 +23,7 @@ Values are stored as JSON's own types (`_plain`: numpy scalars become numbers, N
 from __future__ import annotations
 
 import datetime
+import html
 import io
 import json
 import math
@@ -212,9 +213,19 @@ def load(path: str) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------- rendering
+RANGE_AFTER = re.compile(r"^(?P<value>\S+) (?P<range>[(\[][-+\d.,]+ ?- ?[-+\d.,]+[)\]])$")
+"""A cell's value with its range after it (`24,576 (24,064-28,672)`, `5.16 [4.86-5.23]`), as the scripts record a
+median with the spread over seeds or rounds."""
+
+
 def _cell(value: Any) -> str:
+    """One value as a table cell: numbers with thousands separators and three significant digits or so; a range
+    (low-high) kept on one line (`class="range"`, see `docs/pages/stylesheets/extra.css`), so that a narrow column
+    breaks between a median and its range, never inside the range."""
     if isinstance(value, (list, tuple)):  # a range, low-high (collect.py's min-max)
-        return "-".join(_cell(v) for v in value)
+        return f'<span class="range">{"-".join(_cell(v) for v in value)}</span>'
+    if isinstance(value, str) and (m := RANGE_AFTER.match(value)):
+        return f'{_cell(m["value"])} <span class="range">{m["range"]}</span>'
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -229,9 +240,30 @@ def _cell(value: Any) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
+WIDE_COLUMNS = 8
+"""A recorded table with this many columns or more does not fit the page column: it is drawn turned (`markdown_table`)
+when it has at most `TURNED_ROWS` rows."""
+TURNED_ROWS = 6
+
+
+def _command(text: str) -> str:
+    """A command line as inline HTML code for a table cell: each argument kept on one line (`class="nowrap"`), so a
+    narrow column breaks between arguments, never after the `--` of an option. Its text is the command's."""
+    words = [html.escape(word).replace("|", "&#124;") for word in text.split(" ")]
+    return "<code>" + " ".join(f'<span class="nowrap">{word}</span>' for word in words) + "</code>"
+
+
 def markdown_table(table: Mapping[str, Any]) -> str:
-    lines = [f"| {' | '.join(_cell(c) for c in table['columns'])} |", "|" + "---|" * len(table["columns"])]
-    lines += [f"| {' | '.join(_cell(v) for v in row)} |" for row in table["rows"]]
+    """A recorded table as Markdown. A wide one of few rows (a column per measured quantity, a row per cell of the
+    benchmark) is turned: one column per recorded row, headed by its first cell, and one row per quantity, so that
+    it reads down the page instead of running out of the column."""
+    columns, rows = list(table["columns"]), [list(row) for row in table["rows"]]
+    if len(columns) >= WIDE_COLUMNS and 0 < len(rows) <= TURNED_ROWS:
+        columns, rows = ([columns[0]] + [row[0] for row in rows],
+                         [[name] + [row[i] if i < len(row) else None for row in rows]
+                          for i, name in enumerate(columns) if i])
+    lines = [f"| {' | '.join(_cell(c) for c in columns)} |", "|" + "---|" * len(columns)]
+    lines += [f"| {' | '.join(_cell(v) for v in row)} |" for row in rows]
     return "\n".join(lines)
 
 
@@ -249,7 +281,7 @@ def page(benchmark: str, runs: list[dict], image_dir: str = "") -> str:
     commit_text = f"`{run.get('commit')}`" + (" (with uncommitted changes)" if run.get("dirty") else "")
     lines = [
         "| run | |", "|---|---|",
-        f"| command | `{run['command']}` |",
+        f"| command | {_command(run['command'])} |",
         f"| commit | {commit_text} |",
         f"| date | {run['date']} |",
         f"| machine | {m.get('cpu')}, {m.get('cores')} cores, {m.get('memory_gb')} GiB, {m.get('os')} |",
@@ -576,6 +608,8 @@ def plot_png(plot: Mapping[str, Any]) -> bytes:
 
 HISTORY_ROWS = 15
 """Runs the generated history table shows (the newest); the results file keeps up to `KEEP_RUNS`."""
+HISTORY_OPEN = 3
+"""Of those, the newest shown open; the others are in a block the reader opens ("12 earlier runs")."""
 
 
 def _targets(verdicts: Sequence[str]) -> str:
@@ -589,7 +623,8 @@ def _targets(verdicts: Sequence[str]) -> str:
 
 def history(benchmark: str, runs: list[dict], rows: int = HISTORY_ROWS) -> str:
     """Every recorded run of `benchmark` as a Markdown table, newest first: the date, the commit, the machine, how
-    many targets the run met, and the command (its script and arguments, the widest column, last).
+    many targets the run met, and the command (its script and arguments, the widest column, last). The newest
+    `HISTORY_OPEN` runs are shown; the older ones are in a collapsed block below them ("12 earlier runs").
 
     Args:
         benchmark: the results file's name (`learning_minatar` for `benchmarks/results/learning_minatar.json`).
@@ -602,17 +637,24 @@ def history(benchmark: str, runs: list[dict], rows: int = HISTORY_ROWS) -> str:
     path = f"benchmarks/results/{benchmark}.json"
     if not runs:
         return f"No runs recorded yet in `{path}`.\n"
-    lines = ["| date | commit | machine | targets | command |", "|---|---|---|---|---|"]
-    for run in list(reversed(runs))[:rows]:
+    header = ["| date | commit | machine | targets | command |", "|---|---|---|---|---|"]
+    lines = list(header)
+    shown = list(reversed(runs))[:rows]
+    for n, run in enumerate(shown):
+        if n == HISTORY_OPEN and len(shown) > HISTORY_OPEN + 1:  # the older ones in a block the reader opens
+            lines += ["", f'??? note "{len(shown) - n} earlier runs"', ""]
+            header = ["    " + line for line in header]
+            lines += header
         m = run.get("machine", {})
         words = shlex.split(run.get("command", ""))
         script = next((w for w in words if w.endswith(".py")), "")
         arguments = shlex.join(words[words.index(script) + 1:]) if script else run.get("command", "")
-        command = f"`{os.path.basename(script)} {arguments}`".replace("|", "\\|")
+        command = _command(f"{os.path.basename(script)} {arguments}")
         commit_text = f"`{run.get('commit')}`" + (" + changes" if run.get("dirty") else "")
-        cpu = f"{m.get('cpu')}, {m.get('cores')} cores" if m else "-"
+        cpu = f"{re.sub(r'[(](R|TM)[)]| Processor', '', str(m.get('cpu')))}, {m.get('cores')} cores" if m else "-"
         date = str(run.get("date", "-"))[:10]
-        lines.append(f'| <span style="white-space: nowrap">{date}</span> | {commit_text} | {_cell(cpu)} | '
+        indent = header[0][:len(header[0]) - len(header[0].lstrip())]
+        lines.append(f'{indent}| <span style="white-space: nowrap">{date}</span> | {commit_text} | {_cell(cpu)} | '
                      f"{_targets(run.get('verdicts', []))} | {command} |")
     older = len(runs) - rows
     lines.append("")

@@ -2,6 +2,7 @@
 that never look measured, legends off the data, quoted figures on the learning curves, and the history table."""
 
 import os
+import re
 import sys
 
 import pytest
@@ -209,10 +210,18 @@ def run(i, verdicts=("PASS a", "MISS b"), dirty=False):
 def test_the_history_table_lists_the_newest_runs_first_and_counts_the_older_ones():
     runs = [run(i) for i in range(20)]
     text = _results.history("collect", runs)
-    rows = [line for line in text.splitlines() if "2026-" in line]
+    rows = [line.strip() for line in text.splitlines() if "2026-" in line]
     assert len(rows) == _results.HISTORY_ROWS
+    # the newest HISTORY_OPEN rows open, the older ones in a collapsed block of their own table, indented under it
+    lines = text.splitlines()
+    block = lines.index(f'??? note "{_results.HISTORY_ROWS - _results.HISTORY_OPEN} earlier runs"')
+    assert sum(1 for line in lines[:block] if "2026-" in line) == _results.HISTORY_OPEN
+    assert all(line.startswith("    |") for line in lines[block + 2:] if "2026-" in line)
+    assert lines[block + 2] == "    | date | commit | machine | targets | command |"
     assert [row.split(" | ")[1] for row in rows] == [f"`c{i:06d}`" for i in range(19, 4, -1)]
-    assert "`collect.py --quick --seed 19`" in rows[0] and "AMD EPYC, 2 cores" in rows[0]
+    command = '<code><span class="nowrap">collect.py</span> <span class="nowrap">--quick</span>'
+    assert command in rows[0] and "AMD EPYC, 2 cores" in rows[0]  # each argument kept whole: no break after a "--"
+    assert "collect.py --quick --seed 19" in re.sub(r"<[^>]+>", "", rows[0])
     assert "1 of 2 met" in rows[0] and "2026-12-20" in rows[0]
     assert "20 runs recorded in `benchmarks/results/collect.json`" in text and "the 5 older ones" in text
     everything = _results.history("collect", runs, rows=len(runs))
@@ -224,3 +233,25 @@ def test_the_history_table_says_so_when_nothing_is_recorded_and_marks_a_dirty_tr
     text = _results.history("collect", [run(0, verdicts=(), dirty=True)])
     (row,) = [line for line in text.splitlines() if "2026-" in line]
     assert "`c000000` + changes" in row and "| - |" in row
+    assert "???" not in text  # nothing to fold away
+
+
+def test_a_wide_table_of_few_rows_is_turned_to_fit_the_page_column():
+    columns = ["cell", "requests", "lost", "duplicated", "misrouted", "wall s", "req/s", "growth"]
+    rows = [["process/queue", 16000, 0, 0, 0, 1.51, 10596.0, "0.06%"], ["ray/ray", 16000, 0, 0, 0, 9.0, 1780.0, "1%"]]
+    lines = _results.markdown_table({"columns": columns, "rows": rows}).splitlines()
+    assert lines[0] == "| cell | process/queue | ray/ray |"
+    assert lines[2] == "| requests | 16,000 | 16,000 |" and lines[-1] == "| growth | 0.06% | 1% |"
+    assert len(lines) == 2 + len(columns) - 1
+    narrow = _results.markdown_table({"columns": columns[:7], "rows": [row[:7] for row in rows]}).splitlines()
+    assert narrow[0] == "| cell | requests | lost | duplicated | misrouted | wall s | req/s |"
+    many = _results.markdown_table({"columns": columns, "rows": rows * 4}).splitlines()
+    assert many[0].startswith("| cell | requests |") and len(many) == 2 + 8
+
+
+def test_a_range_beside_a_median_stays_on_one_line():
+    assert _results._cell("24,576 (24,064-28,672)") == '24,576 <span class="range">(24,064-28,672)</span>'
+    assert _results._cell("5.16 [4.86-5.23]") == '5.16 <span class="range">[4.86-5.23]</span>'
+    assert _results._cell([45757.0, 50388.0]) == '<span class="range">45,757-50,388</span>'
+    assert _results._cell("process/shared_memory async") == "process/shared_memory async"
+    assert _results._cell("0.96x of the loop (target 1.0x)") == "0.96x of the loop (target 1.0x)"
