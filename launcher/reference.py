@@ -171,9 +171,10 @@ def configuration() -> str:
                                    skip=("service", "transport", "env", "logger", "recipe"))]
     parts.append("## Components (`components.<name>`)")
     parts.append("Each component's node is its config dataclass, the one its owner is built from. A recipe states what "
-                 "it needs of some fields (both recipes: the collector's `frames_per_batch`, `total_frames` and "
-                 "`num_envs`; PPO: the replay buffer's `capacity`, `sampler` and `batch_size`; DQN: those and `alpha`, "
-                 "`beta`, `max_policy_lag`); another value set here is a configuration error.")
+                 "it needs of some fields (every recipe: the collector's `frames_per_batch`, `total_frames` and "
+                 "`num_envs`; IMPALA and APPO: its `sync` and `prefetch`; PPO: the replay buffer's `capacity`, "
+                 "`sampler` and `batch_size`; DQN: those and `alpha`, `beta`, `max_policy_lag`, `frames`); another "
+                 "value set here is a configuration error.")
     for name in compat.COMPONENTS:
         cls = compat.declaration(name).config
         parts.append(table(cls, f"components.{name}", f"### `components.{name}` ({cls.__name__})"))
