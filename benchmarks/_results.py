@@ -213,6 +213,8 @@ def load(path: str) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------------- rendering
+RANGE = re.compile(r"^[-+]?[\d.,]+ ?- ?[-+]?[\d.,]+$")
+"""A range recorded as text (`207-217`, `3,795-6,132`)."""
 RANGE_AFTER = re.compile(r"^(?P<value>\S+) (?P<range>[(\[][-+\d.,]+ ?- ?[-+\d.,]+[)\]])$")
 """A cell's value with its range after it (`24,576 (24,064-28,672)`, `5.16 [4.86-5.23]`), as the scripts record a
 median with the spread over seeds or rounds."""
@@ -226,6 +228,8 @@ def _cell(value: Any) -> str:
         return f'<span class="range">{"-".join(_cell(v) for v in value)}</span>'
     if isinstance(value, str) and (m := RANGE_AFTER.match(value)):
         return f'{_cell(m["value"])} <span class="range">{m["range"]}</span>'
+    if isinstance(value, str) and RANGE.match(value):
+        return f'<span class="range">{value}</span>'
     if value is None:
         return "-"
     if isinstance(value, bool):
@@ -660,4 +664,233 @@ def history(benchmark: str, runs: list[dict], rows: int = HISTORY_ROWS) -> str:
     lines.append("")
     lines.append(f"{len(runs)} run{'s' if len(runs) > 1 else ''} recorded in `{path}`, newest first" +
                  (f"; the {older} older ones are in the file." if older > 0 else "."))
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------- headlines
+@dataclass(frozen=True)
+class Figure:
+    """One figure of a benchmark's headline: cells of a row of the newest run's tables, set in a few words.
+
+    Attributes:
+        text: the words around the values: `{column}` stands for the row's value in that column, `{column#2}` for
+            the second column of that name, `{prefix*}` for the last column whose name starts with `prefix`
+            (`{return at *}`: the return at the run's last frame count).
+        row: the row: its first cell (a trailing ` *` mark ignored, and a label followed by more words matches, as
+            `ppo process/local_policy` matches `ppo process/local_policy (recorded in ...)`), a tuple of its first
+            cells, or `None` for the first row.
+        table: the table: its index in the run, or the start of its title.
+    """
+
+    text: str
+    row: str | tuple[str, ...] | None = None
+    table: int | str = 0
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One row of the benchmarks index: a results file, the page that shows it, and the figures quoted from its
+    newest run.
+
+    Attributes:
+        results: the results file's name (`atari` for `benchmarks/results/atari.json`).
+        page: the page that shows it, relative to the index (`atari.md`).
+        title: the page's name in the row.
+        measures: what the file's runs measure, against what.
+        figures: the figures the headline quotes; where none can be read from the newest run (a rerun renamed its
+            rows), its first verdict stands instead.
+    """
+
+    results: str
+    page: str
+    title: str
+    measures: str
+    figures: tuple[Figure, ...] = ()
+
+
+def _quoted_mean(env: str) -> str:
+    return _cell(float(QUOTED[env].mean))
+
+
+HEADLINES: tuple[Headline, ...] = (
+    Headline("ppo_cartpole", "ppo_cartpole.md", "PPO on CartPole",
+             "frames and seconds to solve CartPole-v1 with PPO, per placement",
+             (Figure("`direct` {frames/s} frames/s", "direct"),
+              Figure("`process/shared_memory` {frames/s}", "process/shared_memory"),
+              Figure("`ray` {frames/s}", "ray"),
+              Figure("start-up `direct` {start-up s} s", "direct"),
+              Figure("`ray` {start-up s} s", "ray"))),
+    Headline("impala_cartpole", "impala_cartpole.md", "IMPALA on CartPole",
+             "frames to solve CartPole-v1 with IMPALA beside PPO, per placement",
+             (Figure("IMPALA on `thread` solves {solved} seeds in {x PPO}x PPO's frames", ("thread", "impala")),
+              Figure("on `ray` {x PPO}x", ("ray", "impala")))),
+    Headline("atari", "atari.md", "PPO on Atari",
+             "PPO-Atari training frames/s per placement, beside a CleanRL-style loop (peer) and the overlap bound",
+             (Figure("`direct` {frames/s} [{range}] frames/s, {x loop}x the CleanRL-style loop", "direct"),
+              Figure("`process/local_policy async nice` {of the bound} of the bound",
+                     "process/local_policy async nice"))),
+    Headline("collect_atari", "atari.md", "PPO on Atari",
+             "collecting Atari frames with no learning, beside a raw gymnasium loop",
+             (Figure("two process workers with policy replicas {frames/s median} frames/s, "
+                     "{ratio to raw gymnasium sync}x the raw loop",
+                     "Collector process x2 sync=False [policy replica in each worker]"),)),
+    Headline("impala_atari", "impala_atari.md", "IMPALA on Atari",
+             "IMPALA and APPO on Atari: frames/s and return beside PPO, the overlap bound and Sample Factory (peer)",
+             (Figure("APPO {frames/s} [{range}] frames/s, {x best sync PPO}x the best PPO row, return {return} "
+                     "[{range#2}]", "appo process/local_policy ale_vector"),
+              Figure("PPO `direct` {frames/s} [{range}] frames/s, return {return} [{range#2}]", "ppo direct"),
+              Figure("Sample Factory's APPO {frames/s} [{range}] frames/s", "Sample Factory 2.1.1 APPO"))),
+    Headline("learning_minatar", "learning.md", "Learning curves",
+             "mean return against frames on MinAtar Breakout, per recipe",
+             (Figure("final return: APPO {return at *}", "appo process/shared_memory"),
+              Figure("PPO {return at *}", "ppo process/shared_memory"),
+              Figure("IMPALA {return at *}", "impala process/shared_memory"))),
+    Headline("learning_breakout", "learning.md", "Learning curves",
+             "mean return against frames on Atari Breakout, per recipe, beside CleanRL's published figure (quoted)",
+             (Figure("final return: APPO {return at *}", "appo process/local_policy"),
+              Figure("PPO {return at *}", "ppo process/local_policy"))),
+    Headline("learning_halfcheetah", "learning.md", "Learning curves",
+             "mean return against frames on MuJoCo HalfCheetah with PPO, beside CleanRL's published figure (quoted)",
+             (Figure("final return {return at *}, against CleanRL's published "
+                     f"{_quoted_mean('HalfCheetah-v5')} (quoted)", "direct"),)),
+    Headline("inference", "inference.md", "Inference round trips",
+             "inference round trips per placement and transport, beside the mechanism under each (floors)",
+             (Figure("28 KB, one client: `process/shared_memory` {p50 us} us", ("process/shared_memory", "1"), "28KB"),
+              Figure("`process/queue` {p50 us} us", ("process/queue", "1"), "28KB"),
+              Figure("`ray/ray` {p50 us} us", ("ray/ray", "1"), "28KB"),
+              Figure("`ray/distributed` {p50 us} us", ("ray/distributed", "1"), "28KB"))),
+    Headline("replay", "replay.md", "Replay",
+             "replay `extend` and `sample` per placement and transport, beside the direct buffer and floors",
+             (Figure("sampling 256 Atari frame stacks: `process/shared_memory` {sample p50 us} us, "
+                     "{sample p50 / direct}x the direct buffer", "process/shared_memory", "84x84x4"),
+              Figure("`process/queue` {sample p50 / direct}x", "process/queue", "84x84x4"))),
+    Headline("logger", "logger.md", "Logger",
+             "acknowledged `log_scalar` per logger and placement, beside a bare CSV write and Pipe round trip "
+             "(floors) and TorchRL's process logger (peer)",
+             (Figure("`csv / process` {p50 us} us", "csv / process"),
+              Figure("`tensorboard / process` {p50 us} us", "tensorboard / process"),
+              Figure("TorchRL's process logger {p50 us} us in the same run", "peer: TorchRL"))),
+    Headline("collect", "collect.md", "Collection",
+             "CartPole frames/s with no learning, beside a raw gymnasium loop",
+             (Figure("64 envs: two process workers with policy replicas {frames/s median} [{min-max}] frames/s, "
+                     "{ratio to raw gymnasium sync}x the raw loop",
+                     "Collector process x2 sync=False [policy replica in each worker]", "64 envs"),
+              Figure("`direct` {ratio to raw gymnasium sync}x", "Collector direct [direct server]", "64 envs"))),
+    Headline("load", "load.md", "Load",
+             "many concurrent callers, every answer and row checked, the owner's memory watched"),
+    Headline("hosts", "hosts.md", "Several hosts",
+             "a `distributed` endpoint between two hosts beside a bare gloo pair; what each endpoint holds",
+             (Figure("a frame-stack round trip {p50 us} us, {ratio to the veth floor}x a bare gloo pair's",
+                     "distributed, b calls a across the veth"),)),
+    Headline("hosts_appo", "hosts.md", "Several hosts",
+             "APPO with its collectors on another host, against the same plan on one host",
+             (Figure("across hosts {steady frames/s} [{range}] of one host's steady frames/s",
+                     "across / one host (per round)"),)),
+    Headline("sigterm", "sigterm.md", "SIGTERM",
+             "SIGTERM to a Ray run's whole process group: exit status, time to exit, what is left",
+             (Figure("{all good} of {tries} tries all good (exit statuses {exit statuses}), {median s to exit} s "
+                     "from the signal to the exit (median)", None),)),
+    Headline("gpu", "gpu.md", "GPU rows",
+             "static-graph and pinned inference batches, the learner on the GPU, APPO against pure simulation"),
+)
+"""The benchmarks index's rows, in its order: one per results file (a page may show several), with the figures its
+headline quotes from the file's newest run (`headlines`)."""
+
+PLACEHOLDER = re.compile(r"\{([^{}]+)\}")
+
+
+def _find_table(run: Mapping[str, Any], which: int | str) -> Mapping[str, Any] | None:
+    tables = run.get("tables", [])
+    if isinstance(which, int):
+        return tables[which] if which < len(tables) else None
+    return next((t for t in tables if str(t.get("title", "")).startswith(which)), None)
+
+
+def _label(value: Any) -> str:
+    text = f"{value:g}" if isinstance(value, float) else str(value)
+    return text.strip().removesuffix(" *")
+
+
+def _find_row(table: Mapping[str, Any], row: str | tuple[str, ...] | None) -> Sequence[Any] | None:
+    rows = table.get("rows", [])
+    if row is None:
+        return rows[0] if rows else None
+    keys = (row,) if isinstance(row, str) else row
+    for exact in (True, False):
+        for candidate in rows:
+            cells = [_label(c) for c in candidate[:len(keys)]]
+            if all(c == k if exact else (c == k or c.startswith(k + " ")) for c, k in zip(cells, keys)):
+                return candidate
+    return None
+
+
+def _column(columns: Sequence[str], name: str) -> int | None:
+    """The index of the column `name` names: `x`, `x#2` (the second column called x), `prefix*` (the last column
+    whose name starts with prefix)."""
+    if name.endswith("*"):
+        found = [i for i, c in enumerate(columns) if str(c).startswith(name[:-1])]
+        return found[-1] if found else None
+    name, _, nth = name.partition("#")
+    found = [i for i, c in enumerate(columns) if c == name]
+    n = int(nth or 1)
+    return found[n - 1] if len(found) >= n else None
+
+
+def figure_text(run: Mapping[str, Any], figure: Figure) -> str | None:
+    """`figure` read from `run`: its text with each placeholder replaced by the cell it names, or `None` where the
+    run has no such table, row, column or value."""
+    table = _find_table(run, figure.table)
+    row = _find_row(table, figure.row) if table else None
+    if row is None:
+        return None
+    values = []
+    for name in PLACEHOLDER.findall(figure.text):
+        i = _column(table["columns"], name)
+        if i is None or i >= len(row) or row[i] is None:
+            return None
+        values.append(_cell(row[i]))
+    parts = PLACEHOLDER.split(figure.text)
+    return "".join(part if k % 2 == 0 else values[k // 2] for k, part in enumerate(parts))
+
+
+def headline(runs: list[dict], figures: Sequence[Figure]) -> str:
+    """What the newest of `runs` says in one cell: its figures that can be read from it, joined by `; `, else its
+    first verdict (without its PASS or MISS), else `-`."""
+    if not runs:
+        return "no run recorded yet"
+    run = runs[-1]
+    found = [text for text in (figure_text(run, f) for f in figures) if text]
+    if found:
+        return "; ".join(found)
+    verdicts = run.get("verdicts", [])
+    if verdicts:
+        return _cell(re.sub(r"^(PASS|MISS):? ", "", verdicts[0]))
+    return "-"
+
+
+def headlines(results_dir: str = RESULTS_DIR, rows: Sequence[Headline] = HEADLINES) -> str:
+    """The benchmarks index's table, one row per results file from its newest run: the page, what it measures,
+    when, where and at which commit the run was made with how many of its targets it met, and its headline figures.
+
+    Args:
+        results_dir: where the results files are (`benchmarks/results`).
+        rows: the rows (`HEADLINES`).
+
+    Returns:
+        The Markdown table.
+    """
+    lines = ["| page | what it measures | newest run | headline |", "|---|---|---|---|"]
+    for row in rows:
+        runs = load(os.path.join(results_dir, f"{row.results}.json"))
+        if runs:
+            run, m = runs[-1], runs[-1].get("machine", {})
+            cpu = re.sub(r"[(](R|TM)[)]| Processor", "", str(m.get("cpu")))
+            targets = _targets(run.get("verdicts", []))
+            when = (f'<span class="nowrap">{str(run.get("date", "-"))[:10]}</span> `{run.get("commit")}`'
+                    + (" + changes" if run.get("dirty") else "")
+                    + f'<br><span class="nowrap">{cpu}, {m.get("cores")} cores</span>'
+                    + ("" if targets == "-" else f'<br><span class="nowrap">targets {targets}</span>'))
+        else:
+            when = "-"
+        lines.append(f"| [{row.title}]({row.page}) | {row.measures} | {when} | {headline(runs, row.figures)} |")
     return "\n".join(lines) + "\n"

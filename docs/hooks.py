@@ -8,6 +8,7 @@ A page asks for one with a marker on a line of its own, replaced by the generate
     <!-- generated: transport KIND -->       one transport's descriptor and options
     <!-- generated: benchmark NAME -->       the newest run in benchmarks/results/NAME.json, with its plots
     <!-- generated: history NAME -->         one line per recorded run of benchmarks/results/NAME.json
+    <!-- generated: headlines -->            the benchmarks index: each results file's newest run and its figures
     <!-- generated: groups -->               every config group in conf/ and its options (launcher.reference)
     <!-- generated: recipe_envs -->          every recipe x env setting in conf/recipe_env/ (launcher.reference)
 
@@ -60,6 +61,10 @@ def _generate(what: str, arg: str | None, page_path: str) -> str:
         from launcher.reference import recipe_envs
 
         return recipe_envs()
+    if what == "headlines":
+        import _results
+
+        return _results.headlines()
     if what == "history" and arg:
         import _results
 

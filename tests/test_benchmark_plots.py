@@ -1,6 +1,7 @@
 """How the benchmark pages draw recorded runs (benchmarks/_results.py): plots that read at page-column width, floors
 that never look measured, legends off the data, quoted figures on the learning curves, and the history table."""
 
+import json
 import os
 import re
 import sys
@@ -253,5 +254,55 @@ def test_a_range_beside_a_median_stays_on_one_line():
     assert _results._cell("24,576 (24,064-28,672)") == '24,576 <span class="range">(24,064-28,672)</span>'
     assert _results._cell("5.16 [4.86-5.23]") == '5.16 <span class="range">[4.86-5.23]</span>'
     assert _results._cell([45757.0, 50388.0]) == '<span class="range">45,757-50,388</span>'
+    assert _results._cell("3,795-6,132") == '<span class="range">3,795-6,132</span>'
+    assert _results._cell("2026-12-02") == "2026-12-02"
     assert _results._cell("process/shared_memory async") == "process/shared_memory async"
     assert _results._cell("0.96x of the loop (target 1.0x)") == "0.96x of the loop (target 1.0x)"
+
+
+def headline_run(date, verdicts, rows):
+    return {"date": date, "commit": "abc1234", "dirty": False, "machine": {"cpu": "Intel(R) Xeon(R) Processor",
+            "cores": 2}, "verdicts": verdicts,
+            "tables": [{"title": "notes", "columns": ["what"], "rows": [["x"]]},
+                       {"title": "64 envs in total", "columns": ["row", "frames/s", "range", "ratio", "range"],
+                        "rows": rows}]}
+
+
+def test_the_headlines_quote_the_newest_run_of_each_results_file(tmp_path):
+    old = headline_run("2026-12-01T00:00:00Z", ["PASS a"], [["direct", 100.0, [90.0, 110.0], 1.0, None]])
+    new = headline_run("2026-12-05T00:00:00Z", ["MISS b: 3 frames/s (target 4)", "PASS a"],
+                       [["direct *", 12345.6, [12000.0, 13000.0], 0.95, "0.9-1.0"],
+                        ["ppo process/local_policy (recorded in x.json)", 7.5, None, 1.2, "1.1-1.3"]])
+    (tmp_path / "fast.json").write_text(json.dumps({"runs": [old, new]}))
+    (tmp_path / "renamed.json").write_text(json.dumps({"runs": [new]}))
+    rows = (
+        _results.Headline("fast", "fast.md", "Fast", "frames/s", (
+            _results.Figure("`direct` {frames/s} [{range}] frames/s, {ratio}x ({range#2})", "direct", "64 envs"),
+            _results.Figure("PPO {ratio}x", "ppo process/local_policy", 1),
+            _results.Figure("first row {frames/s}", None, "64 envs"))),
+        _results.Headline("renamed", "renamed.md", "Renamed", "rows renamed", (
+            _results.Figure("{frames/s}", "gone"), _results.Figure("{no such column}", "direct", 1))),
+        _results.Headline("missing", "missing.md", "Missing", "no file"),
+    )
+    lines = _results.headlines(str(tmp_path), rows).splitlines()
+    assert lines[0] == "| page | what it measures | newest run | headline |" and len(lines) == 2 + 3
+    fast, renamed, missing = lines[2:]
+    assert fast.startswith("| [Fast](fast.md) | frames/s | ")
+    assert "2026-12-05" in fast and "`abc1234`" in fast and "Xeon, 2 cores" in fast and "targets 1 of 2 met" in fast
+    text = re.sub(r"<[^>]+>", "", fast.split(" | ")[-1])
+    assert text == ("`direct` 12,346 [12,000-13,000] frames/s, 0.95x (0.9-1.0); PPO 1.20x; first row 12,346 |")
+    assert renamed.endswith("| b: 3 frames/s (target 4) |")  # nothing read: its first verdict stands
+    assert missing.endswith("| - | no run recorded yet |")
+
+
+def test_every_results_file_has_a_headline_whose_figures_read_from_its_newest_run():
+    files = sorted(name[:-5] for name in os.listdir(_results.RESULTS_DIR) if name.endswith(".json"))
+    named = [row.results for row in _results.HEADLINES]
+    assert sorted(set(named) & set(files)) == files, "a results file without a row in HEADLINES"
+    pages = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "pages", "benchmarks")
+    unread = []
+    for row in _results.HEADLINES:
+        assert os.path.exists(os.path.join(pages, row.page)), row.page
+        runs = _results.load(os.path.join(_results.RESULTS_DIR, f"{row.results}.json"))
+        unread += [(row.results, f.text) for f in row.figures if runs and _results.figure_text(runs[-1], f) is None]
+    assert not unread, f"figures a rerun no longer records (rename their rows or columns in HEADLINES): {unread}"
