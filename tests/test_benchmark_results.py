@@ -73,7 +73,7 @@ def test_ppo_s_rows_are_read_from_a_recorded_run_of_the_same_budget_and_seeds_on
     found = learning.recorded_ppo("breakout", 1, 300, [0, 1], ["process/local_policy"], str(tmp_path))
     got = found["process/local_policy"]
     assert got["median"] == [1.5, 2.0] and got["band"] == ([1.0, 1.0], [2.0, 3.0])
-    assert got["row"][0].startswith(f"{label} (recorded: run 1 of learning_breakout.json, ") and got["row"][1:] == [
+    assert got["row"][0].startswith(f"{label} (recorded in learning_breakout.json on ") and got["row"][1:] == [
         "2.0 [1.0-3.0]", 100.0]
     assert [r[1:] for r in got["per_seed"]] == [[0, 1.0, 99.0], [1, 3.0, 101.0]]
     for frames, seeds, placements, why in ((600, [0, 1], ["process/local_policy"], "300 frames on seeds"),
