@@ -55,7 +55,7 @@ def _sections(text: str) -> list[dict]:
                 i += 1
                 item[0] += " " + lines[i].strip()
             sections[-1]["messages"].append(SPAN.match(item[0]).group(1))
-        if line == "```text" and i + 1 < len(lines) and lines[i + 1].startswith(PROMPT):
+        if line in ("```text", "```{.text .wrap}") and i + 1 < len(lines) and lines[i + 1].startswith(PROMPT):
             end = lines.index("```", i + 1)
             argv = shlex.split(lines[i + 1][len(PROMPT):])
             sections[-1]["examples"].append((argv, lines[i + 2:end]))
