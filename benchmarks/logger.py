@@ -77,8 +77,10 @@ PEER_TIMEOUT = 180.0  # the peer's start (a multiprocessing manager and a spawne
 def torchrl_peer(python: str, path: str | None, n: int) -> tuple[str, dict]:
     """TorchRL's `ProcessLogger(CSVLogger)` measured by `benchmarks/torchrl_logger_peer.py` with ``python``: its row
     label and its `latency` cell."""
-    command = [python, os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrl_logger_peer.py"),
-               "--calls", str(n), "--budget", str(BUDGET_S), *(["--path", path] if path else [])]
+    # a `pip install --target` directory goes first on the peer's path (PYTHONPATH precedes site-packages)
+    command = [*(["env", f"PYTHONPATH={path}"] if path else []), python,
+               os.path.join(os.path.dirname(os.path.abspath(__file__)), "torchrl_logger_peer.py"),
+               "--calls", str(n), "--budget", str(BUDGET_S)]
     peer = peer_json(command, PEER_TIMEOUT)
     return (f"{PEER_PREFIX}TorchRL {peer['torchrl']} {peer['logger']}",
             {key: peer[key] for key in ("p50", "p95", "rate", "n", "block_p50")})

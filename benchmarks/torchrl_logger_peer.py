@@ -6,7 +6,7 @@ script starts ``ProcessLogger(CSVLogger, ...)`` in a temporary directory and tim
 0.5, step)``: warm-up calls discarded, then up to ``--calls`` calls or ``--budget`` seconds, whichever ends first.
 
 TorchRL 0.14.1 needs tensordict<0.15, so it lives apart from this project's environment: in a virtual environment
-of its own, or in a ``pip install --target`` directory named with ``--path`` (put first on ``sys.path``). The script
+of its own, or in a ``pip install --target`` directory put first on ``PYTHONPATH``. The script
 stands alone: it imports torchrl, numpy and the standard library, and from this project only
 ``benchmarks/_harness.py`` beside it (numpy and the standard library), whose `latency` ours use too.
 
@@ -14,7 +14,7 @@ stands alone: it imports torchrl, numpy and the standard library, and from this 
     /tmp/trl/bin/python benchmarks/torchrl_logger_peer.py --calls 1000
     # or, beside this project's torch:
     pip install --target /tmp/trl_pkgs --no-deps torchrl==0.14.1 "tensordict>=0.14,<0.15"
-    python benchmarks/torchrl_logger_peer.py --path /tmp/trl_pkgs --calls 1000
+    PYTHONPATH=/tmp/trl_pkgs python benchmarks/torchrl_logger_peer.py --calls 1000
 
 Prints one JSON object on stdout: ``{"torchrl": version, "tensordict": version, "logger":
 "ProcessLogger(CSVLogger)", "p50", "p95", "rate", "n", "block_p50"}`` (latencies in microseconds, ``rate`` in
@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import tempfile
 import time
 
@@ -76,10 +75,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=5000, help="measured calls at most")
     parser.add_argument("--budget", type=float, default=15.0, help="seconds the measured calls may take at most")
     parser.add_argument("--warmup", type=int, default=50)
-    parser.add_argument("--path", default=None, help="a directory to import torchrl and tensordict from first")
     args = parser.parse_args()
-    if args.path:
-        sys.path.insert(0, args.path)
     result = measure(args.calls, args.budget, args.warmup)
     print(json.dumps(result), flush=True)
 

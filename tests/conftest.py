@@ -135,9 +135,10 @@ def shared_ray():
     shared.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_session(shared_ray):
-    """A running shared cluster, for module fixtures that hold owners across tests."""
+    """A running shared cluster, for module fixtures that hold owners across tests (ensured per module: a module with
+    a cluster of its own may have stopped it since, on this worker)."""
     shared_ray.ensure()
     return shared_ray
 

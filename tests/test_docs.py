@@ -15,6 +15,7 @@ import textwrap
 
 import pytest
 
+from launcher.references import forget_references
 from tests.helpers import ROOT, cli_in_process, shell_commands
 from tests.user_code import OWN_RECIPE
 
@@ -89,6 +90,7 @@ def user_dir(tmp_path_factory):
     sys.path.remove(str(folder))
     for name in [m for m in sys.modules if m == "my_pkg" or m.startswith("my_pkg.")]:
         del sys.modules[name]
+    forget_references()  # the +recipe=my_pkg...:RECIPE the commands registered: later tests list the recipe group
 
 
 def test_the_documentation_shows_commands():
