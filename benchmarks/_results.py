@@ -625,6 +625,16 @@ def _targets(verdicts: Sequence[str]) -> str:
     return f"{met} of {met + missed} met"
 
 
+def _cpu(machine: Mapping[str, Any]) -> str:
+    """A run's CPU as a table shows it: its model without the (R), (TM) and "Processor" noise."""
+    return re.sub(r"[(](R|TM)[)]| Processor", "", str(machine.get("cpu")))
+
+
+def _commit_text(run: Mapping[str, Any]) -> str:
+    """A run's commit as code, and "+ changes" where the tree had uncommitted changes."""
+    return f"`{run.get('commit')}`" + (" + changes" if run.get("dirty") else "")
+
+
 def history(benchmark: str, runs: list[dict], rows: int = HISTORY_ROWS) -> str:
     """Every recorded run of `benchmark` as a Markdown table, newest first: the date, the commit, the machine, how
     many targets the run met, and the command (its script and arguments, the widest column, last). The newest
@@ -654,8 +664,8 @@ def history(benchmark: str, runs: list[dict], rows: int = HISTORY_ROWS) -> str:
         script = next((w for w in words if w.endswith(".py")), "")
         arguments = shlex.join(words[words.index(script) + 1:]) if script else run.get("command", "")
         command = _command(f"{os.path.basename(script)} {arguments}")
-        commit_text = f"`{run.get('commit')}`" + (" + changes" if run.get("dirty") else "")
-        cpu = f"{re.sub(r'[(](R|TM)[)]| Processor', '', str(m.get('cpu')))}, {m.get('cores')} cores" if m else "-"
+        commit_text = _commit_text(run)
+        cpu = f"{_cpu(m)}, {m.get('cores')} cores" if m else "-"
         date = str(run.get("date", "-"))[:10]
         indent = header[0][:len(header[0]) - len(header[0].lstrip())]
         lines.append(f'{indent}| <span style="white-space: nowrap">{date}</span> | {commit_text} | {_cell(cpu)} | '
@@ -884,11 +894,9 @@ def headlines(results_dir: str = RESULTS_DIR, rows: Sequence[Headline] = HEADLIN
         runs = load(os.path.join(results_dir, f"{row.results}.json"))
         if runs:
             run, m = runs[-1], runs[-1].get("machine", {})
-            cpu = re.sub(r"[(](R|TM)[)]| Processor", "", str(m.get("cpu")))
             targets = _targets(run.get("verdicts", []))
-            when = (f'<span class="nowrap">{str(run.get("date", "-"))[:10]}</span> `{run.get("commit")}`'
-                    + (" + changes" if run.get("dirty") else "")
-                    + f'<br><span class="nowrap">{cpu}, {m.get("cores")} cores</span>'
+            when = (f'<span class="nowrap">{str(run.get("date", "-"))[:10]}</span> {_commit_text(run)}'
+                    + f'<br><span class="nowrap">{_cpu(m)}, {m.get("cores")} cores</span>'
                     + ("" if targets == "-" else f'<br><span class="nowrap">targets {targets}</span>'))
         else:
             when = "-"
